@@ -1,0 +1,130 @@
+//! The engine's boundary: what callers hand in (requests, member-I/O completions, time)
+//! and what they take out (member I/Os to perform, request completions).
+//!
+//! Everything here is plain data so that the real executor, the simulator and property
+//! tests drive one engine identically.
+
+/// Caller-chosen identifier of an array request; echoed back in its completion.
+pub type RequestId = u64;
+/// Engine-chosen identifier of a member I/O; the caller echoes it in the completion.
+pub type MemberIoId = u64;
+/// Virtual or real time in nanoseconds, always passed in by the caller.
+pub type TimeNs = u64;
+
+pub const SECTOR_BYTES: u64 = 512;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RequestOp {
+    Read,
+    Write,
+    Flush,
+    /// Discard: the range's contents become unspecified-but-stable; uraid reads it back as zeroes.
+    Trim,
+    WriteZeroes,
+}
+
+/// A request against the array's address space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub id: RequestId,
+    pub op: RequestOp,
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
+    /// Force unit access: complete only once this write is durable on every member holding it.
+    pub fua: bool,
+    /// Payload of a `Write`; empty for every other op.
+    pub data: Vec<u8>,
+}
+
+impl Request {
+    pub fn read(id: RequestId, offset_bytes: u64, len_bytes: u64) -> Self {
+        Request { id, op: RequestOp::Read, offset_bytes, len_bytes, fua: false, data: Vec::new() }
+    }
+    pub fn write(id: RequestId, offset_bytes: u64, data: Vec<u8>) -> Self {
+        Request { id, op: RequestOp::Write, offset_bytes, len_bytes: data.len() as u64, fua: false, data }
+    }
+    pub fn flush(id: RequestId) -> Self {
+        Request { id, op: RequestOp::Flush, offset_bytes: 0, len_bytes: 0, fua: false, data: Vec::new() }
+    }
+    pub fn trim(id: RequestId, offset_bytes: u64, len_bytes: u64) -> Self {
+        Request { id, op: RequestOp::Trim, offset_bytes, len_bytes, fua: false, data: Vec::new() }
+    }
+    pub fn write_zeroes(id: RequestId, offset_bytes: u64, len_bytes: u64) -> Self {
+        Request { id, op: RequestOp::WriteZeroes, offset_bytes, len_bytes, fua: false, data: Vec::new() }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestError {
+    /// The array has lost more members than its level survives; nothing more can be served.
+    ArrayFailed,
+    /// Offset or length beyond the array's end, or a write whose payload length mismatches.
+    OutOfRange,
+    /// The array is read-only.
+    ReadOnly,
+    /// Malformed request (zero length read/write, etc.).
+    Invalid,
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RequestError::ArrayFailed => "array failed: more members lost than the level survives",
+            RequestError::OutOfRange => "request beyond the end of the array",
+            RequestError::ReadOnly => "array is read-only",
+            RequestError::Invalid => "invalid request",
+        })
+    }
+}
+impl std::error::Error for RequestError {}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestCompletion {
+    pub id: RequestId,
+    /// The data of a `Read`; empty for other ops.
+    pub result: Result<Vec<u8>, RequestError>,
+}
+
+/// Refusal at submit time. The request is handed back untouched.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// Back-pressure: a bounded queue or cache is full. Retry after completions drain.
+    Busy(Request),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemberIoOp {
+    Read,
+    Write,
+    /// Make every completed write on this member durable (fdatasync / FLUSH CACHE).
+    Flush,
+}
+
+/// One I/O the caller must perform on a member device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberIo {
+    pub id: MemberIoId,
+    /// Index of the member (the array slot / raid disk role).
+    pub member: usize,
+    pub op: MemberIoOp,
+    /// Absolute byte offset on the member device (data_offset already applied).
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
+    /// Payload of a `Write`; empty otherwise.
+    pub data: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberIoError {
+    /// Medium or transport error (EIO, short read, ENOSPC...).
+    Io,
+    /// The device is gone (fail-stop).
+    Gone,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberIoCompletion {
+    pub id: MemberIoId,
+    /// The data of a `Read` (exactly `len_bytes`); empty for other ops.
+    pub result: Result<Vec<u8>, MemberIoError>,
+}

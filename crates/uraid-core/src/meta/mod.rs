@@ -1,0 +1,1 @@
+//! md on-disk metadata: superblock 1.x and the internal write-intent bitmap.

@@ -1,0 +1,1 @@
+//! Member I/O executors: real files/devices and the deterministic simulator.
