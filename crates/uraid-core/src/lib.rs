@@ -1,7 +1,14 @@
 //! uraid-core: the sans-IO RAID engine. No threads, no syscalls, no clock.
 
 pub mod api;
+pub mod config;
+pub mod engine;
 pub mod geometry;
 pub mod meta;
+pub mod mirror;
+pub mod stats;
 
 pub use api::*;
+pub use config::{ArrayConfig, ConfigError, MemberConfig, MemberState, Tunables};
+pub use engine::Engine;
+pub use geometry::{Geometry, Level};

@@ -1,0 +1,96 @@
+//! What an engine is built from: the array's geometry, its members' state, and md's tunables.
+
+use crate::geometry::Geometry;
+
+/// State of one raid slot at engine start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    /// Holds valid data for the whole array.
+    InSync,
+    /// Slot empty (mdadm's "missing", or a removed member).
+    Missing,
+    /// Present but failed: never read or written again.
+    Faulty,
+    /// Being rebuilt: data below `recovery_offset_sectors` (member data sectors) is valid.
+    Recovering { recovery_offset_sectors: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberConfig {
+    /// Where array data starts on this member (md's data_offset), in bytes.
+    pub data_offset_bytes: u64,
+    pub state: MemberState,
+}
+
+/// md's tunables, with md's names and defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tunables {
+    /// Stripe heads in the stripe cache (md default 256).
+    pub stripe_cache_size: usize,
+    /// 0 = reconstruct-write only, 1 = read-modify-write where cheaper, 2 = RMW where equal too.
+    pub rmw_level: u8,
+    /// Full-stripe writes allowed to pass a queued partial stripe before it is forced out (md default 1).
+    pub preread_bypass_threshold: u32,
+    /// How long a partial-stripe write may wait for the rest of its stripe, in nanoseconds.
+    pub stripe_batch_deadline_ns: u64,
+    /// Requests accepted but not yet completed; beyond this `submit` answers Busy.
+    pub max_inflight_requests: usize,
+    /// false = the 1:1 model: every write is handled immediately, no gathering into stripes.
+    pub write_batching: bool,
+    /// Chunk-aligned reads go straight to the member on an optimal array.
+    pub aligned_read_bypass: bool,
+    /// Read balancing for mirrors (raid1, raid10).
+    pub balance: crate::mirror::Balance,
+}
+
+impl Default for Tunables {
+    fn default() -> Self {
+        Tunables {
+            stripe_cache_size: 256,
+            rmw_level: 1,
+            preread_bypass_threshold: 1,
+            stripe_batch_deadline_ns: 2_000_000,
+            max_inflight_requests: 4096,
+            write_batching: true,
+            aligned_read_bypass: true,
+            balance: crate::mirror::Balance::Load,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArrayConfig {
+    pub geometry: Geometry,
+    /// One entry per raid slot (`geometry.raid_disks`).
+    pub members: Vec<MemberConfig>,
+    pub tunables: Tunables,
+    pub read_only: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    Geometry(String),
+    Members(String),
+    Tunable(String),
+    /// More members missing or faulty than the level survives.
+    TooDegraded {
+        missing: usize,
+        survivable: usize,
+    },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Geometry(m) => write!(f, "impossible geometry: {m}"),
+            ConfigError::Members(m) => write!(f, "member list: {m}"),
+            ConfigError::Tunable(m) => write!(f, "tunable: {m}"),
+            ConfigError::TooDegraded { missing, survivable } => write!(
+                f,
+                "{missing} members missing or faulty but the level survives only {survivable}; \
+                 the array cannot start"
+            ),
+        }
+    }
+}
+impl std::error::Error for ConfigError {}
