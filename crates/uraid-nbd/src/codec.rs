@@ -1,0 +1,978 @@
+//! Sans-IO NBD codec: the fixed-newstyle handshake as a state machine, request-header
+//! decoding and validation, and reply encoding.
+//!
+//! Nothing here touches a socket. The caller feeds received bytes in, writes out the
+//! bytes the codec queues, and acts on the decisions it returns. That keeps every
+//! parser of outside bytes fuzzable and unit-testable on plain byte slices.
+
+use crate::proto::*;
+
+/// Block-size constraints advertised in `NBD_INFO_BLOCK_SIZE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSizeConstraints {
+    /// Smallest addressable unit: 1 (byte granular) or a power of two up to 64 KiB.
+    pub min_bytes: u32,
+    /// The size below which the device does read-modify-write.
+    pub preferred_bytes: u32,
+    /// Largest READ/WRITE payload accepted.
+    pub max_bytes: u32,
+}
+
+impl Default for BlockSizeConstraints {
+    fn default() -> Self {
+        BlockSizeConstraints { min_bytes: 1, preferred_bytes: 4096, max_bytes: DEFAULT_MAX_PAYLOAD_BYTES }
+    }
+}
+
+impl BlockSizeConstraints {
+    /// proto.md: min a power of two in 1..=64 KiB, preferred a power of two >= min (and
+    /// >= 512), max a multiple of min and >= preferred... we require the sane subset.
+    pub fn is_valid(&self) -> bool {
+        let pow2 = |v: u32| v != 0 && v.is_power_of_two();
+        pow2(self.min_bytes)
+            && self.min_bytes <= 64 * 1024
+            && pow2(self.preferred_bytes)
+            && self.preferred_bytes >= self.min_bytes
+            && self.max_bytes >= self.preferred_bytes
+            && self.max_bytes % self.min_bytes == 0
+    }
+}
+
+/// What the handshake needs to know about one export.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportInfo {
+    pub name: String,
+    pub description: String,
+    pub size_bytes: u64,
+    /// Transmission flags as they hold with simple replies; `NBD_FLAG_SEND_DF` is added by
+    /// the codec when structured replies are negotiated.
+    pub transmission_flags: u16,
+    pub block_size: BlockSizeConstraints,
+}
+
+/// A hard-disconnect reason during the handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandshakeError {
+    BadMagic {
+        found: u64,
+    },
+    UnknownClientFlags {
+        flags: u32,
+    },
+    /// Option data larger than we are willing to buffer: a denial-of-service guard.
+    OptionTooLarge {
+        option: u32,
+        len_bytes: u32,
+    },
+    /// `NBD_OPT_EXPORT_NAME` cannot return an error, so an unknown name closes.
+    UnknownExport {
+        name: Vec<u8>,
+    },
+    /// The client sent more options after the negotiation finished.
+    AlreadyFinished,
+}
+
+impl std::fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandshakeError::BadMagic { found } => write!(f, "bad option magic {found:#018x}"),
+            HandshakeError::UnknownClientFlags { flags } => write!(f, "unknown client flags {flags:#x}"),
+            HandshakeError::OptionTooLarge { option, len_bytes } => {
+                write!(f, "option {option} carries {len_bytes} bytes, more than allowed")
+            }
+            HandshakeError::UnknownExport { name } => {
+                write!(f, "unknown export {:?}", String::from_utf8_lossy(name))
+            }
+            HandshakeError::AlreadyFinished => f.write_str("negotiation already finished"),
+        }
+    }
+}
+impl std::error::Error for HandshakeError {}
+
+/// The parameters the transmission phase runs with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub export_index: usize,
+    pub structured_replies: bool,
+    /// The flags actually sent to the client.
+    pub transmission_flags: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NegotiationOutcome {
+    /// Enter transmission; all queued output must be sent first.
+    Transmission(Session),
+    /// The client aborted (`NBD_OPT_ABORT`); send queued output and close.
+    Abort,
+}
+
+/// Progress report of [`Negotiation::receive`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub consumed_bytes: usize,
+    pub outcome: Option<NegotiationOutcome>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HandshakeState {
+    ClientFlags,
+    Options,
+    Finished,
+}
+
+/// Option data we buffer at most: a GO naming a 4096-byte export and asking for a few
+/// hundred info types fits easily; anything bigger is hostile.
+pub const MAX_OPTION_DATA_BYTES: u32 = 16 * 1024;
+
+/// Server side of the fixed-newstyle handshake.
+///
+/// Usage: send [`Negotiation::take_output`] (the greeting) right away; then repeatedly
+/// append received bytes to a buffer, call [`Negotiation::receive`] on it, drop the
+/// consumed prefix, send the new output, until an outcome or an error appears.
+pub struct Negotiation {
+    exports: Vec<ExportInfo>,
+    state: HandshakeState,
+    no_zeroes: bool,
+    structured_replies: bool,
+    shutting_down: bool,
+    output: Vec<u8>,
+}
+
+impl Negotiation {
+    /// `exports[0]` is also the default export, chosen by the empty name.
+    pub fn new(exports: Vec<ExportInfo>) -> Self {
+        let mut output = Vec::with_capacity(GREETING_BYTES);
+        output.extend_from_slice(&NBDMAGIC.to_be_bytes());
+        output.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        output.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        Negotiation {
+            exports,
+            state: HandshakeState::ClientFlags,
+            no_zeroes: false,
+            structured_replies: false,
+            shutting_down: false,
+            output,
+        }
+    }
+
+    /// From now on, answer every option but ABORT with `NBD_REP_ERR_SHUTDOWN`.
+    pub fn set_shutting_down(&mut self) {
+        self.shutting_down = true;
+    }
+
+    /// Bytes queued for the client.
+    pub fn output(&self) -> &[u8] {
+        &self.output
+    }
+
+    pub fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.output)
+    }
+
+    /// Consumes as many complete client messages from `input` as there are, stopping at
+    /// an outcome. On error, whatever output is queued may still be sent before closing.
+    pub fn receive(&mut self, input: &[u8]) -> Result<Progress, HandshakeError> {
+        let mut consumed_bytes = 0;
+        loop {
+            let rest = &input[consumed_bytes..];
+            match self.state {
+                HandshakeState::Finished => {
+                    if rest.is_empty() {
+                        return Ok(Progress { consumed_bytes, outcome: None });
+                    }
+                    return Err(HandshakeError::AlreadyFinished);
+                }
+                HandshakeState::ClientFlags => {
+                    let Some(flags) = read_u32(rest, 0) else {
+                        return Ok(Progress { consumed_bytes, outcome: None });
+                    };
+                    consumed_bytes += 4;
+                    if flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+                        return Err(HandshakeError::UnknownClientFlags { flags });
+                    }
+                    self.no_zeroes = flags & FLAG_C_NO_ZEROES != 0;
+                    self.state = HandshakeState::Options;
+                }
+                HandshakeState::Options => {
+                    if rest.len() < OPTION_HEADER_BYTES {
+                        return Ok(Progress { consumed_bytes, outcome: None });
+                    }
+                    let magic = read_u64(rest, 0).unwrap_or(0);
+                    if magic != IHAVEOPT {
+                        return Err(HandshakeError::BadMagic { found: magic });
+                    }
+                    let option = read_u32(rest, 8).unwrap_or(0);
+                    let len_bytes = read_u32(rest, 12).unwrap_or(0);
+                    if len_bytes > MAX_OPTION_DATA_BYTES {
+                        return Err(HandshakeError::OptionTooLarge { option, len_bytes });
+                    }
+                    let total = OPTION_HEADER_BYTES + len_bytes as usize;
+                    if rest.len() < total {
+                        return Ok(Progress { consumed_bytes, outcome: None });
+                    }
+                    let data = &rest[OPTION_HEADER_BYTES..total];
+                    consumed_bytes += total;
+                    if let Some(outcome) = self.handle_option(option, data)? {
+                        self.state = HandshakeState::Finished;
+                        return Ok(Progress { consumed_bytes, outcome: Some(outcome) });
+                    }
+                }
+            }
+        }
+    }
+
+    fn find_export(&self, name: &[u8]) -> Option<usize> {
+        if name.is_empty() && !self.exports.is_empty() {
+            return Some(0);
+        }
+        self.exports.iter().position(|e| e.name.as_bytes() == name)
+    }
+
+    fn session_flags(&self, export_index: usize) -> u16 {
+        let mut flags = self.exports[export_index].transmission_flags | FLAG_HAS_FLAGS;
+        // Every read is answered with one content chunk, so "don't fragment" always holds;
+        // the flag may only be set once structured replies exist.
+        if self.structured_replies {
+            flags |= FLAG_SEND_DF;
+        } else {
+            flags &= !FLAG_SEND_DF;
+        }
+        flags
+    }
+
+    fn handle_option(
+        &mut self,
+        option: u32,
+        data: &[u8],
+    ) -> Result<Option<NegotiationOutcome>, HandshakeError> {
+        if option == OPT_ABORT {
+            self.option_reply(option, REP_ACK, &[]);
+            return Ok(Some(NegotiationOutcome::Abort));
+        }
+        if self.shutting_down {
+            if option == OPT_EXPORT_NAME {
+                // EXPORT_NAME cannot carry an error; closing is the only answer.
+                return Err(HandshakeError::UnknownExport { name: data.to_vec() });
+            }
+            self.option_error(option, REP_ERR_SHUTDOWN, "server is shutting down");
+            return Ok(None);
+        }
+        match option {
+            OPT_EXPORT_NAME => {
+                let Some(index) = self.find_export(data) else {
+                    return Err(HandshakeError::UnknownExport { name: data.to_vec() });
+                };
+                let flags = self.session_flags(index);
+                self.output.extend_from_slice(&self.exports[index].size_bytes.to_be_bytes());
+                self.output.extend_from_slice(&flags.to_be_bytes());
+                if !self.no_zeroes {
+                    self.output.extend_from_slice(&[0u8; 124]);
+                }
+                Ok(Some(NegotiationOutcome::Transmission(Session {
+                    export_index: index,
+                    structured_replies: self.structured_replies,
+                    transmission_flags: flags,
+                })))
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    self.option_error(option, REP_ERR_INVALID, "NBD_OPT_LIST carries no data");
+                    return Ok(None);
+                }
+                for i in 0..self.exports.len() {
+                    let name = self.exports[i].name.clone();
+                    let mut payload = Vec::with_capacity(4 + name.len());
+                    payload.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                    payload.extend_from_slice(name.as_bytes());
+                    self.option_reply(option, REP_SERVER, &payload);
+                }
+                self.option_reply(option, REP_ACK, &[]);
+                Ok(None)
+            }
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    self.option_error(option, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY carries no data");
+                    return Ok(None);
+                }
+                self.structured_replies = true;
+                self.option_reply(option, REP_ACK, &[]);
+                Ok(None)
+            }
+            OPT_INFO | OPT_GO => self.handle_info_or_go(option, data),
+            _ => {
+                self.option_error(option, REP_ERR_UNSUP, "option not supported");
+                Ok(None)
+            }
+        }
+    }
+
+    fn handle_info_or_go(
+        &mut self,
+        option: u32,
+        data: &[u8],
+    ) -> Result<Option<NegotiationOutcome>, HandshakeError> {
+        let Some(request) = parse_info_request(data) else {
+            self.option_error(option, REP_ERR_INVALID, "malformed NBD_OPT_INFO/NBD_OPT_GO data");
+            return Ok(None);
+        };
+        let Some(index) = self.find_export(request.name) else {
+            self.option_error(option, REP_ERR_UNKNOWN, "no such export");
+            return Ok(None);
+        };
+        let flags = self.session_flags(index);
+        let export = self.exports[index].clone();
+
+        let mut info = Vec::with_capacity(12);
+        info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+        info.extend_from_slice(&export.size_bytes.to_be_bytes());
+        info.extend_from_slice(&flags.to_be_bytes());
+        self.option_reply(option, REP_INFO, &info);
+
+        if request.wants(INFO_NAME) {
+            let mut info = INFO_NAME.to_be_bytes().to_vec();
+            info.extend_from_slice(export.name.as_bytes());
+            self.option_reply(option, REP_INFO, &info);
+        }
+        if request.wants(INFO_DESCRIPTION) && !export.description.is_empty() {
+            let mut info = INFO_DESCRIPTION.to_be_bytes().to_vec();
+            let desc = truncate_utf8(&export.description, MAX_STRING_BYTES);
+            info.extend_from_slice(desc.as_bytes());
+            self.option_reply(option, REP_INFO, &info);
+        }
+        // Sent unrequested too: proto.md lets the server volunteer it, and a client that
+        // does not understand it ignores it.
+        let mut info = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+        info.extend_from_slice(&export.block_size.min_bytes.to_be_bytes());
+        info.extend_from_slice(&export.block_size.preferred_bytes.to_be_bytes());
+        info.extend_from_slice(&export.block_size.max_bytes.to_be_bytes());
+        self.option_reply(option, REP_INFO, &info);
+
+        self.option_reply(option, REP_ACK, &[]);
+        if option == OPT_GO {
+            Ok(Some(NegotiationOutcome::Transmission(Session {
+                export_index: index,
+                structured_replies: self.structured_replies,
+                transmission_flags: flags,
+            })))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn option_reply(&mut self, option: u32, reply_type: u32, payload: &[u8]) {
+        self.output.extend_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
+        self.output.extend_from_slice(&option.to_be_bytes());
+        self.output.extend_from_slice(&reply_type.to_be_bytes());
+        self.output.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        self.output.extend_from_slice(payload);
+    }
+
+    fn option_error(&mut self, option: u32, reply_type: u32, message: &str) {
+        self.option_reply(option, reply_type, message.as_bytes());
+    }
+}
+
+struct InfoRequest<'a> {
+    name: &'a [u8],
+    info_types: &'a [u8],
+}
+
+impl InfoRequest<'_> {
+    fn wants(&self, info_type: u16) -> bool {
+        self.info_types.chunks_exact(2).any(|c| u16::from_be_bytes([c[0], c[1]]) == info_type)
+    }
+}
+
+/// Data of INFO/GO: u32 name length, name, u16 count, count x u16 info types; the sizes
+/// must account for every byte.
+fn parse_info_request(data: &[u8]) -> Option<InfoRequest<'_>> {
+    let name_len = read_u32(data, 0)? as usize;
+    if name_len > MAX_STRING_BYTES {
+        return None;
+    }
+    let name = data.get(4..4 + name_len)?;
+    let count = read_u16(data, 4 + name_len)? as usize;
+    let start = 4 + name_len + 2;
+    if data.len() != start + 2 * count {
+        return None;
+    }
+    Some(InfoRequest { name, info_types: &data[start..] })
+}
+
+fn truncate_utf8(s: &str, max_bytes: usize) -> &str {
+    if s.len() <= max_bytes {
+        return s;
+    }
+    let mut end = max_bytes;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn read_u16(buf: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes(buf.get(at..at + 2)?.try_into().ok()?))
+}
+fn read_u32(buf: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(buf.get(at..at + 4)?.try_into().ok()?))
+}
+fn read_u64(buf: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(buf.get(at..at + 8)?.try_into().ok()?))
+}
+
+// ---------------------------------------------------------------------------------------
+// Transmission phase
+// ---------------------------------------------------------------------------------------
+
+/// A request header as it arrived, unvalidated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub flags: u16,
+    pub command: u16,
+    pub handle: u64,
+    pub offset_bytes: u64,
+    pub len_bytes: u32,
+}
+
+/// The request magic was wrong: framing is lost, so the connection must close.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadRequestMagic {
+    pub found: u32,
+}
+
+impl std::fmt::Display for BadRequestMagic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bad request magic {:#010x}", self.found)
+    }
+}
+impl std::error::Error for BadRequestMagic {}
+
+/// Decodes a 28-byte request header; `None` when `buf` holds fewer bytes.
+pub fn decode_request_header(buf: &[u8]) -> Option<Result<RequestHeader, BadRequestMagic>> {
+    if buf.len() < REQUEST_HEADER_BYTES {
+        return None;
+    }
+    let magic = read_u32(buf, 0)?;
+    if magic != REQUEST_MAGIC {
+        return Some(Err(BadRequestMagic { found: magic }));
+    }
+    Some(Ok(RequestHeader {
+        flags: read_u16(buf, 4)?,
+        command: read_u16(buf, 6)?,
+        handle: read_u64(buf, 8)?,
+        offset_bytes: read_u64(buf, 16)?,
+        len_bytes: read_u32(buf, 24)?,
+    }))
+}
+
+/// Encodes a request header (used by tests and test clients).
+pub fn encode_request_header(out: &mut Vec<u8>, header: &RequestHeader) {
+    out.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    out.extend_from_slice(&header.flags.to_be_bytes());
+    out.extend_from_slice(&header.command.to_be_bytes());
+    out.extend_from_slice(&header.handle.to_be_bytes());
+    out.extend_from_slice(&header.offset_bytes.to_be_bytes());
+    out.extend_from_slice(&header.len_bytes.to_be_bytes());
+}
+
+/// What the transmission validator needs to know about the negotiated session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransmissionContext {
+    pub size_bytes: u64,
+    pub transmission_flags: u16,
+    pub structured_replies: bool,
+    pub block_size: BlockSizeConstraints,
+}
+
+impl TransmissionContext {
+    fn read_only(&self) -> bool {
+        self.transmission_flags & FLAG_READ_ONLY != 0
+    }
+}
+
+/// A validated command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Read {
+        offset_bytes: u64,
+        len_bytes: u32,
+    },
+    /// The caller must read `len_bytes` of payload after the header.
+    Write {
+        offset_bytes: u64,
+        len_bytes: u32,
+        fua: bool,
+    },
+    Flush,
+    Trim {
+        offset_bytes: u64,
+        len_bytes: u32,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset_bytes: u64,
+        len_bytes: u32,
+        fua: bool,
+        no_hole: bool,
+        fast_only: bool,
+    },
+    Cache {
+        offset_bytes: u64,
+        len_bytes: u32,
+    },
+    /// Soft disconnect: finish in-flight requests, then close.
+    Disconnect,
+}
+
+/// The validator's verdict on a request header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Execute(Command),
+    /// Reply with this error. Before reading the next header the caller must skip
+    /// `discard_payload_bytes` of write payload so framing is kept.
+    Reject {
+        errno: u32,
+        message: &'static str,
+        discard_payload_bytes: u32,
+    },
+}
+
+/// Validates a request against the session. Never panics, whatever the header holds.
+pub fn check_request(header: &RequestHeader, ctx: &TransmissionContext) -> Decision {
+    let payload = if header.command == CMD_WRITE { header.len_bytes } else { 0 };
+    let reject = |errno, message| Decision::Reject { errno, message, discard_payload_bytes: payload };
+    let fast_zero = ctx.transmission_flags & FLAG_SEND_FAST_ZERO != 0;
+    // FUA is accepted on every command: proto.md notes clients set it on reads too, and
+    // ignoring it where nothing is written is allowed.
+    let allowed_flags = match header.command {
+        CMD_READ if ctx.structured_replies => CMD_FLAG_FUA | CMD_FLAG_DF,
+        CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_CACHE => CMD_FLAG_FUA,
+        CMD_WRITE_ZEROES if fast_zero => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        CMD_DISC => u16::MAX,
+        _ => return reject(EINVAL, "unknown command"),
+    };
+    if header.flags & !allowed_flags != 0 {
+        return reject(EINVAL, "command flag not valid for this command");
+    }
+    let fua = header.flags & CMD_FLAG_FUA != 0;
+    let offset_bytes = header.offset_bytes;
+    let len_bytes = header.len_bytes;
+    match header.command {
+        CMD_DISC => return Decision::Execute(Command::Disconnect),
+        // Offset and length of a flush are reserved; ignoring nonzero values is harmless.
+        CMD_FLUSH => return Decision::Execute(Command::Flush),
+        _ => {}
+    }
+    let writes = matches!(header.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    if writes && ctx.read_only() {
+        return reject(EPERM, "export is read-only");
+    }
+    if matches!(header.command, CMD_READ | CMD_WRITE) && len_bytes > ctx.block_size.max_bytes {
+        return reject(EINVAL, "request larger than the maximum block size");
+    }
+    let end_ok = offset_bytes.checked_add(u64::from(len_bytes)).is_some_and(|end| end <= ctx.size_bytes);
+    if !end_ok {
+        return if matches!(header.command, CMD_WRITE | CMD_WRITE_ZEROES) {
+            reject(ENOSPC, "request beyond the end of the export")
+        } else {
+            reject(EINVAL, "request beyond the end of the export")
+        };
+    }
+    let min = u64::from(ctx.block_size.min_bytes.max(1));
+    if min > 1 && (offset_bytes % min != 0 || u64::from(len_bytes) % min != 0) {
+        return reject(EINVAL, "request not aligned to the minimum block size");
+    }
+    Decision::Execute(match header.command {
+        CMD_READ => Command::Read { offset_bytes, len_bytes },
+        CMD_WRITE => Command::Write { offset_bytes, len_bytes, fua },
+        CMD_TRIM => Command::Trim { offset_bytes, len_bytes, fua },
+        CMD_CACHE => Command::Cache { offset_bytes, len_bytes },
+        _ => Command::WriteZeroes {
+            offset_bytes,
+            len_bytes,
+            fua,
+            no_hole: header.flags & CMD_FLAG_NO_HOLE != 0,
+            fast_only: header.flags & CMD_FLAG_FAST_ZERO != 0,
+        },
+    })
+}
+
+/// Appends a simple reply header (no payload).
+pub fn encode_simple_reply(out: &mut Vec<u8>, handle: u64, errno: u32) {
+    out.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&errno.to_be_bytes());
+    out.extend_from_slice(&handle.to_be_bytes());
+}
+
+fn encode_chunk_header(out: &mut Vec<u8>, flags: u16, chunk_type: u16, handle: u64, len_bytes: u32) {
+    out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(&chunk_type.to_be_bytes());
+    out.extend_from_slice(&handle.to_be_bytes());
+    out.extend_from_slice(&len_bytes.to_be_bytes());
+}
+
+/// Appends the header of a successful read reply; the caller sends `data_len_bytes` of
+/// data right after it. With structured replies this is one final OFFSET_DATA chunk (or a
+/// NONE chunk for an empty read, since a data chunk must describe at least one byte).
+pub fn encode_read_reply_header(
+    out: &mut Vec<u8>,
+    structured: bool,
+    handle: u64,
+    offset_bytes: u64,
+    data_len_bytes: u32,
+) {
+    if !structured {
+        encode_simple_reply(out, handle, 0);
+    } else if data_len_bytes == 0 {
+        encode_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_NONE, handle, 0);
+    } else {
+        // Max block size is below 4 GiB - 8, so the chunk length cannot overflow.
+        let len = data_len_bytes.saturating_add(8);
+        encode_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, handle, len);
+        out.extend_from_slice(&offset_bytes.to_be_bytes());
+    }
+}
+
+/// Appends a success reply for a command without reply payload.
+pub fn encode_ok_reply(out: &mut Vec<u8>, structured: bool, handle: u64) {
+    // Simple replies are allowed for payload-less success even in structured mode, and
+    // cost 4 bytes less.
+    let _ = structured;
+    encode_simple_reply(out, handle, 0);
+}
+
+/// Appends an error reply. Structured mode carries the message for humans; a read in
+/// structured mode must not get a simple reply.
+pub fn encode_error_reply(out: &mut Vec<u8>, structured: bool, handle: u64, errno: u32, message: &str) {
+    let errno = if errno == 0 { EIO } else { errno };
+    if !structured {
+        encode_simple_reply(out, handle, errno);
+        return;
+    }
+    let message = truncate_utf8(message, MAX_STRING_BYTES);
+    encode_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, handle, 6 + message.len() as u32);
+    out.extend_from_slice(&errno.to_be_bytes());
+    out.extend_from_slice(&(message.len() as u16).to_be_bytes());
+    out.extend_from_slice(message.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(name: &str, size_bytes: u64) -> ExportInfo {
+        ExportInfo {
+            name: name.into(),
+            description: "test export".into(),
+            size_bytes,
+            transmission_flags: FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA,
+            block_size: BlockSizeConstraints::default(),
+        }
+    }
+
+    fn option(opt: u32, data: &[u8]) -> Vec<u8> {
+        let mut v = IHAVEOPT.to_be_bytes().to_vec();
+        v.extend_from_slice(&opt.to_be_bytes());
+        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
+        let mut v = (name.len() as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(name.as_bytes());
+        v.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        for i in infos {
+            v.extend_from_slice(&i.to_be_bytes());
+        }
+        v
+    }
+
+    /// Splits option replies: (option, type, payload).
+    fn replies(mut out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut v = Vec::new();
+        while !out.is_empty() {
+            assert_eq!(read_u64(out, 0), Some(OPTION_REPLY_MAGIC));
+            let opt = read_u32(out, 8).unwrap();
+            let ty = read_u32(out, 12).unwrap();
+            let len = read_u32(out, 16).unwrap() as usize;
+            v.push((opt, ty, out[20..20 + len].to_vec()));
+            out = &out[20 + len..];
+        }
+        v
+    }
+
+    fn started(exports: Vec<ExportInfo>, client_flags: u32) -> Negotiation {
+        let mut n = Negotiation::new(exports);
+        let greeting = n.take_output();
+        assert_eq!(greeting.len(), GREETING_BYTES);
+        assert_eq!(read_u64(&greeting, 0), Some(NBDMAGIC));
+        assert_eq!(read_u64(&greeting, 8), Some(IHAVEOPT));
+        assert_eq!(read_u16(&greeting, 16), Some(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES));
+        let p = n.receive(&client_flags.to_be_bytes()).unwrap();
+        assert_eq!(p, Progress { consumed_bytes: 4, outcome: None });
+        n
+    }
+
+    #[test]
+    fn go_replies_export_info_block_size_and_ack() {
+        let mut n = started(vec![export("a", 1 << 20)], FLAG_C_FIXED_NEWSTYLE);
+        let input = option(OPT_GO, &go_data("a", &[INFO_BLOCK_SIZE, INFO_NAME]));
+        let p = n.receive(&input).unwrap();
+        assert_eq!(p.consumed_bytes, input.len());
+        let session = match p.outcome {
+            Some(NegotiationOutcome::Transmission(s)) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(session.export_index, 0);
+        assert!(!session.structured_replies);
+        let r = replies(&n.take_output());
+        assert_eq!(r.len(), 4);
+        assert_eq!(r[0].1, REP_INFO);
+        assert_eq!(read_u16(&r[0].2, 0), Some(INFO_EXPORT));
+        assert_eq!(read_u64(&r[0].2, 2), Some(1 << 20));
+        assert_eq!(read_u16(&r[0].2, 10), Some(session.transmission_flags));
+        assert_eq!(session.transmission_flags & FLAG_SEND_DF, 0);
+        assert_eq!(r[1].2, [&INFO_NAME.to_be_bytes()[..], b"a"].concat());
+        assert_eq!(read_u16(&r[2].2, 0), Some(INFO_BLOCK_SIZE));
+        assert_eq!(read_u32(&r[2].2, 2), Some(1));
+        assert_eq!(read_u32(&r[2].2, 6), Some(4096));
+        assert_eq!(read_u32(&r[2].2, 10), Some(DEFAULT_MAX_PAYLOAD_BYTES));
+        assert_eq!(r[3], (OPT_GO, REP_ACK, vec![]));
+        // Anything after the end of negotiation is a protocol error for the codec.
+        assert_eq!(n.receive(&[0]), Err(HandshakeError::AlreadyFinished));
+    }
+
+    #[test]
+    fn structured_reply_then_info_then_go_default_export() {
+        let mut n = started(vec![export("first", 4096), export("second", 8192)], 3);
+        let mut input = option(OPT_STRUCTURED_REPLY, &[]);
+        input.extend(option(OPT_INFO, &go_data("second", &[])));
+        input.extend(option(OPT_GO, &go_data("", &[])));
+        // Feed byte by byte to prove partial input is handled.
+        let mut buf = Vec::new();
+        let mut outcome = None;
+        for b in input {
+            buf.push(b);
+            let p = n.receive(&buf).unwrap();
+            buf.drain(..p.consumed_bytes);
+            if p.outcome.is_some() {
+                outcome = p.outcome;
+            }
+        }
+        assert!(buf.is_empty());
+        let Some(NegotiationOutcome::Transmission(s)) = outcome else { panic!() };
+        assert_eq!(s.export_index, 0);
+        assert!(s.structured_replies);
+        assert_ne!(s.transmission_flags & FLAG_SEND_DF, 0);
+        let r = replies(&n.take_output());
+        assert_eq!(r[0], (OPT_STRUCTURED_REPLY, REP_ACK, vec![]));
+        assert_eq!(r[1].0, OPT_INFO);
+        assert_eq!(read_u64(&r[1].2, 2), Some(8192));
+        assert_eq!(r[3], (OPT_INFO, REP_ACK, vec![]));
+        assert_eq!(read_u64(&r[4].2, 2), Some(4096));
+        assert_eq!(r.last().unwrap(), &(OPT_GO, REP_ACK, vec![]));
+    }
+
+    #[test]
+    fn unknown_option_gets_unsup_and_negotiation_continues() {
+        let mut n = started(vec![export("a", 4096)], 1);
+        let mut input = option(0xdead, b"xyz");
+        input.extend(option(OPT_STARTTLS, &[]));
+        input.extend(option(OPT_SET_META_CONTEXT, &[0; 8]));
+        input.extend(option(OPT_LIST, b"junk"));
+        input.extend(option(OPT_GO, &go_data("nope", &[])));
+        input.extend(option(OPT_GO, &[0, 0, 0, 9, b'a']));
+        let p = n.receive(&input).unwrap();
+        assert_eq!(p, Progress { consumed_bytes: input.len(), outcome: None });
+        let types: Vec<_> = replies(&n.take_output()).into_iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            types,
+            vec![
+                (0xdead, REP_ERR_UNSUP),
+                (OPT_STARTTLS, REP_ERR_UNSUP),
+                (OPT_SET_META_CONTEXT, REP_ERR_UNSUP),
+                (OPT_LIST, REP_ERR_INVALID),
+                (OPT_GO, REP_ERR_UNKNOWN),
+                (OPT_GO, REP_ERR_INVALID),
+            ]
+        );
+    }
+
+    #[test]
+    fn list_and_abort() {
+        let mut n = started(vec![export("a", 1), export("bb", 1)], 1);
+        let mut input = option(OPT_LIST, &[]);
+        input.extend(option(OPT_ABORT, &[]));
+        let p = n.receive(&input).unwrap();
+        assert_eq!(p.outcome, Some(NegotiationOutcome::Abort));
+        let r = replies(&n.take_output());
+        assert_eq!(r[0], (OPT_LIST, REP_SERVER, vec![0, 0, 0, 1, b'a']));
+        assert_eq!(r[1], (OPT_LIST, REP_SERVER, vec![0, 0, 0, 2, b'b', b'b']));
+        assert_eq!(r[2], (OPT_LIST, REP_ACK, vec![]));
+        assert_eq!(r[3], (OPT_ABORT, REP_ACK, vec![]));
+    }
+
+    #[test]
+    fn export_name_with_and_without_zeroes() {
+        for (client_flags, expect_len) in [(FLAG_C_FIXED_NEWSTYLE, 8 + 2 + 124), (3, 10)] {
+            let mut n = started(vec![export("a", 12345)], client_flags);
+            let p = n.receive(&option(OPT_EXPORT_NAME, b"a")).unwrap();
+            assert!(matches!(p.outcome, Some(NegotiationOutcome::Transmission(_))));
+            let out = n.take_output();
+            assert_eq!(out.len(), expect_len);
+            assert_eq!(read_u64(&out, 0), Some(12345));
+        }
+        let mut n = started(vec![export("a", 1)], 1);
+        assert!(matches!(
+            n.receive(&option(OPT_EXPORT_NAME, b"zz")),
+            Err(HandshakeError::UnknownExport { .. })
+        ));
+    }
+
+    #[test]
+    fn hostile_handshakes_close() {
+        let mut n = Negotiation::new(vec![export("a", 1)]);
+        assert_eq!(n.receive(&[0, 0, 0, 4]), Err(HandshakeError::UnknownClientFlags { flags: 4 }));
+        let mut n = started(vec![export("a", 1)], 1);
+        let mut bad = option(OPT_LIST, &[]);
+        bad[0] ^= 1;
+        assert!(matches!(n.receive(&bad), Err(HandshakeError::BadMagic { .. })));
+        let mut n = started(vec![export("a", 1)], 1);
+        let mut huge = IHAVEOPT.to_be_bytes().to_vec();
+        huge.extend_from_slice(&OPT_GO.to_be_bytes());
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(n.receive(&huge), Err(HandshakeError::OptionTooLarge { .. })));
+    }
+
+    #[test]
+    fn shutting_down_errors_options_but_acks_abort() {
+        let mut n = started(vec![export("a", 1)], 1);
+        n.set_shutting_down();
+        let mut input = option(OPT_GO, &go_data("a", &[]));
+        input.extend(option(OPT_ABORT, &[]));
+        let p = n.receive(&input).unwrap();
+        assert_eq!(p.outcome, Some(NegotiationOutcome::Abort));
+        let r = replies(&n.take_output());
+        assert_eq!((r[0].0, r[0].1), (OPT_GO, REP_ERR_SHUTDOWN));
+        assert_eq!(r[1], (OPT_ABORT, REP_ACK, vec![]));
+    }
+
+    fn ctx(flags: u16) -> TransmissionContext {
+        TransmissionContext {
+            size_bytes: 1 << 20,
+            transmission_flags: FLAG_HAS_FLAGS | flags,
+            structured_replies: false,
+            block_size: BlockSizeConstraints::default(),
+        }
+    }
+
+    fn hdr(command: u16, flags: u16, offset_bytes: u64, len_bytes: u32) -> RequestHeader {
+        RequestHeader { flags, command, handle: 7, offset_bytes, len_bytes }
+    }
+
+    #[test]
+    fn request_header_round_trip_and_bad_magic() {
+        let h = hdr(CMD_WRITE, CMD_FLAG_FUA, 4096, 512);
+        let mut buf = Vec::new();
+        encode_request_header(&mut buf, &h);
+        assert_eq!(buf.len(), REQUEST_HEADER_BYTES);
+        assert_eq!(decode_request_header(&buf[..27]), None);
+        assert_eq!(decode_request_header(&buf), Some(Ok(h)));
+        buf[3] ^= 0xff;
+        assert!(matches!(decode_request_header(&buf), Some(Err(BadRequestMagic { .. }))));
+    }
+
+    #[test]
+    fn validation_errors() {
+        let c = ctx(FLAG_SEND_FAST_ZERO);
+        let rej = |d: Decision| match d {
+            Decision::Reject { errno, discard_payload_bytes, .. } => (errno, discard_payload_bytes),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(rej(check_request(&hdr(99, 0, 0, 10), &c)), (EINVAL, 0));
+        assert_eq!(rej(check_request(&hdr(CMD_READ, CMD_FLAG_NO_HOLE, 0, 10), &c)), (EINVAL, 0));
+        // DF needs structured replies.
+        assert_eq!(rej(check_request(&hdr(CMD_READ, CMD_FLAG_DF, 0, 10), &c)), (EINVAL, 0));
+        assert_eq!(rej(check_request(&hdr(CMD_WRITE, 0x8000, 0, 10), &c)), (EINVAL, 10));
+        assert_eq!(rej(check_request(&hdr(CMD_READ, 0, (1 << 20) - 1, 2), &c)), (EINVAL, 0));
+        assert_eq!(rej(check_request(&hdr(CMD_WRITE, 0, (1 << 20) - 1, 2), &c)), (ENOSPC, 2));
+        assert_eq!(rej(check_request(&hdr(CMD_WRITE_ZEROES, 0, u64::MAX, 2), &c)), (ENOSPC, 0));
+        assert_eq!(rej(check_request(&hdr(CMD_TRIM, 0, u64::MAX, 2), &c)), (EINVAL, 0));
+        let too_big = DEFAULT_MAX_PAYLOAD_BYTES + 1;
+        assert_eq!(rej(check_request(&hdr(CMD_WRITE, 0, 0, too_big), &c)), (EINVAL, too_big));
+        assert_eq!(rej(check_request(&hdr(CMD_READ, 0, 0, too_big), &c)), (EINVAL, 0));
+        let ro = ctx(FLAG_READ_ONLY);
+        assert_eq!(rej(check_request(&hdr(CMD_WRITE, 0, 0, 5), &ro)), (EPERM, 5));
+        assert_eq!(rej(check_request(&hdr(CMD_TRIM, 0, 0, 5), &ro)), (EPERM, 0));
+        assert_eq!(
+            rej(check_request(&hdr(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 5), &ctx(0))),
+            (EINVAL, 0)
+        );
+        let mut aligned = ctx(0);
+        aligned.block_size.min_bytes = 512;
+        assert_eq!(rej(check_request(&hdr(CMD_READ, 0, 512, 100), &aligned)), (EINVAL, 0));
+        assert_eq!(
+            check_request(&hdr(CMD_READ, 0, 512, 1024), &aligned),
+            Decision::Execute(Command::Read { offset_bytes: 512, len_bytes: 1024 })
+        );
+    }
+
+    #[test]
+    fn validation_accepts() {
+        let mut c = ctx(FLAG_SEND_FAST_ZERO);
+        c.structured_replies = true;
+        assert_eq!(
+            check_request(&hdr(CMD_READ, CMD_FLAG_DF | CMD_FLAG_FUA, (1 << 20) - 10, 10), &c),
+            Decision::Execute(Command::Read { offset_bytes: (1 << 20) - 10, len_bytes: 10 })
+        );
+        assert_eq!(
+            check_request(&hdr(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO, 0, 4096), &c),
+            Decision::Execute(Command::WriteZeroes {
+                offset_bytes: 0,
+                len_bytes: 4096,
+                fua: false,
+                no_hole: true,
+                fast_only: true
+            })
+        );
+        assert_eq!(check_request(&hdr(CMD_FLUSH, 0, 5, 5), &c), Decision::Execute(Command::Flush));
+        assert_eq!(check_request(&hdr(CMD_DISC, 0, 0, 0), &c), Decision::Execute(Command::Disconnect));
+        assert_eq!(
+            check_request(&hdr(CMD_CACHE, 0, 0, 1), &c),
+            Decision::Execute(Command::Cache { offset_bytes: 0, len_bytes: 1 })
+        );
+    }
+
+    #[test]
+    fn reply_encodings() {
+        let mut out = Vec::new();
+        encode_read_reply_header(&mut out, false, 9, 0, 100);
+        assert_eq!(out, [&SIMPLE_REPLY_MAGIC.to_be_bytes()[..], &[0; 4], &9u64.to_be_bytes()].concat());
+        out.clear();
+        encode_read_reply_header(&mut out, true, 9, 4096, 100);
+        assert_eq!(out.len(), STRUCTURED_REPLY_HEADER_BYTES + 8);
+        assert_eq!(read_u16(&out, 4), Some(REPLY_FLAG_DONE));
+        assert_eq!(read_u16(&out, 6), Some(REPLY_TYPE_OFFSET_DATA));
+        assert_eq!(read_u32(&out, 16), Some(108));
+        assert_eq!(read_u64(&out, 20), Some(4096));
+        out.clear();
+        encode_error_reply(&mut out, true, 9, ENOSPC, "full");
+        assert_eq!(read_u16(&out, 6), Some(REPLY_TYPE_ERROR));
+        assert_eq!(read_u32(&out, 16), Some(10));
+        assert_eq!(read_u32(&out, 20), Some(ENOSPC));
+        assert_eq!(&out[26..], b"full");
+        out.clear();
+        encode_error_reply(&mut out, false, 9, 0, "x");
+        assert_eq!(read_u32(&out, 4), Some(EIO));
+    }
+
+    #[test]
+    fn block_size_validity() {
+        assert!(BlockSizeConstraints::default().is_valid());
+        assert!(!BlockSizeConstraints { min_bytes: 3, ..Default::default() }.is_valid());
+        assert!(!BlockSizeConstraints { max_bytes: 100, ..Default::default() }.is_valid());
+    }
+}

@@ -1,0 +1,652 @@
+//! The NBD server loop over TCP or Unix sockets, with std threads.
+//!
+//! Per connection: one thread reads and validates requests and submits them to the
+//! device; one thread writes replies in completion order (NBD allows out-of-order
+//! replies). A per-connection budget of requests and bytes in flight bounds memory: when
+//! it is used up the reader stops reading the socket, so TCP flow control pushes back on
+//! the client.
+
+use crate::codec::{
+    check_request, decode_request_header, encode_error_reply, encode_ok_reply, encode_read_reply_header,
+    Command, Decision, ExportInfo, Negotiation, NegotiationOutcome, Session, TransmissionContext,
+};
+use crate::device::{BlockDevice, BlockError, BlockRequest};
+use crate::proto::*;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// One exported device.
+#[derive(Clone)]
+pub struct Export {
+    /// Name clients ask for; the first export is also the default (empty name).
+    pub name: String,
+    pub description: String,
+    pub device: Arc<dyn BlockDevice>,
+    /// Serve read-only even if the device is writable.
+    pub read_only: bool,
+}
+
+impl Export {
+    pub fn new(name: impl Into<String>, device: Arc<dyn BlockDevice>) -> Self {
+        Export { name: name.into(), description: String::new(), device, read_only: false }
+    }
+
+    /// Transmission flags that hold for this export (without `SEND_DF`, which depends
+    /// on the session).
+    pub fn transmission_flags(&self) -> u16 {
+        let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_CACHE;
+        if self.read_only || self.device.read_only() {
+            flags |= FLAG_READ_ONLY;
+        } else {
+            flags |= FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+        }
+        if self.device.multi_conn_consistent() {
+            flags |= FLAG_CAN_MULTI_CONN;
+        }
+        flags
+    }
+
+    fn info(&self) -> ExportInfo {
+        ExportInfo {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            size_bytes: self.device.size_bytes(),
+            transmission_flags: self.transmission_flags(),
+            block_size: self.device.block_size(),
+        }
+    }
+}
+
+/// Limits and timeouts of the server.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Connections beyond this are closed right after accept.
+    pub max_connections: usize,
+    /// Requests read but not yet answered, per connection.
+    pub max_in_flight_requests: usize,
+    /// Payload and read-reply bytes held, per connection. One request larger than this
+    /// (up to the max block size) is still admitted when nothing else is in flight.
+    pub max_in_flight_bytes: usize,
+    /// A client that has not finished the handshake in this time is disconnected.
+    pub handshake_timeout: Option<Duration>,
+    /// A client that does not read its replies for this long is disconnected.
+    pub write_timeout: Option<Duration>,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            max_connections: 64,
+            max_in_flight_requests: 64,
+            max_in_flight_bytes: 64 * 1024 * 1024,
+            handshake_timeout: Some(Duration::from_secs(30)),
+            write_timeout: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+/// A configuration the server refuses to start with.
+#[derive(Debug)]
+pub enum ConfigError {
+    NoExports,
+    DuplicateName(String),
+    BadBlockSize(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::NoExports => f.write_str("no exports"),
+            ConfigError::DuplicateName(n) => write!(f, "export name {n:?} used twice"),
+            ConfigError::BadBlockSize(n) => write!(f, "export {n:?} has invalid block-size constraints"),
+        }
+    }
+}
+impl std::error::Error for ConfigError {}
+
+struct Shared {
+    exports: Vec<Export>,
+    infos: Vec<ExportInfo>,
+    opts: ServerOptions,
+    shutting_down: AtomicBool,
+    /// Read halves of live connections, so shutdown can wake blocked readers.
+    connections: Mutex<HashMap<u64, Stream>>,
+    next_connection_id: AtomicU64,
+    active_connections: AtomicUsize,
+    accept_threads: Mutex<Vec<thread::Thread>>,
+}
+
+/// An NBD server: a set of exports and options. Serve it on one or more listeners.
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+/// Stops a running server: no more accepts, new requests get `ESHUTDOWN`, in-flight
+/// requests finish and are answered, then `serve_*` returns. Cheap to clone; safe to call
+/// from a signal-handling thread.
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    shared: Arc<Shared>,
+}
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        for t in self.shared.accept_threads.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            t.unpark();
+        }
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shared.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Connections currently open (handshaking or transmitting).
+    pub fn active_connections(&self) -> usize {
+        self.shared.active_connections.load(Ordering::SeqCst)
+    }
+}
+
+/// Serves `exports` on a TCP listener until shut down through `Server::shutdown_handle`;
+/// a convenience for `Server::new(..)?.serve_tcp(..)` when no handle is needed.
+pub fn serve_tcp(listener: TcpListener, exports: Vec<Export>, opts: ServerOptions) -> io::Result<()> {
+    Server::new(exports, opts).map_err(io::Error::other)?.serve_tcp(listener)
+}
+
+/// Like [`serve_tcp`] on a Unix-domain socket.
+pub fn serve_unix(listener: UnixListener, exports: Vec<Export>, opts: ServerOptions) -> io::Result<()> {
+    Server::new(exports, opts).map_err(io::Error::other)?.serve_unix(listener)
+}
+
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+const WRITE_BUFFER_BYTES: usize = 256 * 1024;
+const DISCARD_CHUNK_BYTES: usize = 64 * 1024;
+
+impl Server {
+    pub fn new(exports: Vec<Export>, opts: ServerOptions) -> Result<Server, ConfigError> {
+        if exports.is_empty() {
+            return Err(ConfigError::NoExports);
+        }
+        for (i, e) in exports.iter().enumerate() {
+            if exports[..i].iter().any(|o| o.name == e.name) {
+                return Err(ConfigError::DuplicateName(e.name.clone()));
+            }
+            if !e.device.block_size().is_valid() {
+                return Err(ConfigError::BadBlockSize(e.name.clone()));
+            }
+        }
+        let infos = exports.iter().map(Export::info).collect();
+        Ok(Server {
+            shared: Arc::new(Shared {
+                exports,
+                infos,
+                opts,
+                shutting_down: AtomicBool::new(false),
+                connections: Mutex::new(HashMap::new()),
+                next_connection_id: AtomicU64::new(0),
+                active_connections: AtomicUsize::new(0),
+                accept_threads: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle { shared: Arc::clone(&self.shared) }
+    }
+
+    /// Accepts and serves clients until shutdown; returns once every connection closed.
+    pub fn serve_tcp(&self, listener: TcpListener) -> io::Result<()> {
+        listener.set_nonblocking(true)?;
+        self.serve(|| {
+            let (s, _) = listener.accept()?;
+            s.set_nonblocking(false)?;
+            // Replies are flushed explicitly when the queue runs dry; Nagle only adds latency.
+            s.set_nodelay(true)?;
+            Ok(Stream::Tcp(s))
+        })
+    }
+
+    /// Accepts and serves clients until shutdown; returns once every connection closed.
+    pub fn serve_unix(&self, listener: UnixListener) -> io::Result<()> {
+        listener.set_nonblocking(true)?;
+        self.serve(|| {
+            let (s, _) = listener.accept()?;
+            s.set_nonblocking(false)?;
+            Ok(Stream::Unix(s))
+        })
+    }
+
+    fn serve(&self, mut accept: impl FnMut() -> io::Result<Stream>) -> io::Result<()> {
+        let shared = &self.shared;
+        shared.accept_threads.lock().unwrap_or_else(|e| e.into_inner()).push(thread::current());
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        while !shared.shutting_down.load(Ordering::SeqCst) {
+            match accept() {
+                Ok(stream) => {
+                    threads.retain(|t| !t.is_finished());
+                    if shared.active_connections.load(Ordering::SeqCst) >= shared.opts.max_connections {
+                        let _ = stream.shutdown(Shutdown::Both);
+                        continue;
+                    }
+                    if let Some(t) = self.spawn_connection(stream) {
+                        threads.push(t);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::park_timeout(ACCEPT_POLL),
+                // ECONNABORTED, EMFILE and friends are transient; back off and keep serving.
+                Err(_) => thread::sleep(ACCEPT_POLL),
+            }
+        }
+        for s in shared.connections.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            // Wakes readers blocked on the socket; replies can still be written.
+            let _ = s.shutdown(Shutdown::Read);
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        let me = thread::current().id();
+        shared.accept_threads.lock().unwrap_or_else(|e| e.into_inner()).retain(|t| t.id() != me);
+        Ok(())
+    }
+
+    fn spawn_connection(&self, stream: Stream) -> Option<JoinHandle<()>> {
+        let shared = Arc::clone(&self.shared);
+        let id = shared.next_connection_id.fetch_add(1, Ordering::SeqCst);
+        let registered = stream.try_clone().ok()?;
+        shared.connections.lock().unwrap_or_else(|e| e.into_inner()).insert(id, registered);
+        shared.active_connections.fetch_add(1, Ordering::SeqCst);
+        let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn({
+            let shared = Arc::clone(&shared);
+            move || {
+                let _ = serve_connection(&shared, stream);
+                shared.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                shared.active_connections.fetch_sub(1, Ordering::SeqCst);
+            }
+        });
+        match spawned {
+            Ok(t) => Some(t),
+            Err(_) => {
+                if let Some(s) = shared.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                shared.active_connections.fetch_sub(1, Ordering::SeqCst);
+                None
+            }
+        }
+    }
+}
+
+/// A connected socket of either family.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.shutdown(how),
+            Stream::Unix(s) => s.shutdown(how),
+        }
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn serve_connection(shared: &Shared, stream: Stream) -> io::Result<()> {
+    stream.set_read_timeout(shared.opts.handshake_timeout)?;
+    stream.set_write_timeout(shared.opts.write_timeout)?;
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream.try_clone()?);
+    let mut writer = stream.try_clone()?;
+    let result = match handshake(shared, &mut reader, &mut writer)? {
+        Some((session, leftover)) => {
+            stream.set_read_timeout(None)?;
+            transmission(shared, session, io::Cursor::new(leftover).chain(reader), writer)
+        }
+        None => Ok(()),
+    };
+    let _ = stream.shutdown(Shutdown::Both);
+    result
+}
+
+/// Runs the handshake; returns the session and any bytes the client already sent past
+/// the end of it, or `None` when the connection should just close.
+fn handshake(
+    shared: &Shared,
+    reader: &mut BufReader<Stream>,
+    writer: &mut Stream,
+) -> io::Result<Option<(Session, Vec<u8>)>> {
+    let mut negotiation = Negotiation::new(shared.infos.clone());
+    writer.write_all(&negotiation.take_output())?;
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            negotiation.set_shutting_down();
+        }
+        let available = reader.fill_buf()?;
+        if available.is_empty() {
+            return Ok(None);
+        }
+        let n = available.len();
+        pending.extend_from_slice(available);
+        reader.consume(n);
+        let progress = negotiation.receive(&pending);
+        let output = negotiation.take_output();
+        if !output.is_empty() {
+            writer.write_all(&output)?;
+        }
+        match progress {
+            Err(_) => return Ok(None),
+            Ok(p) => {
+                pending.drain(..p.consumed_bytes);
+                match p.outcome {
+                    Some(NegotiationOutcome::Transmission(session)) => return Ok(Some((session, pending))),
+                    Some(NegotiationOutcome::Abort) => return Ok(None),
+                    None => {}
+                }
+            }
+        }
+    }
+}
+
+/// Counts requests and bytes in flight on one connection.
+struct Budget {
+    state: Mutex<(usize, usize)>,
+    freed: Condvar,
+    max_requests: usize,
+    max_bytes: usize,
+}
+
+impl Budget {
+    fn acquire(&self, bytes: usize) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while st.0 > 0 && (st.0 >= self.max_requests || st.1 + bytes > self.max_bytes) {
+            st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.0 += 1;
+        st.1 += bytes;
+    }
+    fn release(&self, bytes: usize) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.0 = st.0.saturating_sub(1);
+        st.1 = st.1.saturating_sub(bytes);
+        self.freed.notify_all();
+    }
+}
+
+enum ReplyBody {
+    Ok,
+    Read { offset_bytes: u64, data: Vec<u8> },
+    Error { errno: u32, message: Cow<'static, str> },
+}
+
+struct Reply {
+    handle: u64,
+    /// Bytes to give back to the connection's budget once the reply is written.
+    budget_bytes: usize,
+    body: ReplyBody,
+}
+
+fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer: Stream) -> io::Result<()> {
+    let export = &shared.exports[session.export_index];
+    let info = &shared.infos[session.export_index];
+    let device = Arc::clone(&export.device);
+    let ctx = TransmissionContext {
+        size_bytes: info.size_bytes,
+        transmission_flags: session.transmission_flags,
+        structured_replies: session.structured_replies,
+        block_size: info.block_size,
+    };
+    let budget = Arc::new(Budget {
+        state: Mutex::new((0, 0)),
+        freed: Condvar::new(),
+        max_requests: shared.opts.max_in_flight_requests.max(1),
+        max_bytes: shared.opts.max_in_flight_bytes.max(1),
+    });
+    let (tx, rx) = mpsc::channel::<Reply>();
+    let writer_thread = thread::Builder::new().name("nbd-reply".into()).spawn({
+        let budget = Arc::clone(&budget);
+        let structured = session.structured_replies;
+        move || write_replies(writer, rx, &budget, structured)
+    })?;
+
+    let mut header = [0u8; REQUEST_HEADER_BYTES];
+    let result = loop {
+        if let Err(e) = reader.read_exact(&mut header) {
+            break if e.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e) };
+        }
+        let header = match decode_request_header(&header) {
+            Some(Ok(h)) => h,
+            // Bad magic: framing is lost, nothing sensible can follow.
+            _ => break Ok(()),
+        };
+        let decision = if shared.shutting_down.load(Ordering::SeqCst) && header.command != CMD_DISC {
+            let discard = if header.command == CMD_WRITE { header.len_bytes } else { 0 };
+            Decision::Reject {
+                errno: ESHUTDOWN,
+                message: "server is shutting down",
+                discard_payload_bytes: discard,
+            }
+        } else {
+            check_request(&header, &ctx)
+        };
+        let command = match decision {
+            Decision::Reject { errno, message, discard_payload_bytes } => {
+                if let Err(e) = discard(&mut reader, discard_payload_bytes) {
+                    break Err(e);
+                }
+                budget.acquire(0);
+                let body = ReplyBody::Error { errno, message: Cow::Borrowed(message) };
+                let _ = tx.send(Reply { handle: header.handle, budget_bytes: 0, body });
+                continue;
+            }
+            Decision::Execute(Command::Disconnect) => break Ok(()),
+            Decision::Execute(c) => c,
+        };
+        let handle = header.handle;
+        let (request, budget_bytes, read_offset) = match command {
+            Command::Read { offset_bytes, len_bytes } => {
+                (BlockRequest::Read { offset_bytes, len_bytes }, len_bytes as usize, Some(offset_bytes))
+            }
+            Command::Write { offset_bytes, len_bytes, fua } => {
+                // Take the budget before reading the payload: a full budget stops the
+                // socket being read at all.
+                budget.acquire(len_bytes as usize);
+                let mut data = vec![0u8; len_bytes as usize];
+                if let Err(e) = reader.read_exact(&mut data) {
+                    budget.release(len_bytes as usize);
+                    break if e.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e) };
+                }
+                let request = BlockRequest::Write { offset_bytes, data, fua };
+                submit(&*device, request, handle, len_bytes as usize, None, &tx);
+                continue;
+            }
+            Command::Flush => (BlockRequest::Flush, 0, None),
+            Command::Trim { offset_bytes, len_bytes, fua } => {
+                (BlockRequest::Trim { offset_bytes, len_bytes, fua }, 0, None)
+            }
+            Command::WriteZeroes { offset_bytes, len_bytes, fua, no_hole, fast_only } => (
+                BlockRequest::WriteZeroes { offset_bytes, len_bytes, fua, may_trim: !no_hole, fast_only },
+                0,
+                None,
+            ),
+            Command::Cache { offset_bytes, len_bytes } => {
+                (BlockRequest::Cache { offset_bytes, len_bytes }, 0, None)
+            }
+            Command::Disconnect => break Ok(()),
+        };
+        budget.acquire(budget_bytes);
+        submit(&*device, request, handle, budget_bytes, read_offset, &tx);
+    };
+    // The writer ends once every in-flight completion has dropped its sender, so joining
+    // it waits for the device to finish what was submitted.
+    drop(tx);
+    let _ = writer_thread.join();
+    result
+}
+
+/// Reads and drops `len_bytes` of payload to keep the request framing.
+fn discard(reader: &mut impl Read, len_bytes: u32) -> io::Result<()> {
+    let mut scratch = [0u8; DISCARD_CHUNK_BYTES];
+    let mut left = len_bytes as usize;
+    while left > 0 {
+        let n = left.min(scratch.len());
+        reader.read_exact(&mut scratch[..n])?;
+        left -= n;
+    }
+    Ok(())
+}
+
+fn submit(
+    device: &dyn BlockDevice,
+    request: BlockRequest,
+    handle: u64,
+    budget_bytes: usize,
+    read_offset: Option<u64>,
+    tx: &mpsc::Sender<Reply>,
+) {
+    let expected_len = match &request {
+        BlockRequest::Read { len_bytes, .. } => *len_bytes as usize,
+        _ => 0,
+    };
+    let advisory = matches!(request, BlockRequest::Trim { .. } | BlockRequest::Cache { .. });
+    let empty = match &request {
+        BlockRequest::Read { len_bytes, .. }
+        | BlockRequest::Trim { len_bytes, .. }
+        | BlockRequest::WriteZeroes { len_bytes, .. }
+        | BlockRequest::Cache { len_bytes, .. } => *len_bytes == 0,
+        BlockRequest::Write { data, .. } => data.is_empty(),
+        BlockRequest::Flush => false,
+    };
+    let tx = tx.clone();
+    let done = move |result: Result<Vec<u8>, BlockError>| {
+        let body = match (result, read_offset) {
+            (Ok(data), Some(offset_bytes)) if data.len() == expected_len => {
+                ReplyBody::Read { offset_bytes, data }
+            }
+            (Ok(_), Some(_)) => {
+                ReplyBody::Error { errno: EIO, message: Cow::Borrowed("device returned a short read") }
+            }
+            (Ok(_), None) => ReplyBody::Ok,
+            // Trim and cache are hints; a device without them has still done its job.
+            (Err(BlockError::NotSupported), None) if advisory => ReplyBody::Ok,
+            (Err(e), _) => ReplyBody::Error { errno: e.errno(), message: Cow::Owned(e.to_string()) },
+        };
+        // The connection may be gone; the budget is then moot too.
+        let _ = tx.send(Reply { handle, budget_bytes, body });
+    };
+    if empty {
+        // Zero-length requests are legal no-ops; the device never sees them.
+        done(Ok(Vec::new()));
+        return;
+    }
+    device.submit(request, Box::new(done));
+}
+
+fn write_replies(stream: Stream, rx: mpsc::Receiver<Reply>, budget: &Budget, structured: bool) {
+    let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, stream);
+    let mut header = Vec::with_capacity(64);
+    let mut failed = false;
+    loop {
+        let reply = match rx.try_recv() {
+            Ok(r) => r,
+            Err(mpsc::TryRecvError::Empty) => {
+                // Flush only when nothing else is ready: batches replies under load,
+                // answers at once when idle.
+                if !failed && out.flush().is_err() {
+                    failed = true;
+                    let _ = out.get_ref().shutdown(Shutdown::Both);
+                }
+                match rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => break,
+                }
+            }
+            Err(mpsc::TryRecvError::Disconnected) => break,
+        };
+        if !failed {
+            header.clear();
+            let payload: &[u8] = match &reply.body {
+                ReplyBody::Ok => {
+                    encode_ok_reply(&mut header, structured, reply.handle);
+                    &[]
+                }
+                ReplyBody::Read { offset_bytes, data } => {
+                    encode_read_reply_header(
+                        &mut header,
+                        structured,
+                        reply.handle,
+                        *offset_bytes,
+                        data.len() as u32,
+                    );
+                    data
+                }
+                ReplyBody::Error { errno, message } => {
+                    encode_error_reply(&mut header, structured, reply.handle, *errno, message);
+                    &[]
+                }
+            };
+            if out.write_all(&header).and_then(|_| out.write_all(payload)).is_err() {
+                // The client is gone or stuck; keep draining completions so the reader
+                // and the device are not blocked, but write nothing more.
+                failed = true;
+                let _ = out.get_ref().shutdown(Shutdown::Both);
+            }
+        }
+        budget.release(reply.budget_bytes);
+    }
+    if !failed {
+        let _ = out.flush();
+    }
+}
