@@ -1,1 +1,260 @@
 //! GF(2^8) parity for RAID4/5/6, md-exact.
+//!
+//! Arithmetic is Linux md's: GF(2^8) with polynomial 0x11d and generator g = 2;
+//! `P = XOR D_i` and `Q = sum g^i * D_i`, where `data[i]` is the block in md's syndrome
+//! slot i (see `shared/reference/md-format.md` section 5 for how slots follow disks).
+//!
+//! Every function takes blocks of any length and alignment (all the same length) and up
+//! to 255 data blocks. Losses and how to recover them:
+//!
+//! | lost           | recover with |
+//! |----------------|--------------|
+//! | one data block | [`recover_data_from_p`] |
+//! | data + P       | [`recover_data_from_q`], then [`xor_gen`] for P |
+//! | data + Q       | [`recover_data_from_p`], then [`gen_syndrome`] for Q |
+//! | two data       | [`recover_2data`] |
+//! | P + Q          | [`gen_syndrome`] |
+//!
+//! The free functions run the kernel picked at first use (CPU detection plus a short
+//! benchmark, logged once to stderr like the kernel's `raid6: ... gen() N MB/s`).
+//! Environment: `URAID_PARITY_KERNEL=scalar|avx2|avx512bw|gfni-avx512|gfni-avx` forces a
+//! kernel; `URAID_PARITY_QUIET=1` silences the log. Tests and benchmarks that need a
+//! particular kernel call the same operations as methods on [`Kernel`].
+
+mod gf;
+mod kernels;
+pub mod reference;
+mod select;
+mod vector;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use select::selected_kernel;
+
+/// md supports up to 256 data + 2 parity disks in its syndrome math, but g^i repeats after
+/// 255, so more than 255 data blocks could not be told apart.
+pub const MAX_DATA_BLOCKS: usize = 255;
+
+/// Blocks at least this long get their parity written with streaming (non-temporal)
+/// stores where the kernel has them. Such stripes are larger than the caches that
+/// matter, and their parity is headed for a device, not for the CPU, so keeping it out
+/// of the cache saves the read-for-ownership; below this, streaming costs more than
+/// it saves (measured with `uraid bench parity`).
+pub const STREAM_MIN_BLOCK_BYTES: usize = 512 * 1024;
+
+/// One implementation of the parity operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Portable: 64-bit words (SWAR) and table multiplies. The reference for speed.
+    Scalar,
+    /// 256-bit vectors; constant multiplies by nibble-table shuffles.
+    Avx2,
+    /// 512-bit vectors with byte masks; constant multiplies by nibble-table shuffles.
+    Avx512bw,
+    /// 512-bit GF2P8AFFINEQB: every multiply is one instruction.
+    GfniAvx512,
+    /// 256-bit (VEX) GF2P8AFFINEQB, for CPUs with GFNI but no AVX-512.
+    GfniAvx,
+}
+
+/// All kernels, slowest first (the order the start-up log prints them in).
+pub const ALL_KERNELS: [Kernel; 5] =
+    [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512bw, Kernel::GfniAvx, Kernel::GfniAvx512];
+
+/// The kernels this CPU can run, in [`ALL_KERNELS`] order.
+pub fn available_kernels() -> Vec<Kernel> {
+    ALL_KERNELS.into_iter().filter(|k| k.is_available()).collect()
+}
+
+macro_rules! dispatch {
+    ($kernel:expr, $op:ident ( $($arg:expr),* )) => {{
+        let kernel: Kernel = $kernel;
+        assert!(kernel.is_available(), "uraid-parity: kernel {} is not supported by this CPU", kernel.name());
+        // SAFETY: the CPU supports the kernel (checked above) and the caller checked
+        // every slice length and index the kernel relies on.
+        unsafe {
+            match kernel {
+                Kernel::Scalar => kernels::scalar::$op($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx2 => kernels::avx2::$op($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx512bw => kernels::avx512bw::$op($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::GfniAvx512 => kernels::gfni_avx512::$op($($arg),*),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::GfniAvx => kernels::gfni_avx::$op($($arg),*),
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => unreachable!(),
+            }
+        }
+    }};
+}
+
+impl Kernel {
+    /// The name used by `URAID_PARITY_KERNEL` and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512bw => "avx512bw",
+            Kernel::GfniAvx512 => "gfni-avx512",
+            Kernel::GfniAvx => "gfni-avx",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Kernel> {
+        ALL_KERNELS.into_iter().find(|k| k.name() == name)
+    }
+
+    pub fn is_available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                Kernel::Scalar => true,
+                Kernel::Avx2 => has!("avx2"),
+                Kernel::Avx512bw => has!("avx512f") && has!("avx512bw"),
+                Kernel::GfniAvx512 => has!("avx512f") && has!("avx512bw") && has!("gfni"),
+                Kernel::GfniAvx => has!("avx2") && has!("gfni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Scalar
+        }
+    }
+
+    /// P = XOR of the data blocks (RAID4/5 parity).
+    pub fn xor_gen(self, data: &[&[u8]], p: &mut [u8]) {
+        check_blocks(data, 0..data.len(), p.len());
+        let stream = p.len() >= STREAM_MIN_BLOCK_BYTES;
+        dispatch!(self, xor_skip(data, usize::MAX, None, p, stream))
+    }
+
+    /// P and Q of the data blocks (RAID6).
+    pub fn gen_syndrome(self, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+        assert!(!data.is_empty(), "gen_syndrome needs at least one data block");
+        assert_eq!(p.len(), q.len(), "P and Q lengths differ");
+        check_blocks(data, 0..data.len(), p.len());
+        let stream = p.len() >= STREAM_MIN_BLOCK_BYTES;
+        dispatch!(self, gen_syndrome(data, p, q, stream))
+    }
+
+    /// Folds `data[start..=stop]` into an existing P and Q: P ^= their XOR, Q ^= sum of
+    /// g^i * data[i]. Entries outside `start..=stop` are not read (may be empty).
+    /// With P/Q of the old stripe and `data` = old ^ new of the rewritten blocks, this is
+    /// md's read-modify-write update.
+    pub fn xor_syndrome(self, data: &[&[u8]], start: usize, stop: usize, p: &mut [u8], q: &mut [u8]) {
+        assert!(start <= stop && stop < data.len(), "xor_syndrome: bad range {start}..={stop}");
+        assert_eq!(p.len(), q.len(), "P and Q lengths differ");
+        check_blocks(data, start..stop + 1, p.len());
+        dispatch!(self, xor_syndrome(data, start, stop, p, q))
+    }
+
+    /// One pass over one rewritten block: P ^= old ^ new; Q ^= g^data_index * (old ^ new).
+    pub fn rmw_update(self, data_index: usize, old: &[u8], new: &[u8], p: &mut [u8], q: &mut [u8]) {
+        assert!(data_index < MAX_DATA_BLOCKS, "data index {data_index} out of range");
+        let len = p.len();
+        assert!(old.len() == len && new.len() == len && q.len() == len, "rmw_update: block lengths differ");
+        dispatch!(self, rmw_update(gf::pow_g(data_index), old, new, p, q))
+    }
+
+    /// data[lost] = P ^ XOR of the other data blocks; `data[lost]` is not read.
+    pub fn recover_data_from_p(self, data: &[&[u8]], lost: usize, p: &[u8], out: &mut [u8]) {
+        assert!(lost < data.len(), "lost index {lost} out of range");
+        assert_eq!(p.len(), out.len(), "P and output lengths differ");
+        check_blocks_except(data, lost, lost, out.len());
+        dispatch!(self, xor_skip(data, lost, Some(p), out, false))
+    }
+
+    /// data[lost] from Q and the other data blocks (for a lost data block and lost P);
+    /// `data[lost]` is not read.
+    pub fn recover_data_from_q(self, data: &[&[u8]], lost: usize, q: &[u8], out: &mut [u8]) {
+        assert!(lost < data.len(), "lost index {lost} out of range");
+        assert_eq!(q.len(), out.len(), "Q and output lengths differ");
+        check_blocks_except(data, lost, lost, out.len());
+        dispatch!(self, recover_q(data, lost, q, out))
+    }
+
+    /// Two lost data blocks from P, Q and the other data blocks, in one pass;
+    /// `data[lost_a]` and `data[lost_b]` are not read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn recover_2data(
+        self,
+        data: &[&[u8]],
+        lost_a: usize,
+        lost_b: usize,
+        p: &[u8],
+        q: &[u8],
+        out_a: &mut [u8],
+        out_b: &mut [u8],
+    ) {
+        assert!(lost_a != lost_b, "recover_2data: both lost indexes are {lost_a}");
+        assert!(lost_a < data.len() && lost_b < data.len(), "lost index out of range");
+        let len = out_a.len();
+        assert!(out_b.len() == len && p.len() == len && q.len() == len, "recover_2data: lengths differ");
+        check_blocks_except(data, lost_a, lost_b, len);
+        dispatch!(self, recover_2data(data, lost_a, lost_b, p, q, out_a, out_b))
+    }
+}
+
+fn check_blocks(data: &[&[u8]], range: std::ops::Range<usize>, len: usize) {
+    assert!(data.len() <= MAX_DATA_BLOCKS, "{} data blocks; at most {MAX_DATA_BLOCKS}", data.len());
+    for i in range {
+        assert_eq!(data[i].len(), len, "data block {i} is {} bytes, parity {len}", data[i].len());
+    }
+}
+
+fn check_blocks_except(data: &[&[u8]], skip_a: usize, skip_b: usize, len: usize) {
+    assert!(data.len() <= MAX_DATA_BLOCKS, "{} data blocks; at most {MAX_DATA_BLOCKS}", data.len());
+    for (i, d) in data.iter().enumerate() {
+        if i != skip_a && i != skip_b {
+            assert_eq!(d.len(), len, "data block {i} is {} bytes, expected {len}", d.len());
+        }
+    }
+}
+
+/// P = XOR of the data blocks (RAID4/5 parity).
+pub fn xor_gen(data: &[&[u8]], p: &mut [u8]) {
+    selected_kernel().xor_gen(data, p)
+}
+
+/// P and Q of the data blocks (RAID6).
+pub fn gen_syndrome(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+    selected_kernel().gen_syndrome(data, p, q)
+}
+
+/// Kernel `xor_syndrome` semantics: P ^= XOR data[start..=stop]; Q ^= sum g^i*data[i]
+/// for i in start..=stop. `data.len() > stop`; entries outside start..=stop are not read
+/// (may be empty slices).
+pub fn xor_syndrome(data: &[&[u8]], start: usize, stop: usize, p: &mut [u8], q: &mut [u8]) {
+    selected_kernel().xor_syndrome(data, start, stop, p, q)
+}
+
+/// Fused one-pass read-modify-write of one block: P ^= old^new; Q ^= g^data_index*(old^new).
+pub fn rmw_update(data_index: usize, old: &[u8], new: &[u8], p: &mut [u8], q: &mut [u8]) {
+    selected_kernel().rmw_update(data_index, old, new, p, q)
+}
+
+/// One lost data block from P. In `data`, the lost index is ignored (may be empty).
+pub fn recover_data_from_p(data: &[&[u8]], lost: usize, p: &[u8], out: &mut [u8]) {
+    selected_kernel().recover_data_from_p(data, lost, p, out)
+}
+
+/// One lost data block from Q (when P is lost too). The lost index is ignored.
+pub fn recover_data_from_q(data: &[&[u8]], lost: usize, q: &[u8], out: &mut [u8]) {
+    selected_kernel().recover_data_from_q(data, lost, q, out)
+}
+
+/// Two lost data blocks from P and Q. The lost indexes are ignored (may be empty).
+pub fn recover_2data(
+    data: &[&[u8]],
+    lost_a: usize,
+    lost_b: usize,
+    p: &[u8],
+    q: &[u8],
+    out_a: &mut [u8],
+    out_b: &mut [u8],
+) {
+    selected_kernel().recover_2data(data, lost_a, lost_b, p, q, out_a, out_b)
+}

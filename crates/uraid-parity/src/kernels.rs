@@ -1,0 +1,105 @@
+//! One module of entry points per kernel, each a chain of ever narrower passes:
+//! the kernel's vector unrolled, the kernel's vector once, u64 words, then bytes.
+//! Callers (lib.rs) have checked lengths, indexes and CPU support.
+
+#[cfg(target_arch = "x86_64")]
+use crate::x86::{Avx2, Avx512, GfniAvx, GfniAvx512};
+use crate::{reference, vector, vector::Swar};
+
+macro_rules! kernel_entries {
+    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal) => {
+        pub(crate) mod $name {
+            use super::*;
+
+            $(#[$attr])*
+            pub(crate) unsafe fn gen_syndrome(data: &[&[u8]], p: &mut [u8], q: &mut [u8], stream: bool) {
+                let stream = stream && vector::can_stream::<$V>(&[p.as_ptr(), q.as_ptr()], 0);
+                let from = vector::gen_syndrome::<$V, $U>(data, p, q, 0, stream);
+                let from = vector::gen_syndrome::<$V, 1>(data, p, q, from, false);
+                let from = vector::gen_syndrome::<Swar, 1>(data, p, q, from, false);
+                reference::gen_syndrome_from(data, p, q, from);
+            }
+
+            $(#[$attr])*
+            pub(crate) unsafe fn xor_skip(
+                data: &[&[u8]],
+                skip: usize,
+                seed: Option<&[u8]>,
+                out: &mut [u8],
+                stream: bool,
+            ) {
+                let stream = stream && vector::can_stream::<$V>(&[out.as_ptr()], 0);
+                let from = vector::xor_skip::<$V, $U>(data, skip, seed, out, 0, stream);
+                let from = vector::xor_skip::<$V, 1>(data, skip, seed, out, from, false);
+                let from = vector::xor_skip::<Swar, 1>(data, skip, seed, out, from, false);
+                // The byte tail: fold the seed in as one more source.
+                for off in from..out.len() {
+                    let mut b = seed.map_or(0, |s| s[off]);
+                    for (z, d) in data.iter().enumerate() {
+                        if z != skip {
+                            b ^= d[off];
+                        }
+                    }
+                    out[off] = b;
+                }
+            }
+
+            $(#[$attr])*
+            pub(crate) unsafe fn xor_syndrome(
+                data: &[&[u8]],
+                start: usize,
+                stop: usize,
+                p: &mut [u8],
+                q: &mut [u8],
+            ) {
+                let from = vector::xor_syndrome::<$V, $U>(data, start, stop, p, q, 0);
+                let from = vector::xor_syndrome::<$V, 1>(data, start, stop, p, q, from);
+                let from = vector::xor_syndrome::<Swar, 1>(data, start, stop, p, q, from);
+                reference::xor_syndrome_from(data, start, stop, p, q, from);
+            }
+
+            $(#[$attr])*
+            pub(crate) unsafe fn rmw_update(coef: u8, old: &[u8], new: &[u8], p: &mut [u8], q: &mut [u8]) {
+                let from = vector::rmw_update::<$V, $U>(coef, old, new, p, q, 0);
+                let from = vector::rmw_update::<$V, 1>(coef, old, new, p, q, from);
+                let from = vector::rmw_update::<Swar, 1>(coef, old, new, p, q, from);
+                reference::rmw_update_from(coef, old, new, p, q, from);
+            }
+
+            $(#[$attr])*
+            pub(crate) unsafe fn recover_q(data: &[&[u8]], lost: usize, q: &[u8], out: &mut [u8]) {
+                let from = vector::recover_q::<$V, $U>(data, lost, q, out, 0);
+                let from = vector::recover_q::<$V, 1>(data, lost, q, out, from);
+                let from = vector::recover_q::<Swar, 1>(data, lost, q, out, from);
+                reference::recover_q_from(data, lost, q, out, from);
+            }
+
+            $(#[$attr])*
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) unsafe fn recover_2data(
+                data: &[&[u8]],
+                lost_a: usize,
+                lost_b: usize,
+                p: &[u8],
+                q: &[u8],
+                out_a: &mut [u8],
+                out_b: &mut [u8],
+            ) {
+                let from = vector::recover_2data::<$V, $U>(data, lost_a, lost_b, p, q, out_a, out_b, 0);
+                let from = vector::recover_2data::<$V, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from);
+                let from = vector::recover_2data::<Swar, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from);
+                reference::recover_2data_from(data, lost_a, lost_b, p, q, out_a, out_b, from);
+            }
+        }
+    };
+}
+
+kernel_entries!(scalar, [], Swar, 4);
+#[cfg(target_arch = "x86_64")]
+kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4);
+#[cfg(target_arch = "x86_64")]
+kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4);
+#[cfg(target_arch = "x86_64")]
+kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4);
+#[cfg(target_arch = "x86_64")]
+kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4);
