@@ -1,1 +1,30 @@
 //! md on-disk metadata: superblock 1.x and the internal write-intent bitmap.
+//!
+//! Pure and sans-IO: every function takes and returns byte buffers or plain values, so
+//! the same code serves `uraid create/examine/assemble`, the engine and the fuzzers.
+//! The reference is the Linux kernel (md.c `super_1_load`/`super_1_validate`/
+//! `super_1_sync`, md-bitmap.c) and mdadm 4.2 (super1.c, Create.c, Assemble.c, util.c);
+//! the arrays in `shared/fixtures/md` are the truth where the two are in doubt.
+
+pub mod assemble;
+pub mod bitmap;
+pub mod create;
+pub mod superblock;
+
+pub use assemble::{
+    enough, plan_assembly, raid10_sizes, AssembleOptions, AssemblyError, AssemblyPlan, BitmapPlan,
+    OfferedMember, RefuseReason, RefusedMember, ResyncNeed, SlotMember, StaleMember,
+};
+pub use bitmap::{
+    array_range_to_sync_range, bitmap_bits, bitmap_bytes_on_disk, choose_bm_space, count_dirty_bits,
+    default_bitmap_chunk, min_bitmap_chunk, test_bit_le, BitmapError, BitmapImage, BitmapPageWrite,
+    BitmapSuper, WriteGate, WriteIntentBitmap, BITMAP_MAGIC, BITMAP_MAJOR_HI, BITMAP_SUPER_BYTES,
+};
+pub use create::{
+    create_array, default_data_offset, default_layout, default_max_dev, make_set_name, CreateError,
+    CreateParams, CreatedArray, CreatedBitmap, DEFAULT_CHUNK_KIB,
+};
+pub use superblock::{
+    calc_sb_1_csum, feature, format_uuid, level, parse_uuid, role, Superblock, SuperblockError,
+    SuperblockVersion, MAX_DEV_LIMIT, MAX_SECTOR, MD_SB_MAGIC, SB_BYTES,
+};

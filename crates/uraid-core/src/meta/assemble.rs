@@ -1,0 +1,661 @@
+//! Assembly decisions as a pure function, following md.c (`super_1_load`,
+//! `super_1_validate`, the personalities' size rules) and mdadm's Assemble.c (`enough`,
+//! the event margin, the "reports the freshest as failed" rule, when `--run` is needed).
+
+use std::fmt;
+
+use super::bitmap::{BitmapError, BitmapImage, WriteIntentBitmap};
+use super::superblock::{feature, level, role, Superblock, SuperblockError, SuperblockVersion, MAX_SECTOR};
+
+/// One device offered for assembly.
+#[derive(Clone, Debug)]
+pub struct OfferedMember {
+    /// How the user named it (path); used in every message about it.
+    pub name: String,
+    pub dev_sectors: u64,
+    /// The result of [`Superblock::parse_member`] (or `parse`) on it.
+    pub superblock: Result<Superblock, SuperblockError>,
+    /// Bytes read at [`Superblock::bitmap_sector`] (header + bits), when the array has an
+    /// internal bitmap and the caller read it.
+    pub bitmap: Option<Vec<u8>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AssembleOptions {
+    /// `--run`: start even with fewer members than the superblocks expect.
+    pub run: bool,
+    /// `--uuid`: the array to assemble; default: that of the first valid member.
+    pub uuid: Option<[u8; 16]>,
+}
+
+/// Why a member was refused (assembly then writes nothing and starts nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefuseReason {
+    BadSuperblock(SuperblockError),
+    OtherArray { uuid: [u8; 16], expected: [u8; 16] },
+    OfferedTwice { first: String },
+    DifferentGeometry { freshest: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedMember {
+    pub index: usize,
+    pub name: String,
+    pub reason: RefuseReason,
+}
+
+impl fmt::Display for RefusedMember {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = &self.name;
+        match &self.reason {
+            RefuseReason::BadSuperblock(e) => write!(f, "{name}: {e}"),
+            RefuseReason::OtherArray { uuid, expected } => write!(
+                f,
+                "{name}: member of another array ({}), not of {}: leave it out",
+                super::format_uuid(uuid),
+                super::format_uuid(expected)
+            ),
+            RefuseReason::OfferedTwice { first } => write!(
+                f,
+                "{name}: the same device as {first} (offered twice, or a copy with the same \
+                 device uuid): give each member once"
+            ),
+            RefuseReason::DifferentGeometry { freshest } => write!(
+                f,
+                "{name}: same array uuid as {freshest} but a different level, layout or \
+                 chunk: refusing to mix them"
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AssemblyError {
+    NoMembers,
+    Refused(Vec<RefusedMember>),
+    /// Every member is a spare: nothing says where the data is.
+    NoActiveMembers,
+    TooFewMembers {
+        level: i32,
+        raid_disks: u32,
+        in_sync: u32,
+        clean: bool,
+    },
+    NeedsRun {
+        in_sync: u32,
+        expected: u32,
+        missing_slots: Vec<u32>,
+    },
+    ReshapeInProgress,
+    Unsupported {
+        what: &'static str,
+    },
+    Raid0MultiZoneLayout {
+        layout: u32,
+    },
+    Bitmap {
+        name: String,
+        error: BitmapError,
+    },
+}
+
+impl fmt::Display for AssemblyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use AssemblyError::*;
+        match self {
+            NoMembers => write!(f, "no members given"),
+            Refused(list) => {
+                write!(f, "assembly refused, nothing was written:")?;
+                for r in list {
+                    write!(f, "\n  {r}")?;
+                }
+                Ok(())
+            }
+            NoActiveMembers => write!(f, "every member given is a spare: give the array's active members"),
+            TooFewMembers { level, raid_disks, in_sync, clean } => {
+                write!(
+                    f,
+                    "not enough members to start the raid{level} array: {in_sync} of \
+                     {raid_disks} are present and in sync"
+                )?;
+                if !clean && matches!(*level, 4..=6) {
+                    write!(
+                        f,
+                        "; the array was not shut down cleanly, so parity may be stale and a \
+                         degraded start could return wrong data (md refuses a dirty degraded \
+                         array): find the missing members"
+                    )
+                } else {
+                    write!(f, ": find the missing members; nothing was written")
+                }
+            }
+            NeedsRun { in_sync, expected, missing_slots } => write!(
+                f,
+                "only {in_sync} of the {expected} members the array had are here (missing \
+                 slots {missing_slots:?}): the array can run degraded; pass --run to start it \
+                 anyway, or find the missing members"
+            ),
+            ReshapeInProgress => write!(
+                f,
+                "a reshape is in progress on this array; uraid cannot continue it yet: let \
+                 Linux md finish it"
+            ),
+            Unsupported { what } => write!(f, "{what} is not supported yet"),
+            Raid0MultiZoneLayout { layout } => write!(
+                f,
+                "multi-zone raid0 without a recorded layout (layout {layout:#x}): md refuses it \
+                 unless told the layout (raid0.default_layout=1 or 2); rewrite the superblocks \
+                 with --layout=original or --layout=alternate"
+            ),
+            Bitmap { name, error } => write!(f, "{name}: bitmap: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for AssemblyError {}
+
+/// The member chosen for a slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotMember {
+    /// Index into the offered list.
+    pub member: usize,
+    pub dev_number: u32,
+    pub sb_offset_sectors: u64,
+    pub data_offset_sectors: u64,
+    pub data_size_sectors: u64,
+    /// `Some(sector)`: rebuilt only up to this member sector (relative to data_offset);
+    /// the rest must be recovered. `None`: in sync.
+    pub recovery_offset_sectors: Option<u64>,
+    pub write_mostly: bool,
+}
+
+/// A member left out because its data is older than the array's; it can be re-added and
+/// recovered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaleMember {
+    pub member: usize,
+    /// The slot it claims.
+    pub slot: Option<u32>,
+    pub events: u64,
+    /// Its events are at or after the bitmap's events_cleared: a re-add can be caught up
+    /// from the bitmap instead of a full recovery.
+    pub bitmap_recoverable: bool,
+}
+
+/// What resync the array needs when it starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResyncNeed {
+    None,
+    /// No (usable) bitmap: resync everything from this sync-space sector.
+    Full {
+        from_sector: u64,
+    },
+    /// Only these sync-space regions `(start, len)` (from the bitmap).
+    Bitmap {
+        regions: Vec<(u64, u64)>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BitmapPlan {
+    /// Signed sectors from each member's superblock.
+    pub offset_from_sb_sectors: i32,
+    pub chunk_bytes: Option<u32>,
+    pub sync_size_sectors: Option<u64>,
+    pub events_cleared: Option<u64>,
+    /// The bitmap's events are behind the array's: its bits cannot be trusted.
+    pub stale: bool,
+    /// The parsed bitmap when the caller supplied its bytes.
+    pub image: Option<BitmapImage>,
+    /// The sector md starts honouring set bits from (`md_bitmap_load`'s `start`).
+    pub resync_start_sector: u64,
+}
+
+impl BitmapPlan {
+    /// In-memory bookkeeping loaded from the image, as md does at start.
+    pub fn write_intent(&self) -> Option<WriteIntentBitmap> {
+        self.image.clone().map(|img| WriteIntentBitmap::from_image(img, self.stale, self.resync_start_sector))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssemblyPlan {
+    pub uuid: [u8; 16],
+    pub name: String,
+    pub level: i32,
+    /// The layout md runs with (raid0: the effective zone layout, 1 = original).
+    pub layout: u32,
+    pub chunk_sectors: u32,
+    pub raid_disks: u32,
+    /// Per slot: the member chosen, or `None` (missing).
+    pub slots: Vec<Option<SlotMember>>,
+    /// Used sectors of each member (md's `dev_sectors` after the personality's rounding).
+    pub size_sectors: u64,
+    pub array_sectors: u64,
+    /// The array's event count (the freshest member's).
+    pub events: u64,
+    /// Index of the member whose superblock is authoritative.
+    pub freshest: usize,
+    pub resync_offset: u64,
+    pub resync: ResyncNeed,
+    pub bitmap: Option<BitmapPlan>,
+    /// Members with the spare role, usable for recovery.
+    pub spares: Vec<usize>,
+    pub stale: Vec<StaleMember>,
+    pub degraded_slots: Vec<u32>,
+    pub warnings: Vec<String>,
+}
+
+fn version_of(sb: &Superblock) -> SuperblockVersion {
+    match sb.super_offset {
+        0 => SuperblockVersion::V1_1,
+        8 => SuperblockVersion::V1_2,
+        _ => SuperblockVersion::V1_0,
+    }
+}
+
+/// mdadm `enough()`: can the array run with these slots in sync?
+pub fn enough(level: i32, raid_disks: u32, layout: u32, clean: bool, avail: &[bool]) -> bool {
+    let n = raid_disks as usize;
+    let avail_disks = avail.iter().take(n).filter(|&&a| a).count();
+    let at = |i: usize| avail.get(i).copied().unwrap_or(false);
+    match level {
+        level::RAID10 => {
+            let near = (layout & 0xff) as usize;
+            let copies = near * ((layout >> 8) & 0xff) as usize;
+            if n == 0 || copies == 0 || near == 0 {
+                return false;
+            }
+            let mut first = 0;
+            loop {
+                let present = (0..copies).any(|k| at((first + k) % n));
+                if !present {
+                    return false;
+                }
+                first = (first + near) % n;
+                if first == 0 {
+                    return true;
+                }
+            }
+        }
+        level::LINEAR | level::RAID0 => avail_disks == n,
+        level::RAID1 => avail_disks >= 1,
+        level::RAID4 if avail_disks + 1 == n && !at(n - 1) => true,
+        level::RAID4 | level::RAID5 => avail_disks + usize::from(clean) >= n,
+        level::RAID6 => avail_disks + 2 * usize::from(clean) >= n,
+        _ => false,
+    }
+}
+
+/// raid10 `calc_sectors` then `raid10_size`: (per-member dev_sectors, array sectors).
+pub fn raid10_sizes(dev_sectors: u64, raid_disks: u32, layout: u32, chunk_sectors: u32) -> (u64, u64) {
+    let shift = chunk_sectors.max(1).trailing_zeros();
+    let near = u64::from(layout & 0xff).max(1);
+    let far = u64::from((layout >> 8) & 0xff).max(1);
+    let rd = u64::from(raid_disks.max(1));
+    let array_chunks = (dev_sectors >> shift) / far * rd / near;
+    let dev_chunks = (array_chunks * near * far).div_ceil(rd);
+    let conf_dev_sectors = dev_chunks << shift;
+    let array = ((conf_dev_sectors >> shift) / far * rd / near) << shift;
+    (conf_dev_sectors, array)
+}
+
+/// raid0 zones from member data sizes: (array sectors, smallest rounded size, zone count,
+/// members in zone 1).
+fn raid0_zones(data_sizes: &[u64], chunk_sectors: u32) -> (u64, u64, usize, usize) {
+    let chunk = u64::from(chunk_sectors.max(1));
+    let rounded: Vec<u64> = data_sizes.iter().map(|s| s / chunk * chunk).collect();
+    // raid0_size masks again with chunk-1 after create_strip_zones rounded; for the power
+    // of two chunks mdadm makes the two agree.
+    let array: u64 =
+        rounded.iter().map(|s| if chunk.is_power_of_two() { s & !(chunk - 1) } else { *s }).sum();
+    let mut distinct = rounded.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let smallest = distinct.first().copied().unwrap_or(0);
+    let zone1 = rounded.iter().filter(|&&s| s > smallest).count();
+    (array, smallest, distinct.len(), zone1)
+}
+
+/// Decides how to assemble the offered members. Pure: no I/O; nothing is written whatever
+/// the outcome.
+pub fn plan_assembly(
+    members: &[OfferedMember],
+    opts: &AssembleOptions,
+) -> Result<AssemblyPlan, AssemblyError> {
+    if members.is_empty() {
+        return Err(AssemblyError::NoMembers);
+    }
+    let mut refused: Vec<RefusedMember> = Vec::new();
+    let mut refuse = |index: usize, reason: RefuseReason| {
+        refused.push(RefusedMember { index, name: members[index].name.clone(), reason })
+    };
+
+    // Valid superblocks that also fit their device.
+    let mut valid: Vec<(usize, &Superblock)> = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        match &m.superblock {
+            Err(e) => refuse(i, RefuseReason::BadSuperblock(e.clone())),
+            Ok(sb) => match sb.check_fits_device(version_of(sb), m.dev_sectors) {
+                Err(e) => refuse(i, RefuseReason::BadSuperblock(e)),
+                Ok(()) => valid.push((i, sb)),
+            },
+        }
+    }
+    let Some(uuid) = opts.uuid.or_else(|| valid.first().map(|(_, sb)| sb.set_uuid)) else {
+        return Err(AssemblyError::Refused(refused));
+    };
+    let mut group: Vec<(usize, &Superblock)> = Vec::new();
+    for (i, sb) in valid {
+        if sb.set_uuid != uuid {
+            refuse(i, RefuseReason::OtherArray { uuid: sb.set_uuid, expected: uuid });
+            continue;
+        }
+        let dup = group
+            .iter()
+            .find(|(j, other)| members[*j].name == members[i].name || other.device_uuid == sb.device_uuid);
+        if let Some((j, _)) = dup {
+            let first = members[*j].name.clone();
+            refuse(i, RefuseReason::OfferedTwice { first });
+            continue;
+        }
+        group.push((i, sb));
+    }
+
+    // The freshest non-spare superblock is the reference, as super_1_load's refdev.
+    let is_active_role = |sb: &Superblock| {
+        let r = sb.role();
+        r < role::MAX || r == role::JOURNAL
+    };
+    let freshest = group.iter().filter(|(_, sb)| is_active_role(sb)).fold(
+        None::<(usize, &Superblock)>,
+        |best, &(i, sb)| match best {
+            Some((_, b)) if b.events >= sb.events => best,
+            _ => Some((i, sb)),
+        },
+    );
+    let Some((fresh_idx, fresh)) = freshest else {
+        if !refused.is_empty() {
+            return Err(AssemblyError::Refused(refused));
+        }
+        return Err(AssemblyError::NoActiveMembers);
+    };
+    group.retain(|&(i, sb)| {
+        let same = sb.level == fresh.level
+            && sb.layout == fresh.layout
+            && sb.chunksize == fresh.chunksize
+            && sb.raid_disks == fresh.raid_disks;
+        if !same {
+            refused.push(RefusedMember {
+                index: i,
+                name: members[i].name.clone(),
+                reason: RefuseReason::DifferentGeometry { freshest: members[fresh_idx].name.clone() },
+            });
+        }
+        same
+    });
+    if !refused.is_empty() {
+        refused.sort_by_key(|r| r.index);
+        return Err(AssemblyError::Refused(refused));
+    }
+
+    if fresh.has(feature::RESHAPE_ACTIVE) {
+        return Err(AssemblyError::ReshapeInProgress);
+    }
+    if fresh.has(feature::JOURNAL) {
+        return Err(AssemblyError::Unsupported { what: "a raid5/6 write journal" });
+    }
+    if fresh.has(feature::CLUSTERED) {
+        return Err(AssemblyError::Unsupported { what: "clustered md" });
+    }
+
+    let mut warnings = Vec::new();
+    let events = fresh.events;
+    let raid_disks = fresh.raid_disks;
+    let n = raid_disks as usize;
+    let mut slots: Vec<Option<SlotMember>> = vec![None; n];
+    let mut slot_events: Vec<u64> = vec![0; n];
+    let mut spares = Vec::new();
+    let mut stale = Vec::new();
+
+    let bitmap_events_cleared = fresh
+        .has(feature::BITMAP_OFFSET)
+        .then(|| members[fresh_idx].bitmap.as_deref())
+        .flatten()
+        .and_then(|b| BitmapImage::parse(b).ok())
+        .map(|img| img.sb.events_cleared);
+
+    for &(i, sb) in &group {
+        let name = &members[i].name;
+        let r = sb.role();
+        if r == role::SPARE {
+            spares.push(i);
+            continue;
+        }
+        if r == role::FAULTY {
+            warnings.push(format!("{name} is marked faulty; left out"));
+            continue;
+        }
+        if r == role::JOURNAL || r >= role::MAX {
+            warnings.push(format!("{name} has role {r:#x}, which is not supported; left out"));
+            continue;
+        }
+        let slot = u32::from(r);
+        if slot >= raid_disks {
+            warnings
+                .push(format!("{name} claims slot {slot} beyond raid_disks {raid_disks}; used as a spare"));
+            spares.push(i);
+            continue;
+        }
+        // md's event margin: a member one event behind is still current.
+        let too_old = sb.events.saturating_add(1) < events;
+        // mdadm: a member that records the freshest member as failed has diverged.
+        let fresh_slot_in_its_view = sb.dev_roles.get(fresh.dev_number as usize).copied();
+        let disowns_freshest =
+            i != fresh_idx && fresh.slot().is_some_and(|s| fresh_slot_in_its_view != Some(s as u16));
+        // The freshest superblock no longer lists it in its slot: it was failed or
+        // removed since, whatever the event margin says.
+        let dropped_by_freshest = i != fresh_idx
+            && sb.events < events
+            && fresh.dev_roles.get(sb.dev_number as usize).copied() != Some(r);
+        if too_old || disowns_freshest || dropped_by_freshest {
+            let why = if too_old {
+                format!("events {} behind the array's {events}", sb.events)
+            } else if disowns_freshest {
+                format!("it records {} as failed", members[fresh_idx].name)
+            } else {
+                "the array has since removed it from its slot".to_string()
+            };
+            warnings
+                .push(format!("{name} (slot {slot}) is stale ({why}); left out, re-add it to recover it"));
+            stale.push(StaleMember {
+                member: i,
+                slot: Some(slot),
+                events: sb.events,
+                bitmap_recoverable: bitmap_events_cleared.is_some_and(|ec| sb.events >= ec),
+            });
+            continue;
+        }
+        let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
+        let candidate = SlotMember {
+            member: i,
+            dev_number: sb.dev_number,
+            sb_offset_sectors: sb.super_offset,
+            data_offset_sectors: sb.data_offset,
+            data_size_sectors: sb.data_size,
+            recovery_offset_sectors: recovery,
+            write_mostly: sb.devflags & super::superblock::devflags::WRITE_MOSTLY != 0,
+        };
+        let s = slot as usize;
+        match &slots[s] {
+            None => {
+                slots[s] = Some(candidate);
+                slot_events[s] = sb.events;
+            }
+            Some(cur) => {
+                let better = sb.events > slot_events[s]
+                    || (sb.events == slot_events[s]
+                        && cur.recovery_offset_sectors.is_some()
+                        && recovery.is_none());
+                let (kept, dropped) = if better { (i, cur.member) } else { (cur.member, i) };
+                warnings.push(format!(
+                    "{} and {} both claim slot {slot}; using {}, {} left out{}",
+                    members[cur.member].name,
+                    name,
+                    members[kept].name,
+                    members[dropped].name,
+                    if sb.has(feature::REPLACEMENT) { " (an unfinished replacement)" } else { "" }
+                ));
+                if better {
+                    slots[s] = Some(candidate);
+                    slot_events[s] = sb.events;
+                }
+            }
+        }
+    }
+
+    let in_sync: Vec<bool> =
+        slots.iter().map(|s| s.as_ref().is_some_and(|m| m.recovery_offset_sectors.is_none())).collect();
+    let in_sync_count = in_sync.iter().filter(|&&b| b).count() as u32;
+    let rebuilding = slots.iter().flatten().count() as u32 - in_sync_count;
+    let clean = fresh.resync_offset == MAX_SECTOR;
+    let layout_for_enough = fresh.layout;
+    if !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync) {
+        return Err(AssemblyError::TooFewMembers {
+            level: fresh.level,
+            raid_disks,
+            in_sync: in_sync_count,
+            clean,
+        });
+    }
+    let degraded_slots: Vec<u32> = (0..raid_disks).filter(|&s| !in_sync[s as usize]).collect();
+    // mdadm starts without --run when every member the freshest superblock lists as
+    // active is here (an array stopped degraded comes back degraded).
+    let expected = fresh.dev_roles.iter().filter(|&&r| u32::from(r) < raid_disks).count() as u32;
+    if !opts.run && in_sync_count + rebuilding < expected {
+        return Err(AssemblyError::NeedsRun {
+            in_sync: in_sync_count,
+            expected,
+            missing_slots: degraded_slots.clone(),
+        });
+    }
+    if !degraded_slots.is_empty() {
+        warnings.push(format!("array is degraded: slots {degraded_slots:?} are missing or rebuilding"));
+    }
+
+    // Sizes as the personalities compute them.
+    let chunk = fresh.chunksize;
+    let mut layout = fresh.layout;
+    let (size_sectors, array_sectors) = match fresh.level {
+        level::RAID0 | level::LINEAR => {
+            let sizes: Vec<u64> = slots.iter().flatten().map(|m| m.data_size_sectors).collect();
+            if fresh.level == level::LINEAR {
+                (sizes.iter().copied().min().unwrap_or(0), sizes.iter().sum())
+            } else {
+                let (array, smallest, zones, zone1) = raid0_zones(&sizes, chunk);
+                if zones == 1 || zone1 == 1 {
+                    layout = super::create::RAID0_ORIG_LAYOUT;
+                } else if !fresh.has(feature::RAID0_LAYOUT) || !(1..=2).contains(&fresh.layout) {
+                    return Err(AssemblyError::Raid0MultiZoneLayout { layout: fresh.layout });
+                }
+                (smallest, array)
+            }
+        }
+        level::RAID1 => (fresh.size, fresh.size),
+        level::RAID10 => raid10_sizes(fresh.size, raid_disks, fresh.layout, chunk),
+        level::RAID4 | level::RAID5 | level::RAID6 => {
+            let dev = fresh.size & !(u64::from(chunk.max(1)) - 1);
+            let parity = if fresh.level == level::RAID6 { 2 } else { 1 };
+            (dev, dev * u64::from(raid_disks - parity))
+        }
+        _ => return Err(AssemblyError::Unsupported { what: "this raid level" }),
+    };
+
+    // Bitmap: md reads it from the members; we use the freshest member's copy.
+    let redundant = fresh.level >= 1;
+    let degraded = !degraded_slots.is_empty();
+    let bitmap = match fresh.bitmap_sector() {
+        None => None,
+        Some(_) => {
+            let mut plan = BitmapPlan {
+                offset_from_sb_sectors: fresh.bitmap_offset,
+                chunk_bytes: None,
+                sync_size_sectors: None,
+                events_cleared: None,
+                stale: false,
+                image: None,
+                resync_start_sector: 0,
+            };
+            match members[fresh_idx].bitmap.as_deref() {
+                None => warnings.push(
+                    "the internal bitmap was not read; a resync, if needed, covers everything".to_string(),
+                ),
+                Some(bytes) => {
+                    let name = members[fresh_idx].name.clone();
+                    let image = BitmapImage::parse(bytes)
+                        .map_err(|error| AssemblyError::Bitmap { name: name.clone(), error })?;
+                    let stale_bm = image
+                        .sb
+                        .check_against_array(&fresh.set_uuid, events)
+                        .map_err(|error| AssemblyError::Bitmap { name, error })?;
+                    if stale_bm {
+                        warnings.push(format!(
+                            "bitmap events {} are behind the array's {events}: full resync",
+                            image.sb.events
+                        ));
+                    }
+                    // md_bitmap_load: keep every set bit for a re-add while degraded.
+                    plan.resync_start_sector =
+                        if !degraded || image.sb.events_cleared == events { fresh.resync_offset } else { 0 };
+                    plan.chunk_bytes = Some(image.sb.chunksize);
+                    plan.sync_size_sectors = Some(image.sb.sync_size);
+                    plan.events_cleared = Some(image.sb.events_cleared);
+                    plan.stale = stale_bm;
+                    plan.image = Some(image);
+                }
+            }
+            Some(plan)
+        }
+    };
+
+    let resync = if clean || !redundant {
+        ResyncNeed::None
+    } else {
+        match bitmap.as_ref().and_then(|b| b.write_intent()) {
+            Some(wib) if !bitmap.as_ref().is_some_and(|b| b.stale) => {
+                ResyncNeed::Bitmap { regions: wib.dirty_regions() }
+            }
+            _ => ResyncNeed::Full { from_sector: fresh.resync_offset },
+        }
+    };
+    if resync != ResyncNeed::None {
+        warnings.push("array was not shut down cleanly: resync needed".to_string());
+    }
+    if fresh.feature_map & (feature::PPL | feature::MULTIPLE_PPLS) != 0 {
+        if !clean {
+            return Err(AssemblyError::Unsupported { what: "recovery from a partial parity log (PPL)" });
+        }
+        warnings.push("the array has a partial parity log, which is not maintained".to_string());
+    }
+
+    Ok(AssemblyPlan {
+        uuid,
+        name: fresh.name(),
+        level: fresh.level,
+        layout,
+        chunk_sectors: chunk,
+        raid_disks,
+        slots,
+        size_sectors,
+        array_sectors,
+        events,
+        freshest: fresh_idx,
+        resync_offset: fresh.resync_offset,
+        resync,
+        bitmap,
+        spares,
+        stale,
+        degraded_slots,
+        warnings,
+    })
+}

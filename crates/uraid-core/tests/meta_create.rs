@@ -1,0 +1,140 @@
+//! mdadm 4.2 creation rules beyond the 16 MiB fixtures.
+
+use uraid_core::meta::*;
+
+#[test]
+fn data_offset_rule() {
+    let v12 = SuperblockVersion::V1_2;
+    // The fixtures: 16 MiB members.
+    assert_eq!(default_data_offset(v12, 32768, 64), 2048);
+    assert_eq!(default_data_offset(v12, 32768, 32), 2048);
+    assert_eq!(default_data_offset(v12, 32768, 0), 2048);
+    assert_eq!(default_data_offset(v12, 32768, 512), 4096);
+    // Large members get the full 128 MiB headroom: 264192 sectors (129 MiB), the value
+    // mdadm 4.2 is known for on disks of 128 GiB and more.
+    assert_eq!(default_data_offset(v12, 1 << 31, 512), 264192);
+    assert_eq!(default_data_offset(v12, 1 << 28, 512), 264192);
+    // About 0.1% in between.
+    assert_eq!(default_data_offset(v12, 1 << 24, 512), 18432);
+    assert_eq!(default_data_offset(SuperblockVersion::V1_0, 1 << 24, 512), 0);
+}
+
+#[test]
+fn max_dev_rule() {
+    assert_eq!(default_max_dev(2), 128);
+    assert_eq!(default_max_dev(128), 128);
+    assert_eq!(default_max_dev(129), 384);
+}
+
+#[test]
+fn names_and_layouts() {
+    let n = make_set_name(Some("host"), "data");
+    assert_eq!(&n[..10], b"host:data\0");
+    let n = make_set_name(Some("host"), "a:b");
+    assert_eq!(&n[..4], b"a:b\0");
+    let long = "x".repeat(40);
+    let n = make_set_name(Some("host"), &long);
+    assert_eq!(n[30], b'x');
+    assert_eq!(n[31], 0);
+    assert_eq!(default_layout(0), 1);
+    assert_eq!(default_layout(5), 2);
+    assert_eq!(default_layout(6), 2);
+    assert_eq!(default_layout(10), 0x102);
+    assert_eq!(default_layout(1), 0);
+}
+
+fn params(level: i32, sizes: Vec<Option<u64>>) -> CreateParams {
+    let mut p = CreateParams::new(level, sizes);
+    p.set_uuid = [9; 16];
+    p.device_uuids = (0..p.member_dev_sectors.len()).map(|i| [i as u8; 16]).collect();
+    p
+}
+
+#[test]
+fn every_level_creates_superblocks_md_accepts_and_assembles() {
+    let dev = 1u64 << 22; // 2 GiB
+    for (level, n) in [(0, 3), (1, 2), (4, 4), (5, 4), (6, 6), (10, 4), (-1, 2)] {
+        for bitmap in [false, true] {
+            if bitmap && level <= 0 {
+                continue;
+            }
+            let mut p = params(level, vec![Some(dev); n]);
+            p.bitmap = bitmap;
+            let c = create_array(&p).unwrap_or_else(|e| panic!("raid{level}: {e}"));
+            let members: Vec<OfferedMember> = c
+                .superblocks
+                .iter()
+                .enumerate()
+                .map(|(i, sb)| {
+                    let bytes = sb.as_ref().unwrap().serialize();
+                    OfferedMember {
+                        name: format!("m{i}"),
+                        dev_sectors: dev,
+                        superblock: Superblock::parse_member(&bytes, SuperblockVersion::V1_2, dev),
+                        bitmap: c.bitmap.as_ref().map(|b| b.area.clone()),
+                    }
+                })
+                .collect();
+            let plan = plan_assembly(&members, &AssembleOptions::default())
+                .unwrap_or_else(|e| panic!("raid{level} bitmap {bitmap}: {e}"));
+            assert_eq!(plan.level, level);
+            assert_eq!(plan.raid_disks, n as u32);
+            let expect_resync = matches!(level, 1 | 6 | 10);
+            match (&plan.resync, expect_resync, bitmap) {
+                (ResyncNeed::None, false, _) => {}
+                (ResyncNeed::Full { from_sector: 0 }, true, false) => {}
+                (ResyncNeed::Bitmap { regions }, true, true) => assert!(!regions.is_empty()),
+                other => panic!("raid{level} bitmap {bitmap}: {other:?}"),
+            }
+            if matches!(level, 4 | 5) {
+                // mdadm's way: the last member is recovered rather than the array resynced.
+                let last = plan.slots[n - 1].as_ref().unwrap();
+                assert_eq!(last.recovery_offset_sectors, Some(0));
+                assert_eq!(last.dev_number, n as u32);
+                assert_eq!(plan.degraded_slots, vec![n as u32 - 1]);
+            } else {
+                assert!(plan.degraded_slots.is_empty());
+            }
+            if bitmap {
+                let bm = c.bitmap.as_ref().unwrap();
+                let sync = if level == 10 { plan.array_sectors } else { plan.size_sectors };
+                assert_eq!(bm.sb.sync_size, sync, "raid{level}");
+                assert_eq!(bm.sb.chunksize, 64 << 20);
+            }
+        }
+    }
+}
+
+#[test]
+fn assume_clean_missing_and_size() {
+    let dev = 1u64 << 22;
+    let mut p = params(6, vec![Some(dev), None, Some(dev), Some(dev)]);
+    let c = create_array(&p).unwrap();
+    assert!(c.superblocks[1].is_none());
+    let sb = c.superblocks[0].clone().unwrap();
+    assert_eq!(sb.resync_offset, MAX_SECTOR, "degraded create recovers, no resync");
+    assert_eq!(sb.dev_roles[1], role::SPARE);
+    p.member_dev_sectors[1] = Some(dev);
+    p.assume_clean = true;
+    p.size_kib = Some(1000);
+    let c = create_array(&p).unwrap();
+    let sb = c.superblocks[0].clone().unwrap();
+    assert_eq!(sb.resync_offset, MAX_SECTOR);
+    assert_eq!(sb.size, 512 * 2, "size rounded down to the 512 KiB chunk");
+    p.size_kib = Some(100);
+    assert!(matches!(create_array(&p), Err(CreateError::SizeBelowChunk { .. })));
+    // raid0 cannot have missing members; bitmaps are meaningless there.
+    let p0 = params(0, vec![Some(dev), None]);
+    assert!(create_array(&p0).is_err());
+    let mut p0 = params(0, vec![Some(dev), Some(dev)]);
+    p0.bitmap = true;
+    assert!(create_array(&p0).is_err());
+    // raid0 of unequal members records its layout.
+    let p0 = params(0, vec![Some(dev), Some(dev * 2)]);
+    let sb = create_array(&p0).unwrap().superblocks[0].clone().unwrap();
+    assert!(sb.has(feature::RAID0_LAYOUT));
+    // Too small a member.
+    let p1 = params(1, vec![Some(dev), Some(1000)]);
+    let e = create_array(&p1).unwrap_err();
+    assert!(e.to_string().contains("slot 1"), "{e}");
+}
