@@ -62,8 +62,10 @@ pub enum RequestError {
     OutOfRange,
     /// The array is read-only.
     ReadOnly,
-    /// Malformed request (zero length read/write, etc.).
+    /// Malformed request (unaligned to 512 bytes, payload length mismatch, ...).
     Invalid,
+    /// A medium error that redundancy could not cover (raid0, or latent errors beyond parity).
+    Io,
 }
 
 impl std::fmt::Display for RequestError {
@@ -73,6 +75,7 @@ impl std::fmt::Display for RequestError {
             RequestError::OutOfRange => "request beyond the end of the array",
             RequestError::ReadOnly => "array is read-only",
             RequestError::Invalid => "invalid request",
+            RequestError::Io => "I/O error on a member that redundancy could not cover",
         })
     }
 }

@@ -1,77 +1,584 @@
 //! The array engine: a state machine fed requests, member-I/O completions and time.
+//!
+//! Requests on raid0/1/10 become member I/Os directly (`direct.rs`); on raid4/5/6 they go
+//! through stripe heads (`stripe.rs`) unless a chunk-aligned read may bypass the cache.
+//! Every event ends by re-analysing what it touched, as md's `handle_stripe` does.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use crate::api::*;
-use crate::config::{ArrayConfig, ConfigError, MemberState};
+use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
+use crate::geometry::{Geometry, Level};
 use crate::stats::ArrayStats;
+use crate::stripe::{IoCtx, StripeCache};
+
+/// Runtime state of one raid slot.
+#[derive(Clone, Debug)]
+pub(crate) struct MemberRt {
+    pub state: MemberState,
+    pub data_offset_bytes: u64,
+    pub inflight: u32,
+    /// Member sector just past the last I/O sent (for read balancing).
+    pub last_end_sector: u64,
+    pub last_dispatch_ns: TimeNs,
+}
+
+impl MemberRt {
+    /// May this member be read at data-relative `sector`?
+    pub fn readable(&self, sector: u64) -> bool {
+        match self.state {
+            MemberState::InSync => true,
+            MemberState::Recovering { recovery_offset_sectors } => sector < recovery_offset_sectors,
+            _ => false,
+        }
+    }
+    /// Does this member receive writes?
+    pub fn writable(&self) -> bool {
+        matches!(self.state, MemberState::InSync | MemberState::Recovering { .. })
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct ReqState {
+    pub op: RequestOp,
+    pub offset_bytes: u64,
+    pub fua: bool,
+    /// Read: the data being gathered. Write: the payload.
+    pub buf: Vec<u8>,
+    /// Outstanding parts; the request completes when this reaches zero.
+    pub parts: u32,
+    pub error: Option<RequestError>,
+    /// Writes: order number for flush accounting.
+    pub write_seq: Option<u64>,
+    /// FUA writes: member flushes still outstanding after the data landed.
+    pub fua_flushes: Option<u32>,
+}
+
+struct FlushWait {
+    req: RequestId,
+    /// The flush covers every write submitted before this sequence number.
+    seq: u64,
+    /// Member flushes outstanding, once issued.
+    pending: Option<u32>,
+    error: Option<RequestError>,
+}
 
 pub struct Engine {
-    config: ArrayConfig,
-    stats: ArrayStats,
+    pub(crate) geo: Geometry,
+    pub(crate) members: Vec<MemberRt>,
+    pub(crate) tun: Tunables,
+    read_only: bool,
+    pub(crate) failed: bool,
+    pub(crate) now_ns: TimeNs,
+    next_io_id: MemberIoId,
+    pub(crate) reqs: HashMap<RequestId, ReqState>,
+    pub(crate) ios: HashMap<MemberIoId, (IoCtx, usize, TimeNs)>,
+    out_ios: VecDeque<MemberIo>,
+    out_done: VecDeque<RequestCompletion>,
+    pub(crate) cache: StripeCache,
+    next_write_seq: u64,
+    inflight_writes: BTreeSet<u64>,
+    flushes: Vec<FlushWait>,
+    pub(crate) stats: ArrayStats,
+    pub(crate) rr_next: usize,
 }
 
 impl Engine {
     pub fn new(config: ArrayConfig) -> Result<Self, ConfigError> {
-        let stats = ArrayStats::new(config.members.len());
-        Ok(Engine { config, stats })
+        let geo = config.geometry;
+        if config.members.len() != geo.raid_disks {
+            return Err(ConfigError::Members(format!(
+                "{} members given for {} raid devices",
+                config.members.len(),
+                geo.raid_disks
+            )));
+        }
+        if config.tunables.stripe_cache_size < 16 || config.tunables.stripe_cache_size > 32768 {
+            return Err(ConfigError::Tunable(format!(
+                "stripe_cache_size {} is outside md's 17..=32768",
+                config.tunables.stripe_cache_size
+            )));
+        }
+        if config.tunables.rmw_level > 2 {
+            return Err(ConfigError::Tunable(format!("rmw_level {} is not 0, 1 or 2", config.tunables.rmw_level)));
+        }
+        let members: Vec<MemberRt> = config
+            .members
+            .iter()
+            .map(|m| MemberRt {
+                state: m.state,
+                data_offset_bytes: m.data_offset_bytes,
+                inflight: 0,
+                last_end_sector: 0,
+                last_dispatch_ns: 0,
+            })
+            .collect();
+        let engine = Engine {
+            cache: StripeCache::new(&geo),
+            geo,
+            members,
+            tun: config.tunables,
+            read_only: config.read_only,
+            failed: false,
+            now_ns: 0,
+            next_io_id: 1,
+            reqs: HashMap::new(),
+            ios: HashMap::new(),
+            out_ios: VecDeque::new(),
+            out_done: VecDeque::new(),
+            next_write_seq: 0,
+            inflight_writes: BTreeSet::new(),
+            flushes: Vec::new(),
+            stats: ArrayStats::new(config.members.len()),
+            rr_next: 0,
+        };
+        if !engine.data_survives() {
+            let missing = engine.members.iter().filter(|m| !m.writable()).count();
+            return Err(ConfigError::TooDegraded { missing, survivable: engine.geo.redundancy() });
+        }
+        Ok(engine)
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub fn tunables(&self) -> &Tunables {
+        &self.tun
+    }
+
+    /// Change `stripe_cache_size` while I/O runs: shrinking evicts only idle stripe heads.
+    pub fn set_stripe_cache_size(&mut self, size: usize) -> Result<(), ConfigError> {
+        if !(16..=32768).contains(&size) {
+            return Err(ConfigError::Tunable(format!("stripe_cache_size {size} is outside 17..=32768")));
+        }
+        self.tun.stripe_cache_size = size;
+        self.shrink_cache();
+        Ok(())
+    }
+
+    pub fn set_rmw_level(&mut self, level: u8) -> Result<(), ConfigError> {
+        if level > 2 {
+            return Err(ConfigError::Tunable(format!("rmw_level {level} is not 0, 1 or 2")));
+        }
+        self.tun.rmw_level = level;
+        Ok(())
+    }
+
+    pub fn set_balance(&mut self, balance: crate::mirror::Balance) {
+        self.tun.balance = balance;
     }
 
     /// Bytes of array address space.
     pub fn size_bytes(&self) -> u64 {
-        self.config.geometry.array_bytes()
+        self.geo.array_bytes()
+    }
+
+    /// True once more members are lost than the level survives.
+    pub fn is_failed(&self) -> bool {
+        self.failed
+    }
+
+    pub fn is_degraded(&self) -> bool {
+        self.members.iter().any(|m| !matches!(m.state, MemberState::InSync))
     }
 
     /// Hand a request to the engine. Back-pressure returns it untouched.
     pub fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError> {
-        let _ = (req, now_ns);
-        todo!()
+        self.now_ns = self.now_ns.max(now_ns);
+        if self.reqs.len() >= self.tun.max_inflight_requests {
+            return Err(SubmitError::Busy(req));
+        }
+        self.stats.requests += 1;
+        if let Some(err) = self.check_request(&req) {
+            self.out_done.push_back(RequestCompletion { id: req.id, result: Err(err) });
+            return Ok(());
+        }
+        let id = req.id;
+        let is_write = matches!(req.op, RequestOp::Write | RequestOp::Trim | RequestOp::WriteZeroes);
+        let write_seq = if is_write {
+            self.next_write_seq += 1;
+            self.inflight_writes.insert(self.next_write_seq);
+            Some(self.next_write_seq)
+        } else {
+            None
+        };
+        if req.op == RequestOp::Flush {
+            self.flushes.push(FlushWait { req: id, seq: self.next_write_seq + 1, pending: None, error: None });
+            self.cache_force_all();
+            self.progress_flushes();
+            return Ok(());
+        }
+        let mut buf = req.data;
+        if req.op == RequestOp::Read {
+            buf = vec![0u8; req.len_bytes as usize];
+        }
+        self.reqs.insert(
+            id,
+            ReqState {
+                op: req.op,
+                offset_bytes: req.offset_bytes,
+                fua: req.fua,
+                buf,
+                parts: 1,
+                error: None,
+                write_seq,
+                fua_flushes: None,
+            },
+        );
+        if req.len_bytes > 0 {
+            match req.op {
+                RequestOp::Read => self.start_read(id, req.offset_bytes, req.len_bytes),
+                op => self.start_write(id, op, req.offset_bytes, req.len_bytes),
+            }
+        }
+        self.part_done(id, None);
+        Ok(())
+    }
+
+    fn check_request(&self, req: &Request) -> Option<RequestError> {
+        if self.failed {
+            return Some(RequestError::ArrayFailed);
+        }
+        let writes = matches!(req.op, RequestOp::Write | RequestOp::Trim | RequestOp::WriteZeroes);
+        if writes && self.read_only {
+            return Some(RequestError::ReadOnly);
+        }
+        if req.op == RequestOp::Flush {
+            return None;
+        }
+        if req.op == RequestOp::Write && req.data.len() as u64 != req.len_bytes {
+            return Some(RequestError::Invalid);
+        }
+        let end = req.offset_bytes.checked_add(req.len_bytes);
+        if end.is_none_or(|e| e > self.size_bytes()) {
+            return Some(RequestError::OutOfRange);
+        }
+        if req.offset_bytes % SECTOR_BYTES != 0 || req.len_bytes % SECTOR_BYTES != 0 {
+            // Sub-sector requests are widened by the caller (the NBD server does RMW at the edges).
+            return Some(RequestError::Invalid);
+        }
+        if req.op == RequestOp::Read && req.len_bytes > (1 << 30) {
+            return Some(RequestError::Invalid);
+        }
+        None
+    }
+
+    fn start_read(&mut self, id: RequestId, offset_bytes: u64, len_bytes: u64) {
+        let sector = offset_bytes / SECTOR_BYTES;
+        let len = len_bytes / SECTOR_BYTES;
+        if self.geo.level.has_parity() {
+            self.stripe_read(id, sector, len);
+        } else {
+            self.direct_read(id, sector, len);
+        }
+    }
+
+    fn start_write(&mut self, id: RequestId, op: RequestOp, offset_bytes: u64, len_bytes: u64) {
+        let sector = offset_bytes / SECTOR_BYTES;
+        let len = len_bytes / SECTOR_BYTES;
+        let zero = op != RequestOp::Write;
+        if self.geo.level.has_parity() {
+            self.stripe_write(id, sector, len, zero);
+        } else {
+            self.direct_write(id, sector, len, zero);
+        }
     }
 
     /// The caller has no more requests to submit right now (md's unplug): partial stripes
     /// waiting for more writes may be started.
     pub fn unplug(&mut self, now_ns: TimeNs) {
-        let _ = now_ns;
+        self.now_ns = self.now_ns.max(now_ns);
+        self.cache_unplug();
     }
 
     /// Next member I/O the caller must perform.
     pub fn pop_member_io(&mut self) -> Option<MemberIo> {
-        None
+        self.out_ios.pop_front()
     }
 
     /// Report a member I/O's result.
     pub fn complete_member_io(&mut self, completion: MemberIoCompletion, now_ns: TimeNs) {
-        let _ = (completion, now_ns);
+        self.now_ns = self.now_ns.max(now_ns);
+        let Some((ctx, member, issued_ns)) = self.ios.remove(&completion.id) else {
+            return; // unknown or duplicate completion: nothing to do
+        };
+        let m = &mut self.members[member];
+        m.inflight = m.inflight.saturating_sub(1);
+        let ms = &mut self.stats.members[member];
+        ms.busy_ns += self.now_ns.saturating_sub(issued_ns);
+        if completion.result.is_err() {
+            ms.errors += 1;
+        }
+        match ctx {
+            IoCtx::MemberFlush { flush } => self.member_flush_done(flush, member, completion.result.is_ok()),
+            IoCtx::FuaFlush { req } => self.fua_flush_done(req, member, completion.result.is_ok()),
+            ctx => self.io_done(ctx, member, completion.result),
+        }
     }
 
     /// Next finished request.
     pub fn pop_completion(&mut self) -> Option<RequestCompletion> {
-        None
+        self.out_done.pop_front()
     }
 
     /// When `tick` must next be called even if nothing else happens.
     pub fn next_deadline_ns(&self) -> Option<TimeNs> {
-        None
+        self.cache_next_deadline()
     }
 
-    /// Let time-driven work (batching deadlines, background resync/rebuild pacing) run.
+    /// Let time-driven work (batching deadlines) run.
     pub fn tick(&mut self, now_ns: TimeNs) {
-        let _ = now_ns;
+        self.now_ns = self.now_ns.max(now_ns);
+        self.cache_tick();
     }
 
     /// Mark a member faulty (mdadm --fail); the array continues degraded if it can.
     pub fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
-        let _ = (member, now_ns);
+        self.now_ns = self.now_ns.max(now_ns);
+        if member >= self.members.len() || matches!(self.members[member].state, MemberState::Faulty) {
+            return;
+        }
+        if matches!(self.members[member].state, MemberState::Missing) {
+            return;
+        }
+        self.members[member].state = MemberState::Faulty;
+        if !self.data_survives() {
+            self.fail_array();
+        } else {
+            self.cache_member_failed(member);
+        }
     }
 
     pub fn member_states(&self) -> Vec<MemberState> {
-        self.config.members.iter().map(|m| m.state).collect()
+        self.members.iter().map(|m| m.state).collect()
     }
 
     pub fn stats(&self) -> &ArrayStats {
         &self.stats
     }
 
-    /// No request, member I/O or background work outstanding.
+    /// Reset the accounting (e.g. between the phases of an experiment).
+    pub fn reset_stats(&mut self) {
+        self.stats = ArrayStats::new(self.members.len());
+    }
+
+    /// No request, member I/O or queued work outstanding.
     pub fn is_idle(&self) -> bool {
-        true
+        self.reqs.is_empty() && self.ios.is_empty() && self.out_ios.is_empty() && self.flushes.is_empty()
+    }
+
+    /// Requests accepted and not yet completed.
+    pub fn inflight_requests(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// Does every array sector keep at least one readable copy / enough members to rebuild it?
+    pub(crate) fn data_survives(&self) -> bool {
+        let lost: Vec<bool> = self.members.iter().map(|m| !m.writable()).collect();
+        let lost_count = lost.iter().filter(|&&l| l).count();
+        match self.geo.level {
+            Level::Raid0 => lost_count == 0,
+            Level::Raid1 => lost_count < self.members.len(),
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => lost_count <= self.geo.level.parity_disks(),
+            Level::Raid10 => {
+                // Copy sets repeat with a period of at most raid_disks chunks (times far copies).
+                let mut copies = Vec::new();
+                let period = self.geo.raid_disks as u64 * 4;
+                let step = self.geo.chunk_sectors;
+                (0..period).all(|k| {
+                    let s = (k * step) % self.geo.array_sectors();
+                    self.geo.copies(s, &mut copies);
+                    copies.iter().any(|e| !lost[e.member])
+                })
+            }
+        }
+    }
+
+    /// More members lost than the level survives: every pending and later request fails.
+    pub(crate) fn fail_array(&mut self) {
+        if self.failed {
+            return;
+        }
+        self.failed = true;
+        let ids: Vec<RequestId> = self.reqs.keys().copied().collect();
+        for id in ids {
+            if let Some(r) = self.reqs.get_mut(&id) {
+                r.error = Some(RequestError::ArrayFailed);
+            }
+        }
+        self.cache_array_failed();
+        for f in &mut self.flushes {
+            f.error = Some(RequestError::ArrayFailed);
+        }
+        // Requests whose I/Os are still in flight complete as those I/Os return.
+        let idle: Vec<RequestId> = self
+            .reqs
+            .iter()
+            .filter(|(_, r)| r.parts == 0 && r.fua_flushes.is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in idle {
+            self.finish_request(id);
+        }
+        self.progress_flushes();
+    }
+
+    // ---- member I/O issue ------------------------------------------------------------
+
+    /// Queue a data I/O at data-relative `member_sector`.
+    pub(crate) fn issue_io(
+        &mut self,
+        member: usize,
+        op: MemberIoOp,
+        member_sector: u64,
+        len_sectors: u64,
+        data: Vec<u8>,
+        ctx: IoCtx,
+    ) {
+        let id = self.next_io_id;
+        self.next_io_id += 1;
+        let m = &mut self.members[member];
+        m.inflight += 1;
+        m.last_end_sector = member_sector + len_sectors;
+        m.last_dispatch_ns = self.now_ns;
+        let len_bytes = len_sectors * SECTOR_BYTES;
+        let ms = &mut self.stats.members[member];
+        match op {
+            MemberIoOp::Read => {
+                ms.reads += 1;
+                ms.read_bytes += len_bytes;
+            }
+            MemberIoOp::Write => {
+                ms.writes += 1;
+                ms.write_bytes += len_bytes;
+            }
+            MemberIoOp::Flush => ms.flushes += 1,
+        }
+        let offset_bytes =
+            if op == MemberIoOp::Flush { 0 } else { m.data_offset_bytes + member_sector * SECTOR_BYTES };
+        self.ios.insert(id, (ctx, member, self.now_ns));
+        self.out_ios.push_back(MemberIo {
+            id,
+            member,
+            op,
+            offset_bytes,
+            len_bytes: if op == MemberIoOp::Flush { 0 } else { len_bytes },
+            data,
+        });
+    }
+
+    // ---- request completion ----------------------------------------------------------
+
+    /// One part of request `id` finished (with an error, maybe).
+    pub(crate) fn part_done(&mut self, id: RequestId, error: Option<RequestError>) {
+        let Some(r) = self.reqs.get_mut(&id) else { return };
+        if error.is_some() && r.error.is_none() {
+            r.error = error;
+        }
+        r.parts = r.parts.saturating_sub(1);
+        if r.parts > 0 {
+            return;
+        }
+        if r.fua && r.error.is_none() && r.fua_flushes.is_none() && r.op != RequestOp::Read {
+            let targets: Vec<usize> = (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
+            self.reqs.get_mut(&id).expect("present").fua_flushes = Some(targets.len() as u32);
+            for m in targets {
+                self.issue_io(m, MemberIoOp::Flush, 0, 0, Vec::new(), IoCtx::FuaFlush { req: id });
+            }
+            return;
+        }
+        if r.fua_flushes.is_some() {
+            return;
+        }
+        self.finish_request(id);
+    }
+
+    fn fua_flush_done(&mut self, id: RequestId, member: usize, ok: bool) {
+        if !ok {
+            self.fail_member(member, self.now_ns);
+        }
+        let Some(r) = self.reqs.get_mut(&id) else { return };
+        let left = r.fua_flushes.unwrap_or(1).saturating_sub(1);
+        r.fua_flushes = Some(left);
+        if left == 0 {
+            if self.failed && r.error.is_none() {
+                r.error = Some(RequestError::ArrayFailed);
+            }
+            self.finish_request(id);
+        }
+    }
+
+    fn finish_request(&mut self, id: RequestId) {
+        let Some(r) = self.reqs.remove(&id) else { return };
+        if let Some(seq) = r.write_seq {
+            self.inflight_writes.remove(&seq);
+        }
+        let result = match r.error {
+            Some(e) => Err(e),
+            None if r.op == RequestOp::Read => Ok(r.buf),
+            None => Ok(Vec::new()),
+        };
+        self.out_done.push_back(RequestCompletion { id, result });
+        if r.write_seq.is_some() {
+            self.progress_flushes();
+        }
+    }
+
+    // ---- flush ------------------------------------------------------------------------
+
+    fn progress_flushes(&mut self) {
+        let oldest_write = self.inflight_writes.iter().next().copied();
+        let mut i = 0;
+        while i < self.flushes.len() {
+            let f = &self.flushes[i];
+            if let Some(err) = f.error {
+                if f.pending.is_none_or(|p| p == 0) {
+                    let f = self.flushes.remove(i);
+                    self.out_done.push_back(RequestCompletion { id: f.req, result: Err(err) });
+                    continue;
+                }
+            } else if f.pending.is_none() && oldest_write.is_none_or(|w| w >= f.seq) {
+                let targets: Vec<usize> = (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
+                let flush_id = f.req;
+                self.flushes[i].pending = Some(targets.len() as u32);
+                for m in targets {
+                    self.issue_io(m, MemberIoOp::Flush, 0, 0, Vec::new(), IoCtx::MemberFlush { flush: flush_id });
+                }
+                if self.flushes[i].pending == Some(0) {
+                    let f = self.flushes.remove(i);
+                    self.out_done.push_back(RequestCompletion { id: f.req, result: Ok(Vec::new()) });
+                    continue;
+                }
+            }
+            i += 1;
+        }
+    }
+
+    fn member_flush_done(&mut self, flush: RequestId, member: usize, ok: bool) {
+        if !ok {
+            self.fail_member(member, self.now_ns);
+        }
+        let Some(i) = self.flushes.iter().position(|f| f.req == flush) else { return };
+        let f = &mut self.flushes[i];
+        let left = f.pending.unwrap_or(1).saturating_sub(1);
+        f.pending = Some(left);
+        if left == 0 {
+            let f = self.flushes.remove(i);
+            let result = match (f.error, self.failed) {
+                (Some(e), _) => Err(e),
+                (None, true) => Err(RequestError::ArrayFailed),
+                (None, false) => Ok(Vec::new()),
+            };
+            self.out_done.push_back(RequestCompletion { id: f.req, result });
+        }
+    }
+
+    fn io_done(&mut self, ctx: IoCtx, member: usize, result: Result<Vec<u8>, MemberIoError>) {
+        if self.geo.level.has_parity() {
+            self.stripe_io_done(ctx, member, result);
+        } else {
+            self.direct_io_done(ctx, member, result);
+        }
     }
 }

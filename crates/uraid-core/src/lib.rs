@@ -2,6 +2,9 @@
 
 pub mod api;
 pub mod config;
+mod direct;
+pub mod sectors;
+pub mod stripe;
 pub mod engine;
 pub mod geometry;
 pub mod meta;

@@ -1,15 +1,88 @@
-//! Read balancing across copies for raid1 and raid10.
+//! Read balancing across copies for raid1 and raid10 (gmirror's algorithms, seed 003).
+
+use crate::engine::MemberRt;
+use crate::geometry::Extent;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Balance {
-    /// Outstanding queue depth plus distance from the member's last position.
+    /// Outstanding queue depth plus distance from the member's last position; a sequential
+    /// stream stays on its member.
     #[default]
     Load,
     /// The member sent a request least recently (gmirror's original `load`).
     LoadTime,
     RoundRobin,
-    /// Reads of at least `slice` bytes are split across members.
+    /// Reads of at least `SPLIT_SLICE_BYTES` are split across members.
     Split,
     /// Lowest-numbered working member first.
     Prefer,
+}
+
+impl Balance {
+    pub const NAMES: &'static [(&'static str, Balance)] = &[
+        ("load", Balance::Load),
+        ("load-time", Balance::LoadTime),
+        ("round-robin", Balance::RoundRobin),
+        ("split", Balance::Split),
+        ("prefer", Balance::Prefer),
+    ];
+    pub fn parse(text: &str) -> Result<Balance, String> {
+        Self::NAMES.iter().find(|(n, _)| *n == text).map(|&(_, b)| b).ok_or_else(|| {
+            format!("unknown balance {text:?}: use load, load-time, round-robin, split or prefer")
+        })
+    }
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(_, b)| *b == self).map(|(n, _)| *n).unwrap_or("load")
+    }
+}
+
+/// `split` divides reads of at least this many bytes across the mirrors.
+pub const SPLIT_SLICE_BYTES: u64 = 128 * 1024;
+
+/// Distances up to this many sectors count as "near"; beyond, all are equal (gmirror's view:
+/// a seek is a seek).
+const NEAR_SECTORS: u64 = 8 * 1024;
+
+/// Pick which copy serves a read. `copies` are the candidates; `exclude` a bit mask of
+/// candidate members already tried. Returns an index into `copies`.
+pub(crate) fn choose_copy(
+    balance: Balance,
+    members: &[MemberRt],
+    copies: &[Extent],
+    exclude: u128,
+    rr_next: &mut usize,
+) -> Option<usize> {
+    let usable = |i: &usize| {
+        let e = &copies[*i];
+        (e.member >= 128 || exclude & (1u128 << e.member) == 0) && members[e.member].readable(e.member_sector)
+    };
+    let candidates: Vec<usize> = (0..copies.len()).filter(usable).collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let pick = match balance {
+        Balance::Load | Balance::Split => *candidates.iter().min_by_key(|&&i| {
+            let e = &copies[i];
+            let m = &members[e.member];
+            let distance = m.last_end_sector.abs_diff(e.member_sector);
+            let class = if distance == 0 {
+                0
+            } else if distance <= NEAR_SECTORS {
+                1
+            } else {
+                2
+            };
+            (m.inflight as u64 * 2 + class, class, e.member)
+        })?,
+        Balance::LoadTime => {
+            *candidates.iter().min_by_key(|&&i| (members[copies[i].member].last_dispatch_ns, copies[i].member))?
+        }
+        Balance::RoundRobin => {
+            let k = *rr_next % candidates.len();
+            *rr_next = rr_next.wrapping_add(1);
+            candidates[k]
+        }
+        Balance::Prefer => *candidates.iter().min_by_key(|&&i| copies[i].member)?,
+    };
+    Some(pick)
 }

@@ -1,0 +1,169 @@
+//! raid0, raid1 and raid10: requests become member I/Os with no stripe cache.
+
+use crate::api::*;
+use crate::engine::Engine;
+use crate::geometry::{Extent, Level};
+use crate::mirror::{choose_copy, Balance, SPLIT_SLICE_BYTES};
+use crate::stripe::IoCtx;
+
+/// Largest single member I/O a raid1 request is cut into.
+const MAX_MIRROR_IO_SECTORS: u64 = 2048;
+
+impl Engine {
+    /// Array pieces of [sector, sector+len) that each map contiguously on every copy.
+    fn direct_pieces(&self, sector: u64, len: u64) -> Vec<(u64, u64)> {
+        let mut pieces = Vec::new();
+        let mut pos = sector;
+        let end = sector + len;
+        while pos < end {
+            let room = match self.geo.level {
+                Level::Raid1 => MAX_MIRROR_IO_SECTORS - pos % MAX_MIRROR_IO_SECTORS,
+                _ => self.geo.map_sector(pos).1,
+            };
+            let n = room.min(end - pos);
+            pieces.push((pos, n));
+            pos += n;
+        }
+        pieces
+    }
+
+    pub(crate) fn direct_read(&mut self, id: RequestId, sector: u64, len: u64) {
+        let mut pieces = self.direct_pieces(sector, len);
+        if self.geo.level == Level::Raid1
+            && self.tun.balance == Balance::Split
+            && len * SECTOR_BYTES >= SPLIT_SLICE_BYTES
+        {
+            // Split evenly (in 4 KiB units) across the readable mirrors.
+            let readable = self.members.iter().filter(|m| m.readable(sector + len - 1)).count().max(1) as u64;
+            let share = (len / readable).div_ceil(8) * 8;
+            pieces = (0..readable)
+                .map(|k| (sector + k * share, share.min((sector + len).saturating_sub(sector + k * share))))
+                .filter(|&(_, n)| n > 0)
+                .collect();
+        }
+        let mut copies = Vec::new();
+        for (pos, n) in pieces {
+            self.geo.copies(pos, &mut copies);
+            let balance = if self.tun.balance == Balance::Split { Balance::RoundRobin } else { self.tun.balance };
+            let Some(i) = choose_copy(balance, &self.members, &copies, 0, &mut self.rr_next) else {
+                self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
+                continue;
+            };
+            let e = copies[i];
+            let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
+            self.reqs.get_mut(&id).expect("request").parts += 1;
+            let ctx = IoCtx::DirectRead { req: id, array_sector: pos, len_sectors: n, dest_off, tried: bit(e.member), errored: 0 };
+            self.issue_io(e.member, MemberIoOp::Read, e.member_sector, n, Vec::new(), ctx);
+        }
+    }
+
+    pub(crate) fn direct_write(&mut self, id: RequestId, sector: u64, len: u64, zero: bool) {
+        let mut copies = Vec::new();
+        for (pos, n) in self.direct_pieces(sector, len) {
+            self.geo.copies(pos, &mut copies);
+            let src_off = ((pos - sector) * SECTOR_BYTES) as usize;
+            let bytes = (n * SECTOR_BYTES) as usize;
+            let targets: Vec<Extent> = copies.iter().copied().filter(|e| self.members[e.member].writable()).collect();
+            if targets.is_empty() {
+                self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
+                continue;
+            }
+            for e in targets {
+                let data = if zero {
+                    vec![0u8; bytes]
+                } else {
+                    self.reqs[&id].buf[src_off..src_off + bytes].to_vec()
+                };
+                self.reqs.get_mut(&id).expect("request").parts += 1;
+                self.issue_io(e.member, MemberIoOp::Write, e.member_sector, n, data, IoCtx::DirectWrite { req: id });
+            }
+        }
+    }
+
+    pub(crate) fn direct_io_done(&mut self, ctx: IoCtx, member: usize, result: Result<Vec<u8>, MemberIoError>) {
+        match ctx {
+            IoCtx::DirectRead { req, array_sector, len_sectors, dest_off, tried, errored } => match result {
+                Ok(data) => {
+                    if let Some(r) = self.reqs.get_mut(&req) {
+                        let n = (len_sectors * SECTOR_BYTES) as usize;
+                        if data.len() >= n {
+                            r.buf[dest_off..dest_off + n].copy_from_slice(&data[..n]);
+                        }
+                    }
+                    self.rewrite_bad_copies(req, array_sector, len_sectors, errored, &data);
+                    self.part_done(req, None);
+                }
+                Err(e) => {
+                    if e == MemberIoError::Gone || self.geo.level == Level::Raid0 {
+                        if self.geo.level != Level::Raid0 {
+                            self.fail_member(member, self.now_ns);
+                        }
+                    }
+                    let tried = tried | bit(member);
+                    let errored = if e == MemberIoError::Io { errored | bit(member) } else { errored };
+                    let mut copies = Vec::new();
+                    self.geo.copies(array_sector, &mut copies);
+                    match choose_copy(Balance::Prefer, &self.members, &copies, tried, &mut self.rr_next) {
+                        Some(i) if !self.failed => {
+                            let c = copies[i];
+                            let ctx = IoCtx::DirectRead { req, array_sector, len_sectors, dest_off, tried: tried | bit(c.member), errored };
+                            self.issue_io(c.member, MemberIoOp::Read, c.member_sector, len_sectors, Vec::new(), ctx);
+                        }
+                        _ => {
+                            let err = if self.failed { RequestError::ArrayFailed } else { RequestError::Io };
+                            self.part_done(req, Some(err));
+                        }
+                    }
+                }
+            },
+            IoCtx::DirectWrite { req } => {
+                if result.is_err() {
+                    if self.geo.level == Level::Raid0 {
+                        self.part_done(req, Some(RequestError::Io));
+                        return;
+                    }
+                    self.fail_member(member, self.now_ns);
+                }
+                self.part_done(req, None);
+            }
+            IoCtx::Rewrite { req, .. } => {
+                if result.is_ok() {
+                    self.stats.read_errors_corrected += 1;
+                } else {
+                    self.fail_member(member, self.now_ns);
+                }
+                if let Some(req) = req {
+                    self.part_done(req, None);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// md's read-error correction: good data read elsewhere is written over the copies that
+    /// failed to read, so the latent error is gone.
+    fn rewrite_bad_copies(&mut self, req: RequestId, array_sector: u64, len_sectors: u64, errored: u128, data: &[u8]) {
+        if errored == 0 {
+            return;
+        }
+        let mut copies = Vec::new();
+        self.geo.copies(array_sector, &mut copies);
+        for c in copies {
+            if c.member < 128 && errored & bit(c.member) != 0 && self.members[c.member].writable() {
+                let ctx = IoCtx::Rewrite { key: u64::MAX, rows: 0, req: Some(req) };
+                if let Some(r) = self.reqs.get_mut(&req) {
+                    r.parts += 1;
+                }
+                self.issue_io(c.member, MemberIoOp::Write, c.member_sector, len_sectors, data.to_vec(), ctx);
+            }
+        }
+    }
+}
+
+pub(crate) fn bit(member: usize) -> u128 {
+    if member < 128 {
+        1u128 << member
+    } else {
+        0
+    }
+}

@@ -1,0 +1,1052 @@
+//! raid4/5/6: the stripe cache, the stripe queue (write batching), the RMW/RCW planner,
+//! degraded reconstruction and read-error correction.
+//!
+//! A stripe head covers `head_sectors` rows (at most one chunk, at most 64 KiB) across every
+//! member. Per member it keeps a cache buffer mirroring what the member holds once in-flight
+//! writes land (`valid` rows), new data not yet being written (`towrite`), and the batch being
+//! written. Each event marks heads dirty; `run_stripes` re-analyses them, as md's
+//! `handle_stripe`: serve readers, advance the write batch, start a new one when the stripe
+//! queue policy says so.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::api::*;
+use crate::engine::Engine;
+use crate::geometry::{Geometry, Level, StripeMap};
+use crate::sectors::{rows, runs, span, SectorMask};
+
+/// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
+/// pre-reading.
+const IO_THRESHOLD: usize = 1;
+/// Largest stripe head height in sectors (64 KiB).
+const MAX_HEAD_SECTORS: u64 = 128;
+
+/// Why a member I/O was issued; routes its completion.
+#[derive(Clone, Debug)]
+pub(crate) enum IoCtx {
+    DirectRead { req: RequestId, array_sector: u64, len_sectors: u64, dest_off: usize, tried: u128, errored: u128 },
+    DirectWrite { req: RequestId },
+    /// Read-error correction: rewrite rows that failed to read (key u64::MAX = no stripe;
+    /// then `req` is the read that waits for it, as md completes a read only after fixing).
+    Rewrite { key: u64, rows: SectorMask, req: Option<RequestId> },
+    MemberFlush { flush: RequestId },
+    FuaFlush { req: RequestId },
+    BypassRead { req: RequestId, array_sector: u64, len_sectors: u64, dest_off: usize },
+    Fill { key: u64, rows: SectorMask },
+    StripeWrite { key: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Every data row overwritten: parity from the new data alone, no reads.
+    Full,
+    ReadModifyWrite,
+    ReconstructWrite,
+}
+
+struct ReadWaiter {
+    req: RequestId,
+    member: usize,
+    rows: SectorMask,
+    dest_off: usize,
+}
+
+struct Batch {
+    data: Vec<Option<Box<[u8]>>>,
+    mask: Vec<SectorMask>,
+    reqs: Vec<RequestId>,
+    mode: WriteMode,
+    span: SectorMask,
+    /// None while pre-reading; Some(writes outstanding) once writing.
+    writing: Option<u32>,
+    counted_preread: bool,
+}
+
+pub(crate) struct Stripe {
+    /// Member sector (data-relative) of row 0.
+    base_sector: u64,
+    map: StripeMap,
+    /// Role of each member: Some(logical data index) or None for P/Q.
+    dd_of: Vec<Option<usize>>,
+    cache: Vec<Option<Box<[u8]>>>,
+    valid: Vec<SectorMask>,
+    reading: Vec<SectorMask>,
+    /// Rows that failed to read and await read-error correction.
+    bad: Vec<SectorMask>,
+    /// Rows being rewritten by read-error correction: no batch may write them meanwhile,
+    /// or the older data could land last.
+    rewriting: Vec<SectorMask>,
+    towrite: Vec<Option<Box<[u8]>>>,
+    towrite_mask: Vec<SectorMask>,
+    towrite_reqs: Vec<RequestId>,
+    batch: Option<Batch>,
+    readers: Vec<ReadWaiter>,
+    inflight: u32,
+    delayed_until: Option<TimeNs>,
+    force: bool,
+    queued: bool,
+    lru_stamp: u64,
+}
+
+enum Piece {
+    Read { req: RequestId, key: u64, dd: usize, rows: SectorMask, dest_off: usize },
+    Write { req: RequestId, key: u64, dd: usize, rows: SectorMask, src_off: usize, zero: bool },
+}
+
+impl Piece {
+    fn key(&self) -> u64 {
+        match self {
+            Piece::Read { key, .. } | Piece::Write { key, .. } => *key,
+        }
+    }
+}
+
+pub(crate) struct StripeCache {
+    heads: HashMap<u64, Stripe>,
+    head_sectors: u64,
+    heads_per_chunk: u64,
+    full_mask: SectorMask,
+    /// Idle heads by last use, for eviction.
+    lru: std::collections::BTreeMap<u64, u64>,
+    lru_clock: u64,
+    dirty: VecDeque<u64>,
+    /// Pieces waiting for a stripe head (FIFO keeps writes in order).
+    waiting: VecDeque<Piece>,
+    delayed: Vec<u64>,
+    preread_active: usize,
+    bypass_count: u32,
+    pool: Vec<Box<[u8]>>,
+    zero: Box<[u8]>,
+    running: bool,
+}
+
+impl StripeCache {
+    pub(crate) fn new(geo: &Geometry) -> Self {
+        let head_sectors = if geo.level.has_parity() { geo.chunk_sectors.min(MAX_HEAD_SECTORS) } else { 8 };
+        StripeCache {
+            heads: HashMap::new(),
+            head_sectors,
+            heads_per_chunk: if geo.level.has_parity() { geo.chunk_sectors / head_sectors } else { 1 },
+            full_mask: rows(0, head_sectors),
+            lru: Default::default(),
+            lru_clock: 0,
+            dirty: VecDeque::new(),
+            waiting: VecDeque::new(),
+            delayed: Vec::new(),
+            preread_active: 0,
+            bypass_count: 0,
+            pool: Vec::new(),
+            zero: vec![0u8; (head_sectors * SECTOR_BYTES) as usize].into_boxed_slice(),
+            running: false,
+        }
+    }
+
+    fn buf(&mut self) -> Box<[u8]> {
+        self.pool.pop().unwrap_or_else(|| vec![0u8; self.zero.len()].into_boxed_slice())
+    }
+
+    fn mark(&mut self, key: u64) {
+        if let Some(st) = self.heads.get_mut(&key) {
+            if !st.queued {
+                st.queued = true;
+                self.dirty.push_back(key);
+            }
+        }
+    }
+
+    /// Stripe heads currently allocated.
+    pub(crate) fn len(&self) -> usize {
+        self.heads.len()
+    }
+}
+
+fn bytes(r0: u64, n: u64) -> std::ops::Range<usize> {
+    (r0 * SECTOR_BYTES) as usize..((r0 + n) * SECTOR_BYTES) as usize
+}
+
+fn copy_rows(dst: &mut [u8], src: &[u8], mask: SectorMask) {
+    for (r0, n) in runs(mask) {
+        dst[bytes(r0, n)].copy_from_slice(&src[bytes(r0, n)]);
+    }
+}
+
+impl Stripe {
+    fn idle(&self) -> bool {
+        self.inflight == 0
+            && self.batch.is_none()
+            && self.readers.is_empty()
+            && self.towrite_reqs.is_empty()
+            && self.towrite_mask.iter().all(|&m| m == 0)
+            && self.bad.iter().all(|&b| b == 0)
+    }
+}
+
+impl Engine {
+    fn head_key(&self, sector: u64) -> (u64, usize, u64, u64) {
+        let (stripe, dd, off) = self.geo.parity_locate(sector);
+        let h = self.cache.head_sectors;
+        let key = stripe * self.cache.heads_per_chunk + off / h;
+        let row = off % h;
+        (key, dd, row, h - row)
+    }
+
+    fn new_stripe(&self, key: u64) -> Stripe {
+        let n = self.geo.raid_disks;
+        let map = self.geo.stripe_map(key / self.cache.heads_per_chunk);
+        let mut dd_of = vec![None; n];
+        for (dd, &m) in map.data_members.iter().enumerate() {
+            dd_of[m] = Some(dd);
+        }
+        Stripe {
+            base_sector: key * self.cache.head_sectors,
+            map,
+            dd_of,
+            cache: (0..n).map(|_| None).collect(),
+            valid: vec![0; n],
+            reading: vec![0; n],
+            bad: vec![0; n],
+            rewriting: vec![0; n],
+            towrite: (0..n).map(|_| None).collect(),
+            towrite_mask: vec![0; n],
+            towrite_reqs: Vec::new(),
+            batch: None,
+            readers: Vec::new(),
+            inflight: 0,
+            delayed_until: None,
+            force: false,
+            queued: false,
+            lru_stamp: 0,
+        }
+    }
+
+    /// Get the head for `key`, allocating (and evicting an idle one) if needed.
+    fn get_stripe(&mut self, key: u64) -> bool {
+        if let Some(st) = self.cache.heads.get(&key) {
+            let stamp = st.lru_stamp;
+            self.cache.lru.remove(&stamp);
+            return true;
+        }
+        if self.cache.heads.len() >= self.tun.stripe_cache_size {
+            let Some((&stamp, &victim)) = self.cache.lru.iter().next() else {
+                return false;
+            };
+            self.cache.lru.remove(&stamp);
+            self.evict(victim);
+        }
+        let st = self.new_stripe(key);
+        self.cache.heads.insert(key, st);
+        true
+    }
+
+    fn evict(&mut self, key: u64) {
+        if let Some(st) = self.cache.heads.remove(&key) {
+            for b in st.cache.into_iter().chain(st.towrite).flatten() {
+                self.cache.pool.push(b);
+            }
+        }
+    }
+
+    pub(crate) fn shrink_cache(&mut self) {
+        while self.cache.heads.len() > self.tun.stripe_cache_size {
+            let Some((&stamp, &victim)) = self.cache.lru.iter().next() else { break };
+            self.cache.lru.remove(&stamp);
+            self.evict(victim);
+        }
+        self.run_stripes();
+    }
+
+    fn place(&mut self, piece: Piece) {
+        if !self.cache.waiting.is_empty() || !self.get_stripe(piece.key()) {
+            self.cache.waiting.push_back(piece);
+            // Pressure: start every delayed stripe so heads free up.
+            self.cache_force_all();
+            return;
+        }
+        self.place_in_stripe(piece);
+    }
+
+    fn place_in_stripe(&mut self, piece: Piece) {
+        let key = piece.key();
+        let hb = self.cache.zero.len();
+        match piece {
+            Piece::Read { req, dd, rows, dest_off, .. } => {
+                let st = self.cache.heads.get_mut(&key).expect("placed stripe");
+                let member = st.map.data_members[dd];
+                st.readers.push(ReadWaiter { req, member, rows, dest_off });
+            }
+            Piece::Write { req, dd, rows, src_off, zero, .. } => {
+                let fua = self.reqs.get(&req).is_some_and(|r| r.fua);
+                let needs_buf = self.cache.heads[&key].towrite[self.cache.heads[&key].map.data_members[dd]].is_none();
+                let fresh = if needs_buf { Some(self.cache.buf()) } else { None };
+                let st = self.cache.heads.get_mut(&key).expect("placed stripe");
+                let member = st.map.data_members[dd];
+                if let Some(b) = fresh {
+                    st.towrite[member] = Some(b);
+                }
+                let buf = st.towrite[member].as_mut().expect("towrite buffer");
+                let (r0, n) = runs(rows).next().expect("non-empty piece");
+                let dst = &mut buf[bytes(r0, n)];
+                if zero {
+                    dst.fill(0);
+                } else {
+                    let src = &self.reqs[&req].buf;
+                    dst.copy_from_slice(&src[src_off..src_off + (n * SECTOR_BYTES) as usize]);
+                }
+                debug_assert!(dst.len() <= hb);
+                st.towrite_mask[member] |= rows;
+                st.towrite_reqs.push(req);
+                if fua {
+                    st.force = true;
+                }
+            }
+        }
+        self.cache.mark(key);
+    }
+
+    fn parity_pieces(&self, sector: u64, len: u64) -> Vec<(u64, usize, SectorMask, u64)> {
+        let mut out = Vec::new();
+        let mut pos = sector;
+        let end = sector + len;
+        while pos < end {
+            let (key, dd, row, room) = self.head_key(pos);
+            let n = room.min(end - pos);
+            out.push((key, dd, rows(row, row + n), pos - sector));
+            pos += n;
+        }
+        out
+    }
+
+    pub(crate) fn stripe_read(&mut self, id: RequestId, sector: u64, len: u64) {
+        let optimal = self.members.iter().all(|m| matches!(m.state, crate::config::MemberState::InSync));
+        let in_one_chunk = sector / self.geo.chunk_sectors == (sector + len - 1) / self.geo.chunk_sectors;
+        if self.tun.aligned_read_bypass && optimal && in_one_chunk {
+            let (key, ..) = self.head_key(sector);
+            let (key_end, ..) = self.head_key(sector + len - 1);
+            if (key..=key_end).all(|k| !self.cache.heads.contains_key(&k)) {
+                let (ext, _) = self.geo.map_sector(sector);
+                self.stats.aligned_read_bypass += 1;
+                self.reqs.get_mut(&id).expect("request").parts += 1;
+                let ctx = IoCtx::BypassRead { req: id, array_sector: sector, len_sectors: len, dest_off: 0 };
+                self.issue_io(ext.member, MemberIoOp::Read, ext.member_sector, len, Vec::new(), ctx);
+                return;
+            }
+        }
+        self.stripe_read_via_cache(id, sector, len, 0);
+    }
+
+    fn stripe_read_via_cache(&mut self, id: RequestId, sector: u64, len: u64, dest_base: usize) {
+        for (key, dd, rows, rel) in self.parity_pieces(sector, len) {
+            self.reqs.get_mut(&id).expect("request").parts += 1;
+            let dest_off = dest_base + (rel * SECTOR_BYTES) as usize;
+            self.place(Piece::Read { req: id, key, dd, rows, dest_off });
+        }
+        self.run_stripes();
+    }
+
+    pub(crate) fn stripe_write(&mut self, id: RequestId, sector: u64, len: u64, zero: bool) {
+        for (key, dd, rows, rel) in self.parity_pieces(sector, len) {
+            self.reqs.get_mut(&id).expect("request").parts += 1;
+            let src_off = (rel * SECTOR_BYTES) as usize;
+            self.place(Piece::Write { req: id, key, dd, rows, src_off, zero });
+        }
+        self.run_stripes();
+    }
+
+    // ---- stripe queue policy ------------------------------------------------------------
+
+    pub(crate) fn cache_force_all(&mut self) {
+        let keys: Vec<u64> = std::mem::take(&mut self.cache.delayed);
+        for key in keys {
+            if let Some(st) = self.cache.heads.get_mut(&key) {
+                st.force = true;
+                st.delayed_until = None;
+            }
+            self.cache.mark(key);
+        }
+        let keys: Vec<u64> = self
+            .cache
+            .heads
+            .iter()
+            .filter(|(_, st)| st.towrite_mask.iter().any(|&m| m != 0))
+            .map(|(&k, _)| k)
+            .collect();
+        for key in keys {
+            self.cache.heads.get_mut(&key).expect("head").force = true;
+            self.cache.mark(key);
+        }
+    }
+
+    fn activate_delayed(&mut self, now: Option<TimeNs>) {
+        let keys = std::mem::take(&mut self.cache.delayed);
+        for key in keys {
+            let Some(st) = self.cache.heads.get_mut(&key) else { continue };
+            let due = match (now, st.delayed_until) {
+                (None, _) => true,
+                (Some(t), Some(d)) => d <= t,
+                (Some(_), None) => true,
+            };
+            if due {
+                st.force = true;
+                st.delayed_until = None;
+                self.cache.mark(key);
+            } else {
+                self.cache.delayed.push(key);
+            }
+        }
+    }
+
+    pub(crate) fn cache_unplug(&mut self) {
+        if self.cache.preread_active < IO_THRESHOLD {
+            self.activate_delayed(None);
+        }
+        self.run_stripes();
+    }
+
+    pub(crate) fn cache_next_deadline(&self) -> Option<TimeNs> {
+        self.cache.delayed.iter().filter_map(|k| self.cache.heads.get(k)?.delayed_until).min()
+    }
+
+    pub(crate) fn cache_tick(&mut self) {
+        self.activate_delayed(Some(self.now_ns));
+        self.run_stripes();
+    }
+
+    pub(crate) fn cache_member_failed(&mut self, _member: usize) {
+        let keys: Vec<u64> = self.cache.heads.keys().copied().collect();
+        for k in keys {
+            self.cache.mark(k);
+        }
+        self.run_stripes();
+    }
+
+    pub(crate) fn cache_array_failed(&mut self) {
+        self.cache_member_failed(usize::MAX);
+    }
+
+    // ---- the handler ---------------------------------------------------------------------
+
+    /// Re-analyse every head marked dirty until nothing changes.
+    pub(crate) fn run_stripes(&mut self) {
+        if self.cache.running {
+            return; // the outer loop picks up what this call would do
+        }
+        self.cache.running = true;
+        loop {
+            while let Some(key) = self.cache.dirty.pop_front() {
+                let Some(mut st) = self.cache.heads.remove(&key) else { continue };
+                st.queued = false;
+                self.handle_stripe(key, &mut st);
+                let idle = st.idle();
+                self.cache.heads.insert(key, st);
+                if idle {
+                    self.cache.lru_clock += 1;
+                    let stamp = self.cache.lru_clock;
+                    let st = self.cache.heads.get_mut(&key).expect("just inserted");
+                    let old = std::mem::replace(&mut st.lru_stamp, stamp);
+                    self.cache.lru.remove(&old);
+                    self.cache.lru.insert(stamp, key);
+                }
+            }
+            // Heads may have freed up: place waiting pieces in order.
+            let mut placed = false;
+            while let Some(piece) = self.cache.waiting.front() {
+                if !self.get_stripe(piece.key()) {
+                    break;
+                }
+                let piece = self.cache.waiting.pop_front().expect("front");
+                self.place_in_stripe(piece);
+                placed = true;
+            }
+            if !placed && self.cache.dirty.is_empty() {
+                break;
+            }
+        }
+        self.cache.running = false;
+    }
+
+    fn handle_stripe(&mut self, key: u64, st: &mut Stripe) {
+        if self.failed {
+            for r in std::mem::take(&mut st.readers) {
+                self.part_done(r.req, Some(RequestError::ArrayFailed));
+            }
+            for req in std::mem::take(&mut st.towrite_reqs) {
+                self.part_done(req, Some(RequestError::ArrayFailed));
+            }
+            st.towrite_mask.iter_mut().for_each(|m| *m = 0);
+            if st.batch.as_ref().is_some_and(|b| b.writing.is_none()) {
+                let b = st.batch.take().expect("batch");
+                if b.counted_preread {
+                    self.cache.preread_active -= 1;
+                }
+                for req in b.reqs {
+                    self.part_done(req, Some(RequestError::ArrayFailed));
+                }
+            }
+            return;
+        }
+        self.serve_readers(key, st);
+        if st.batch.is_some() {
+            self.advance_batch(key, st);
+        }
+        if st.batch.is_none() && st.towrite_mask.iter().any(|&m| m != 0) {
+            let full = st.map.data_members.iter().all(|&m| st.towrite_mask[m] == self.cache.full_mask);
+            if full || !self.tun.write_batching || st.force {
+                if full && !self.cache.delayed.is_empty() {
+                    // md's preread_bypass_threshold: full stripes may pass delayed ones only so often.
+                    self.cache.bypass_count += 1;
+                    if self.cache.bypass_count > self.tun.preread_bypass_threshold {
+                        self.cache.bypass_count = 0;
+                        self.activate_delayed(None);
+                    }
+                }
+                self.start_batch(st);
+                self.advance_batch(key, st);
+            } else if st.delayed_until.is_none() {
+                st.delayed_until = Some(self.now_ns + self.tun.stripe_batch_deadline_ns);
+                self.cache.delayed.push(key);
+                if self.cache.preread_active < IO_THRESHOLD && self.cache.dirty.is_empty() {
+                    // Nothing pre-reading: md would start it at the next unplug; the caller's
+                    // unplug or the deadline does that here.
+                }
+            }
+        }
+    }
+
+    fn serve_readers(&mut self, key: u64, st: &mut Stripe) {
+        let mut i = 0;
+        while i < st.readers.len() {
+            let r = &st.readers[i];
+            let (member, want) = (r.member, r.rows);
+            let batch_mask = st.batch.as_ref().map_or(0, |b| b.mask[member]);
+            let from_cache = want & !st.towrite_mask[member] & !batch_mask;
+            match self.ensure(key, st, member, from_cache) {
+                Ensure::Pending => i += 1,
+                Ensure::Lost => {
+                    let r = st.readers.swap_remove(i);
+                    self.part_done(r.req, Some(RequestError::Io));
+                }
+                Ensure::Ready => {
+                    let r = st.readers.swap_remove(i);
+                    if from_cache == want {
+                        self.stats.stripe_cache_hits += 1;
+                    }
+                    if let Some(req) = self.reqs.get_mut(&r.req) {
+                        let (r0, n) = runs(want).next().expect("non-empty");
+                        let dest = &mut req.buf[r.dest_off..r.dest_off + (n * SECTOR_BYTES) as usize];
+                        let shift = |src: &[u8], mask: SectorMask, dest: &mut [u8]| {
+                            for (a, len) in runs(mask & want) {
+                                let off = ((a - r0) * SECTOR_BYTES) as usize;
+                                dest[off..off + (len * SECTOR_BYTES) as usize].copy_from_slice(&src[bytes(a, len)]);
+                            }
+                        };
+                        if from_cache != 0 {
+                            shift(st.cache[member].as_ref().expect("valid cache"), from_cache, dest);
+                        }
+                        if let Some(b) = &st.batch {
+                            if let Some(buf) = &b.data[member] {
+                                shift(buf, batch_mask, dest);
+                            }
+                        }
+                        if let Some(buf) = &st.towrite[member] {
+                            shift(buf, st.towrite_mask[member], dest);
+                        }
+                    }
+                    self.part_done(r.req, None);
+                }
+            }
+        }
+    }
+
+    /// Make `need` rows of `member` valid in the cache: read them, or reconstruct them when
+    /// the member cannot be read there.
+    fn ensure(&mut self, key: u64, st: &mut Stripe, member: usize, need: SectorMask) -> Ensure {
+        let missing = need & !st.valid[member];
+        if missing == 0 {
+            return Ensure::Ready;
+        }
+        if self.readable_rows(st, member, missing) {
+            self.fill(key, st, member, missing);
+            return Ensure::Pending;
+        }
+        self.reconstruct(key, st, missing)
+    }
+
+    fn readable_rows(&self, st: &Stripe, member: usize, rows_wanted: SectorMask) -> bool {
+        let hi = 128 - rows_wanted.leading_zeros() as u64;
+        st.bad[member] & rows_wanted == 0 && self.members[member].readable(st.base_sector + hi.saturating_sub(1))
+    }
+
+    fn fill(&mut self, key: u64, st: &mut Stripe, member: usize, missing: SectorMask) {
+        let to_read = missing & !st.reading[member];
+        if to_read == 0 {
+            return;
+        }
+        if st.cache[member].is_none() {
+            st.cache[member] = Some(self.cache.buf());
+        }
+        for (r0, n) in runs(to_read) {
+            st.reading[member] |= rows(r0, r0 + n);
+            st.inflight += 1;
+            let ctx = IoCtx::Fill { key, rows: rows(r0, r0 + n) };
+            self.issue_io(member, MemberIoOp::Read, st.base_sector + r0, n, Vec::new(), ctx);
+        }
+    }
+
+    /// Rebuild `want` rows of every member that cannot supply them from the others.
+    fn reconstruct(&mut self, key: u64, st: &mut Stripe, want: SectorMask) -> Ensure {
+        let n = self.geo.raid_disks;
+        let lost: Vec<usize> =
+            (0..n).filter(|&o| want & !st.valid[o] != 0 && !self.readable_rows(st, o, want & !st.valid[o])).collect();
+        if lost.len() > self.geo.level.parity_disks() {
+            return Ensure::Lost;
+        }
+        let mut pending = false;
+        for o in 0..n {
+            if !lost.contains(&o) && want & !st.valid[o] != 0 {
+                self.fill(key, st, o, want & !st.valid[o]);
+                pending = true;
+            }
+        }
+        if pending {
+            return Ensure::Pending;
+        }
+        for &o in &lost {
+            if st.cache[o].is_none() {
+                st.cache[o] = Some(self.cache.buf());
+            }
+        }
+        for (r0, len) in runs(want) {
+            self.compute_lost(st, &lost, bytes(r0, len));
+        }
+        self.stats.degraded_reads += 1;
+        for &o in &lost {
+            st.valid[o] |= want;
+            // md's read-error correction: a readable member that failed these rows gets them back.
+            let bad = st.bad[o] & want;
+            if bad != 0 && self.members[o].writable() {
+                for (r0, n) in runs(bad) {
+                    let data = st.cache[o].as_ref().expect("rebuilt")[bytes(r0, n)].to_vec();
+                    st.inflight += 1;
+                    st.rewriting[o] |= rows(r0, r0 + n);
+                    let ctx = IoCtx::Rewrite { key, rows: rows(r0, r0 + n), req: None };
+                    self.issue_io(o, MemberIoOp::Write, st.base_sector + r0, n, data, ctx);
+                }
+            }
+        }
+        Ensure::Ready
+    }
+
+    /// Compute the byte range `rg` of the `lost` members from the others (all valid there).
+    fn compute_lost(&self, st: &mut Stripe, lost: &[usize], rg: std::ops::Range<usize>) {
+        let map = &st.map;
+        let pd = map.pd_idx;
+        let qd = map.qd_idx;
+        let lost_data: Vec<usize> = lost.iter().copied().filter(|&m| st.dd_of[m].is_some()).collect();
+        let mut outs: Vec<(usize, Box<[u8]>)> =
+            lost_data.iter().map(|&m| (m, st.cache[m].take().expect("allocated"))).collect();
+        {
+            let zero = &self.cache.zero[..rg.len()];
+            let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
+            for (dd, &m) in map.data_members.iter().enumerate() {
+                if let Some(b) = &st.cache[m] {
+                    slots[map.syndrome_slot[dd]] = &b[rg.clone()];
+                } else {
+                    slots[map.syndrome_slot[dd]] = &[];
+                }
+            }
+            let slot_of = |m: usize| map.syndrome_slot[st.dd_of[m].expect("data member")];
+            let p = st.cache[pd].as_ref().filter(|_| !lost.contains(&pd)).map(|b| &b[rg.clone()]);
+            let q = qd.and_then(|q| st.cache[q].as_ref().filter(|_| !lost.contains(&q))).map(|b| &b[rg.clone()]);
+            match outs.as_mut_slice() {
+                [] => {}
+                [(a, out)] => {
+                    if let Some(p) = p {
+                        uraid_parity::recover_data_from_p(&slots, slot_of(*a), p, &mut out[rg.clone()]);
+                    } else {
+                        let q = q.expect("Q survives when P is lost with one data block");
+                        uraid_parity::recover_data_from_q(&slots, slot_of(*a), q, &mut out[rg.clone()]);
+                    }
+                }
+                [(a, out_a), (b, out_b)] => {
+                    let (p, q) = (p.expect("P survives"), q.expect("Q survives"));
+                    uraid_parity::recover_2data(
+                        &slots,
+                        slot_of(*a),
+                        slot_of(*b),
+                        p,
+                        q,
+                        &mut out_a[rg.clone()],
+                        &mut out_b[rg.clone()],
+                    );
+                }
+                _ => unreachable!("at most two members are rebuilt"),
+            }
+        }
+        for (m, b) in outs {
+            st.cache[m] = Some(b);
+        }
+        let p_lost = lost.contains(&pd);
+        let q_lost = qd.is_some_and(|q| lost.contains(&q));
+        if p_lost || q_lost {
+            self.compute_parity(st, rg, p_lost, q_lost);
+        }
+    }
+
+    /// Recompute P and/or Q over byte range `rg` from the data blocks (all valid there).
+    fn compute_parity(&self, st: &mut Stripe, rg: std::ops::Range<usize>, want_p: bool, want_q: bool) {
+        let map = &st.map;
+        let mut p = st.cache[map.pd_idx].take().expect("P buffer");
+        let mut q = map.qd_idx.map(|q| st.cache[q].take().expect("Q buffer"));
+        {
+            let zero = &self.cache.zero[..rg.len()];
+            let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
+            for (dd, &m) in map.data_members.iter().enumerate() {
+                slots[map.syndrome_slot[dd]] = &st.cache[m].as_ref().expect("data valid")[rg.clone()];
+            }
+            match q.as_mut() {
+                Some(q) if want_q => {
+                    if want_p {
+                        uraid_parity::gen_syndrome(&slots, &mut p[rg.clone()], &mut q[rg.clone()]);
+                    } else {
+                        let mut tmp = vec![0u8; rg.len()];
+                        uraid_parity::gen_syndrome(&slots, &mut tmp, &mut q[rg.clone()]);
+                    }
+                }
+                _ => uraid_parity::xor_gen(&slots, &mut p[rg.clone()]),
+            }
+        }
+        st.cache[map.pd_idx] = Some(p);
+        if let (Some(qd), Some(q)) = (map.qd_idx, q) {
+            st.cache[qd] = Some(q);
+        }
+    }
+
+    // ---- writes -------------------------------------------------------------------------
+
+    /// Choose how to write the queued data: full stripe, read-modify-write or reconstruct-write.
+    pub(crate) fn plan_write_mode(&self, st: &Stripe, mask: &[SectorMask]) -> WriteMode {
+        let full = st.map.data_members.iter().all(|&m| mask[m] == self.cache.full_mask);
+        if full {
+            return WriteMode::Full;
+        }
+        let sp = span(mask.iter().fold(0, |a, &m| a | m));
+        let parity: Vec<usize> = std::iter::once(st.map.pd_idx).chain(st.map.qd_idx).collect();
+        let written: Vec<usize> = st.map.data_members.iter().copied().filter(|&m| mask[m] != 0).collect();
+        let rmw_possible = written.iter().all(|&m| self.readable_rows(st, m, mask[m] & !st.valid[m]) || mask[m] & !st.valid[m] == 0)
+            && parity.iter().all(|&p| self.readable_rows(st, p, sp & !st.valid[p]) || sp & !st.valid[p] == 0);
+        let count = |m: usize, need: SectorMask| (need & !st.valid[m]).count_ones() as u64;
+        let rmw_cost: u64 =
+            written.iter().map(|&m| count(m, mask[m])).sum::<u64>() + parity.iter().map(|&p| count(p, sp)).sum::<u64>();
+        let mut rcw_cost = 0u64;
+        let mut rcw_needs_rebuild = false;
+        for &m in &st.map.data_members {
+            let need = sp & !mask[m] & !st.valid[m];
+            if need != 0 && !self.readable_rows(st, m, need) {
+                rcw_needs_rebuild = true;
+            }
+            rcw_cost += need.count_ones() as u64;
+        }
+        let prefer_rmw = match self.tun.rmw_level {
+            0 => false,
+            1 => rmw_cost < rcw_cost,
+            _ => rmw_cost <= rcw_cost,
+        };
+        if rmw_possible && (prefer_rmw || rcw_needs_rebuild) {
+            WriteMode::ReadModifyWrite
+        } else {
+            WriteMode::ReconstructWrite
+        }
+    }
+
+    fn start_batch(&mut self, st: &mut Stripe) {
+        let n = self.geo.raid_disks;
+        let data = std::mem::replace(&mut st.towrite, (0..n).map(|_| None).collect());
+        let mask = std::mem::replace(&mut st.towrite_mask, vec![0; n]);
+        let reqs = std::mem::take(&mut st.towrite_reqs);
+        let mode = self.plan_write_mode(st, &mask);
+        match mode {
+            WriteMode::Full => self.stats.full_stripe_writes += 1,
+            WriteMode::ReadModifyWrite => self.stats.rmw_writes += 1,
+            WriteMode::ReconstructWrite => self.stats.rcw_writes += 1,
+        }
+        let sp = if mode == WriteMode::Full { self.cache.full_mask } else { span(mask.iter().fold(0, |a, &m| a | m)) };
+        st.batch = Some(Batch { data, mask, reqs, mode, span: sp, writing: None, counted_preread: false });
+        st.force = false;
+        if st.delayed_until.take().is_some() {
+            self.cache.delayed.retain(|&k| k != st.base_sector / self.cache.head_sectors);
+        }
+    }
+
+    fn advance_batch(&mut self, key: u64, st: &mut Stripe) {
+        let Some(b) = st.batch.as_ref() else { return };
+        if b.writing.is_some() {
+            return;
+        }
+        let (mode, sp) = (b.mode, b.span);
+        let mask = b.mask.clone();
+        // Pre-read what the mode needs.
+        let mut needs: Vec<(usize, SectorMask)> = Vec::new();
+        match mode {
+            WriteMode::Full => {}
+            WriteMode::ReadModifyWrite => {
+                for &m in &st.map.data_members {
+                    if mask[m] != 0 {
+                        needs.push((m, mask[m]));
+                    }
+                }
+                needs.push((st.map.pd_idx, sp));
+                if let Some(q) = st.map.qd_idx {
+                    needs.push((q, sp));
+                }
+            }
+            WriteMode::ReconstructWrite => {
+                for &m in &st.map.data_members {
+                    needs.push((m, sp & !mask[m]));
+                }
+            }
+        }
+        let mut ready = true;
+        for (m, need) in needs {
+            match self.ensure(key, st, m, need) {
+                Ensure::Ready => {}
+                Ensure::Pending => ready = false,
+                Ensure::Lost => {
+                    let b = st.batch.take().expect("batch");
+                    if b.counted_preread {
+                        self.cache.preread_active -= 1;
+                    }
+                    for req in b.reqs {
+                        self.part_done(req, Some(RequestError::Io));
+                    }
+                    return;
+                }
+            }
+        }
+        if !ready {
+            let b = st.batch.as_mut().expect("batch");
+            if !b.counted_preread {
+                b.counted_preread = true;
+                self.cache.preread_active += 1;
+            }
+            return;
+        }
+        let write_rows = |m: usize| if st.dd_of[m].is_some() { mask[m] } else { sp };
+        if (0..self.geo.raid_disks).any(|m| st.rewriting[m] & write_rows(m) != 0) {
+            return; // the rewrite's completion marks the stripe again
+        }
+        let mut b = st.batch.take().expect("batch");
+        if b.counted_preread {
+            b.counted_preread = false;
+            self.cache.preread_active -= 1;
+            if self.cache.preread_active < IO_THRESHOLD {
+                self.activate_delayed(None);
+            }
+        }
+        self.compute_batch(st, &mut b);
+        // Issue the writes.
+        let mut writes = 0u32;
+        let targets: Vec<(usize, SectorMask)> = st
+            .map
+            .data_members
+            .iter()
+            .map(|&m| (m, mask[m]))
+            .chain(std::iter::once((st.map.pd_idx, sp)))
+            .chain(st.map.qd_idx.map(|q| (q, sp)))
+            .collect();
+        for (m, rws) in targets {
+            if rws == 0 || !self.members[m].writable() {
+                continue;
+            }
+            for (r0, n) in runs(rws) {
+                let data = st.cache[m].as_ref().expect("written rows cached")[bytes(r0, n)].to_vec();
+                writes += 1;
+                st.inflight += 1;
+                self.issue_io(m, MemberIoOp::Write, st.base_sector + r0, n, data, IoCtx::StripeWrite { key });
+            }
+        }
+        for buf in b.data.iter_mut().filter_map(Option::take) {
+            self.cache.pool.push(buf);
+        }
+        b.writing = Some(writes);
+        st.batch = Some(b);
+        if writes == 0 {
+            self.finish_batch(st);
+        }
+    }
+
+    /// Fold the batch's new data into the cache and bring P (and Q) up to date.
+    fn compute_batch(&mut self, st: &mut Stripe, b: &mut Batch) {
+        let sp = b.span;
+        let pd = st.map.pd_idx;
+        for m in std::iter::once(pd).chain(st.map.qd_idx) {
+            if st.cache[m].is_none() {
+                st.cache[m] = Some(self.cache.buf());
+            }
+        }
+        match b.mode {
+            WriteMode::ReadModifyWrite => {
+                let mut p = st.cache[pd].take().expect("P");
+                let mut q = st.map.qd_idx.map(|q| st.cache[q].take().expect("Q"));
+                for (dd, &m) in st.map.data_members.iter().enumerate() {
+                    let mk = b.mask[m];
+                    if mk == 0 {
+                        continue;
+                    }
+                    let new = b.data[m].as_ref().expect("new data");
+                    let old = st.cache[m].as_mut().expect("old data");
+                    for (r0, n) in runs(mk) {
+                        let rg = bytes(r0, n);
+                        match q.as_mut() {
+                            Some(q) => uraid_parity::rmw_update(
+                                st.map.syndrome_slot[dd],
+                                &old[rg.clone()],
+                                &new[rg.clone()],
+                                &mut p[rg.clone()],
+                                &mut q[rg.clone()],
+                            ),
+                            None => {
+                                for ((pp, o), nn) in p[rg.clone()].iter_mut().zip(&old[rg.clone()]).zip(&new[rg.clone()]) {
+                                    *pp ^= o ^ nn;
+                                }
+                            }
+                        }
+                        old[rg.clone()].copy_from_slice(&new[rg]);
+                    }
+                    st.valid[m] |= mk;
+                }
+                st.cache[pd] = Some(p);
+                if let (Some(qd), Some(q)) = (st.map.qd_idx, q) {
+                    st.cache[qd] = Some(q);
+                }
+            }
+            WriteMode::Full | WriteMode::ReconstructWrite => {
+                for &m in &st.map.data_members {
+                    let mk = b.mask[m];
+                    if mk == 0 {
+                        continue;
+                    }
+                    if st.cache[m].is_none() {
+                        st.cache[m] = Some(self.cache.buf());
+                    }
+                    copy_rows(st.cache[m].as_mut().expect("cache"), b.data[m].as_ref().expect("new data"), mk);
+                    st.valid[m] |= mk;
+                }
+                for (r0, n) in runs(sp) {
+                    self.compute_parity(st, bytes(r0, n), true, true);
+                }
+                st.valid[pd] |= sp;
+                if let Some(q) = st.map.qd_idx {
+                    st.valid[q] |= sp;
+                }
+            }
+        }
+    }
+
+    fn finish_batch(&mut self, st: &mut Stripe) {
+        let b = st.batch.take().expect("batch");
+        let err = if self.failed { Some(RequestError::ArrayFailed) } else { None };
+        for req in b.reqs {
+            self.part_done(req, err);
+        }
+    }
+
+    // ---- completions --------------------------------------------------------------------
+
+    pub(crate) fn stripe_io_done(&mut self, ctx: IoCtx, member: usize, result: Result<Vec<u8>, MemberIoError>) {
+        match ctx {
+            IoCtx::BypassRead { req, array_sector, len_sectors, dest_off } => match result {
+                Ok(data) => {
+                    if let Some(r) = self.reqs.get_mut(&req) {
+                        let n = (len_sectors * SECTOR_BYTES) as usize;
+                        r.buf[dest_off..dest_off + n].copy_from_slice(&data[..n.min(data.len())]);
+                    }
+                    self.part_done(req, None);
+                }
+                Err(e) => {
+                    // md retries a failed aligned read through the stripe cache.
+                    if e == MemberIoError::Gone {
+                        self.fail_member(member, self.now_ns);
+                    }
+                    if let Some(r) = self.reqs.get_mut(&req) {
+                        r.parts -= 1;
+                    }
+                    self.stripe_read_via_cache(req, array_sector, len_sectors, dest_off);
+                    return;
+                }
+            },
+            IoCtx::Fill { key, rows: rws } => {
+                let Some(mut st) = self.cache.heads.remove(&key) else { return };
+                st.inflight -= 1;
+                st.reading[member] &= !rws;
+                let gone = matches!(result, Err(MemberIoError::Gone));
+                match result {
+                    Ok(data) => {
+                        let fresh = rws & !st.valid[member];
+                        let (r0, _) = runs(rws).next().expect("non-empty");
+                        let buf = st.cache[member].as_mut().expect("fill buffer");
+                        for (a, n) in runs(fresh) {
+                            let src = ((a - r0) * SECTOR_BYTES) as usize;
+                            buf[bytes(a, n)].copy_from_slice(&data[src..src + (n * SECTOR_BYTES) as usize]);
+                        }
+                        st.valid[member] |= fresh;
+                    }
+                    Err(MemberIoError::Io) => st.bad[member] |= rws,
+                    Err(MemberIoError::Gone) => {}
+                }
+                self.cache.heads.insert(key, st);
+                self.cache.mark(key);
+                if gone {
+                    self.fail_member(member, self.now_ns);
+                }
+            }
+            IoCtx::StripeWrite { key } => {
+                let Some(mut st) = self.cache.heads.remove(&key) else { return };
+                st.inflight -= 1;
+                let b = st.batch.as_mut().expect("a write belongs to a batch");
+                let left = b.writing.unwrap_or(1) - 1;
+                b.writing = Some(left);
+                self.cache.heads.insert(key, st);
+                if result.is_err() {
+                    self.fail_member(member, self.now_ns);
+                }
+                let mut st = self.cache.heads.remove(&key).expect("head");
+                if left == 0 {
+                    self.finish_batch(&mut st);
+                }
+                self.cache.heads.insert(key, st);
+                self.cache.mark(key);
+            }
+            IoCtx::Rewrite { key, rows: rws, .. } => {
+                if let Some(st) = self.cache.heads.get_mut(&key) {
+                    st.inflight -= 1;
+                    st.rewriting[member] &= !rws;
+                    if result.is_ok() {
+                        st.bad[member] &= !rws;
+                    }
+                }
+                if result.is_ok() {
+                    self.stats.read_errors_corrected += 1;
+                } else {
+                    self.fail_member(member, self.now_ns);
+                    if let Some(st) = self.cache.heads.get_mut(&key) {
+                        st.bad[member] &= !rws;
+                    }
+                }
+                self.cache.mark(key);
+            }
+            _ => {}
+        }
+        self.run_stripes();
+    }
+}
+
+enum Ensure {
+    Ready,
+    Pending,
+    Lost,
+}
+
+#[allow(dead_code)]
+fn level_has_q(level: Level) -> bool {
+    level == Level::Raid6
+}

@@ -1,0 +1,169 @@
+//! Test harness shared by the engine's integration tests: members in RAM, a reference model,
+//! a seeded PRNG, and a driver that completes member I/Os in a shuffled order.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+
+use uraid_core::*;
+
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+}
+
+/// Members held in memory, with fail-stop and latent-error faults.
+pub struct MemMembers {
+    pub images: Vec<Vec<u8>>,
+    pub gone: Vec<bool>,
+    /// (member, first byte, end byte) that fail reads until rewritten.
+    pub latent: Vec<(usize, u64, u64)>,
+    pub reads: u64,
+    pub writes: u64,
+}
+
+impl MemMembers {
+    pub fn new(n: usize, bytes: u64) -> Self {
+        MemMembers { images: vec![vec![0u8; bytes as usize]; n], gone: vec![false; n], latent: Vec::new(), reads: 0, writes: 0 }
+    }
+
+    pub fn perform(&mut self, io: MemberIo) -> MemberIoCompletion {
+        let m = io.member;
+        if self.gone[m] {
+            return MemberIoCompletion { id: io.id, result: Err(MemberIoError::Gone) };
+        }
+        let (a, b) = (io.offset_bytes, io.offset_bytes + io.len_bytes);
+        let img = &mut self.images[m];
+        let result = match io.op {
+            MemberIoOp::Flush => Ok(Vec::new()),
+            _ if b as usize > img.len() => Err(MemberIoError::Io),
+            MemberIoOp::Read => {
+                self.reads += 1;
+                if self.latent.iter().any(|&(lm, la, lb)| lm == m && la < b && a < lb) {
+                    Err(MemberIoError::Io)
+                } else {
+                    Ok(img[a as usize..b as usize].to_vec())
+                }
+            }
+            MemberIoOp::Write => {
+                self.writes += 1;
+                assert_eq!(io.data.len() as u64, io.len_bytes, "write payload length");
+                img[a as usize..b as usize].copy_from_slice(&io.data);
+                self.latent.retain(|&(lm, la, lb)| !(lm == m && a <= la && lb <= b));
+                Ok(Vec::new())
+            }
+        };
+        MemberIoCompletion { id: io.id, result }
+    }
+}
+
+/// Drives an engine over `MemMembers`, completing I/Os in a seeded shuffled order.
+pub struct Driver {
+    pub engine: Engine,
+    pub members: MemMembers,
+    pub rng: Rng,
+    pub now_ns: u64,
+    pub pending: Vec<MemberIo>,
+    pub done: Vec<RequestCompletion>,
+}
+
+impl Driver {
+    pub fn new(engine: Engine, members: MemMembers, seed: u64) -> Self {
+        Driver { engine, members, rng: Rng(seed), now_ns: 0, pending: Vec::new(), done: Vec::new() }
+    }
+
+    pub fn submit(&mut self, req: Request) {
+        self.engine.submit(req, self.now_ns).expect("engine accepted");
+    }
+
+    /// Complete some outstanding member I/Os; false when nothing was left to do.
+    pub fn step(&mut self) -> bool {
+        self.now_ns += 10_000;
+        while let Some(io) = self.engine.pop_member_io() {
+            self.pending.push(io);
+        }
+        if self.pending.is_empty() {
+            if let Some(d) = self.engine.next_deadline_ns() {
+                self.now_ns = self.now_ns.max(d);
+                self.engine.tick(self.now_ns);
+                return true;
+            }
+            self.collect();
+            return false;
+        }
+        let k = 1 + self.rng.below(self.pending.len() as u64) as usize;
+        for _ in 0..k {
+            let i = self.rng.below(self.pending.len() as u64) as usize;
+            let io = self.pending.swap_remove(i);
+            let c = self.members.perform(io);
+            self.engine.complete_member_io(c, self.now_ns);
+        }
+        self.collect();
+        true
+    }
+
+    fn collect(&mut self) {
+        while let Some(c) = self.engine.pop_completion() {
+            self.done.push(c);
+        }
+    }
+
+    pub fn run_until_idle(&mut self) {
+        self.engine.unplug(self.now_ns);
+        let mut guard = 0;
+        while self.step() {
+            guard += 1;
+            assert!(guard < 10_000_000, "engine never went idle");
+        }
+        assert!(self.engine.is_idle(), "engine reports work outstanding after the driver drained it");
+    }
+
+    /// Submit one request and run to completion; return its result.
+    pub fn run_one(&mut self, req: Request) -> Result<Vec<u8>, RequestError> {
+        let id = req.id;
+        self.submit(req);
+        self.run_until_idle();
+        let i = self.done.iter().position(|c| c.id == id).expect("request completed");
+        self.done.swap_remove(i).result
+    }
+
+    pub fn take_done(&mut self, id: RequestId) -> Option<RequestCompletion> {
+        let i = self.done.iter().position(|c| c.id == id)?;
+        Some(self.done.swap_remove(i))
+    }
+}
+
+pub fn config(geo: Geometry, data_offset_bytes: u64) -> ArrayConfig {
+    let n = geo.raid_disks;
+    ArrayConfig {
+        geometry: geo,
+        members: vec![MemberConfig { data_offset_bytes, state: MemberState::InSync }; n],
+        tunables: Tunables::default(),
+        read_only: false,
+    }
+}
+
+pub fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+pub type Inflight = HashSet<(u64, u64, u64)>;
