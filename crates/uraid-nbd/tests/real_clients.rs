@@ -215,3 +215,20 @@ fn nbdcopy_round_trip_over_file_device_and_unix_socket() {
     drop(dev);
     assert!(std::fs::read(&img_path).unwrap() == src, "backing file differs");
 }
+
+#[test]
+fn fio_nbd_engine_random_writes_verify_crc32c() {
+    require_tool("fio");
+    let (_dev, export) = mem_export(64 << 20);
+    let server = TestServer::start(vec![export], ServerOptions::default());
+    let out = run(Command::new("fio")
+        .args(["--name=verify", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--iodepth=32", "--size=32M"])
+        .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--output-format=json"])
+        .arg(format!("--uri={}", server.uri())));
+    let json_start = out.find('{').unwrap_or(0);
+    let v: serde_json::Value = serde_json::from_str(&out[json_start..]).unwrap();
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0, "{out}");
+    assert_eq!(job["write"]["io_bytes"], 32u64 << 20, "{out}");
+    assert_eq!(job["read"]["io_bytes"], 32u64 << 20, "verify reads: {out}");
+}

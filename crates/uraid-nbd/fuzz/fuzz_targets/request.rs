@@ -20,7 +20,11 @@ fuzz_target!(|data: &[u8]| {
         size_bytes,
         transmission_flags,
         structured_replies: session[11] & 1 != 0,
-        block_size: BlockSizeConstraints { min_bytes, preferred_bytes: min_bytes.max(4096), max_bytes: 32 << 20 },
+        block_size: BlockSizeConstraints {
+            min_bytes,
+            preferred_bytes: min_bytes.max(4096),
+            max_bytes: 32 << 20,
+        },
     };
     while let Some(decoded) = decode_request_header(rest) {
         rest = &rest[28..];
@@ -28,11 +32,18 @@ fuzz_target!(|data: &[u8]| {
         let mut out = Vec::new();
         match check_request(&header, &ctx) {
             Decision::Execute(cmd) => {
-                let in_range = |off: u64, len: u32| off.checked_add(u64::from(len)).is_some_and(|e| e <= size_bytes);
+                let in_range =
+                    |off: u64, len: u32| off.checked_add(u64::from(len)).is_some_and(|e| e <= size_bytes);
                 match cmd {
                     Command::Read { offset_bytes, len_bytes } => {
                         assert!(in_range(offset_bytes, len_bytes) && len_bytes <= 32 << 20);
-                        encode_read_reply_header(&mut out, ctx.structured_replies, header.handle, offset_bytes, len_bytes);
+                        encode_read_reply_header(
+                            &mut out,
+                            ctx.structured_replies,
+                            header.handle,
+                            offset_bytes,
+                            len_bytes,
+                        );
                     }
                     Command::Write { offset_bytes, len_bytes, .. } => {
                         assert!(in_range(offset_bytes, len_bytes) && len_bytes <= 32 << 20);
@@ -42,7 +53,9 @@ fuzz_target!(|data: &[u8]| {
                     }
                     Command::Trim { offset_bytes, len_bytes, .. }
                     | Command::WriteZeroes { offset_bytes, len_bytes, .. }
-                    | Command::Cache { offset_bytes, len_bytes } => assert!(in_range(offset_bytes, len_bytes)),
+                    | Command::Cache { offset_bytes, len_bytes } => {
+                        assert!(in_range(offset_bytes, len_bytes))
+                    }
                     Command::Flush | Command::Disconnect => {}
                 }
             }
