@@ -6,6 +6,7 @@ mod direct;
 pub mod sectors;
 pub mod stripe;
 pub mod engine;
+pub mod explain;
 pub mod geometry;
 pub mod meta;
 pub mod mirror;
