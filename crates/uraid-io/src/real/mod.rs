@@ -1,1 +1,478 @@
+//! The real executor: members are regular files or block devices.
+//!
+//! I/O goes through io_uring where the kernel offers it (with `IORING_FEAT_EXT_ARG`, 5.11+)
+//! and otherwise through a pool of threads doing pread/pwrite/fdatasync; the choice is made
+//! once at start and logged once. Each member is opened with O_DIRECT where its file system
+//! accepts it (tmpfs does not: that member is then buffered, logged once per member).
+//! O_DIRECT I/O goes through aligned bounce buffers; an I/O whose offset or length is not
+//! a multiple of [`DIRECT_ALIGN_BYTES`] goes through a second, buffered descriptor of the
+//! same file (Linux keeps the two coherent: direct I/O writes back and invalidates the page
+//! cache range it touches). Flush is fdatasync. Every error (EIO, ENOSPC, reads past the
+//! end, short transfers that make no progress) becomes a [`MemberIoError`], never a panic.
+//!
+//! ```no_run
+//! use uraid_io::real::{Executor, ExecutorOptions, MemberSet, OpenOptions};
+//! let members = MemberSet::open(&["/dev/sdb", "/dev/sdc"], &OpenOptions::default()).unwrap();
+//! let mut ex = Executor::new(members, &ExecutorOptions::default()).unwrap();
+//! let mut done = Vec::new();
+//! // ex.submit(member_io); ... ex.wait(&mut done, Some(std::time::Duration::from_millis(10)));
+//! # let _ = (&mut ex, &mut done);
+//! ```
 
+mod buf;
+mod pool;
+mod uring;
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
+
+pub use buf::AlignedBuf;
+
+/// Offsets and lengths of O_DIRECT I/O must be multiples of this: 4096 satisfies both
+/// 512-byte and 4 KiB logical-sector devices and every file system's block size here.
+pub const DIRECT_ALIGN_BYTES: u64 = 4096;
+
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Try O_DIRECT (falls back to buffered per member where refused).
+    pub direct: bool,
+    pub read_only: bool,
+    /// Log the buffered fallback on stderr (once per member).
+    pub log: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { direct: true, read_only: false, log: true }
+    }
+}
+
+#[derive(Debug)]
+pub struct Member {
+    path: PathBuf,
+    buffered: File,
+    direct: Option<File>,
+    size_bytes: u64,
+}
+
+impl Member {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The descriptor for an I/O and whether it is the O_DIRECT one.
+    fn fd_for(&self, op: MemberIoOp, offset_bytes: u64, len_bytes: u64) -> (RawFd, bool) {
+        match &self.direct {
+            Some(f)
+                if op != MemberIoOp::Flush
+                    && len_bytes > 0
+                    && offset_bytes.is_multiple_of(DIRECT_ALIGN_BYTES)
+                    && len_bytes.is_multiple_of(DIRECT_ALIGN_BYTES) =>
+            {
+                (f.as_raw_fd(), true)
+            }
+            _ => (self.buffered.as_raw_fd(), false),
+        }
+    }
+}
+
+/// The member devices of one array, opened.
+#[derive(Debug)]
+pub struct MemberSet {
+    members: Vec<Member>,
+}
+
+impl MemberSet {
+    pub fn open<P: AsRef<Path>>(paths: &[P], opts: &OpenOptions) -> io::Result<MemberSet> {
+        let mut members = Vec::with_capacity(paths.len());
+        for p in paths {
+            let path = p.as_ref().to_path_buf();
+            let open = |flags: i32| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(!opts.read_only)
+                    .custom_flags(flags | libc::O_CLOEXEC)
+                    .open(&path)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+            };
+            let mut buffered = open(0)?;
+            let direct = if opts.direct {
+                match open(libc::O_DIRECT) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        if opts.log {
+                            eprintln!(
+                                "uraid-io: {}: O_DIRECT refused ({e}); using buffered I/O for this member",
+                                path.display()
+                            );
+                        }
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            // Works for block devices too, where metadata().len() is 0.
+            let size_bytes = buffered.seek(SeekFrom::End(0))?;
+            members.push(Member { path, buffered, direct, size_bytes });
+        }
+        Ok(MemberSet { members })
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+    pub fn member(&self, i: usize) -> &Member {
+        &self.members[i]
+    }
+    pub fn iter(&self) -> impl Iterator<Item = &Member> {
+        self.members.iter()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// io_uring if the kernel offers it, else the thread pool.
+    Auto,
+    IoUring,
+    ThreadPool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    IoUring,
+    ThreadPool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ExecutorOptions {
+    pub backend: BackendChoice,
+    /// Member I/Os in flight per member; more wait in the executor, in order.
+    pub queue_depth_per_member: usize,
+    /// Worker threads of the fallback pool.
+    pub pool_threads: usize,
+    pub log: bool,
+}
+
+impl Default for ExecutorOptions {
+    fn default() -> Self {
+        ExecutorOptions {
+            backend: BackendChoice::Auto,
+            queue_depth_per_member: 32,
+            pool_threads: 8,
+            log: true,
+        }
+    }
+}
+
+/// Wakes a thread blocked in [`Executor::wait`] from any thread (e.g. a client that just
+/// queued a request for the runtime).
+#[derive(Clone)]
+pub struct Waker {
+    inner: WakerInner,
+}
+
+#[derive(Clone)]
+enum WakerInner {
+    EventFd(Arc<uring::EventFd>),
+    Pool(Arc<pool::Shared>),
+}
+
+impl Waker {
+    pub fn wake(&self) {
+        match &self.inner {
+            WakerInner::EventFd(e) => e.signal(),
+            WakerInner::Pool(s) => s.wake(),
+        }
+    }
+}
+
+/// One I/O's buffer, kept alive (and unmoved) while the kernel or a worker uses it.
+enum IoBuf {
+    None,
+    /// Reads: capacity `len`, length set once filled.
+    Plain(Vec<u8>),
+    Aligned(AlignedBuf),
+}
+
+impl IoBuf {
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            IoBuf::None => std::ptr::null_mut(),
+            IoBuf::Plain(v) => v.as_mut_ptr(),
+            IoBuf::Aligned(a) => a.as_mut_ptr(),
+        }
+    }
+}
+
+/// An I/O handed to a backend.
+struct Slot {
+    id: u64,
+    member: usize,
+    op: MemberIoOp,
+    fd: RawFd,
+    offset_bytes: u64,
+    len_bytes: usize,
+    buf: IoBuf,
+    done_bytes: usize,
+}
+
+/// Map a failed syscall to what the engine needs to know.
+fn errno_to_error(errno: i32) -> MemberIoError {
+    match errno {
+        libc::ENODEV | libc::ENXIO | libc::EBADF | libc::ESHUTDOWN => MemberIoError::Gone,
+        _ => MemberIoError::Io,
+    }
+}
+
+fn finish_slot(
+    mut slot: Slot,
+    result: Result<(), MemberIoError>,
+    aligned_pool: &mut Vec<AlignedBuf>,
+) -> MemberIoCompletion {
+    let result = match result {
+        Err(e) => Err(e),
+        Ok(()) => match (slot.op, std::mem::replace(&mut slot.buf, IoBuf::None)) {
+            (MemberIoOp::Read, IoBuf::Plain(mut v)) => {
+                // SAFETY: the kernel (or pread) filled all `len_bytes` bytes: done_bytes == len.
+                unsafe { v.set_len(slot.len_bytes) };
+                Ok(v)
+            }
+            (MemberIoOp::Read, IoBuf::Aligned(a)) => {
+                let v = a.as_slice()[..slot.len_bytes].to_vec();
+                recycle(aligned_pool, a);
+                Ok(v)
+            }
+            (_, IoBuf::Aligned(a)) => {
+                recycle(aligned_pool, a);
+                Ok(Vec::new())
+            }
+            _ => Ok(Vec::new()),
+        },
+    };
+    if let IoBuf::Aligned(a) = std::mem::replace(&mut slot.buf, IoBuf::None) {
+        recycle(aligned_pool, a);
+    }
+    MemberIoCompletion { id: slot.id, result }
+}
+
+const ALIGNED_POOL_MAX: usize = 128;
+
+fn recycle(pool: &mut Vec<AlignedBuf>, a: AlignedBuf) {
+    if pool.len() < ALIGNED_POOL_MAX {
+        pool.push(a);
+    }
+}
+
+fn take_aligned(pool: &mut Vec<AlignedBuf>, len: usize) -> AlignedBuf {
+    match pool.iter().rposition(|b| b.capacity() >= len && b.capacity() <= len.saturating_mul(4)) {
+        Some(i) => pool.swap_remove(i),
+        None => AlignedBuf::new(len, DIRECT_ALIGN_BYTES as usize),
+    }
+}
+
+enum Backend {
+    Uring(Box<uring::UringBackend>),
+    Pool(pool::PoolBackend),
+}
+
+struct MemberQueue {
+    in_flight: usize,
+    waiting: VecDeque<MemberIo>,
+}
+
+/// Performs member I/O for one array.
+pub struct Executor {
+    members: Arc<MemberSet>,
+    queues: Vec<MemberQueue>,
+    queue_depth: usize,
+    backend: Backend,
+    /// Completions decided without the kernel (bad member index, malformed I/O).
+    ready: Vec<MemberIoCompletion>,
+    aligned_pool: Vec<AlignedBuf>,
+    in_flight: usize,
+}
+
+static URING_FALLBACK_LOGGED: Once = Once::new();
+
+impl Executor {
+    pub fn new(members: MemberSet, opts: &ExecutorOptions) -> io::Result<Executor> {
+        let members = Arc::new(members);
+        let queue_depth = opts.queue_depth_per_member.max(1);
+        let entries = (queue_depth * members.len().max(1) + 1).next_power_of_two().clamp(8, 4096) as u32;
+        let backend = match opts.backend {
+            BackendChoice::ThreadPool => {
+                Backend::Pool(pool::PoolBackend::new(members.clone(), opts.pool_threads))
+            }
+            BackendChoice::IoUring => Backend::Uring(Box::new(uring::UringBackend::new(entries)?)),
+            BackendChoice::Auto => match uring::UringBackend::new(entries) {
+                Ok(u) => Backend::Uring(Box::new(u)),
+                Err(e) => {
+                    if opts.log {
+                        URING_FALLBACK_LOGGED.call_once(|| {
+                            eprintln!(
+                                "uraid-io: io_uring unavailable ({e}); using a pread/pwrite thread pool"
+                            )
+                        });
+                    }
+                    Backend::Pool(pool::PoolBackend::new(members.clone(), opts.pool_threads))
+                }
+            },
+        };
+        let queues =
+            (0..members.len()).map(|_| MemberQueue { in_flight: 0, waiting: VecDeque::new() }).collect();
+        Ok(Executor {
+            members,
+            queues,
+            queue_depth,
+            backend,
+            ready: Vec::new(),
+            aligned_pool: Vec::new(),
+            in_flight: 0,
+        })
+    }
+
+    pub fn backend(&self) -> BackendKind {
+        match self.backend {
+            Backend::Uring(_) => BackendKind::IoUring,
+            Backend::Pool(_) => BackendKind::ThreadPool,
+        }
+    }
+
+    pub fn members(&self) -> &MemberSet {
+        &self.members
+    }
+
+    /// Member I/Os submitted and not yet returned by `poll`/`wait`.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    pub fn waker(&self) -> Waker {
+        match &self.backend {
+            Backend::Uring(u) => Waker { inner: WakerInner::EventFd(u.eventfd()) },
+            Backend::Pool(p) => Waker { inner: WakerInner::Pool(p.shared()) },
+        }
+    }
+
+    /// Queue a member I/O. Never blocks and never fails: problems come back as completions.
+    pub fn submit(&mut self, io: MemberIo) {
+        self.in_flight += 1;
+        let malformed = match io.op {
+            MemberIoOp::Write => io.data.len() as u64 != io.len_bytes,
+            _ => false,
+        } || io.len_bytes > u32::MAX as u64;
+        if io.member >= self.members.len() {
+            self.ready.push(MemberIoCompletion { id: io.id, result: Err(MemberIoError::Gone) });
+            return;
+        }
+        if malformed {
+            self.ready.push(MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) });
+            return;
+        }
+        let q = &mut self.queues[io.member];
+        if q.in_flight >= self.queue_depth {
+            q.waiting.push_back(io);
+            return;
+        }
+        q.in_flight += 1;
+        self.start(io);
+    }
+
+    fn start(&mut self, io: MemberIo) {
+        let member = self.members.member(io.member);
+        let (fd, direct) = member.fd_for(io.op, io.offset_bytes, io.len_bytes);
+        let len = io.len_bytes as usize;
+        let buf = match (io.op, direct) {
+            (MemberIoOp::Flush, _) => IoBuf::None,
+            (MemberIoOp::Read, false) => IoBuf::Plain(Vec::with_capacity(len)),
+            (MemberIoOp::Read, true) => IoBuf::Aligned(take_aligned(&mut self.aligned_pool, len)),
+            (MemberIoOp::Write, false) => IoBuf::Plain(io.data),
+            (MemberIoOp::Write, true) => {
+                let mut a = take_aligned(&mut self.aligned_pool, len);
+                a.as_mut_slice()[..len].copy_from_slice(&io.data);
+                IoBuf::Aligned(a)
+            }
+        };
+        let slot = Slot {
+            id: io.id,
+            member: io.member,
+            op: io.op,
+            fd,
+            offset_bytes: io.offset_bytes,
+            len_bytes: len,
+            buf,
+            done_bytes: 0,
+        };
+        match &mut self.backend {
+            Backend::Uring(u) => u.push(slot),
+            Backend::Pool(p) => p.push(slot),
+        }
+    }
+
+    /// Completed member I/Os, without blocking. Returns how many were appended.
+    pub fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) -> usize {
+        self.collect(out, Some(Duration::ZERO))
+    }
+
+    /// Completed member I/Os; blocks until at least one is ready, the waker fires or the
+    /// timeout passes (`None`: no timeout). Returns how many were appended.
+    pub fn wait(&mut self, out: &mut Vec<MemberIoCompletion>, timeout: Option<Duration>) -> usize {
+        self.collect(out, timeout)
+    }
+
+    fn collect(&mut self, out: &mut Vec<MemberIoCompletion>, timeout: Option<Duration>) -> usize {
+        let before = out.len();
+        let mut finished: Vec<(Slot, Result<(), MemberIoError>)> = Vec::new();
+        let timeout = if self.ready.is_empty() { timeout } else { Some(Duration::ZERO) };
+        match &mut self.backend {
+            Backend::Uring(u) => u.reap(&mut finished, timeout),
+            Backend::Pool(p) => p.reap(&mut finished, timeout),
+        }
+        out.append(&mut self.ready);
+        for (slot, result) in finished {
+            let member = slot.member;
+            out.push(finish_slot(slot, result, &mut self.aligned_pool));
+            let q = &mut self.queues[member];
+            q.in_flight -= 1;
+            if let Some(next) = q.waiting.pop_front() {
+                q.in_flight += 1;
+                self.start(next);
+            }
+        }
+        // Flush newly started I/Os to the kernel now rather than at the next wait.
+        if let Backend::Uring(u) = &mut self.backend {
+            u.submit_pending();
+        }
+        let n = out.len() - before;
+        self.in_flight -= n;
+        n
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        // The kernel or a worker may still write into buffers we own: wait them out.
+        match &mut self.backend {
+            Backend::Uring(u) => u.drain(),
+            Backend::Pool(p) => p.shutdown(),
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Thread-pool backend: pread/pwrite/fdatasync on worker threads, for kernels or sandboxes
+//! without io_uring.
+
+use std::collections::VecDeque;
+use std::os::unix::io::RawFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use uraid_core::{MemberIoError, MemberIoOp};
+
+use super::{errno_to_error, MemberSet, Slot};
+
+struct Job {
+    idx: usize,
+    fd: RawFd,
+    op: MemberIoOp,
+    offset_bytes: u64,
+    /// Buffer address (owned by the executor's slot, unmoved until the job is reaped).
+    ptr: usize,
+    len_bytes: usize,
+}
+
+#[derive(Default)]
+struct Jobs {
+    queue: VecDeque<Job>,
+    shutdown: bool,
+}
+
+#[derive(Default)]
+struct Done {
+    list: Vec<(usize, Result<(), MemberIoError>)>,
+    woken: bool,
+}
+
+#[derive(Default)]
+pub struct Shared {
+    jobs: Mutex<Jobs>,
+    jobs_cv: Condvar,
+    done: Mutex<Done>,
+    done_cv: Condvar,
+}
+
+/// A poisoned lock only means another thread panicked; the data (plain queues) is fine.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub fn wake(&self) {
+        lock(&self.done).woken = true;
+        self.done_cv.notify_all();
+    }
+}
+
+pub struct PoolBackend {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    outstanding: usize,
+    _members: Arc<MemberSet>,
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn run(job: &Job) -> Result<(), MemberIoError> {
+    if job.op == MemberIoOp::Flush {
+        loop {
+            // SAFETY: fd stays open while the executor (and its MemberSet) lives.
+            if unsafe { libc::fdatasync(job.fd) } == 0 {
+                return Ok(());
+            }
+            let e = errno();
+            if e != libc::EINTR {
+                return Err(errno_to_error(e));
+            }
+        }
+    }
+    let mut done = 0usize;
+    while done < job.len_bytes {
+        let ptr = (job.ptr + done) as *mut libc::c_void;
+        let n = job.len_bytes - done;
+        let off = (job.offset_bytes + done as u64) as libc::off_t;
+        // SAFETY: the buffer is valid for len_bytes and not touched by anyone else until
+        // the job is reaped.
+        let r = unsafe {
+            match job.op {
+                MemberIoOp::Read => libc::pread(job.fd, ptr, n, off),
+                _ => libc::pwrite(job.fd, ptr, n, off),
+            }
+        };
+        if r < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(errno_to_error(e));
+        }
+        if r == 0 {
+            // End of file or no room: no progress is an error.
+            return Err(MemberIoError::Io);
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+impl PoolBackend {
+    pub fn new(members: Arc<MemberSet>, threads: usize) -> Self {
+        let shared = Arc::new(Shared::default());
+        let threads = (0..threads.max(1))
+            .map(|i| {
+                let shared = shared.clone();
+                let members = members.clone();
+                std::thread::Builder::new()
+                    .name(format!("uraid-io-{i}"))
+                    .spawn(move || {
+                        let _keep_fds_open = members;
+                        loop {
+                            let job = {
+                                let mut jobs = lock(&shared.jobs);
+                                loop {
+                                    if let Some(j) = jobs.queue.pop_front() {
+                                        break Some(j);
+                                    }
+                                    if jobs.shutdown {
+                                        break None;
+                                    }
+                                    jobs = shared.jobs_cv.wait(jobs).unwrap_or_else(|p| p.into_inner());
+                                }
+                            };
+                            let Some(job) = job else { return };
+                            let result = run(&job);
+                            lock(&shared.done).list.push((job.idx, result));
+                            shared.done_cv.notify_all();
+                        }
+                    })
+                    .expect("spawn uraid-io worker thread")
+            })
+            .collect();
+        PoolBackend {
+            shared,
+            threads,
+            slots: Vec::new(),
+            free: Vec::new(),
+            outstanding: 0,
+            _members: members,
+        }
+    }
+
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    pub fn push(&mut self, mut slot: Slot) {
+        let job_ptr = slot.buf.ptr() as usize;
+        let job = Job {
+            idx: 0,
+            fd: slot.fd,
+            op: slot.op,
+            offset_bytes: slot.offset_bytes,
+            ptr: job_ptr,
+            len_bytes: slot.len_bytes,
+        };
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        };
+        self.outstanding += 1;
+        lock(&self.shared.jobs).queue.push_back(Job { idx, ..job });
+        self.shared.jobs_cv.notify_one();
+    }
+
+    pub fn reap(&mut self, finished: &mut Vec<(Slot, Result<(), MemberIoError>)>, timeout: Option<Duration>) {
+        let list = {
+            let mut done = lock(&self.shared.done);
+            if done.list.is_empty() && !done.woken && timeout != Some(Duration::ZERO) {
+                done = match timeout {
+                    None => self
+                        .shared
+                        .done_cv
+                        .wait_while(done, |d| d.list.is_empty() && !d.woken)
+                        .unwrap_or_else(|p| p.into_inner()),
+                    Some(t) => {
+                        self.shared
+                            .done_cv
+                            .wait_timeout_while(done, t, |d| d.list.is_empty() && !d.woken)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                    }
+                };
+            }
+            done.woken = false;
+            std::mem::take(&mut done.list)
+        };
+        for (idx, result) in list {
+            if let Some(mut slot) = self.slots.get_mut(idx).and_then(Option::take) {
+                if result.is_ok() {
+                    slot.done_bytes = slot.len_bytes;
+                }
+                self.free.push(idx);
+                self.outstanding -= 1;
+                finished.push((slot, result));
+            }
+        }
+    }
+
+    pub fn shutdown(&mut self) {
+        // Workers finish the queued jobs first (they pop before checking shutdown).
+        lock(&self.shared.jobs).shutdown = true;
+        self.shared.jobs_cv.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let mut sink = Vec::new();
+        self.reap(&mut sink, Some(Duration::ZERO));
+    }
+}

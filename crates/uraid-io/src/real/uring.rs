@@ -1,0 +1,228 @@
+//! io_uring backend.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use io_uring::{opcode, squeue, types, IoUring};
+use uraid_core::{MemberIoError, MemberIoOp};
+
+use super::{errno_to_error, Slot};
+
+const WAKE_TOKEN: u64 = u64::MAX;
+
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    fn new() -> io::Result<Self> {
+        // SAFETY: plain syscall; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64. A full counter (EAGAIN) already wakes.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+pub struct UringBackend {
+    ring: IoUring,
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    eventfd: Arc<EventFd>,
+    /// Target of the pending eventfd read; boxed so its address is stable.
+    eventfd_buf: Box<u64>,
+    eventfd_armed: bool,
+    unsubmitted: bool,
+    outstanding: usize,
+}
+
+impl UringBackend {
+    pub fn new(entries: u32) -> io::Result<Self> {
+        let ring = IoUring::builder().setup_cqsize(entries * 2).build(entries)?;
+        if !ring.params().is_feature_ext_arg() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "io_uring lacks IORING_FEAT_EXT_ARG (kernel < 5.11)",
+            ));
+        }
+        Ok(UringBackend {
+            ring,
+            slots: Vec::new(),
+            free: Vec::new(),
+            eventfd: Arc::new(EventFd::new()?),
+            eventfd_buf: Box::new(0),
+            eventfd_armed: false,
+            unsubmitted: false,
+            outstanding: 0,
+        })
+    }
+
+    pub fn eventfd(&self) -> Arc<EventFd> {
+        self.eventfd.clone()
+    }
+
+    pub fn push(&mut self, slot: Slot) {
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        };
+        self.outstanding += 1;
+        self.push_sqe(idx);
+    }
+
+    fn push_sqe(&mut self, idx: usize) {
+        let Some(s) = self.slots[idx].as_mut() else { return };
+        let fd = types::Fd(s.fd);
+        let remaining = (s.len_bytes - s.done_bytes) as u32;
+        let offset = s.offset_bytes + s.done_bytes as u64;
+        // SAFETY (for the pointer arithmetic): done_bytes <= len_bytes <= buffer capacity.
+        let ptr = unsafe { s.buf.ptr().add(s.done_bytes) };
+        let entry = match s.op {
+            MemberIoOp::Read => opcode::Read::new(fd, ptr, remaining).offset(offset).build(),
+            MemberIoOp::Write => opcode::Write::new(fd, ptr, remaining).offset(offset).build(),
+            MemberIoOp::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+        }
+        .user_data(idx as u64);
+        self.push_entry(&entry);
+    }
+
+    fn push_entry(&mut self, entry: &squeue::Entry) {
+        loop {
+            // SAFETY: every buffer an entry points to lives in `slots` (or eventfd_buf) until
+            // its completion is reaped; `drain` waits for all before drop.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                self.unsubmitted = true;
+                return;
+            }
+            // Submission queue full: hand what is queued to the kernel and retry.
+            if let Err(e) = self.ring.submit() {
+                if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EINTR) {
+                    // Cannot happen with a healthy ring; do not spin forever on it.
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    fn arm_eventfd(&mut self) {
+        if self.eventfd_armed {
+            return;
+        }
+        let ptr: *mut u64 = &mut *self.eventfd_buf;
+        let entry = opcode::Read::new(types::Fd(self.eventfd.fd.as_raw_fd()), ptr.cast(), 8)
+            .build()
+            .user_data(WAKE_TOKEN);
+        self.push_entry(&entry);
+        self.eventfd_armed = true;
+    }
+
+    pub fn submit_pending(&mut self) {
+        if self.unsubmitted {
+            let _ = self.ring.submit();
+            self.unsubmitted = false;
+        }
+    }
+
+    pub fn reap(&mut self, finished: &mut Vec<(Slot, Result<(), MemberIoError>)>, timeout: Option<Duration>) {
+        let may_block = timeout != Some(Duration::ZERO);
+        if may_block {
+            self.arm_eventfd();
+        }
+        let cq_empty = self.ring.completion().is_empty();
+        if may_block && cq_empty {
+            let r = match timeout {
+                None => self.ring.submit_and_wait(1),
+                Some(t) => {
+                    let ts = types::Timespec::from(t);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    self.ring.submitter().submit_with_args(1, &args)
+                }
+            };
+            // ETIME (timeout) and EINTR are ordinary wake-ups; completions are read below.
+            let _ = r;
+            self.unsubmitted = false;
+        } else {
+            self.submit_pending();
+        }
+        let cqes: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (ud, res) in cqes {
+            if ud == WAKE_TOKEN {
+                self.eventfd_armed = false;
+                continue;
+            }
+            let idx = ud as usize;
+            let Some(slot) = self.slots.get_mut(idx).and_then(Option::as_mut) else { continue };
+            let outcome = if res < 0 {
+                Some(Err(errno_to_error(-res)))
+            } else if slot.op == MemberIoOp::Flush {
+                Some(Ok(()))
+            } else if res == 0 && slot.done_bytes < slot.len_bytes {
+                // End of file on a read, no space on a write: no progress is an error.
+                Some(Err(MemberIoError::Io))
+            } else {
+                slot.done_bytes += res as usize;
+                (slot.done_bytes >= slot.len_bytes).then_some(Ok(()))
+            };
+            match outcome {
+                Some(result) => {
+                    if let Some(slot) = self.slots[idx].take() {
+                        self.free.push(idx);
+                        self.outstanding -= 1;
+                        finished.push((slot, result));
+                    }
+                }
+                // A short transfer: ask for the rest.
+                None => self.push_sqe(idx),
+            }
+        }
+        self.submit_pending();
+    }
+
+    /// Wait until the kernel holds no pointer into our buffers.
+    pub fn drain(&mut self) {
+        if self.eventfd_armed {
+            self.eventfd.signal();
+        }
+        let mut sink = Vec::new();
+        let mut rounds = 0u64;
+        while self.outstanding > 0 || self.eventfd_armed {
+            let before = (self.outstanding, self.eventfd_armed);
+            self.reap(&mut sink, Some(Duration::from_millis(100)));
+            sink.clear();
+            if (self.outstanding, self.eventfd_armed) == before {
+                rounds += 1;
+                if self.eventfd_armed {
+                    self.eventfd.signal();
+                }
+                if rounds > 600 {
+                    // A device that never answers: leak the ring rather than free buffers the
+                    // kernel may still write.
+                    let ring = std::mem::replace(
+                        &mut self.ring,
+                        IoUring::new(8).unwrap_or_else(|_| std::process::abort()),
+                    );
+                    std::mem::forget(ring);
+                    std::mem::forget(std::mem::take(&mut self.slots));
+                    std::mem::forget(std::mem::replace(&mut self.eventfd_buf, Box::new(0)));
+                    return;
+                }
+            }
+        }
+    }
+}

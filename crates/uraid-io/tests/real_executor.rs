@@ -1,0 +1,156 @@
+//! The real executor on temporary files, through both backends, on tmpfs (buffered: tmpfs
+//! refuses O_DIRECT) and on the work disk (O_DIRECT where the file system allows it).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
+use uraid_io::real::{BackendChoice, BackendKind, Executor, ExecutorOptions, MemberSet, OpenOptions};
+
+fn temp_file(dir: &Path, name: &str, len: u64) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let p = dir.join(format!("{name}-{}", std::process::id()));
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(len).unwrap();
+    p
+}
+
+fn dirs() -> Vec<PathBuf> {
+    let mut v = vec![PathBuf::from(env!("CARGO_TARGET_TMPDIR"))];
+    if Path::new("/dev/shm").is_dir() {
+        v.push(PathBuf::from("/dev/shm"));
+    }
+    v
+}
+
+fn executor(paths: &[PathBuf], backend: BackendChoice, qd: usize) -> Executor {
+    let members = MemberSet::open(paths, &OpenOptions { log: false, ..Default::default() }).unwrap();
+    let opts = ExecutorOptions { backend, queue_depth_per_member: qd, pool_threads: 4, log: false };
+    Executor::new(members, &opts).expect("io_uring must be available on this machine (io_uring_disabled=0)")
+}
+
+fn run(ex: &mut Executor, ios: Vec<MemberIo>) -> Vec<MemberIoCompletion> {
+    let n = ios.len();
+    for io in ios {
+        ex.submit(io);
+    }
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "completions stuck: {} of {n}", out.len());
+        ex.wait(&mut out, Some(Duration::from_millis(100)));
+    }
+    assert_eq!(ex.in_flight(), 0);
+    out.sort_by_key(|c| c.id);
+    out
+}
+
+fn io(id: u64, member: usize, op: MemberIoOp, offset_bytes: u64, len_bytes: u64, data: Vec<u8>) -> MemberIo {
+    MemberIo { id, member, op, offset_bytes, len_bytes, data }
+}
+
+fn exercise(backend: BackendChoice, expect: BackendKind) {
+    for dir in dirs() {
+        let size = 1 << 20;
+        let paths = vec![temp_file(&dir, "m0", size), temp_file(&dir, "m1", size)];
+        let mut ex = executor(&paths, backend, 4);
+        assert_eq!(ex.backend(), expect);
+        let aligned: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+        let odd: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 1) as u8).collect();
+        let done = run(
+            &mut ex,
+            vec![
+                io(1, 0, MemberIoOp::Write, 8192, 8192, aligned.clone()),
+                io(2, 1, MemberIoOp::Write, 5000, 1000, odd.clone()),
+                // Malformed: payload length differs from len_bytes.
+                io(3, 0, MemberIoOp::Write, 0, 4096, vec![1; 10]),
+                io(4, 7, MemberIoOp::Read, 0, 4096, vec![]),
+            ],
+        );
+        assert!(done[0].result.is_ok() && done[1].result.is_ok(), "{dir:?}: {done:?}");
+        assert_eq!(done[2].result, Err(MemberIoError::Io));
+        assert_eq!(done[3].result, Err(MemberIoError::Gone));
+        let done = run(
+            &mut ex,
+            vec![
+                io(10, 0, MemberIoOp::Read, 8192, 8192, vec![]),
+                io(11, 1, MemberIoOp::Read, 5000, 1000, vec![]),
+                io(12, 0, MemberIoOp::Flush, 0, 0, vec![]),
+                io(13, 1, MemberIoOp::Flush, 0, 0, vec![]),
+                // Beyond the end of a regular file: an error, not a panic or zeroes.
+                io(14, 0, MemberIoOp::Read, size, 4096, vec![]),
+                io(15, 0, MemberIoOp::Read, size - 4096, 8192, vec![]),
+                io(16, 1, MemberIoOp::Read, size + 100, 100, vec![]),
+            ],
+        );
+        assert_eq!(done[0].result.as_deref(), Ok(&aligned[..]), "{dir:?}");
+        assert_eq!(done[1].result.as_deref(), Ok(&odd[..]), "{dir:?}");
+        assert_eq!(done[2].result, Ok(vec![]));
+        assert_eq!(done[3].result, Ok(vec![]));
+        for c in &done[4..] {
+            assert_eq!(c.result, Err(MemberIoError::Io), "{dir:?} id {}", c.id);
+        }
+        // More I/Os than the queue depth: they wait in the executor and all complete.
+        let writes: Vec<MemberIo> = (0..64u64)
+            .map(|i| io(100 + i, (i % 2) as usize, MemberIoOp::Write, i * 4096, 4096, vec![i as u8; 4096]))
+            .collect();
+        assert!(run(&mut ex, writes).iter().all(|c| c.result.is_ok()));
+        let reads: Vec<MemberIo> = (0..64u64)
+            .map(|i| io(200 + i, (i % 2) as usize, MemberIoOp::Read, i * 4096, 4096, vec![]))
+            .collect();
+        for (i, c) in run(&mut ex, reads).iter().enumerate() {
+            assert_eq!(c.result.as_deref(), Ok(&vec![i as u8; 4096][..]));
+        }
+        drop(ex);
+        for p in paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[test]
+fn io_uring_backend() {
+    exercise(BackendChoice::IoUring, BackendKind::IoUring);
+}
+
+#[test]
+fn thread_pool_backend() {
+    exercise(BackendChoice::ThreadPool, BackendKind::ThreadPool);
+}
+
+#[test]
+fn auto_prefers_io_uring_and_waker_interrupts_wait() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let paths = vec![temp_file(&dir, "wake", 1 << 16)];
+    for backend in [BackendChoice::Auto, BackendChoice::ThreadPool] {
+        let mut ex = executor(&paths, backend, 8);
+        let waker = ex.waker();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            waker.wake();
+        });
+        let start = Instant::now();
+        let mut out = Vec::new();
+        ex.wait(&mut out, Some(Duration::from_secs(10)));
+        assert!(start.elapsed() < Duration::from_secs(5), "{backend:?}: waker did not interrupt wait");
+        assert!(out.is_empty());
+        t.join().unwrap();
+    }
+    let _ = std::fs::remove_file(&paths[0]);
+}
+
+#[test]
+fn direct_io_is_used_where_the_file_system_allows_it() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let p = temp_file(&dir, "direct", 1 << 16);
+    let set = MemberSet::open(&[&p], &OpenOptions { log: false, ..Default::default() }).unwrap();
+    eprintln!("{}: O_DIRECT {}", p.display(), set.member(0).is_direct());
+    if Path::new("/dev/shm").is_dir() {
+        let q = temp_file(Path::new("/dev/shm"), "direct", 1 << 16);
+        let set = MemberSet::open(&[&q], &OpenOptions { log: false, ..Default::default() }).unwrap();
+        // tmpfs refuses O_DIRECT (kernels before 6.6) or accepts it; either way I/O works.
+        eprintln!("{}: O_DIRECT {}", q.display(), set.member(0).is_direct());
+        let _ = std::fs::remove_file(q);
+    }
+    let _ = std::fs::remove_file(p);
+}

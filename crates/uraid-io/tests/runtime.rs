@@ -1,0 +1,181 @@
+//! ArrayRuntime's own logic (Busy hold-back, ids, callbacks, unplug, ticks, fail, stats,
+//! shutdown with flush) with the small mirror engine on real temp files, so it does not
+//! wait for the real engine.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use uraid_core::stats::ArrayStats;
+use uraid_core::{
+    MemberIo, MemberIoCompletion, Request, RequestCompletion, RequestError, SubmitError, TimeNs,
+};
+use uraid_io::real::{BackendChoice, Executor, ExecutorOptions, MemberSet, OpenOptions};
+use uraid_io::runtime::{ArrayRuntime, RuntimeError, RuntimeOptions};
+use uraid_io::testing::MirrorEngine;
+use uraid_io::ArrayEngine;
+
+/// MirrorEngine plus counters visible from the test thread.
+struct Counted {
+    inner: MirrorEngine,
+    ticks: Arc<AtomicU64>,
+    unplugs: Arc<AtomicU64>,
+    busy: Arc<AtomicU64>,
+}
+
+impl ArrayEngine for Counted {
+    fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError> {
+        let r = self.inner.submit(req, now_ns);
+        if r.is_err() {
+            self.busy.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+    fn unplug(&mut self, now_ns: TimeNs) {
+        self.unplugs.fetch_add(1, Ordering::Relaxed);
+        self.inner.unplug(now_ns)
+    }
+    fn pop_member_io(&mut self) -> Option<MemberIo> {
+        self.inner.pop_member_io()
+    }
+    fn complete_member_io(&mut self, c: MemberIoCompletion, now_ns: TimeNs) {
+        self.inner.complete_member_io(c, now_ns)
+    }
+    fn pop_completion(&mut self) -> Option<RequestCompletion> {
+        self.inner.pop_completion()
+    }
+    fn next_deadline_ns(&self) -> Option<TimeNs> {
+        self.inner.next_deadline_ns()
+    }
+    fn tick(&mut self, now_ns: TimeNs) {
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+        self.inner.tick(now_ns)
+    }
+    fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
+        self.inner.fail_member(member, now_ns)
+    }
+    fn is_idle(&self) -> bool {
+        self.inner.is_idle()
+    }
+    fn stats_snapshot(&self) -> ArrayStats {
+        self.inner.stats_snapshot()
+    }
+}
+
+fn files(name: &str, n: usize, len: u64) -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("rt-{name}-{i}-{}", std::process::id()));
+            std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+            p
+        })
+        .collect()
+}
+
+fn runtime_test(backend: BackendChoice) {
+    let member_bytes = 4 << 20;
+    let paths = files(&format!("{backend:?}"), 2, member_bytes);
+    let set = MemberSet::open(&paths, &OpenOptions { log: false, ..Default::default() }).unwrap();
+    let ex = Executor::new(set, &ExecutorOptions { backend, log: false, ..Default::default() }).unwrap();
+    let mut inner = MirrorEngine::new(2, member_bytes, 4096);
+    // Tiny in-flight limit so clients hit Busy and the runtime must hold requests back.
+    inner.max_inflight = 3;
+    inner.tick_interval_ns = Some(2_000_000);
+    inner.arm_tick(0);
+    let ticks = Arc::new(AtomicU64::new(0));
+    let unplugs = Arc::new(AtomicU64::new(0));
+    let busy = Arc::new(AtomicU64::new(0));
+    let engine = Counted { inner, ticks: ticks.clone(), unplugs: unplugs.clone(), busy: busy.clone() };
+    let rt = ArrayRuntime::start(engine, ex, &RuntimeOptions { channel_capacity: 8 }).unwrap();
+
+    // Two client threads, overlapping ids on purpose: the runtime keeps them apart.
+    let (tx, rx) = mpsc::channel::<RequestCompletion>();
+    let clients: Vec<_> = (0..2u64)
+        .map(|t| {
+            let h = rt.handle();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for i in 0..100u64 {
+                    let off = (t * 100 + i) * 4096;
+                    let tx = tx.clone();
+                    let req = Request::write(i, off, vec![(t * 100 + i) as u8; 4096]);
+                    h.submit(req, Box::new(move |c| tx.send(c).unwrap())).unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let done: Vec<RequestCompletion> = rx.iter().collect();
+    assert_eq!(done.len(), 200);
+    assert!(done.iter().all(|c| c.result == Ok(vec![])));
+    let mut ids: Vec<u64> = done.iter().map(|c| c.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..100).flat_map(|i| [i, i]).collect::<Vec<_>>());
+    assert!(busy.load(Ordering::Relaxed) > 0, "the test should have exercised Busy");
+    assert!(unplugs.load(Ordering::Relaxed) > 0);
+
+    for k in 0..200u64 {
+        let c = rt.submit_wait(Request::read(7, k * 4096, 4096)).unwrap();
+        assert_eq!(c.id, 7);
+        assert_eq!(c.result, Ok(vec![k as u8; 4096]));
+    }
+    // Out of range comes back as an error, not a hang.
+    let c = rt.submit_wait(Request::read(8, member_bytes, 4096)).unwrap();
+    assert_eq!(c.result, Err(RequestError::OutOfRange));
+
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(ticks.load(Ordering::Relaxed) >= 3, "deadline ticks: {}", ticks.load(Ordering::Relaxed));
+
+    rt.fail_member(0).unwrap();
+    let c = rt.submit_wait(Request::read(9, 4096, 4096)).unwrap();
+    assert_eq!(c.result, Ok(vec![1u8; 4096]));
+    let stats = rt.stats().unwrap();
+    assert_eq!(stats.requests_completed, 402);
+    assert_eq!(stats.requests_in_flight, 0);
+    assert_eq!(stats.array.members[0].reads, 200, "reads after the fail went to member 1");
+    assert_eq!(stats.array.members[1].reads, 1);
+
+    // A panicking callback does not take the runtime down.
+    rt.submit(Request::read(10, 0, 4096), Box::new(|_| panic!("client bug"))).unwrap();
+    let handle = rt.handle();
+    let report = rt.shutdown().unwrap();
+    assert_eq!(report.flush, Ok(()));
+    assert_eq!(report.stats.requests_completed, 403, "the final flush is the runtime's own");
+    assert!(report.stats.array.members[1].flushes >= 1, "shutdown flushed the live member");
+    assert_eq!(handle.submit(Request::flush(1), Box::new(|_| {})), Err(RuntimeError::Stopped));
+
+    // What was written reached the files.
+    let data = std::fs::read(&paths[1]).unwrap();
+    assert_eq!(&data[4096 + 5 * 4096..4096 + 6 * 4096], &[5u8; 4096][..]);
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+#[test]
+fn runtime_on_io_uring() {
+    runtime_test(BackendChoice::IoUring);
+}
+
+#[test]
+fn runtime_on_thread_pool() {
+    runtime_test(BackendChoice::ThreadPool);
+}
+
+#[test]
+fn dropping_the_runtime_shuts_it_down() {
+    let paths = files("drop", 1, 1 << 20);
+    let set = MemberSet::open(&paths, &OpenOptions { log: false, ..Default::default() }).unwrap();
+    let ex = Executor::new(set, &ExecutorOptions { log: false, ..Default::default() }).unwrap();
+    let rt = ArrayRuntime::start(MirrorEngine::new(1, 1 << 20, 0), ex, &RuntimeOptions::default()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    rt.submit(Request::write(1, 0, vec![3; 4096]), Box::new(move |c| tx.send(c).unwrap())).unwrap();
+    drop(rt);
+    assert_eq!(rx.recv().unwrap().result, Ok(vec![]), "in-flight work finished before the thread stopped");
+    let _ = std::fs::remove_file(&paths[0]);
+}
