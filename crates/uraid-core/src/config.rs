@@ -41,6 +41,10 @@ pub struct Tunables {
     pub aligned_read_bypass: bool,
     /// Read balancing for mirrors (raid1, raid10).
     pub balance: crate::mirror::Balance,
+    /// Background resync/recovery floor while other I/O runs, KiB/s per member (md default 1000).
+    pub sync_speed_min_kib: u64,
+    /// Background resync/recovery ceiling when the array is otherwise idle, KiB/s (md default 200000).
+    pub sync_speed_max_kib: u64,
 }
 
 impl Default for Tunables {
@@ -54,6 +58,8 @@ impl Default for Tunables {
             write_batching: true,
             aligned_read_bypass: true,
             balance: crate::mirror::Balance::Load,
+            sync_speed_min_kib: 1000,
+            sync_speed_max_kib: 200_000,
         }
     }
 }

@@ -44,7 +44,8 @@ impl Engine {
         let mut copies = Vec::new();
         for (pos, n) in pieces {
             self.geo.copies(pos, &mut copies);
-            let balance = if self.tun.balance == Balance::Split { Balance::RoundRobin } else { self.tun.balance };
+            let balance =
+                if self.tun.balance == Balance::Split { Balance::RoundRobin } else { self.tun.balance };
             let Some(i) = choose_copy(balance, &self.members, &copies, 0, &mut self.rr_next) else {
                 self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
                 continue;
@@ -52,18 +53,40 @@ impl Engine {
             let e = copies[i];
             let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
             self.reqs.get_mut(&id).expect("request").parts += 1;
-            let ctx = IoCtx::DirectRead { req: id, array_sector: pos, len_sectors: n, dest_off, tried: bit(e.member), errored: 0 };
+            let ctx = IoCtx::DirectRead {
+                req: id,
+                array_sector: pos,
+                len_sectors: n,
+                dest_off,
+                tried: bit(e.member),
+                errored: 0,
+            };
             self.issue_io(e.member, MemberIoOp::Read, e.member_sector, n, Vec::new(), ctx);
         }
     }
 
     pub(crate) fn direct_write(&mut self, id: RequestId, sector: u64, len: u64, zero: bool) {
+        self.direct_write_ranges.insert(id, (sector, sector + len));
+        if self.direct_write_blocked(sector, len) {
+            // Waits for the sync unit over this range (md's barrier); one part holds it open.
+            self.reqs.get_mut(&id).expect("request").parts += 1;
+            self.blocked_writes.push((id, sector, len, zero));
+            return;
+        }
+        self.direct_write_now(id, sector, len, zero);
+    }
+
+    pub(crate) fn direct_write_now(&mut self, id: RequestId, sector: u64, len: u64, zero: bool) {
+        if !self.reqs.contains_key(&id) {
+            return;
+        }
         let mut copies = Vec::new();
         for (pos, n) in self.direct_pieces(sector, len) {
             self.geo.copies(pos, &mut copies);
             let src_off = ((pos - sector) * SECTOR_BYTES) as usize;
             let bytes = (n * SECTOR_BYTES) as usize;
-            let targets: Vec<Extent> = copies.iter().copied().filter(|e| self.members[e.member].writable()).collect();
+            let targets: Vec<Extent> =
+                copies.iter().copied().filter(|e| self.members[e.member].writable()).collect();
             if targets.is_empty() {
                 self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
                 continue;
@@ -75,13 +98,26 @@ impl Engine {
                     self.reqs[&id].buf[src_off..src_off + bytes].to_vec()
                 };
                 self.reqs.get_mut(&id).expect("request").parts += 1;
-                self.issue_io(e.member, MemberIoOp::Write, e.member_sector, n, data, IoCtx::DirectWrite { req: id });
+                self.issue_io(
+                    e.member,
+                    MemberIoOp::Write,
+                    e.member_sector,
+                    n,
+                    data,
+                    IoCtx::DirectWrite { req: id },
+                );
             }
         }
     }
 
-    pub(crate) fn direct_io_done(&mut self, ctx: IoCtx, member: usize, result: Result<Vec<u8>, MemberIoError>) {
+    pub(crate) fn direct_io_done(
+        &mut self,
+        ctx: IoCtx,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
         match ctx {
+            IoCtx::SyncRead { .. } | IoCtx::SyncWrite => self.direct_sync_io_done(ctx, member, result),
             IoCtx::DirectRead { req, array_sector, len_sectors, dest_off, tried, errored } => match result {
                 Ok(data) => {
                     if let Some(r) = self.reqs.get_mut(&req) {
@@ -94,10 +130,8 @@ impl Engine {
                     self.part_done(req, None);
                 }
                 Err(e) => {
-                    if e == MemberIoError::Gone || self.geo.level == Level::Raid0 {
-                        if self.geo.level != Level::Raid0 {
-                            self.fail_member(member, self.now_ns);
-                        }
+                    if e == MemberIoError::Gone && self.geo.level != Level::Raid0 {
+                        self.fail_member(member, self.now_ns);
                     }
                     let tried = tried | bit(member);
                     let errored = if e == MemberIoError::Io { errored | bit(member) } else { errored };
@@ -106,8 +140,22 @@ impl Engine {
                     match choose_copy(Balance::Prefer, &self.members, &copies, tried, &mut self.rr_next) {
                         Some(i) if !self.failed => {
                             let c = copies[i];
-                            let ctx = IoCtx::DirectRead { req, array_sector, len_sectors, dest_off, tried: tried | bit(c.member), errored };
-                            self.issue_io(c.member, MemberIoOp::Read, c.member_sector, len_sectors, Vec::new(), ctx);
+                            let ctx = IoCtx::DirectRead {
+                                req,
+                                array_sector,
+                                len_sectors,
+                                dest_off,
+                                tried: tried | bit(c.member),
+                                errored,
+                            };
+                            self.issue_io(
+                                c.member,
+                                MemberIoOp::Read,
+                                c.member_sector,
+                                len_sectors,
+                                Vec::new(),
+                                ctx,
+                            );
                         }
                         _ => {
                             let err = if self.failed { RequestError::ArrayFailed } else { RequestError::Io };
@@ -142,7 +190,14 @@ impl Engine {
 
     /// md's read-error correction: good data read elsewhere is written over the copies that
     /// failed to read, so the latent error is gone.
-    fn rewrite_bad_copies(&mut self, req: RequestId, array_sector: u64, len_sectors: u64, errored: u128, data: &[u8]) {
+    fn rewrite_bad_copies(
+        &mut self,
+        req: RequestId,
+        array_sector: u64,
+        len_sectors: u64,
+        errored: u128,
+        data: &[u8],
+    ) {
         if errored == 0 {
             return;
         }

@@ -11,6 +11,7 @@ use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::{Geometry, Level};
 use crate::stats::ArrayStats;
 use crate::stripe::{IoCtx, StripeCache};
+use crate::sync::{DirectUnit, EngineEvent, SyncJob, SyncKind};
 
 /// Runtime state of one raid slot.
 #[derive(Clone, Debug)]
@@ -41,7 +42,6 @@ impl MemberRt {
 #[derive(Debug)]
 pub(crate) struct ReqState {
     pub op: RequestOp,
-    pub offset_bytes: u64,
     pub fua: bool,
     /// Read: the data being gathered. Write: the payload.
     pub buf: Vec<u8>,
@@ -63,6 +63,9 @@ struct FlushWait {
     error: Option<RequestError>,
 }
 
+/// Member-sector ranges [start, end) a background job covers.
+pub(crate) type SectorRanges = Vec<(u64, u64)>;
+
 pub struct Engine {
     pub(crate) geo: Geometry,
     pub(crate) members: Vec<MemberRt>,
@@ -81,6 +84,14 @@ pub struct Engine {
     flushes: Vec<FlushWait>,
     pub(crate) stats: ArrayStats,
     pub(crate) rr_next: usize,
+    pub(crate) sync: Option<SyncJob>,
+    pub(crate) sync_queue: VecDeque<(SyncKind, Option<SectorRanges>)>,
+    pub(crate) events: VecDeque<EngineEvent>,
+    pub(crate) direct_sync: Option<DirectUnit>,
+    /// raid1/10 writes waiting for the sync unit they overlap: (request, sector, len, zero).
+    pub(crate) blocked_writes: Vec<(RequestId, u64, u64, bool)>,
+    /// raid1/10 writes in flight, in array sectors, so a sync unit never overlaps one.
+    pub(crate) direct_write_ranges: HashMap<RequestId, (u64, u64)>,
 }
 
 impl Engine {
@@ -100,7 +111,10 @@ impl Engine {
             )));
         }
         if config.tunables.rmw_level > 2 {
-            return Err(ConfigError::Tunable(format!("rmw_level {} is not 0, 1 or 2", config.tunables.rmw_level)));
+            return Err(ConfigError::Tunable(format!(
+                "rmw_level {} is not 0, 1 or 2",
+                config.tunables.rmw_level
+            )));
         }
         let members: Vec<MemberRt> = config
             .members
@@ -113,7 +127,7 @@ impl Engine {
                 last_dispatch_ns: 0,
             })
             .collect();
-        let engine = Engine {
+        let mut engine = Engine {
             cache: StripeCache::new(&geo),
             geo,
             members,
@@ -131,10 +145,21 @@ impl Engine {
             flushes: Vec::new(),
             stats: ArrayStats::new(config.members.len()),
             rr_next: 0,
+            sync: None,
+            sync_queue: VecDeque::new(),
+            events: VecDeque::new(),
+            direct_sync: None,
+            blocked_writes: Vec::new(),
+            direct_write_ranges: HashMap::new(),
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();
             return Err(ConfigError::TooDegraded { missing, survivable: engine.geo.redundancy() });
+        }
+        for slot in 0..engine.members.len() {
+            if let MemberState::Recovering { recovery_offset_sectors } = engine.members[slot].state {
+                engine.queue_recovery(slot, recovery_offset_sectors);
+            }
         }
         Ok(engine)
     }
@@ -204,7 +229,12 @@ impl Engine {
             None
         };
         if req.op == RequestOp::Flush {
-            self.flushes.push(FlushWait { req: id, seq: self.next_write_seq + 1, pending: None, error: None });
+            self.flushes.push(FlushWait {
+                req: id,
+                seq: self.next_write_seq + 1,
+                pending: None,
+                error: None,
+            });
             self.cache_force_all();
             self.progress_flushes();
             return Ok(());
@@ -215,16 +245,7 @@ impl Engine {
         }
         self.reqs.insert(
             id,
-            ReqState {
-                op: req.op,
-                offset_bytes: req.offset_bytes,
-                fua: req.fua,
-                buf,
-                parts: 1,
-                error: None,
-                write_seq,
-                fua_flushes: None,
-            },
+            ReqState { op: req.op, fua: req.fua, buf, parts: 1, error: None, write_seq, fua_flushes: None },
         );
         if req.len_bytes > 0 {
             match req.op {
@@ -233,7 +254,14 @@ impl Engine {
             }
         }
         self.part_done(id, None);
+        self.after_event();
         Ok(())
+    }
+
+    /// Every entry point ends here: background work may start, dirty stripes are handled.
+    fn after_event(&mut self) {
+        self.pump_sync();
+        self.run_stripes();
     }
 
     fn check_request(&self, req: &Request) -> Option<RequestError> {
@@ -254,7 +282,7 @@ impl Engine {
         if end.is_none_or(|e| e > self.size_bytes()) {
             return Some(RequestError::OutOfRange);
         }
-        if req.offset_bytes % SECTOR_BYTES != 0 || req.len_bytes % SECTOR_BYTES != 0 {
+        if !req.offset_bytes.is_multiple_of(SECTOR_BYTES) || !req.len_bytes.is_multiple_of(SECTOR_BYTES) {
             // Sub-sector requests are widened by the caller (the NBD server does RMW at the edges).
             return Some(RequestError::Invalid);
         }
@@ -290,6 +318,7 @@ impl Engine {
     pub fn unplug(&mut self, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         self.cache_unplug();
+        self.after_event();
     }
 
     /// Next member I/O the caller must perform.
@@ -315,6 +344,7 @@ impl Engine {
             IoCtx::FuaFlush { req } => self.fua_flush_done(req, member, completion.result.is_ok()),
             ctx => self.io_done(ctx, member, completion.result),
         }
+        self.after_event();
     }
 
     /// Next finished request.
@@ -324,13 +354,17 @@ impl Engine {
 
     /// When `tick` must next be called even if nothing else happens.
     pub fn next_deadline_ns(&self) -> Option<TimeNs> {
-        self.cache_next_deadline()
+        match (self.cache_next_deadline(), self.sync_next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Let time-driven work (batching deadlines) run.
     pub fn tick(&mut self, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         self.cache_tick();
+        self.after_event();
     }
 
     /// Mark a member faulty (mdadm --fail); the array continues degraded if it can.
@@ -343,6 +377,8 @@ impl Engine {
             return;
         }
         self.members[member].state = MemberState::Faulty;
+        self.events.push_back(EngineEvent::MemberFaulty(member));
+        self.sync_member_failed(member);
         if !self.data_survives() {
             self.fail_array();
         } else {
@@ -363,9 +399,14 @@ impl Engine {
         self.stats = ArrayStats::new(self.members.len());
     }
 
-    /// No request, member I/O or queued work outstanding.
+    /// No request, member I/O or queued work outstanding (background sync aside).
     pub fn is_idle(&self) -> bool {
         self.reqs.is_empty() && self.ios.is_empty() && self.out_ios.is_empty() && self.flushes.is_empty()
+    }
+
+    /// Is a resync or recovery running or queued?
+    pub fn sync_active(&self) -> bool {
+        self.sync.is_some() || !self.sync_queue.is_empty()
     }
 
     /// Requests accepted and not yet completed.
@@ -401,6 +442,7 @@ impl Engine {
             return;
         }
         self.failed = true;
+        self.events.push_back(EngineEvent::ArrayFailed);
         let ids: Vec<RequestId> = self.reqs.keys().copied().collect();
         for id in ids {
             if let Some(r) = self.reqs.get_mut(&id) {
@@ -481,7 +523,8 @@ impl Engine {
             return;
         }
         if r.fua && r.error.is_none() && r.fua_flushes.is_none() && r.op != RequestOp::Read {
-            let targets: Vec<usize> = (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
+            let targets: Vec<usize> =
+                (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
             self.reqs.get_mut(&id).expect("present").fua_flushes = Some(targets.len() as u32);
             for m in targets {
                 self.issue_io(m, MemberIoOp::Flush, 0, 0, Vec::new(), IoCtx::FuaFlush { req: id });
@@ -520,6 +563,7 @@ impl Engine {
             None => Ok(Vec::new()),
         };
         self.out_done.push_back(RequestCompletion { id, result });
+        self.direct_write_ranges.remove(&id);
         if r.write_seq.is_some() {
             self.progress_flushes();
         }
@@ -539,11 +583,19 @@ impl Engine {
                     continue;
                 }
             } else if f.pending.is_none() && oldest_write.is_none_or(|w| w >= f.seq) {
-                let targets: Vec<usize> = (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
+                let targets: Vec<usize> =
+                    (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
                 let flush_id = f.req;
                 self.flushes[i].pending = Some(targets.len() as u32);
                 for m in targets {
-                    self.issue_io(m, MemberIoOp::Flush, 0, 0, Vec::new(), IoCtx::MemberFlush { flush: flush_id });
+                    self.issue_io(
+                        m,
+                        MemberIoOp::Flush,
+                        0,
+                        0,
+                        Vec::new(),
+                        IoCtx::MemberFlush { flush: flush_id },
+                    );
                 }
                 if self.flushes[i].pending == Some(0) {
                     let f = self.flushes.remove(i);

@@ -50,7 +50,8 @@ pub fn explain(
     engine.submit(req, 0).map_err(|_| "engine busy".to_string())?;
     engine.unplug(0);
     let mut ios = Vec::new();
-    let mut per_member: Vec<MemberCost> = (0..n).map(|member| MemberCost { member, ..Default::default() }).collect();
+    let mut per_member: Vec<MemberCost> =
+        (0..n).map(|member| MemberCost { member, ..Default::default() }).collect();
     let mut now = 0;
     let mut result = None;
     for _ in 0..1_000_000 {

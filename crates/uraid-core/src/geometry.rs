@@ -283,12 +283,12 @@ impl Geometry {
         if level == Level::Raid6 && raid_disks - 2 > 255 {
             return Err("raid6 supports at most 255 data members".into());
         }
-        if level != Level::Raid1 {
-            if chunk_sectors == 0 || !chunk_sectors.is_power_of_two() || chunk_sectors < 8 {
-                return Err(format!(
-                    "chunk of {chunk_sectors} sectors: md needs a power of two of at least 4 KiB"
-                ));
-            }
+        if level != Level::Raid1
+            && (chunk_sectors == 0 || !chunk_sectors.is_power_of_two() || chunk_sectors < 8)
+        {
+            return Err(format!(
+                "chunk of {chunk_sectors} sectors: md needs a power of two of at least 4 KiB"
+            ));
         }
         let mut g = Geometry {
             level,
@@ -635,7 +635,7 @@ impl Geometry {
             for _ in 1..geo.far_copies {
                 let set = d / geo.far_set_size;
                 d += geo.near_copies;
-                if n % geo.far_set_size != 0 && d > last_far_set_start {
+                if !n.is_multiple_of(geo.far_set_size) && d > last_far_set_start {
                     d -= last_far_set_start;
                     d %= last_far_set_size;
                     d += last_far_set_start;

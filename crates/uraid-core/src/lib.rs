@@ -3,16 +3,18 @@
 pub mod api;
 pub mod config;
 mod direct;
-pub mod sectors;
-pub mod stripe;
 pub mod engine;
 pub mod explain;
 pub mod geometry;
 pub mod meta;
 pub mod mirror;
+pub mod sectors;
 pub mod stats;
+pub mod stripe;
+pub mod sync;
 
 pub use api::*;
 pub use config::{ArrayConfig, ConfigError, MemberConfig, MemberState, Tunables};
 pub use engine::Engine;
 pub use geometry::{Geometry, Level};
+pub use sync::{EngineEvent, SyncKind, SyncStatus};

@@ -74,9 +74,9 @@ pub(crate) fn choose_copy(
             };
             (m.inflight as u64 * 2 + class, class, e.member)
         })?,
-        Balance::LoadTime => {
-            *candidates.iter().min_by_key(|&&i| (members[copies[i].member].last_dispatch_ns, copies[i].member))?
-        }
+        Balance::LoadTime => *candidates
+            .iter()
+            .min_by_key(|&&i| (members[copies[i].member].last_dispatch_ns, copies[i].member))?,
         Balance::RoundRobin => {
             let k = *rr_next % candidates.len();
             *rr_next = rr_next.wrapping_add(1);

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::api::*;
 use crate::engine::Engine;
-use crate::geometry::{Geometry, Level, StripeMap};
+use crate::geometry::{Geometry, StripeMap};
 use crate::sectors::{rows, runs, span, SectorMask};
 
 /// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
@@ -24,16 +24,61 @@ const MAX_HEAD_SECTORS: u64 = 128;
 /// Why a member I/O was issued; routes its completion.
 #[derive(Clone, Debug)]
 pub(crate) enum IoCtx {
-    DirectRead { req: RequestId, array_sector: u64, len_sectors: u64, dest_off: usize, tried: u128, errored: u128 },
-    DirectWrite { req: RequestId },
+    DirectRead {
+        req: RequestId,
+        array_sector: u64,
+        len_sectors: u64,
+        dest_off: usize,
+        tried: u128,
+        errored: u128,
+    },
+    DirectWrite {
+        req: RequestId,
+    },
     /// Read-error correction: rewrite rows that failed to read (key u64::MAX = no stripe;
     /// then `req` is the read that waits for it, as md completes a read only after fixing).
-    Rewrite { key: u64, rows: SectorMask, req: Option<RequestId> },
-    MemberFlush { flush: RequestId },
-    FuaFlush { req: RequestId },
-    BypassRead { req: RequestId, array_sector: u64, len_sectors: u64, dest_off: usize },
-    Fill { key: u64, rows: SectorMask },
-    StripeWrite { key: u64 },
+    Rewrite {
+        key: u64,
+        rows: SectorMask,
+        req: Option<RequestId>,
+    },
+    MemberFlush {
+        flush: RequestId,
+    },
+    FuaFlush {
+        req: RequestId,
+    },
+    BypassRead {
+        req: RequestId,
+        array_sector: u64,
+        len_sectors: u64,
+        dest_off: usize,
+    },
+    Fill {
+        key: u64,
+        rows: SectorMask,
+    },
+    StripeWrite {
+        key: u64,
+    },
+    /// raid1/10 sync: read the good copy of a unit's piece.
+    SyncRead {
+        array_sector: u64,
+        len_sectors: u64,
+    },
+    SyncWrite,
+    /// raid4/5/6 sync: a rebuilt member block or recomputed parity of a stripe head.
+    StripeSyncWrite {
+        key: u64,
+    },
+}
+
+/// Background work on one stripe head.
+struct SyncOp {
+    /// Member sector where the unit starts (the job's key for it).
+    unit: u64,
+    kind: crate::sync::SyncKind,
+    writing: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +125,7 @@ pub(crate) struct Stripe {
     towrite_mask: Vec<SectorMask>,
     towrite_reqs: Vec<RequestId>,
     batch: Option<Batch>,
+    sync: Option<SyncOp>,
     readers: Vec<ReadWaiter>,
     inflight: u32,
     delayed_until: Option<TimeNs>,
@@ -153,11 +199,6 @@ impl StripeCache {
             }
         }
     }
-
-    /// Stripe heads currently allocated.
-    pub(crate) fn len(&self) -> usize {
-        self.heads.len()
-    }
 }
 
 fn bytes(r0: u64, n: u64) -> std::ops::Range<usize> {
@@ -174,6 +215,7 @@ impl Stripe {
     fn idle(&self) -> bool {
         self.inflight == 0
             && self.batch.is_none()
+            && self.sync.is_none()
             && self.readers.is_empty()
             && self.towrite_reqs.is_empty()
             && self.towrite_mask.iter().all(|&m| m == 0)
@@ -210,6 +252,7 @@ impl Engine {
             towrite_mask: vec![0; n],
             towrite_reqs: Vec::new(),
             batch: None,
+            sync: None,
             readers: Vec::new(),
             inflight: 0,
             delayed_until: None,
@@ -276,7 +319,8 @@ impl Engine {
             }
             Piece::Write { req, dd, rows, src_off, zero, .. } => {
                 let fua = self.reqs.get(&req).is_some_and(|r| r.fua);
-                let needs_buf = self.cache.heads[&key].towrite[self.cache.heads[&key].map.data_members[dd]].is_none();
+                let needs_buf =
+                    self.cache.heads[&key].towrite[self.cache.heads[&key].map.data_members[dd]].is_none();
                 let fresh = if needs_buf { Some(self.cache.buf()) } else { None };
                 let st = self.cache.heads.get_mut(&key).expect("placed stripe");
                 let member = st.map.data_members[dd];
@@ -473,6 +517,10 @@ impl Engine {
                 self.part_done(req, Some(RequestError::ArrayFailed));
             }
             st.towrite_mask.iter_mut().for_each(|m| *m = 0);
+            if st.sync.as_ref().is_some_and(|s| s.writing.is_none()) {
+                let op = st.sync.take().expect("sync");
+                self.sync_unit_done(op.unit, false);
+            }
             if st.batch.as_ref().is_some_and(|b| b.writing.is_none()) {
                 let b = st.batch.take().expect("batch");
                 if b.counted_preread {
@@ -488,7 +536,11 @@ impl Engine {
         if st.batch.is_some() {
             self.advance_batch(key, st);
         }
-        if st.batch.is_none() && st.towrite_mask.iter().any(|&m| m != 0) {
+        if st.batch.is_none() && st.sync.is_some() {
+            self.advance_sync(key, st);
+        }
+        let sync_writing = st.sync.as_ref().is_some_and(|s| s.writing.is_some());
+        if st.batch.is_none() && !sync_writing && st.towrite_mask.iter().any(|&m| m != 0) {
             let full = st.map.data_members.iter().all(|&m| st.towrite_mask[m] == self.cache.full_mask);
             if full || !self.tun.write_batching || st.force {
                 if full && !self.cache.delayed.is_empty() {
@@ -536,7 +588,8 @@ impl Engine {
                         let shift = |src: &[u8], mask: SectorMask, dest: &mut [u8]| {
                             for (a, len) in runs(mask & want) {
                                 let off = ((a - r0) * SECTOR_BYTES) as usize;
-                                dest[off..off + (len * SECTOR_BYTES) as usize].copy_from_slice(&src[bytes(a, len)]);
+                                dest[off..off + (len * SECTOR_BYTES) as usize]
+                                    .copy_from_slice(&src[bytes(a, len)]);
                             }
                         };
                         if from_cache != 0 {
@@ -573,7 +626,8 @@ impl Engine {
 
     fn readable_rows(&self, st: &Stripe, member: usize, rows_wanted: SectorMask) -> bool {
         let hi = 128 - rows_wanted.leading_zeros() as u64;
-        st.bad[member] & rows_wanted == 0 && self.members[member].readable(st.base_sector + hi.saturating_sub(1))
+        st.bad[member] & rows_wanted == 0
+            && self.members[member].readable(st.base_sector + hi.saturating_sub(1))
     }
 
     fn fill(&mut self, key: u64, st: &mut Stripe, member: usize, missing: SectorMask) {
@@ -595,8 +649,9 @@ impl Engine {
     /// Rebuild `want` rows of every member that cannot supply them from the others.
     fn reconstruct(&mut self, key: u64, st: &mut Stripe, want: SectorMask) -> Ensure {
         let n = self.geo.raid_disks;
-        let lost: Vec<usize> =
-            (0..n).filter(|&o| want & !st.valid[o] != 0 && !self.readable_rows(st, o, want & !st.valid[o])).collect();
+        let lost: Vec<usize> = (0..n)
+            .filter(|&o| want & !st.valid[o] != 0 && !self.readable_rows(st, o, want & !st.valid[o]))
+            .collect();
         if lost.len() > self.geo.level.parity_disks() {
             return Ensure::Lost;
         }
@@ -656,7 +711,8 @@ impl Engine {
             }
             let slot_of = |m: usize| map.syndrome_slot[st.dd_of[m].expect("data member")];
             let p = st.cache[pd].as_ref().filter(|_| !lost.contains(&pd)).map(|b| &b[rg.clone()]);
-            let q = qd.and_then(|q| st.cache[q].as_ref().filter(|_| !lost.contains(&q))).map(|b| &b[rg.clone()]);
+            let q =
+                qd.and_then(|q| st.cache[q].as_ref().filter(|_| !lost.contains(&q))).map(|b| &b[rg.clone()]);
             match outs.as_mut_slice() {
                 [] => {}
                 [(a, out)] => {
@@ -732,11 +788,13 @@ impl Engine {
         let sp = span(mask.iter().fold(0, |a, &m| a | m));
         let parity: Vec<usize> = std::iter::once(st.map.pd_idx).chain(st.map.qd_idx).collect();
         let written: Vec<usize> = st.map.data_members.iter().copied().filter(|&m| mask[m] != 0).collect();
-        let rmw_possible = written.iter().all(|&m| self.readable_rows(st, m, mask[m] & !st.valid[m]) || mask[m] & !st.valid[m] == 0)
+        let rmw_possible = written
+            .iter()
+            .all(|&m| self.readable_rows(st, m, mask[m] & !st.valid[m]) || mask[m] & !st.valid[m] == 0)
             && parity.iter().all(|&p| self.readable_rows(st, p, sp & !st.valid[p]) || sp & !st.valid[p] == 0);
         let count = |m: usize, need: SectorMask| (need & !st.valid[m]).count_ones() as u64;
-        let rmw_cost: u64 =
-            written.iter().map(|&m| count(m, mask[m])).sum::<u64>() + parity.iter().map(|&p| count(p, sp)).sum::<u64>();
+        let rmw_cost: u64 = written.iter().map(|&m| count(m, mask[m])).sum::<u64>()
+            + parity.iter().map(|&p| count(p, sp)).sum::<u64>();
         let mut rcw_cost = 0u64;
         let mut rcw_needs_rebuild = false;
         for &m in &st.map.data_members {
@@ -769,7 +827,11 @@ impl Engine {
             WriteMode::ReadModifyWrite => self.stats.rmw_writes += 1,
             WriteMode::ReconstructWrite => self.stats.rcw_writes += 1,
         }
-        let sp = if mode == WriteMode::Full { self.cache.full_mask } else { span(mask.iter().fold(0, |a, &m| a | m)) };
+        let sp = if mode == WriteMode::Full {
+            self.cache.full_mask
+        } else {
+            span(mask.iter().fold(0, |a, &m| a | m))
+        };
         st.batch = Some(Batch { data, mask, reqs, mode, span: sp, writing: None, counted_preread: false });
         st.force = false;
         if st.delayed_until.take().is_some() {
@@ -905,7 +967,9 @@ impl Engine {
                                 &mut q[rg.clone()],
                             ),
                             None => {
-                                for ((pp, o), nn) in p[rg.clone()].iter_mut().zip(&old[rg.clone()]).zip(&new[rg.clone()]) {
+                                for ((pp, o), nn) in
+                                    p[rg.clone()].iter_mut().zip(&old[rg.clone()]).zip(&new[rg.clone()])
+                                {
                                     *pp ^= o ^ nn;
                                 }
                             }
@@ -928,7 +992,11 @@ impl Engine {
                     if st.cache[m].is_none() {
                         st.cache[m] = Some(self.cache.buf());
                     }
-                    copy_rows(st.cache[m].as_mut().expect("cache"), b.data[m].as_ref().expect("new data"), mk);
+                    copy_rows(
+                        st.cache[m].as_mut().expect("cache"),
+                        b.data[m].as_ref().expect("new data"),
+                        mk,
+                    );
                     st.valid[m] |= mk;
                 }
                 for (r0, n) in runs(sp) {
@@ -950,9 +1018,108 @@ impl Engine {
         }
     }
 
+    // ---- background sync ---------------------------------------------------------------
+
+    pub(crate) fn cache_head_sectors(&self) -> u64 {
+        self.cache.head_sectors
+    }
+
+    /// Claim the stripe head at member sector `unit` for the running sync job.
+    pub(crate) fn start_stripe_sync(&mut self, unit: u64) -> bool {
+        let key = unit / self.cache.head_sectors;
+        let Some(kind) = self.sync.as_ref().map(|j| j.kind) else { return false };
+        if !self.cache.waiting.is_empty() || !self.get_stripe(key) {
+            return false;
+        }
+        let st = self.cache.heads.get_mut(&key).expect("head");
+        if st.sync.is_some() {
+            return false;
+        }
+        st.sync = Some(SyncOp { unit, kind, writing: None });
+        self.cache.mark(key);
+        true
+    }
+
+    fn advance_sync(&mut self, key: u64, st: &mut Stripe) {
+        let Some(op) = st.sync.as_ref() else { return };
+        if op.writing.is_some() {
+            return;
+        }
+        let (unit, kind) = (op.unit, op.kind);
+        let full = self.cache.full_mask;
+        let targets: Vec<usize> = match kind {
+            crate::sync::SyncKind::Recovery { member } => {
+                if !self.members[member].writable() {
+                    st.sync = None;
+                    self.sync_unit_done(unit, false);
+                    return;
+                }
+                match self.ensure(key, st, member, full) {
+                    Ensure::Pending => return,
+                    Ensure::Lost => {
+                        st.sync = None;
+                        self.sync_unit_done(unit, false);
+                        return;
+                    }
+                    Ensure::Ready => vec![member],
+                }
+            }
+            crate::sync::SyncKind::Resync => {
+                let mut ready = true;
+                for &m in &st.map.data_members.clone() {
+                    match self.ensure(key, st, m, full) {
+                        Ensure::Ready => {}
+                        Ensure::Pending => ready = false,
+                        Ensure::Lost => {
+                            st.sync = None;
+                            self.sync_unit_done(unit, false);
+                            return;
+                        }
+                    }
+                }
+                if !ready {
+                    return;
+                }
+                for m in std::iter::once(st.map.pd_idx).chain(st.map.qd_idx) {
+                    if st.cache[m].is_none() {
+                        st.cache[m] = Some(self.cache.buf());
+                    }
+                }
+                self.compute_parity(st, bytes(0, self.cache.head_sectors), true, true);
+                let parity: Vec<usize> = std::iter::once(st.map.pd_idx).chain(st.map.qd_idx).collect();
+                for &m in &parity {
+                    st.valid[m] |= full;
+                }
+                parity
+            }
+        };
+        let mut writes = 0;
+        for m in targets {
+            if !self.members[m].writable() {
+                continue;
+            }
+            let data = st.cache[m].as_ref().expect("rebuilt")[bytes(0, self.cache.head_sectors)].to_vec();
+            writes += 1;
+            st.inflight += 1;
+            let n = self.cache.head_sectors;
+            self.issue_io(m, MemberIoOp::Write, st.base_sector, n, data, IoCtx::StripeSyncWrite { key });
+        }
+        if writes == 0 {
+            st.sync = None;
+            self.sync_unit_done(unit, true);
+        } else {
+            st.sync.as_mut().expect("sync").writing = Some(writes);
+        }
+    }
+
     // ---- completions --------------------------------------------------------------------
 
-    pub(crate) fn stripe_io_done(&mut self, ctx: IoCtx, member: usize, result: Result<Vec<u8>, MemberIoError>) {
+    pub(crate) fn stripe_io_done(
+        &mut self,
+        ctx: IoCtx,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
         match ctx {
             IoCtx::BypassRead { req, array_sector, len_sectors, dest_off } => match result {
                 Ok(data) => {
@@ -1016,6 +1183,24 @@ impl Engine {
                 self.cache.heads.insert(key, st);
                 self.cache.mark(key);
             }
+            IoCtx::StripeSyncWrite { key } => {
+                let Some(st) = self.cache.heads.get_mut(&key) else { return };
+                st.inflight -= 1;
+                let op = st.sync.as_mut().expect("a sync write belongs to a sync op");
+                let left = op.writing.unwrap_or(1) - 1;
+                op.writing = Some(left);
+                let unit = op.unit;
+                if left == 0 {
+                    st.sync = None;
+                }
+                self.cache.mark(key);
+                if result.is_err() {
+                    self.fail_member(member, self.now_ns);
+                }
+                if left == 0 {
+                    self.sync_unit_done(unit, result.is_ok() && !self.failed);
+                }
+            }
             IoCtx::Rewrite { key, rows: rws, .. } => {
                 if let Some(st) = self.cache.heads.get_mut(&key) {
                     st.inflight -= 1;
@@ -1044,9 +1229,4 @@ enum Ensure {
     Ready,
     Pending,
     Lost,
-}
-
-#[allow(dead_code)]
-fn level_has_q(level: Level) -> bool {
-    level == Level::Raid6
 }

@@ -41,19 +41,30 @@ fn every_fixture_reads_back_as_linux_read_it() {
     for f in fixtures {
         let name = f["name"].as_str().unwrap();
         let level = Level::from_md_level(f["level"].as_i64().unwrap() as i32).unwrap();
-        let slots: Vec<&str> = f["members_in_slot_order"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-        let stale: Vec<bool> = f["members"].as_array().unwrap().iter().map(|m| m["stale"].as_bool().unwrap()).collect();
+        let slots: Vec<&str> =
+            f["members_in_slot_order"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let stale: Vec<bool> =
+            f["members"].as_array().unwrap().iter().map(|m| m["stale"].as_bool().unwrap()).collect();
         let data_offset_sectors: u64 =
             f["data_offset_sectors"].as_str().unwrap().split_whitespace().next().unwrap().parse().unwrap();
         let layout = match (level, f["layout"].as_str()) {
             (Level::Raid0 | Level::Raid1, _) | (_, None) => 0,
-            (Level::Raid10, Some(l)) => parse_layout(level, &format!("n{}", l.trim_start_matches("near="))).unwrap(),
+            (Level::Raid10, Some(l)) => {
+                parse_layout(level, &format!("n{}", l.trim_start_matches("near="))).unwrap()
+            }
             (_, Some(l)) => parse_layout(level, l).unwrap(),
         };
-        let images: Vec<Vec<u8>> = slots.iter().map(|m| decompress(&fixtures_dir().join(name).join(m))).collect();
+        let images: Vec<Vec<u8>> =
+            slots.iter().map(|m| decompress(&fixtures_dir().join(name).join(m))).collect();
         let member_sectors = images[0].len() as u64 / 512 - data_offset_sectors;
-        let geo = Geometry::new(level, slots.len(), layout, chunk_sectors(f["chunk"].as_str()), &vec![member_sectors; slots.len()])
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let geo = Geometry::new(
+            level,
+            slots.len(),
+            layout,
+            chunk_sectors(f["chunk"].as_str()),
+            &vec![member_sectors; slots.len()],
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(geo.array_bytes(), f["md_size_bytes"].as_u64().unwrap(), "{name}: array size");
         let mut cfg = config(geo, data_offset_sectors * 512);
         for (slot, &s) in stale.iter().enumerate() {
@@ -73,7 +84,8 @@ fn every_fixture_reads_back_as_linux_read_it() {
         while off < size {
             let len = (1u64 << 20).min(size - off);
             id += 1;
-            let data = d.run_one(Request::read(id, off, len)).unwrap_or_else(|e| panic!("{name}: read {off}: {e}"));
+            let data =
+                d.run_one(Request::read(id, off, len)).unwrap_or_else(|e| panic!("{name}: read {off}: {e}"));
             hash.update(&data);
             off += len;
         }

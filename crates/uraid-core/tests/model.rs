@@ -25,7 +25,12 @@ fn cases() -> Vec<Case> {
         v.push(Case { level: Level::Raid1, raid_disks: n, layout: 0, chunk_sectors: 0 });
     }
     for (l, n) in [("n2", 4), ("n2", 3), ("f2", 4), ("o2", 4), ("n3", 3), ("f2", 5)] {
-        v.push(Case { level: Level::Raid10, raid_disks: n, layout: parse_layout(Level::Raid10, l).unwrap(), chunk_sectors: 16 });
+        v.push(Case {
+            level: Level::Raid10,
+            raid_disks: n,
+            layout: parse_layout(Level::Raid10, l).unwrap(),
+            chunk_sectors: 16,
+        });
     }
     v.push(Case { level: Level::Raid4, raid_disks: 4, layout: algorithm::PARITY_N, chunk_sectors: 16 });
     for layout in 0..=5 {
@@ -52,8 +57,14 @@ fn failable(case: &Case) -> usize {
 fn run_case(case: &Case, seed: u64, ops: usize) {
     let member_sectors = 2048u64; // 1 MiB
     let data_offset_bytes = 4096u64;
-    let geo = Geometry::new(case.level, case.raid_disks, case.layout, case.chunk_sectors, &vec![member_sectors; case.raid_disks])
-        .expect("geometry");
+    let geo = Geometry::new(
+        case.level,
+        case.raid_disks,
+        case.layout,
+        case.chunk_sectors,
+        &vec![member_sectors; case.raid_disks],
+    )
+    .expect("geometry");
     let size = geo.array_bytes();
     let mut cfg = config(geo, data_offset_bytes);
     cfg.tunables.stripe_cache_size = 16 + (seed % 3) as usize * 8;
@@ -66,11 +77,17 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
     let mut inflight: Vec<(u64, u64, u64, RequestOp)> = Vec::new(); // id, start, end
     let mut failed = 0usize;
     let stripe_bytes = (case.chunk_sectors.max(8) * 512) * case.raid_disks as u64;
-    let ctx = format!("{:?} n={} layout={} chunk={} seed={seed}", case.level, case.raid_disks, case.layout, case.chunk_sectors);
+    let ctx = format!(
+        "{:?} n={} layout={} chunk={} seed={seed}",
+        case.level, case.raid_disks, case.layout, case.chunk_sectors
+    );
     for op_no in 0..ops as u64 {
         let id = op_no + 1;
         // Occasionally fail a member or plant a latent error, within redundancy.
-        if rng.below(60) == 0 && failed + d.members.latent.iter().map(|l| l.0).collect::<std::collections::HashSet<_>>().len() < failable(case) {
+        if rng.below(60) == 0
+            && failed + d.members.latent.iter().map(|l| l.0).collect::<std::collections::HashSet<_>>().len()
+                < failable(case)
+        {
             let m = rng.below(case.raid_disks as u64) as usize;
             if !d.members.gone[m] {
                 if rng.below(2) == 0 {
@@ -110,7 +127,8 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
             _ => RequestOp::Flush,
         };
         // Keep overlapping requests ordered, as a file system would.
-        while inflight.iter().any(|&(_, a, b, o)| o != RequestOp::Flush && overlaps((a, b), (off, off + len))) {
+        while inflight.iter().any(|&(_, a, b, o)| o != RequestOp::Flush && overlaps((a, b), (off, off + len)))
+        {
             assert!(d.step() || !inflight.is_empty());
             settle(&mut d, &mut inflight, &model, &ctx);
             if !d.step() {
@@ -137,7 +155,11 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
             }
             RequestOp::Flush => Request::flush(id),
         };
-        let expect = if op == RequestOp::Read { model[off as usize..(off + len) as usize].to_vec() } else { Vec::new() };
+        let expect = if op == RequestOp::Read {
+            model[off as usize..(off + len) as usize].to_vec()
+        } else {
+            Vec::new()
+        };
         d.submit(req);
         inflight.push((id, off, off + len, op));
         EXPECT.with(|e| e.borrow_mut().insert(id, expect));
@@ -158,7 +180,9 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
     let mut id = 1_000_000;
     while off < size {
         let len = (64 * 1024).min(size - off);
-        let got = d.run_one(Request::read(id, off, len)).unwrap_or_else(|e| panic!("{ctx}: final read at {off}: {e}"));
+        let got = d
+            .run_one(Request::read(id, off, len))
+            .unwrap_or_else(|e| panic!("{ctx}: final read at {off}: {e}"));
         if got != model[off as usize..(off + len) as usize] {
             let first = got.iter().zip(&model[off as usize..]).position(|(a, b)| a != b).unwrap() as u64;
             let bad_end = got.iter().zip(&model[off as usize..]).rposition(|(a, b)| a != b).unwrap() as u64;
@@ -182,14 +206,20 @@ thread_local! {
 
 fn settle(d: &mut Driver, inflight: &mut Vec<(u64, u64, u64, RequestOp)>, _model: &[u8], ctx: &str) {
     for c in std::mem::take(&mut d.done) {
-        let pos = inflight.iter().position(|x| x.0 == c.id).unwrap_or_else(|| panic!("{ctx}: unknown completion {}", c.id));
+        let pos = inflight
+            .iter()
+            .position(|x| x.0 == c.id)
+            .unwrap_or_else(|| panic!("{ctx}: unknown completion {}", c.id));
         let (id, off, _, op) = inflight.swap_remove(pos);
         let expect = EXPECT.with(|e| e.borrow_mut().remove(&id)).unwrap_or_default();
         match c.result {
             Ok(data) if op == RequestOp::Read => {
                 if data != expect {
                     let first = data.iter().zip(&expect).position(|(a, b)| a != b).unwrap_or(0);
-                    panic!("{ctx}: read id {id} at {off} len {} differs from the model at byte {first}", expect.len());
+                    panic!(
+                        "{ctx}: read id {id} at {off} len {} differs from the model at byte {first}",
+                        expect.len()
+                    );
                 }
             }
             Ok(_) => {}
@@ -207,7 +237,10 @@ fn every_level_and_layout_matches_the_model() {
             continue;
         }
         for seed in 0..seeds {
-            let seed = std::env::var("URAID_MODEL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(seed * 7919 + case.layout as u64);
+            let seed = std::env::var("URAID_MODEL_SEED")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(seed * 7919 + case.layout as u64);
             let ops = std::env::var("URAID_MODEL_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
             run_case(&case, seed, ops);
         }

@@ -9,7 +9,7 @@ use uraid_core::*;
 
 pub struct Rng(pub u64);
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
@@ -20,12 +20,12 @@ impl Rng {
         if n == 0 {
             0
         } else {
-            self.next() % n
+            self.next_u64() % n
         }
     }
     pub fn fill(&mut self, buf: &mut [u8]) {
         for c in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
+            let v = self.next_u64().to_le_bytes();
             c.copy_from_slice(&v[..c.len()]);
         }
     }
@@ -43,7 +43,13 @@ pub struct MemMembers {
 
 impl MemMembers {
     pub fn new(n: usize, bytes: u64) -> Self {
-        MemMembers { images: vec![vec![0u8; bytes as usize]; n], gone: vec![false; n], latent: Vec::new(), reads: 0, writes: 0 }
+        MemMembers {
+            images: vec![vec![0u8; bytes as usize]; n],
+            gone: vec![false; n],
+            latent: Vec::new(),
+            reads: 0,
+            writes: 0,
+        }
     }
 
     pub fn perform(&mut self, io: MemberIo) -> MemberIoCompletion {

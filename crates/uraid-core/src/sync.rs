@@ -1,0 +1,462 @@
+//! Background work that shares the request machinery: recovery (rebuilding a member) and
+//! resync (making redundancy consistent after an unclean shutdown), paced by md's
+//! `sync_speed_min` / `sync_speed_max`.
+//!
+//! raid4/5/6 work one stripe head at a time through the stripe cache, so a head being
+//! rebuilt is never written by a request at the same moment. raid1/10 work in units of
+//! array sectors, and requests writing into the unit in flight wait for it (md's barrier).
+
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::api::*;
+use crate::config::MemberState;
+use crate::engine::Engine;
+use crate::geometry::Level;
+use crate::mirror::{choose_copy, Balance};
+use crate::stripe::IoCtx;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Rebuild `member` from the others.
+    Recovery { member: usize },
+    /// Rewrite redundancy (parity, mirror copies) from the data.
+    Resync,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncStatus {
+    pub kind: SyncKind,
+    pub done_sectors: u64,
+    pub total_sectors: u64,
+    /// Recovery: member data sectors below this are rebuilt (md's recovery_offset).
+    pub recovery_offset_sectors: u64,
+}
+
+/// Things the caller acts on (superblock updates, monitor messages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    MemberFaulty(usize),
+    RecoveryStarted(usize),
+    RecoveryDone(usize),
+    ResyncDone,
+    /// A background job stopped short (its target failed, or data was unreadable).
+    SyncAborted(SyncKind),
+    ArrayFailed,
+}
+
+/// raid1/10 work unit, in array sectors.
+const DIRECT_UNIT_SECTORS: u64 = 2048;
+
+pub(crate) struct SyncJob {
+    pub kind: SyncKind,
+    /// Ranges still to start: member sectors (raid4/5/6) or array sectors (raid1/10).
+    todo: VecDeque<(u64, u64)>,
+    /// Unit starts in flight.
+    active: BTreeSet<u64>,
+    pub done_sectors: u64,
+    pub total_sectors: u64,
+    next_allowed_ns: TimeNs,
+    unit_sectors: u64,
+    window: usize,
+    /// Where recovery began (raid10 reports this until the end, its units not being in member order).
+    start_offset: u64,
+}
+
+pub(crate) enum UnitStart {
+    Started,
+    /// Nothing to do there (raid10 units holding no copy of the member being rebuilt).
+    Nothing,
+    /// Not now: no stripe head free, or a request holds the range.
+    Busy,
+    /// No readable source: the job cannot go on.
+    Unreadable,
+}
+
+pub(crate) struct DirectUnit {
+    pub start: u64,
+    pub end: u64,
+    pub pending: u32,
+    pub failed: bool,
+}
+
+impl Engine {
+    /// Put a replacement into a `Faulty` or `Missing` slot and start rebuilding it
+    /// (mdadm --add). `data_offset_bytes` is where data starts on the new member.
+    pub fn add_member(&mut self, slot: usize, data_offset_bytes: u64, now_ns: TimeNs) -> Result<(), String> {
+        self.now_ns = self.now_ns.max(now_ns);
+        let m = self.members.get(slot).ok_or_else(|| format!("slot {slot} does not exist"))?;
+        if self.failed {
+            return Err("the array has failed; a new member cannot be rebuilt".into());
+        }
+        if !matches!(m.state, MemberState::Faulty | MemberState::Missing) {
+            return Err(format!("slot {slot} is in use ({:?}); fail and remove it first", m.state));
+        }
+        if self.inflight_on(slot) {
+            return Err(format!("slot {slot} still has I/O in flight; try again"));
+        }
+        let member = &mut self.members[slot];
+        member.data_offset_bytes = data_offset_bytes;
+        member.state = MemberState::Recovering { recovery_offset_sectors: 0 };
+        self.queue_recovery(slot, 0);
+        Ok(())
+    }
+
+    fn inflight_on(&self, slot: usize) -> bool {
+        self.ios.values().any(|(_, m, _)| *m == slot)
+    }
+
+    /// Start rebuilding `slot` from `from_sectors` (a resumed recovery passes the checkpoint).
+    pub(crate) fn queue_recovery(&mut self, slot: usize, from_sectors: u64) {
+        if self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Recovery { member: slot }) {
+            return;
+        }
+        self.sync_queue
+            .push_back((SyncKind::Recovery { member: slot }, Some(vec![(from_sectors, u64::MAX)])));
+        self.events.push_back(EngineEvent::RecoveryStarted(slot));
+        self.pump_sync();
+    }
+
+    /// Resync the given member-sector ranges (a bitmap's dirty regions), or everything.
+    pub fn start_resync(&mut self, ranges: Option<Vec<(u64, u64)>>, now_ns: TimeNs) {
+        self.now_ns = self.now_ns.max(now_ns);
+        if self.geo.level == Level::Raid0 {
+            self.events.push_back(EngineEvent::ResyncDone);
+            return;
+        }
+        self.sync_queue.push_back((SyncKind::Resync, ranges));
+        self.pump_sync();
+    }
+
+    pub fn sync_status(&self) -> Option<SyncStatus> {
+        let j = self.sync.as_ref()?;
+        let recovery_offset_sectors = match j.kind {
+            SyncKind::Recovery { member } => match self.members[member].state {
+                MemberState::Recovering { recovery_offset_sectors } => recovery_offset_sectors,
+                _ => 0,
+            },
+            SyncKind::Resync => 0,
+        };
+        Some(SyncStatus {
+            kind: j.kind,
+            done_sectors: j.done_sectors,
+            total_sectors: j.total_sectors,
+            recovery_offset_sectors,
+        })
+    }
+
+    /// Next event for the caller (superblock updates, monitoring).
+    pub fn pop_event(&mut self) -> Option<EngineEvent> {
+        self.events.pop_front()
+    }
+
+    pub fn set_sync_speed(&mut self, min_kib: u64, max_kib: u64) {
+        self.tun.sync_speed_min_kib = min_kib.max(1);
+        self.tun.sync_speed_max_kib = max_kib.max(min_kib).max(1);
+    }
+
+    /// Member data sectors a sync covers on this geometry.
+    fn member_data_sectors(&self) -> u64 {
+        self.geo.member_sectors.iter().copied().max().unwrap_or(0)
+    }
+
+    fn begin_job(&mut self, kind: SyncKind, ranges: Option<Vec<(u64, u64)>>) -> Option<SyncJob> {
+        let parity = self.geo.level.has_parity();
+        let limit = if parity || self.geo.level == Level::Raid1 {
+            self.member_data_sectors()
+        } else {
+            self.geo.array_sectors()
+        };
+        let mut start_offset = 0;
+        let ranges: Vec<(u64, u64)> = match (kind, ranges) {
+            (SyncKind::Recovery { .. }, Some(r)) if self.geo.level == Level::Raid10 => {
+                start_offset = r.first().map_or(0, |x| x.0);
+                vec![(0, limit)]
+            }
+            (_, Some(r)) => r,
+            (_, None) => vec![(0, limit)],
+        };
+        let unit = if parity { self.cache_head_sectors() } else { DIRECT_UNIT_SECTORS };
+        let mut todo = VecDeque::new();
+        let mut total = 0;
+        for (a, b) in ranges {
+            let a = (a.min(limit) / unit) * unit;
+            let b = b.min(limit);
+            if a < b {
+                todo.push_back((a, b));
+                total += b - a;
+            }
+        }
+        if let SyncKind::Recovery { member } = kind {
+            if !matches!(self.members[member].state, MemberState::Recovering { .. }) {
+                return None;
+            }
+            if let Some(&(a, _)) = todo.front() {
+                if self.geo.level != Level::Raid10 {
+                    start_offset = a;
+                }
+            }
+        }
+        if kind == SyncKind::Resync && self.is_degraded() {
+            // md cannot resync without full redundancy: recovery rewrites parity anyway.
+            return None;
+        }
+        Some(SyncJob {
+            kind,
+            todo,
+            active: BTreeSet::new(),
+            done_sectors: 0,
+            total_sectors: total,
+            next_allowed_ns: self.now_ns,
+            unit_sectors: unit,
+            window: if parity { 8 } else { 1 },
+            start_offset,
+        })
+    }
+
+    /// Start whatever background units pacing and windows allow.
+    pub(crate) fn pump_sync(&mut self) {
+        if self.failed {
+            if let Some(j) = self.sync.take() {
+                self.events.push_back(EngineEvent::SyncAborted(j.kind));
+            }
+            self.sync_queue.clear();
+            return;
+        }
+        loop {
+            if self.sync.is_none() {
+                let Some((kind, ranges)) = self.sync_queue.pop_front() else { return };
+                match self.begin_job(kind, ranges) {
+                    Some(j) => self.sync = Some(j),
+                    None => continue,
+                }
+            }
+            let job = self.sync.as_mut().expect("job");
+            if job.todo.is_empty() && job.active.is_empty() {
+                let job = self.sync.take().expect("job");
+                self.finish_job(job);
+                continue;
+            }
+            if job.todo.is_empty() || job.active.len() >= job.window || self.now_ns < job.next_allowed_ns {
+                return;
+            }
+            let (a, b) = *job.todo.front().expect("todo");
+            let end = (a + job.unit_sectors).min(b);
+            let unit_bytes = (end - a) * SECTOR_BYTES;
+            let busy = !self.reqs.is_empty();
+            let rate_kib = if busy { self.tun.sync_speed_min_kib } else { self.tun.sync_speed_max_kib };
+            let outcome = if self.geo.level.has_parity() {
+                if self.start_stripe_sync(a) {
+                    UnitStart::Started
+                } else {
+                    UnitStart::Busy
+                }
+            } else {
+                self.start_direct_sync(a, end)
+            };
+            let job = self.sync.as_mut().expect("job");
+            match outcome {
+                UnitStart::Busy => return, // retried on completions
+                UnitStart::Started => {
+                    job.active.insert(a);
+                    job.next_allowed_ns =
+                        job.next_allowed_ns.max(self.now_ns) + unit_bytes * 1_000_000_000 / (rate_kib * 1024);
+                }
+                UnitStart::Nothing => job.done_sectors += end - a,
+                UnitStart::Unreadable => {
+                    let job = self.sync.take().expect("job");
+                    self.events.push_back(EngineEvent::SyncAborted(job.kind));
+                    continue;
+                }
+            }
+            if end >= b {
+                job.todo.pop_front();
+            } else {
+                job.todo.front_mut().expect("todo").0 = end;
+            }
+            self.update_recovery_offset();
+        }
+    }
+
+    pub(crate) fn sync_next_deadline(&self) -> Option<TimeNs> {
+        let j = self.sync.as_ref()?;
+        (!j.todo.is_empty() && j.active.len() < j.window && j.next_allowed_ns > self.now_ns)
+            .then_some(j.next_allowed_ns)
+    }
+
+    /// A unit starting at `start` finished (ok = its writes landed).
+    pub(crate) fn sync_unit_done(&mut self, start: u64, ok: bool) {
+        let Some(job) = self.sync.as_mut() else { return };
+        if !job.active.remove(&start) {
+            return;
+        }
+        if !ok {
+            let job = self.sync.take().expect("job");
+            self.events.push_back(EngineEvent::SyncAborted(job.kind));
+            return;
+        }
+        job.done_sectors += job.unit_sectors;
+        self.update_recovery_offset();
+        self.pump_sync();
+    }
+
+    fn update_recovery_offset(&mut self) {
+        let Some(job) = self.sync.as_ref() else { return };
+        let SyncKind::Recovery { member } = job.kind else { return };
+        let offset = if self.geo.level == Level::Raid10 {
+            job.start_offset
+        } else {
+            let lowest_active = job.active.iter().next().copied();
+            let next_todo = job.todo.front().map(|t| t.0);
+            match (lowest_active, next_todo) {
+                (Some(a), Some(t)) => a.min(t),
+                (Some(a), None) => a,
+                (None, Some(t)) => t,
+                (None, None) => self.member_data_sectors(),
+            }
+        };
+        if let MemberState::Recovering { recovery_offset_sectors } = &mut self.members[member].state {
+            *recovery_offset_sectors = (*recovery_offset_sectors).max(offset);
+        }
+    }
+
+    fn finish_job(&mut self, job: SyncJob) {
+        match job.kind {
+            SyncKind::Recovery { member } => {
+                if matches!(self.members[member].state, MemberState::Recovering { .. }) {
+                    self.members[member].state = MemberState::InSync;
+                    self.events.push_back(EngineEvent::RecoveryDone(member));
+                }
+            }
+            SyncKind::Resync => self.events.push_back(EngineEvent::ResyncDone),
+        }
+    }
+
+    /// The member being rebuilt failed, or the array did: stop the job.
+    pub(crate) fn sync_member_failed(&mut self, member: usize) {
+        if self
+            .sync
+            .as_ref()
+            .is_some_and(|j| j.kind == SyncKind::Recovery { member } || j.kind == SyncKind::Resync)
+        {
+            let job = self.sync.take().expect("job");
+            self.events.push_back(EngineEvent::SyncAborted(job.kind));
+        }
+        self.sync_queue.retain(|(k, _)| *k != SyncKind::Recovery { member });
+    }
+
+    // ---- raid1 / raid10 ---------------------------------------------------------------
+
+    fn start_direct_sync(&mut self, start: u64, end: u64) -> UnitStart {
+        if self.direct_sync.is_some() || self.direct_write_ranges.values().any(|&(a, b)| a < end && start < b)
+        {
+            return UnitStart::Busy;
+        }
+        let kind = self.sync.as_ref().expect("job").kind;
+        let mut copies = Vec::new();
+        let mut pos = start;
+        let mut reads = Vec::new();
+        while pos < end {
+            let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
+            let n = room.min(end - pos);
+            self.geo.copies(pos, &mut copies);
+            let (needs_write, exclude) = match kind {
+                SyncKind::Recovery { member } => {
+                    (copies.iter().any(|c| c.member == member), crate::direct::bit(member))
+                }
+                SyncKind::Resync => (copies.len() > 1, 0),
+            };
+            if needs_write {
+                match choose_copy(Balance::Prefer, &self.members, &copies, exclude, &mut self.rr_next) {
+                    Some(i) => reads.push((copies[i], pos, n)),
+                    None => return UnitStart::Unreadable,
+                }
+            }
+            pos += n;
+        }
+        if reads.is_empty() {
+            return UnitStart::Nothing;
+        }
+        self.direct_sync = Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false });
+        for (src, pos, n) in reads {
+            let ctx = IoCtx::SyncRead { array_sector: pos, len_sectors: n };
+            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, Vec::new(), ctx);
+        }
+        UnitStart::Started
+    }
+
+    pub(crate) fn direct_sync_io_done(
+        &mut self,
+        ctx: IoCtx,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
+        match ctx {
+            IoCtx::SyncRead { array_sector, len_sectors } => {
+                let kind = self.sync.as_ref().map(|j| j.kind);
+                match result {
+                    Ok(data) => {
+                        let mut copies = Vec::new();
+                        self.geo.copies(array_sector, &mut copies);
+                        for c in copies {
+                            let target = match kind {
+                                Some(SyncKind::Recovery { member: r }) => c.member == r,
+                                Some(SyncKind::Resync) => c.member != member,
+                                None => false,
+                            };
+                            if target && self.members[c.member].writable() {
+                                if let Some(u) = self.direct_sync.as_mut() {
+                                    u.pending += 1;
+                                }
+                                self.issue_io(
+                                    c.member,
+                                    MemberIoOp::Write,
+                                    c.member_sector,
+                                    len_sectors,
+                                    data.clone(),
+                                    IoCtx::SyncWrite,
+                                );
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        if let Some(u) = self.direct_sync.as_mut() {
+                            u.failed = true;
+                        }
+                    }
+                }
+                self.direct_sync_part_done();
+            }
+            IoCtx::SyncWrite => {
+                if result.is_err() {
+                    self.fail_member(member, self.now_ns);
+                    if let Some(u) = self.direct_sync.as_mut() {
+                        u.failed = true;
+                    }
+                }
+                self.direct_sync_part_done();
+            }
+            _ => {}
+        }
+    }
+
+    fn direct_sync_part_done(&mut self) {
+        let Some(u) = self.direct_sync.as_mut() else { return };
+        u.pending -= 1;
+        if u.pending > 0 {
+            return;
+        }
+        let u = self.direct_sync.take().expect("unit");
+        self.sync_unit_done(u.start, !u.failed);
+        // Writes that waited for this unit go now.
+        let blocked = std::mem::take(&mut self.blocked_writes);
+        for (id, sector, len, zero) in blocked {
+            self.direct_write_now(id, sector, len, zero);
+            self.part_done(id, None);
+        }
+    }
+
+    /// Does a request writing [sector, sector+len) have to wait for the sync unit in flight?
+    pub(crate) fn direct_write_blocked(&self, sector: u64, len: u64) -> bool {
+        self.direct_sync.as_ref().is_some_and(|u| u.start < sector + len && sector < u.end)
+    }
+}

@@ -1,0 +1,210 @@
+//! Recovery and resync through the engine: a failed member is replaced and rebuilt while
+//! requests keep coming, then the rebuilt member must carry the data on its own; a resync
+//! repairs redundancy that was left inconsistent.
+
+mod common;
+
+use common::*;
+use uraid_core::geometry::{algorithm, parse_layout};
+use uraid_core::*;
+
+fn geo(level: Level, n: usize, layout: u32) -> Geometry {
+    Geometry::new(level, n, layout, 16, &vec![4096; n]).unwrap()
+}
+
+fn cases() -> Vec<(Level, usize, u32)> {
+    vec![
+        (Level::Raid1, 2, 0),
+        (Level::Raid1, 3, 0),
+        (Level::Raid10, 4, parse_layout(Level::Raid10, "n2").unwrap()),
+        (Level::Raid10, 4, parse_layout(Level::Raid10, "f2").unwrap()),
+        (Level::Raid10, 5, parse_layout(Level::Raid10, "o2").unwrap()),
+        (Level::Raid4, 4, algorithm::PARITY_N),
+        (Level::Raid5, 4, algorithm::LEFT_SYMMETRIC),
+        (Level::Raid5, 5, algorithm::RIGHT_ASYMMETRIC),
+        (Level::Raid6, 6, algorithm::LEFT_SYMMETRIC),
+        (Level::Raid6, 5, algorithm::LEFT_ASYMMETRIC),
+    ]
+}
+
+fn write_random(d: &mut Driver, model: &mut [u8], rng: &mut Rng, id: &mut u64, count: usize) {
+    let size = model.len() as u64;
+    for _ in 0..count {
+        let len = (1 + rng.below(64)) * 512;
+        let off = rng.below((size - len) / 512) * 512;
+        let mut data = vec![0u8; len as usize];
+        rng.fill(&mut data);
+        model[off as usize..(off + len) as usize].copy_from_slice(&data);
+        *id += 1;
+        d.run_one(Request::write(*id, off, data)).expect("write");
+    }
+}
+
+fn read_all(d: &mut Driver, model: &[u8], id: &mut u64, ctx: &str) {
+    let size = model.len() as u64;
+    let mut off = 0;
+    while off < size {
+        let len = (128 * 1024).min(size - off);
+        *id += 1;
+        let got =
+            d.run_one(Request::read(*id, off, len)).unwrap_or_else(|e| panic!("{ctx}: read {off}: {e}"));
+        assert!(got == model[off as usize..(off + len) as usize], "{ctx}: data differs at {off}");
+        off += len;
+    }
+}
+
+#[test]
+fn a_replaced_member_is_rebuilt_under_load_and_then_carries_the_data() {
+    for (level, n, layout) in cases() {
+        let ctx = format!("{level:?} n={n} layout={layout}");
+        let g = geo(level, n, layout);
+        let size = g.array_bytes();
+        let mut d =
+            Driver::new(Engine::new(config(g, 4096)).unwrap(), MemMembers::new(n, 4096 + 4096 * 512), 5);
+        let mut model = vec![0u8; size as usize];
+        let mut rng = Rng(99);
+        let mut id = 0;
+        write_random(&mut d, &mut model, &mut rng, &mut id, 60);
+        let victim = 1;
+        d.members.gone[victim] = true;
+        write_random(&mut d, &mut model, &mut rng, &mut id, 20);
+        d.engine.fail_member(victim, d.now_ns);
+        write_random(&mut d, &mut model, &mut rng, &mut id, 20);
+        // A blank replacement arrives.
+        d.members.gone[victim] = false;
+        d.members.images[victim].fill(0);
+        d.engine.add_member(victim, 4096, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: add: {e}"));
+        let mut rounds = 0;
+        while d.engine.sync_active() {
+            write_random(&mut d, &mut model, &mut rng, &mut id, 2);
+            rounds += 1;
+            assert!(rounds < 100_000, "{ctx}: recovery never finished");
+        }
+        d.run_until_idle();
+        assert_eq!(d.engine.member_states()[victim], MemberState::InSync, "{ctx}");
+        let mut events = Vec::new();
+        while let Some(e) = d.engine.pop_event() {
+            events.push(e);
+        }
+        assert!(events.contains(&EngineEvent::RecoveryDone(victim)), "{ctx}: {events:?}");
+        // Now lose everything the rebuilt member must stand in for.
+        let others: Vec<usize> = match level {
+            Level::Raid1 => (0..n).filter(|&m| m != victim).collect(),
+            Level::Raid10 => {
+                // the members sharing copies with the victim
+                let mut copies = Vec::new();
+                let mut partners = std::collections::BTreeSet::new();
+                for s in (0..d.engine.geometry().array_sectors()).step_by(16) {
+                    d.engine.geometry().copies(s, &mut copies);
+                    if copies.iter().any(|c| c.member == victim) {
+                        partners.extend(copies.iter().map(|c| c.member).filter(|&m| m != victim));
+                    }
+                }
+                // fail one partner at a time and check each alone
+                let partners: Vec<usize> = partners.into_iter().collect();
+                partners[..1].to_vec()
+            }
+            Level::Raid6 => vec![0, 2],
+            _ => vec![0],
+        };
+        let fresh = Engine::new({
+            let mut c = config(geo(level, n, layout), 4096);
+            for &o in &others {
+                c.members[o].state = MemberState::Missing;
+            }
+            c
+        })
+        .unwrap();
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut d2 = Driver::new(fresh, members, 6);
+        for &o in &others {
+            d2.members.gone[o] = true;
+        }
+        read_all(&mut d2, &model, &mut id, &ctx);
+    }
+}
+
+/// Bytes of `member`'s data area at data-relative `sector`, `n` sectors.
+fn member_bytes(d: &Driver, member: usize, sector: u64, n: u64) -> &[u8] {
+    let a = (4096 + sector * 512) as usize;
+    &d.members.images[member][a..a + (n * 512) as usize]
+}
+
+#[test]
+fn resync_repairs_inconsistent_redundancy() {
+    for (level, n, layout) in cases() {
+        let ctx = format!("{level:?} n={n} layout={layout}");
+        let g = geo(level, n, layout);
+        let size = g.array_bytes();
+        let mut d = Driver::new(
+            Engine::new(config(g.clone(), 4096)).unwrap(),
+            MemMembers::new(n, 4096 + 4096 * 512),
+            7,
+        );
+        let mut model = vec![0u8; size as usize];
+        let mut rng = Rng(3);
+        let mut id = 0;
+        write_random(&mut d, &mut model, &mut rng, &mut id, 80);
+        // A crash tore redundancy: scribble every parity block, or every non-first copy.
+        let mut copies = Vec::new();
+        if level.has_parity() {
+            for stripe in 0..4096 / 16 {
+                let map = g.stripe_map(stripe);
+                for m in std::iter::once(map.pd_idx).chain(map.qd_idx) {
+                    let a = (4096 + stripe * 16 * 512) as usize;
+                    rng.fill(&mut d.members.images[m][a..a + 16 * 512]);
+                }
+            }
+        } else {
+            for s in (0..g.array_sectors()).step_by(8) {
+                g.copies(s, &mut copies);
+                let first = copies.iter().map(|c| c.member).min().unwrap();
+                for c in copies.iter().filter(|c| c.member != first) {
+                    let a = (4096 + c.member_sector * 512) as usize;
+                    rng.fill(&mut d.members.images[c.member][a..a + 8 * 512]);
+                }
+            }
+        }
+        // A fresh start (nothing cached), then the resync.
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut d = Driver::new(Engine::new(config(g.clone(), 4096)).unwrap(), members, 8);
+        d.engine.start_resync(None, 0);
+        let mut guard = 0;
+        while d.engine.sync_active() {
+            d.engine.tick(d.now_ns);
+            d.step();
+            guard += 1;
+            assert!(guard < 1_000_000, "{ctx}: resync never finished");
+        }
+        d.run_until_idle();
+        assert_eq!(d.engine.pop_event(), Some(EngineEvent::ResyncDone), "{ctx}");
+        if level.has_parity() {
+            for stripe in 0..4096 / 16 {
+                let map = g.stripe_map(stripe);
+                let mut slots: Vec<Vec<u8>> = vec![vec![0u8; 16 * 512]; map.syndrome_disks];
+                for (dd, &m) in map.data_members.iter().enumerate() {
+                    slots[map.syndrome_slot[dd]] = member_bytes(&d, m, stripe * 16, 16).to_vec();
+                }
+                let refs: Vec<&[u8]> = slots.iter().map(|v| v.as_slice()).collect();
+                let (mut p, mut q) = (vec![0u8; 16 * 512], vec![0u8; 16 * 512]);
+                uraid_parity::gen_syndrome(&refs, &mut p, &mut q);
+                assert!(p == member_bytes(&d, map.pd_idx, stripe * 16, 16), "{ctx}: stripe {stripe} P");
+                if let Some(qd) = map.qd_idx {
+                    assert!(q == member_bytes(&d, qd, stripe * 16, 16), "{ctx}: stripe {stripe} Q");
+                }
+            }
+        } else {
+            for s in (0..g.array_sectors()).step_by(8) {
+                g.copies(s, &mut copies);
+                let want = &model[(s * 512) as usize..((s + 8) * 512) as usize];
+                for c in &copies {
+                    assert!(
+                        member_bytes(&d, c.member, c.member_sector, 8) == want,
+                        "{ctx}: sector {s} copy on {}",
+                        c.member
+                    );
+                }
+            }
+        }
+    }
+}
