@@ -15,8 +15,12 @@
 //! let members = MemberSet::open(&["/dev/sdb", "/dev/sdc"], &OpenOptions::default()).unwrap();
 //! let mut ex = Executor::new(members, &ExecutorOptions::default()).unwrap();
 //! let mut done = Vec::new();
-//! // ex.submit(member_io); ... ex.wait(&mut done, Some(std::time::Duration::from_millis(10)));
-//! # let _ = (&mut ex, &mut done);
+//! ex.submit(uraid_core::MemberIo {
+//!     id: 1, member: 0, op: uraid_core::MemberIoOp::Read, offset_bytes: 4096, len_bytes: 4096, data: vec![],
+//! });
+//! while done.is_empty() {
+//!     ex.wait(&mut done, Some(std::time::Duration::from_millis(10)));
+//! }
 //! ```
 
 mod buf;
