@@ -21,6 +21,15 @@ macro_rules! kernel_entries {
             }
 
             $(#[$attr])*
+            pub(crate) unsafe fn xor_gen(data: &[&[u8]], p: &mut [u8], stream: bool) {
+                let stream = stream && vector::can_stream::<$V>(&[p.as_ptr()], 0);
+                let from = vector::xor_gen::<$V, $U>(data, p, 0, stream);
+                let from = vector::xor_gen::<$V, 1>(data, p, from, false);
+                let from = vector::xor_gen::<Swar, 1>(data, p, from, false);
+                reference::xor_gen_from(data, p, from);
+            }
+
+            $(#[$attr])*
             pub(crate) unsafe fn xor_skip(
                 data: &[&[u8]],
                 skip: usize,

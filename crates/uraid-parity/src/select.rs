@@ -11,8 +11,9 @@ static SELECTED: OnceLock<Kernel> = OnceLock::new();
 /// Same shape as md's boot-time test: 8 data blocks of one page each, in cache.
 const PROBE_DATA_BLOCKS: usize = 8;
 const PROBE_BLOCK_BYTES: usize = 4096;
-/// Per kernel; five kernels keep the whole choice under ~10 ms.
-const PROBE_TIME: Duration = Duration::from_millis(2);
+/// Per kernel and round; five kernels and five rounds keep the whole choice near 10 ms.
+const PROBE_TIME: Duration = Duration::from_micros(400);
+const PROBE_ROUNDS: usize = 5;
 
 /// The kernel the free functions use; picked (and logged) on the first call.
 pub fn selected_kernel() -> Kernel {
@@ -38,15 +39,19 @@ fn select() -> Kernel {
             None => eprintln!("uraid-parity: URAID_PARITY_KERNEL={name:?} is not a kernel name"),
         }
     }
-    let mut figures = Vec::new();
-    let mut best = (Kernel::Scalar, 0u64);
-    for k in available_kernels() {
-        let mb_per_s = probe_gen_mb_per_s(k);
-        figures.push(format!("{} {}", k.name(), mb_per_s));
-        if mb_per_s > best.1 {
-            best = (k, mb_per_s);
+    // Rounds interleave the kernels and each keeps its best, so a burst of load from
+    // elsewhere on the machine (or a core waking up) cannot decide the choice alone.
+    let kernels = available_kernels();
+    let mut best_mb_per_s = vec![0u64; kernels.len()];
+    for _ in 0..PROBE_ROUNDS {
+        for (k, best) in kernels.iter().zip(best_mb_per_s.iter_mut()) {
+            *best = (*best).max(probe_gen_mb_per_s(*k));
         }
     }
+    let figures: Vec<String> =
+        kernels.iter().zip(&best_mb_per_s).map(|(k, mb)| format!("{} {mb}", k.name())).collect();
+    let best = kernels.iter().zip(&best_mb_per_s).max_by_key(|(_, mb)| **mb).map(|(k, mb)| (*k, *mb));
+    let best = best.unwrap_or((Kernel::Scalar, 0));
     if !quiet() {
         eprintln!(
             "uraid-parity: raid6: gen() MB/s: {}; using {} (URAID_PARITY_QUIET=1 silences this)",

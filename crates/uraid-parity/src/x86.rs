@@ -25,6 +25,10 @@ const MUL2_MATRIX: i64 = affine_matrix(2) as i64;
 pub(crate) struct Avx2(__m256i);
 
 impl Vector for Avx2 {
+    #[inline(always)]
+    unsafe fn prefetch(ptr: *const u8) {
+        _mm_prefetch::<_MM_HINT_T0>(ptr as *const i8)
+    }
     const BYTES: usize = 32;
     type Mul = (__m256i, __m256i);
 
@@ -80,6 +84,10 @@ impl Vector for Avx2 {
 pub(crate) struct Avx512(__m512i);
 
 impl Vector for Avx512 {
+    #[inline(always)]
+    unsafe fn prefetch(ptr: *const u8) {
+        _mm_prefetch::<_MM_HINT_T0>(ptr as *const i8)
+    }
     const BYTES: usize = 64;
     type Mul = (__m512i, __m512i);
 
@@ -145,6 +153,10 @@ impl Vector for Avx512 {
 pub(crate) struct GfniAvx512(__m512i);
 
 impl Vector for GfniAvx512 {
+    #[inline(always)]
+    unsafe fn prefetch(ptr: *const u8) {
+        _mm_prefetch::<_MM_HINT_T0>(ptr as *const i8)
+    }
     const BYTES: usize = 64;
     type Mul = __m512i;
 
@@ -194,6 +206,10 @@ impl Vector for GfniAvx512 {
 pub(crate) struct GfniAvx(__m256i);
 
 impl Vector for GfniAvx {
+    #[inline(always)]
+    unsafe fn prefetch(ptr: *const u8) {
+        _mm_prefetch::<_MM_HINT_T0>(ptr as *const i8)
+    }
     const BYTES: usize = 32;
     type Mul = __m256i;
 

@@ -86,9 +86,9 @@ fn gen_syndrome_and_xor_gen_match_reference() {
 
 #[test]
 fn large_blocks_use_streaming_stores_and_still_match() {
-    // Past STREAM_MIN_BLOCK_BYTES the kernels switch store type; cover both alignments.
+    // Past STREAM_MIN_STRIPE_BYTES the kernels switch store type; cover both alignments.
     let mut rng = Rng(2);
-    let len = uraid_parity::STREAM_MIN_BLOCK_BYTES + 64 + 5;
+    let len = uraid_parity::STREAM_MIN_STRIPE_BYTES / 4 + 64 + 5;
     let stripe = Stripe::random(&mut rng, 4, len);
     let data = stripe.blocks();
     let (mut p_ref, mut q_ref) = (vec![0u8; len], vec![0u8; len]);

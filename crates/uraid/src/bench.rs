@@ -1,5 +1,7 @@
 //! `uraid bench ...`: benchmarks that print the peer they are compared against.
 
+mod parity;
+
 use clap::{Args, Subcommand};
 
 #[derive(Args)]
@@ -9,8 +11,13 @@ pub struct BenchArgs {
 }
 
 #[derive(Subcommand)]
-enum BenchWhat {}
+enum BenchWhat {
+    /// RAID5/6 parity kernels (single core) against Intel ISA-L and streaming-read bandwidth.
+    Parity(parity::ParityArgs),
+}
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    match args.what {}
+    match args.what {
+        BenchWhat::Parity(a) => parity::run(a),
+    }
 }
