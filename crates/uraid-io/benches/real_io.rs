@@ -1,1 +1,63 @@
-fn main() {}
+//! Real executor vs fio (io_uring engine, O_DIRECT) on the same file in the same run:
+//! 4 KiB random read and write at QD32, 1 MiB sequential read and write at QD8, on tmpfs
+//! (/dev/shm) and on the work disk. `cargo bench -p uraid-io --bench real_io [-- --secs N]`
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use uraid_io::bench::{fio, real_executor, Pattern};
+use uraid_io::real::BackendChoice;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let secs: f64 = args
+        .iter()
+        .position(|a| a == "--secs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    let d = Duration::from_secs_f64(secs);
+    if std::process::Command::new("fio").arg("--version").output().is_err() {
+        eprintln!("fio not found: install it (scripts/install-deps.sh); only uraid figures follow");
+    }
+    let target =
+        std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from("target"));
+    let file_bytes: u64 = 1 << 30;
+    let places =
+        [("tmpfs", PathBuf::from("/dev/shm/uraid-bench.img")), ("work disk", target.join("uraid-bench.img"))];
+    for (place, path) in places {
+        // fio lays the file out (writes it) first, so both read real blocks.
+        if !path.exists() {
+            let _ = fio(&path, file_bytes, Pattern::SeqWrite1m, 8, Duration::from_millis(200));
+            if path.metadata().map(|m| m.len()).unwrap_or(0) < file_bytes {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+                    .expect("bench file");
+                f.set_len(file_bytes).expect("size bench file");
+            }
+        }
+        for (pattern, qd) in [
+            (Pattern::RandRead4k, 32),
+            (Pattern::RandWrite4k, 32),
+            (Pattern::SeqRead1m, 8),
+            (Pattern::SeqWrite1m, 8),
+        ] {
+            let peer = fio(&path, file_bytes, pattern, qd, d).ok();
+            let ours = real_executor(&path, file_bytes, pattern, qd, d, BackendChoice::IoUring);
+            let pool = real_executor(&path, file_bytes, pattern, qd, d / 2, BackendChoice::ThreadPool);
+            match (ours, peer) {
+                (Ok(o), Some(p)) => println!(
+                    "{place:>9} {pattern:?} qd{qd}: uraid io_uring {:>9.0} IOPS {:>7.1} MB/s | fio {:>9.0} IOPS {:>7.1} MB/s | ratio {:.2}x | thread pool {:>9.0} IOPS",
+                    o.iops, o.mb_per_s, p.iops, p.mb_per_s, o.iops / p.iops.max(1.0),
+                    pool.map(|r| r.iops).unwrap_or(0.0)
+                ),
+                (Ok(o), None) => println!("{place:>9} {pattern:?} qd{qd}: uraid io_uring {:>9.0} IOPS {:>7.1} MB/s | fio n/a", o.iops, o.mb_per_s),
+                (Err(e), _) => println!("{place:>9} {pattern:?} qd{qd}: uraid failed: {e}"),
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -1,1 +1,22 @@
-fn main() {}
+//! Simulator speed: simulated member I/Os per second of real time, one core.
+//! `cargo bench -p uraid-io --bench sim_speed`
+
+use uraid_io::bench::sim_speed;
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let n = if quick { 200_000 } else { 2_000_000 };
+    for (profile, members, qd) in
+        [("nvme", 8, 32), ("ssd-sata", 8, 32), ("hdd-7200-2009", 8, 32), ("hdd-7200-2009", 8, 1)]
+    {
+        let s = sim_speed(profile, members, qd, n);
+        println!(
+            "sim {profile:>14} members={members} qd={qd:>2}: {:>10.0} member I/Os per real second ({} I/Os, {:.2} s real, {:.1} s virtual){}",
+            s.ios_per_real_second(),
+            s.member_ios,
+            s.real_seconds,
+            s.virtual_seconds,
+            if s.ios_per_real_second() >= 1e6 { "" } else { "  [below 1,000,000 target]" }
+        );
+    }
+}

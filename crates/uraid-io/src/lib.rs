@@ -9,6 +9,7 @@
 //! - [`engine::ArrayEngine`]: the engine interface both drivers use; [`testing`] has a
 //!   tiny mirror engine that implements it for tests.
 
+pub mod bench;
 pub mod engine;
 pub mod real;
 pub mod runtime;

@@ -484,14 +484,15 @@ impl SimDisks {
         m.account(now);
         let Some(a) = m.active[channel].take() else { return };
         m.active_count -= 1;
-        let io = a.io;
+        let mut io = a.io;
         let result = match io.op {
             MemberIoOp::Read => m.store.read(io.offset_bytes, io.len_bytes),
             MemberIoOp::Write => {
                 if io.data.len() as u64 != io.len_bytes {
                     Err(MemberIoError::Io)
                 } else {
-                    m.store.write(io.offset_bytes, &io.data).map(|()| Vec::new())
+                    let data = std::mem::take(&mut io.data);
+                    m.store.write_owned(io.offset_bytes, data).map(|()| Vec::new())
                 }
             }
             MemberIoOp::Flush => {
