@@ -15,6 +15,10 @@
 //! | two data       | [`recover_2data`] |
 //! | P + Q          | [`gen_syndrome`] |
 //!
+//! Speed: blocks aligned to 64 bytes (pages, as O_DIRECT buffers are) run up to twice as
+//! fast in cache as misaligned ones, whose 64-byte loads straddle cache lines. Stripes of
+//! at least [`STREAM_MIN_STRIPE_BYTES`] get their parity written with streaming stores.
+//!
 //! The free functions run the kernel picked at first use (CPU detection plus a short
 //! benchmark, logged once to stderr like the kernel's `raid6: ... gen() N MB/s`).
 //! Environment: `URAID_PARITY_KERNEL=scalar|avx2|avx512bw|gfni-avx512|gfni-avx` forces a

@@ -1,6 +1,12 @@
 //! `uraid`: user-space software RAID, on-disk compatible with Linux md, served over NBD.
 
+mod array;
+mod assemble;
 mod bench;
+mod control;
+mod create;
+mod detail;
+mod examine;
 mod size_arg;
 
 use clap::{Parser, Subcommand};
@@ -14,6 +20,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create an md array (superblock 1.2, mdadm's defaults) on member files or devices.
+    Create(create::CreateArgs),
+    /// Print each member's md superblock (mdadm --examine).
+    Examine(examine::ExamineArgs),
+    /// Check that members form a startable array and print its detail; writes nothing.
+    Assemble(assemble::AssembleArgs),
+    /// Detail of an array: from its members, or from a running `uraid serve` (--control).
+    Detail(detail::DetailArgs),
     /// Benchmarks on this machine, each against a peer measured in the same run.
     Bench(bench::BenchArgs),
 }
@@ -21,6 +35,10 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Create(args) => create::run(args),
+        Command::Examine(args) => examine::run(args),
+        Command::Assemble(args) => assemble::run(args),
+        Command::Detail(args) => detail::run(args),
         Command::Bench(args) => bench::run(args),
     };
     if let Err(e) = result {

@@ -1,0 +1,136 @@
+//! `--detail` of an array, offline (from its members' superblocks) or running (from the
+//! engine's member states).
+
+use uraid_core::meta::{Superblock, MAX_SECTOR};
+use uraid_core::{MemberState, SyncKind, SyncStatus};
+
+use super::assembly::Assembled;
+use super::report::{DetailInfo, DeviceRow};
+
+/// One raid slot as the detail shows it.
+#[derive(Clone, Debug)]
+pub struct SlotView {
+    pub dev_number: Option<u32>,
+    pub path: Option<String>,
+    pub state: MemberState,
+}
+
+pub struct DetailInput<'a> {
+    pub sb: &'a Superblock,
+    pub array_sectors: u64,
+    pub used_dev_sectors: u64,
+    pub slots: &'a [SlotView],
+    /// (dev_number, path) of hot spares.
+    pub spares: &'a [(u32, String)],
+    /// Members no longer in the array (failed and not removed, or stale).
+    pub others: &'a [(String, String)],
+    pub sync: Option<SyncStatus>,
+    pub dirty: bool,
+    pub failed: bool,
+    pub read_only: bool,
+}
+
+pub fn sync_line(s: &SyncStatus) -> String {
+    let pct =
+        if s.total_sectors == 0 { 100.0 } else { s.done_sectors as f64 * 100.0 / s.total_sectors as f64 };
+    match s.kind {
+        SyncKind::Recovery { .. } => format!("Rebuild Status : {pct:.0}% complete"),
+        SyncKind::Resync => format!("Resync Status : {pct:.0}% complete"),
+    }
+}
+
+pub fn build(d: &DetailInput<'_>) -> DetailInfo {
+    let mut state = vec![if d.dirty { "active" } else { "clean" }.to_string()];
+    let degraded = d.slots.iter().any(|s| !matches!(s.state, MemberState::InSync));
+    if d.failed {
+        state.push("FAILED".into());
+    } else if degraded {
+        state.push("degraded".into());
+    }
+    if let Some(s) = &d.sync {
+        state.push(match s.kind {
+            SyncKind::Recovery { .. } => "recovering".into(),
+            SyncKind::Resync => "resyncing".into(),
+        });
+    }
+    if d.read_only {
+        state.push("read-only".into());
+    }
+    let mut rows = Vec::new();
+    for (slot, v) in d.slots.iter().enumerate() {
+        let (number, path) = match (&v.path, v.dev_number) {
+            (Some(p), Some(n)) => (n.to_string(), p.clone()),
+            (Some(p), None) => ("-".into(), p.clone()),
+            _ => ("-".into(), "-".into()),
+        };
+        let st = match v.state {
+            MemberState::InSync => "active sync",
+            MemberState::Missing => "removed",
+            MemberState::Faulty => "faulty",
+            MemberState::Recovering { .. } => "spare rebuilding",
+        };
+        let path = if matches!(v.state, MemberState::Missing) { "-".to_string() } else { path };
+        rows.push(DeviceRow { number, slot: slot.to_string(), state: st.into(), path });
+    }
+    for (n, p) in d.spares {
+        rows.push(DeviceRow {
+            number: n.to_string(),
+            slot: "-".into(),
+            state: "spare".into(),
+            path: p.clone(),
+        });
+    }
+    for (what, p) in d.others {
+        rows.push(DeviceRow { number: "-".into(), slot: "-".into(), state: what.clone(), path: p.clone() });
+    }
+    let count = |f: fn(&MemberState) -> bool| d.slots.iter().filter(|s| f(&s.state)).count();
+    DetailInfo {
+        sb: d.sb.clone(),
+        array_sectors: d.array_sectors,
+        used_dev_sectors: d.used_dev_sectors,
+        state: state.join(", "),
+        active: count(|s| matches!(s, MemberState::InSync)),
+        working: count(|s| matches!(s, MemberState::InSync | MemberState::Recovering { .. }))
+            + d.spares.len(),
+        failed: count(|s| matches!(s, MemberState::Faulty)),
+        spares: d.spares.len() + count(|s| matches!(s, MemberState::Recovering { .. })),
+        rows,
+        progress: d.sync.as_ref().map(sync_line),
+    }
+}
+
+/// The detail of an assembled (not running) array.
+pub fn offline(a: &Assembled) -> DetailInfo {
+    let sb = &a.superblocks[a.plan.freshest];
+    let slots: Vec<SlotView> = a
+        .config
+        .members
+        .iter()
+        .zip(&a.slot_member)
+        .map(|(m, idx)| SlotView {
+            dev_number: idx.map(|i| a.superblocks[i].dev_number),
+            path: idx.map(|i| a.members[i].name.clone()),
+            state: m.state,
+        })
+        .collect();
+    let spares: Vec<(u32, String)> =
+        a.plan.spares.iter().map(|&i| (a.superblocks[i].dev_number, a.members[i].name.clone())).collect();
+    let others: Vec<(String, String)> = a
+        .plan
+        .stale
+        .iter()
+        .map(|s| ("stale (left out)".to_string(), a.members[s.member].name.clone()))
+        .collect();
+    build(&DetailInput {
+        sb,
+        array_sectors: a.plan.array_sectors,
+        used_dev_sectors: a.plan.size_sectors,
+        slots: &slots,
+        spares: &spares,
+        others: &others,
+        sync: None,
+        dirty: a.plan.resync_offset != MAX_SECTOR,
+        failed: false,
+        read_only: false,
+    })
+}

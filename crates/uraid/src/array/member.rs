@@ -1,0 +1,136 @@
+//! Opening members (regular files or block devices) and reading their md metadata.
+//!
+//! Reading never writes: a refused assembly must leave every member byte-identical.
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use uraid_core::meta::{
+    BitmapSuper, OfferedMember, Superblock, SuperblockError, SuperblockVersion, BITMAP_SUPER_BYTES, SB_BYTES,
+};
+
+/// Bitmaps larger than this are not read: md itself keeps them far smaller (128 KiB of
+/// reserved space at most), so a bigger one means a corrupted header.
+const MAX_BITMAP_BYTES: u64 = 64 << 20;
+
+/// One opened member device.
+#[derive(Debug)]
+pub struct MemberDev {
+    pub path: PathBuf,
+    /// How the user named it, used in every message.
+    pub name: String,
+    pub file: File,
+    pub size_bytes: u64,
+    /// (st_dev, st_ino) for regular files, st_rdev for block devices: the identity that
+    /// catches one member offered twice under two names.
+    pub identity: (u64, u64),
+}
+
+impl MemberDev {
+    pub fn open(path: &Path, writable: bool) -> anyhow::Result<MemberDev> {
+        let name = path.display().to_string();
+        let meta = std::fs::metadata(path).with_context(|| format!("{name}: cannot stat the member"))?;
+        let ft = meta.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        if !(ft.is_file() || ft.is_block_device()) {
+            bail!("{name}: not a regular file or block device");
+        }
+        let mut file =
+            std::fs::OpenOptions::new().read(true).write(writable).open(path).with_context(|| {
+                format!("{name}: cannot open the member{}", if writable { " for writing" } else { "" })
+            })?;
+        // metadata().len() is 0 for block devices; seeking to the end works for both.
+        let size_bytes =
+            file.seek(SeekFrom::End(0)).with_context(|| format!("{name}: cannot find its size"))?;
+        let identity = if ft.is_block_device() { (u64::MAX, meta.rdev()) } else { (meta.dev(), meta.ino()) };
+        Ok(MemberDev { path: path.to_path_buf(), name, file, size_bytes, identity })
+    }
+
+    pub fn dev_sectors(&self) -> u64 {
+        self.size_bytes / 512
+    }
+
+    /// Reads `len` bytes at `offset`; a short read (end of device) returns what is there.
+    pub fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// The superblock of whichever 1.x placement holds one (1.2 first, mdadm's default),
+    /// and the bitmap bytes when it has an internal bitmap.
+    pub fn read_metadata(&self) -> (Result<Superblock, SuperblockError>, Option<Vec<u8>>) {
+        let dev_sectors = self.dev_sectors();
+        let mut first_err = None;
+        for version in [SuperblockVersion::V1_2, SuperblockVersion::V1_1, SuperblockVersion::V1_0] {
+            let Some(at) = version.sb_offset_sectors(dev_sectors) else { continue };
+            let buf = self.read_at(at * 512, SB_BYTES).unwrap_or_default();
+            match Superblock::parse_member(&buf, version, dev_sectors) {
+                Ok(sb) => {
+                    let bitmap = self.read_bitmap(&sb);
+                    return (Ok(sb), bitmap);
+                }
+                // No magic (or nothing to read) means "look at the next placement"; any
+                // other error is a real but damaged superblock, reported as is.
+                Err(e @ (SuperblockError::BadMagic { .. } | SuperblockError::Truncated { .. })) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => return (Err(e), None),
+            }
+        }
+        (Err(first_err.unwrap_or(SuperblockError::DeviceTooSmall { dev_sectors })), None)
+    }
+
+    fn read_bitmap(&self, sb: &Superblock) -> Option<Vec<u8>> {
+        let at = sb.bitmap_sector()? * 512;
+        let head = self.read_at(at, BITMAP_SUPER_BYTES).ok()?;
+        let len = match BitmapSuper::parse(&head) {
+            Ok(bsb) => bsb.bytes_on_disk(512).min(MAX_BITMAP_BYTES),
+            // Let the planner report the broken header.
+            Err(_) => return Some(head),
+        };
+        self.read_at(at, len as usize).ok()
+    }
+
+    pub fn offered(&self) -> OfferedMember {
+        let (superblock, bitmap) = self.read_metadata();
+        OfferedMember { name: self.name.clone(), dev_sectors: self.dev_sectors(), superblock, bitmap }
+    }
+}
+
+/// Opens every member, refusing one device named twice.
+pub fn open_members(paths: &[PathBuf], writable: bool) -> anyhow::Result<Vec<MemberDev>> {
+    let mut out: Vec<MemberDev> = Vec::new();
+    for p in paths {
+        let m = MemberDev::open(p, writable)?;
+        if let Some(first) = out.iter().find(|o| o.identity == m.identity) {
+            bail!(
+                "{} and {} are the same device: give each member once (nothing was written)",
+                first.name,
+                m.name
+            );
+        }
+        out.push(m);
+    }
+    Ok(out)
+}

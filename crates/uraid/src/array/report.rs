@@ -1,0 +1,274 @@
+//! mdadm-like text: `--examine` of one member and `--detail` of an array.
+
+use std::fmt::Write as _;
+
+use uraid_core::geometry::layout_name;
+use uraid_core::meta::{feature, format_uuid, raid10_sizes, role, BitmapImage, Superblock, MAX_SECTOR};
+use uraid_core::Level;
+
+/// "30720 sectors (15.00 MiB 15.73 MB)" style sizes: binary and decimal.
+pub fn human_bytes(bytes: u64) -> String {
+    let units = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40)];
+    let dec = [("KB", 1_000u64), ("MB", 1_000_000), ("GB", 1_000_000_000), ("TB", 1_000_000_000_000)];
+    let pick = |list: &[(&str, u64)]| {
+        let (name, div) = list.iter().rev().find(|(_, d)| bytes >= *d * 2).copied().unwrap_or(list[0]);
+        format!("{:.2} {name}", bytes as f64 / div as f64)
+    };
+    format!("{} {}", pick(&units), pick(&dec))
+}
+
+/// Seconds since the epoch as "Sun Nov 22 01:45:20 2026" (UTC).
+pub fn format_time(seconds: u64) -> String {
+    let days = (seconds / 86_400) as i64;
+    let rem = seconds % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][days.rem_euclid(7) as usize];
+    let mon = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        [(month - 1) as usize];
+    format!("{weekday} {mon} {day:2} {:02}:{:02}:{:02} {year}", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+pub fn level_name(level: i32) -> String {
+    match level {
+        -1 => "linear".into(),
+        l => format!("raid{l}"),
+    }
+}
+
+pub fn layout_text(level: i32, layout: u32) -> Option<String> {
+    match Level::from_md_level(level)? {
+        Level::Raid1 | Level::Raid0 => None,
+        l => Some(layout_name(l, layout)),
+    }
+}
+
+/// Array sectors as one member's superblock implies them.
+pub fn array_sectors_of(sb: &Superblock) -> u64 {
+    let n = u64::from(sb.raid_disks);
+    let chunk = u64::from(sb.chunksize.max(1));
+    match sb.level {
+        0 => (sb.data_size / chunk * chunk) * n,
+        1 => sb.size,
+        4 | 5 => sb.size * n.saturating_sub(1),
+        6 => sb.size * n.saturating_sub(2),
+        10 => raid10_sizes(sb.size, sb.raid_disks, sb.layout, sb.chunksize).1,
+        _ => sb.data_size,
+    }
+}
+
+/// 'A' for every slot some member holds in this superblock's view, '.' otherwise.
+pub fn array_state(sb: &Superblock) -> String {
+    (0..sb.raid_disks)
+        .map(|s| if sb.dev_roles.iter().any(|&r| u32::from(r) == s) { 'A' } else { '.' })
+        .collect()
+}
+
+pub fn role_text(sb: &Superblock) -> String {
+    match sb.role() {
+        role::SPARE => "spare".into(),
+        role::FAULTY => "faulty".into(),
+        role::JOURNAL => "journal".into(),
+        r if sb.has(feature::RECOVERY_OFFSET) => {
+            format!("Active device {r} (rebuilt to sector {})", sb.recovery_offset)
+        }
+        r => format!("Active device {r}"),
+    }
+}
+
+/// What `mdadm --examine` prints for one member.
+pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{name}:");
+    let mut line = |k: &str, v: String| {
+        let _ = writeln!(s, "{k:>15} : {v}");
+    };
+    line("Magic", format!("{:08x}", sb.magic));
+    line(
+        "Version",
+        format!(
+            "1.{}",
+            match sb.super_offset {
+                0 => 1,
+                8 => 2,
+                _ => 0,
+            }
+        ),
+    );
+    line("Feature Map", format!("{:#x}", sb.feature_map));
+    line("Array UUID", format_uuid(&sb.set_uuid));
+    line("Name", sb.name());
+    line("Creation Time", format_time(sb.ctime & 0xff_ffff_ffff));
+    line("Raid Level", level_name(sb.level));
+    line("Raid Devices", sb.raid_disks.to_string());
+    s.push('\n');
+    let mut line = |k: &str, v: String| {
+        let _ = writeln!(s, "{k:>15} : {v}");
+    };
+    line("Avail Dev Size", format!("{} sectors ({})", sb.data_size, human_bytes(sb.data_size * 512)));
+    let array = array_sectors_of(sb);
+    line("Array Size", format!("{} KiB ({})", array / 2, human_bytes(array * 512)));
+    if sb.level > 0 && sb.size != sb.data_size {
+        line("Used Dev Size", format!("{} sectors ({})", sb.size, human_bytes(sb.size * 512)));
+    }
+    line("Data Offset", format!("{} sectors", sb.data_offset));
+    line("Super Offset", format!("{} sectors", sb.super_offset));
+    if sb.has(feature::RECOVERY_OFFSET) {
+        line("Recovery Offset", format!("{} sectors", sb.recovery_offset));
+    }
+    let state = if sb.resync_offset == MAX_SECTOR {
+        "clean".to_string()
+    } else if sb.resync_offset == 0 {
+        "active".to_string()
+    } else {
+        format!("active (resync from sector {})", sb.resync_offset)
+    };
+    line("State", state);
+    line("Device UUID", format_uuid(&sb.device_uuid));
+    s.push('\n');
+    let mut line = |k: &str, v: String| {
+        let _ = writeln!(s, "{k:>15} : {v}");
+    };
+    if let Some(_at) = sb.bitmap_sector() {
+        line("Internal Bitmap", format!("{} sectors from superblock", sb.bitmap_offset));
+    }
+    line("Update Time", format_time(sb.utime & 0xff_ffff_ffff));
+    if sb.bblog_size > 0 {
+        line(
+            "Bad Block Log",
+            format!(
+                "{} entries available at offset {} sectors",
+                u32::from(sb.bblog_size) * 64,
+                sb.bblog_offset
+            ),
+        );
+    }
+    line("Checksum", format!("{:08x} - correct", sb.sb_csum));
+    line("Events", sb.events.to_string());
+    s.push('\n');
+    let mut line = |k: &str, v: String| {
+        let _ = writeln!(s, "{k:>15} : {v}");
+    };
+    if let Some(l) = layout_text(sb.level, sb.layout) {
+        line("Layout", l);
+    }
+    if sb.level != 1 && sb.chunksize > 0 {
+        line("Chunk Size", format!("{}K", sb.chunksize / 2));
+    }
+    s.push('\n');
+    let _ = writeln!(s, "   Device Role : {}", role_text(sb));
+    let _ = writeln!(s, "   Array State : {} ('A' == active, '.' == missing)", array_state(sb));
+    if let Some(bytes) = bitmap {
+        match BitmapImage::parse(bytes) {
+            Ok(img) => {
+                let _ = writeln!(
+                    s,
+                    "        Bitmap : {} bits (chunks), {} dirty, chunk {}KiB, events {}, events cleared {}",
+                    img.sb.bits(),
+                    img.dirty_count(),
+                    img.sb.chunksize / 1024,
+                    img.sb.events,
+                    img.sb.events_cleared
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(s, "        Bitmap : unreadable: {e}");
+            }
+        }
+    }
+    s
+}
+
+/// One row of `--detail`'s device table.
+#[derive(Clone, Debug)]
+pub struct DeviceRow {
+    pub number: String,
+    pub slot: String,
+    pub state: String,
+    pub path: String,
+}
+
+/// Everything `--detail` prints.
+#[derive(Clone, Debug)]
+pub struct DetailInfo {
+    /// The array's authoritative superblock.
+    pub sb: Superblock,
+    pub array_sectors: u64,
+    pub used_dev_sectors: u64,
+    pub state: String,
+    pub active: usize,
+    pub working: usize,
+    pub failed: usize,
+    pub spares: usize,
+    pub rows: Vec<DeviceRow>,
+    /// e.g. "Rebuild Status : 42% complete".
+    pub progress: Option<String>,
+}
+
+pub fn detail_text(title: &str, d: &DetailInfo) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{title}:");
+    let sb = &d.sb;
+    let mut line = |k: &str, v: String| {
+        let _ = writeln!(s, "{k:>18} : {v}");
+    };
+    line(
+        "Version",
+        format!(
+            "1.{}",
+            match sb.super_offset {
+                0 => 1,
+                8 => 2,
+                _ => 0,
+            }
+        ),
+    );
+    line("Creation Time", format_time(sb.ctime & 0xff_ffff_ffff));
+    line("Raid Level", level_name(sb.level));
+    line("Array Size", format!("{} KiB ({})", d.array_sectors / 2, human_bytes(d.array_sectors * 512)));
+    if sb.level > 0 {
+        line(
+            "Used Dev Size",
+            format!("{} KiB ({})", d.used_dev_sectors / 2, human_bytes(d.used_dev_sectors * 512)),
+        );
+    }
+    line("Raid Devices", sb.raid_disks.to_string());
+    line("Total Devices", d.rows.iter().filter(|r| r.path != "-").count().to_string());
+    line("Persistence", "Superblock is persistent".into());
+    if sb.bitmap_sector().is_some() {
+        line("Intent Bitmap", "Internal".into());
+    }
+    line("Update Time", format_time(sb.utime & 0xff_ffff_ffff));
+    line("State", d.state.clone());
+    line("Active Devices", d.active.to_string());
+    line("Working Devices", d.working.to_string());
+    line("Failed Devices", d.failed.to_string());
+    line("Spare Devices", d.spares.to_string());
+    if let Some(l) = layout_text(sb.level, sb.layout) {
+        line("Layout", l);
+    }
+    if sb.level != 1 && sb.chunksize > 0 {
+        line("Chunk Size", format!("{}K", sb.chunksize / 2));
+    }
+    if let Some(p) = &d.progress {
+        let (k, v) = p.split_once(" : ").unwrap_or(("Status", p.as_str()));
+        line(k, v.to_string());
+    }
+    line("Name", sb.name());
+    line("UUID", format_uuid(&sb.set_uuid));
+    line("Events", sb.events.to_string());
+    s.push('\n');
+    let _ = writeln!(s, "    Number   RaidDevice   State                   Device");
+    for r in &d.rows {
+        let _ = writeln!(s, "    {:>6}   {:>10}   {:<22}  {}", r.number, r.slot, r.state, r.path);
+    }
+    s
+}

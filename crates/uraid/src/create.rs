@@ -1,0 +1,245 @@
+//! `uraid create`: mdadm --create's options and defaults (superblock 1.2).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use uraid_core::geometry::parse_layout;
+use uraid_core::meta::{create_array, format_uuid, CreateParams};
+use uraid_core::Level;
+
+use crate::array::member::MemberDev;
+use crate::array::report::{human_bytes, level_name};
+use crate::size_arg::parse_size_bytes;
+
+#[derive(Args, Clone, Debug)]
+pub struct CreateArgs {
+    /// RAID level: 0, 1, 4, 5, 6, 10 (or raid5, mirror, stripe ...).
+    #[arg(long, short = 'l')]
+    pub level: String,
+    #[arg(long = "raid-devices", short = 'n')]
+    pub raid_devices: u32,
+    /// Chunk size; a bare number is KiB as in mdadm (default 512K).
+    #[arg(long, short = 'c')]
+    pub chunk: Option<String>,
+    /// md layout: left-symmetric, right-asymmetric, parity-last, n2, f2, o2 ...
+    #[arg(long)]
+    pub layout: Option<String>,
+    /// Write-intent bitmap: internal or none.
+    #[arg(long, default_value = "none")]
+    pub bitmap: String,
+    /// Array name (stored as "homehost:name").
+    #[arg(long = "name", short = 'N')]
+    pub name: Option<String>,
+    /// Members that do not exist yet are created as sparse files of this size; when all
+    /// exist it is mdadm's --size (space used on each member). A bare number is KiB.
+    #[arg(long, short = 'z')]
+    pub size: Option<String>,
+    /// The members are known to be in sync already: no initial resync or rebuild.
+    #[arg(long = "assume-clean")]
+    pub assume_clean: bool,
+    /// Overwrite members that already hold an md superblock.
+    #[arg(long, short = 'f')]
+    pub force: bool,
+    /// Member files or block devices in slot order; `missing` for an absent one.
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+/// mdadm's level names: 0, raid5, stripe, mirror ...
+pub fn parse_level(text: &str) -> anyhow::Result<Level> {
+    let t = text.trim().to_ascii_lowercase();
+    let t = t.strip_prefix("raid").unwrap_or(&t);
+    let n: i32 = match t {
+        "stripe" => 0,
+        "mirror" => 1,
+        other => other.parse().map_err(|_| anyhow!("level {text:?}: use 0, 1, 4, 5, 6 or 10"))?,
+    };
+    Level::from_md_level(n).ok_or_else(|| anyhow!("level {text:?} is not supported (0, 1, 4, 5, 6, 10 are)"))
+}
+
+/// mdadm reads bare numbers for --chunk and --size as KiB.
+fn parse_kib_default(text: &str) -> Result<u64, String> {
+    if text.trim().chars().all(|c| c.is_ascii_digit()) {
+        text.trim().parse::<u64>().map(|k| k * 1024).map_err(|e| format!("{text:?}: {e}"))
+    } else {
+        parse_size_bytes(text)
+    }
+}
+
+pub fn is_missing(p: &Path) -> bool {
+    p.as_os_str() == "missing"
+}
+
+pub fn run(args: CreateArgs) -> anyhow::Result<()> {
+    let summary = create(&args)?;
+    println!("{summary}");
+    Ok(())
+}
+
+/// Creates the array; returns a one-paragraph summary.
+pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
+    let level = parse_level(&args.level)?;
+    if args.members.len() != args.raid_devices as usize {
+        bail!(
+            "{} members given for --raid-devices {}: give one per slot (use `missing` for an absent one)",
+            args.members.len(),
+            args.raid_devices
+        );
+    }
+    let layout =
+        args.layout.as_deref().map(|l| parse_layout(level, l).map_err(anyhow::Error::msg)).transpose()?;
+    let chunk_kib = match &args.chunk {
+        None => None,
+        Some(c) => {
+            let bytes = parse_kib_default(c).map_err(|e| anyhow!("--chunk: {e}"))?;
+            if bytes % 1024 != 0 || bytes == 0 {
+                bail!("--chunk {c}: must be a non-zero multiple of 1 KiB (md needs a power of two of at least 4K)");
+            }
+            Some((bytes / 1024) as u32)
+        }
+    };
+    let bitmap = match args.bitmap.as_str() {
+        "internal" => true,
+        "none" => false,
+        other => bail!("--bitmap {other:?}: use internal or none (external bitmaps are not supported)"),
+    };
+    let size_bytes =
+        args.size.as_deref().map(|s| parse_kib_default(s).map_err(|e| anyhow!("--size: {e}"))).transpose()?;
+
+    // Check everything before creating or writing anything.
+    let mut to_create: Vec<&PathBuf> = Vec::new();
+    for (i, p) in args.members.iter().enumerate() {
+        if is_missing(p) {
+            continue;
+        }
+        if args.members[..i].iter().any(|q| q == p) {
+            bail!("{} is named twice: give each member once", p.display());
+        }
+        if !p.exists() {
+            if size_bytes.is_none() {
+                bail!(
+                    "{} does not exist: pass --size to create member files, or create them first",
+                    p.display()
+                );
+            }
+            to_create.push(p);
+        }
+    }
+    let creating = !to_create.is_empty();
+    let mut created_paths: Vec<PathBuf> = Vec::new();
+    let result = (|| -> anyhow::Result<String> {
+        for p in &to_create {
+            let size = size_bytes.unwrap_or(0);
+            if size < 1 << 20 {
+                bail!("--size {size} bytes is too small for a member file (at least 1M)");
+            }
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(p)
+                .with_context(|| format!("{}: cannot create the member file", p.display()))?;
+            created_paths.push(p.to_path_buf());
+            f.set_len(size / 512 * 512)
+                .with_context(|| format!("{}: cannot size the member file", p.display()))?;
+        }
+        let mut devs: Vec<Option<MemberDev>> = Vec::new();
+        for p in &args.members {
+            if is_missing(p) {
+                devs.push(None);
+                continue;
+            }
+            let d = MemberDev::open(p, true)?;
+            if let Some(first) = devs.iter().flatten().find(|o| o.identity == d.identity) {
+                bail!("{} and {} are the same device: give each member once", first.name, d.name);
+            }
+            if !args.force {
+                if let (Ok(sb), _) = d.read_metadata() {
+                    bail!(
+                        "{} already holds an md superblock (array {}, {}): pass --force to overwrite it",
+                        d.name,
+                        format_uuid(&sb.set_uuid),
+                        sb.name()
+                    );
+                }
+            }
+            devs.push(Some(d));
+        }
+        let mut params = CreateParams::new(
+            level.md_level(),
+            devs.iter().map(|d| d.as_ref().map(MemberDev::dev_sectors)).collect(),
+        );
+        params.layout = layout;
+        params.chunk_kib = chunk_kib;
+        params.size_kib = if creating { None } else { size_bytes.map(|b| b / 1024) };
+        params.bitmap = bitmap;
+        params.assume_clean = args.assume_clean;
+        params.homehost = crate::array::homehost();
+        params.name = args.name.clone().unwrap_or_else(|| default_name(&args.members));
+        params.set_uuid = crate::array::random_uuid()?;
+        params.device_uuids =
+            (0..devs.len()).map(|_| crate::array::random_uuid()).collect::<anyhow::Result<_>>()?;
+        params.ctime_seconds = crate::array::now_seconds();
+        let created = create_array(&params).map_err(|e| anyhow!("{e}"))?;
+
+        for (slot, (dev, sb)) in devs.iter().zip(&created.superblocks).enumerate() {
+            let (Some(dev), Some(sb)) = (dev, sb) else { continue };
+            let sb_at = sb.super_offset * 512;
+            let w = |what: &str, off: u64, data: &[u8]| {
+                dev.write_at(off, data).with_context(|| format!("{}: writing the {what}", dev.name))
+            };
+            w("superblock", sb_at, &sb.serialize())?;
+            if sb.bblog_size > 0 {
+                let at = sb.super_offset.saturating_add_signed(i64::from(sb.bblog_offset)) * 512;
+                w("bad-block log", at, &vec![0u8; usize::from(sb.bblog_size) * 512])?;
+            }
+            if let Some(bm) = &created.bitmap {
+                let at = sb.super_offset.saturating_add_signed(i64::from(bm.offset_from_sb_sectors)) * 512;
+                w("bitmap", at, &bm.area)?;
+            }
+            dev.sync().with_context(|| format!("{}: fdatasync after slot {slot}", dev.name))?;
+        }
+        let first = created.superblocks.iter().flatten().next().expect("create_array returns a member");
+        let array_sectors = crate::array::report::array_sectors_of(first);
+        let missing = devs.iter().filter(|d| d.is_none()).count();
+        let start_note = if args.assume_clean || level.md_level() == 0 {
+            "in sync (no initial resync)".to_string()
+        } else if missing > 0 {
+            "degraded: `uraid serve --run` starts it; add members to rebuild".to_string()
+        } else if matches!(level.md_level(), 4 | 5) {
+            "the last member is rebuilt from the others when the array first starts".to_string()
+        } else {
+            "an initial resync runs when the array first starts".to_string()
+        };
+        Ok(format!(
+            "uraid: created {} array {} ({}), {} devices, array size {} ({}), data offset {} sectors{}; {}",
+            level_name(level.md_level()),
+            first.name(),
+            format_uuid(&first.set_uuid),
+            args.raid_devices,
+            array_sectors * 512,
+            human_bytes(array_sectors * 512),
+            first.data_offset,
+            if bitmap { ", internal bitmap" } else { "" },
+            start_note
+        ))
+    })();
+    if result.is_err() {
+        // Only files this run created (still empty of metadata) are removed.
+        for p in &created_paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    result
+}
+
+/// The directory holding the first member, as a name: "uraid-demo" for ./uraid-demo/m0.img.
+fn default_name(members: &[PathBuf]) -> String {
+    members
+        .iter()
+        .find(|p| !is_missing(p))
+        .and_then(|p| std::path::absolute(p).ok())
+        .and_then(|p| p.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()))
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "uraid".to_string())
+}

@@ -1,0 +1,35 @@
+//! `uraid detail`: the array's detail, from its members (offline) or from a running
+//! `uraid serve` through its control socket (`--control PATH`).
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::Args;
+
+use crate::array::assembly::assemble;
+use crate::array::detail;
+use crate::array::report::detail_text;
+
+#[derive(Args, Clone, Debug)]
+pub struct DetailArgs {
+    /// Control socket of a running `uraid serve`.
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Member files or block devices (offline detail).
+    pub members: Vec<PathBuf>,
+}
+
+pub fn run(args: DetailArgs) -> anyhow::Result<()> {
+    if let Some(sock) = &args.control {
+        let reply = crate::control::request(sock, "detail")?;
+        print!("{reply}");
+        return Ok(());
+    }
+    if args.members.is_empty() {
+        bail!("give the array's members, or --control PATH for a running array");
+    }
+    // --run so a degraded array is described too; nothing is written either way.
+    let a = assemble(&args.members, true, false)?;
+    print!("{}", detail_text(&a.plan.name, &detail::offline(&a)));
+    Ok(())
+}

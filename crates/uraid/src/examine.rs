@@ -1,0 +1,42 @@
+//! `uraid examine`: print each member's md superblock, as mdadm --examine.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::Args;
+
+use crate::array::member::MemberDev;
+use crate::array::report::examine_text;
+
+#[derive(Args, Clone, Debug)]
+pub struct ExamineArgs {
+    /// Member files or block devices.
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+pub fn run(args: ExamineArgs) -> anyhow::Result<()> {
+    let mut bad = 0;
+    for (i, p) in args.members.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        match MemberDev::open(p, false) {
+            Err(e) => {
+                eprintln!("uraid: {e:#}");
+                bad += 1;
+            }
+            Ok(dev) => match dev.read_metadata() {
+                (Ok(sb), bitmap) => print!("{}", examine_text(&dev.name, &sb, bitmap.as_deref())),
+                (Err(e), _) => {
+                    eprintln!("uraid: {}: {e}", dev.name);
+                    bad += 1;
+                }
+            },
+        }
+    }
+    if bad > 0 {
+        bail!("{bad} of {} members have no usable md superblock", args.members.len());
+    }
+    Ok(())
+}
