@@ -162,7 +162,7 @@ impl Kernel {
     }
 
     /// Folds `data[start..=stop]` into an existing P and Q: P ^= their XOR, Q ^= sum of
-    /// g^i * data[i]. Entries outside `start..=stop` are not read (may be empty).
+    /// `g^i * data[i]`. Entries outside `start..=stop` are not read (may be empty).
     /// With P/Q of the old stripe and `data` = old ^ new of the rewritten blocks, this is
     /// md's read-modify-write update.
     pub fn xor_syndrome(self, data: &[&[u8]], start: usize, stop: usize, p: &mut [u8], q: &mut [u8]) {
@@ -180,7 +180,7 @@ impl Kernel {
         dispatch!(self, rmw_update(gf::pow_g(data_index), old, new, p, q))
     }
 
-    /// data[lost] = P ^ XOR of the other data blocks; `data[lost]` is not read.
+    /// `data[lost] = P ^ XOR` of the other data blocks; `data[lost]` is not read.
     pub fn recover_data_from_p(self, data: &[&[u8]], lost: usize, p: &[u8], out: &mut [u8]) {
         assert!(lost < data.len(), "lost index {lost} out of range");
         assert_eq!(p.len(), out.len(), "P and output lengths differ");
@@ -188,7 +188,7 @@ impl Kernel {
         dispatch!(self, xor_skip(data, lost, Some(p), out, false))
     }
 
-    /// data[lost] from Q and the other data blocks (for a lost data block and lost P);
+    /// `data[lost]` from Q and the other data blocks (for a lost data block and lost P);
     /// `data[lost]` is not read.
     pub fn recover_data_from_q(self, data: &[&[u8]], lost: usize, q: &[u8], out: &mut [u8]) {
         assert!(lost < data.len(), "lost index {lost} out of range");
@@ -245,7 +245,7 @@ pub fn gen_syndrome(data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
     selected_kernel().gen_syndrome(data, p, q)
 }
 
-/// Kernel `xor_syndrome` semantics: P ^= XOR data[start..=stop]; Q ^= sum g^i*data[i]
+/// Kernel `xor_syndrome` semantics: `P ^= XOR data[start..=stop]`; `Q ^= sum g^i*data[i]`
 /// for i in start..=stop. `data.len() > stop`; entries outside start..=stop are not read
 /// (may be empty slices).
 pub fn xor_syndrome(data: &[&[u8]], start: usize, stop: usize, p: &mut [u8], q: &mut [u8]) {
