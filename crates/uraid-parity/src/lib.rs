@@ -59,6 +59,31 @@ fn stream_min_stripe_bytes() -> usize {
     })
 }
 
+/// How parity is stored by [`Kernel::gen_syndrome_with`] and [`Kernel::xor_gen_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Stores {
+    /// Streaming for stripes of at least [`STREAM_MIN_STRIPE_BYTES`], else cached.
+    #[default]
+    Auto,
+    /// Ordinary stores: the parity stays in cache for a caller about to read it.
+    Cached,
+    /// Non-temporal stores where the kernel has them (and the output is aligned to its
+    /// vector width): for parity that goes straight to a device while the caller works
+    /// through more data than the caches hold. Saves the read-for-ownership of P and Q,
+    /// about 20% of the memory traffic of an 8+2 stripe.
+    Streaming,
+}
+
+impl Stores {
+    fn stream(self, stripe_bytes: usize) -> bool {
+        match self {
+            Stores::Auto => stripe_bytes >= stream_min_stripe_bytes(),
+            Stores::Cached => false,
+            Stores::Streaming => true,
+        }
+    }
+}
+
 /// One implementation of the parity operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -143,21 +168,31 @@ impl Kernel {
 
     /// P = XOR of the data blocks (RAID4/5 parity).
     pub fn xor_gen(self, data: &[&[u8]], p: &mut [u8]) {
+        self.xor_gen_with(data, p, Stores::Auto)
+    }
+
+    /// [`Kernel::xor_gen`] with a choice of how P is stored.
+    pub fn xor_gen_with(self, data: &[&[u8]], p: &mut [u8], stores: Stores) {
         check_blocks(data, 0..data.len(), p.len());
         if data.is_empty() {
             p.fill(0);
             return;
         }
-        let stream = (data.len() + 1) * p.len() >= stream_min_stripe_bytes();
+        let stream = stores.stream((data.len() + 1) * p.len());
         dispatch!(self, xor_gen(data, p, stream))
     }
 
     /// P and Q of the data blocks (RAID6).
     pub fn gen_syndrome(self, data: &[&[u8]], p: &mut [u8], q: &mut [u8]) {
+        self.gen_syndrome_with(data, p, q, Stores::Auto)
+    }
+
+    /// [`Kernel::gen_syndrome`] with a choice of how P and Q are stored.
+    pub fn gen_syndrome_with(self, data: &[&[u8]], p: &mut [u8], q: &mut [u8], stores: Stores) {
         assert!(!data.is_empty(), "gen_syndrome needs at least one data block");
         assert_eq!(p.len(), q.len(), "P and Q lengths differ");
         check_blocks(data, 0..data.len(), p.len());
-        let stream = (data.len() + 2) * p.len() >= stream_min_stripe_bytes();
+        let stream = stores.stream((data.len() + 2) * p.len());
         dispatch!(self, gen_syndrome(data, p, q, stream))
     }
 

@@ -109,6 +109,27 @@ fn large_blocks_use_streaming_stores_and_still_match() {
 }
 
 #[test]
+fn every_store_choice_gives_the_same_parity() {
+    use uraid_parity::Stores;
+    let mut rng = Rng(8);
+    for len in [64 * 1024, 4096 + 64 + 3] {
+        let stripe = Stripe::random(&mut rng, 6, len);
+        let data = stripe.blocks();
+        let (mut p_ref, mut q_ref) = (vec![0u8; len], vec![0u8; len]);
+        reference::gen_syndrome(&data, &mut p_ref, &mut q_ref);
+        for k in kernels_cached() {
+            for stores in [Stores::Auto, Stores::Cached, Stores::Streaming] {
+                let (mut p, mut q) = (vec![0u8; len], vec![0u8; len]);
+                k.gen_syndrome_with(&data, &mut p, &mut q, stores);
+                assert!(p == p_ref && q == q_ref, "{} {stores:?} len={len}", k.name());
+                k.xor_gen_with(&data, &mut q, stores);
+                assert!(q == p_ref, "{} xor {stores:?} len={len}", k.name());
+            }
+        }
+    }
+}
+
+#[test]
 fn xor_syndrome_and_rmw_update_match_reference() {
     let mut rng = Rng(3);
     for n in data_counts() {
