@@ -14,6 +14,7 @@
 //! (a `Flush` request through the engine) and reports the flush's result. Requests that
 //! arrive after the shutdown began are answered `ArrayFailed`.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
@@ -29,6 +30,12 @@ use crate::engine::ArrayEngine;
 use crate::real::{BackendKind, Executor, Waker};
 
 pub type Callback = Box<dyn FnOnce(RequestCompletion) + Send>;
+
+/// Work run on the runtime thread with the engine (as `dyn Any`: downcast it to the engine
+/// type the runtime was started with), the executor and the runtime clock (ns). One generic
+/// message serves every control-path need (add a member, read sync status, drain engine
+/// events, change tunables) without the runtime knowing about each.
+pub type ControlFn = Box<dyn FnOnce(&mut dyn Any, &mut Executor, u64) + Send>;
 
 #[derive(Clone, Debug)]
 pub struct RuntimeOptions {
@@ -76,6 +83,7 @@ impl std::error::Error for RuntimeError {}
 enum Msg {
     Request(Request, Callback),
     FailMember(usize),
+    Control(ControlFn),
     Stats(mpsc::Sender<RuntimeStats>),
     Shutdown(mpsc::Sender<ShutdownReport>),
 }
@@ -128,6 +136,24 @@ impl RuntimeHandle {
     pub fn stats(&self) -> Result<RuntimeStats, RuntimeError> {
         let (tx, rx) = mpsc::channel();
         self.send(Msg::Stats(tx))?;
+        rx.recv().map_err(|_| RuntimeError::Stopped)
+    }
+
+    /// Queue `f` to run on the runtime thread (in order with requests); returns at once.
+    pub fn control_async(&self, f: ControlFn) -> Result<(), RuntimeError> {
+        self.send(Msg::Control(f))
+    }
+
+    /// Run `f` on the runtime thread and wait for its result. Keep `f` short: the array
+    /// serves nothing while it runs.
+    pub fn control<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn Any, &mut Executor, u64) -> R + Send + 'static,
+    ) -> Result<R, RuntimeError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Msg::Control(Box::new(move |engine, ex, now| {
+            let _ = tx.send(f(engine, ex, now));
+        })))?;
         rx.recv().map_err(|_| RuntimeError::Stopped)
     }
 }
@@ -214,7 +240,7 @@ struct Loop<E: ArrayEngine> {
     io_done: Vec<uraid_core::MemberIoCompletion>,
 }
 
-impl<E: ArrayEngine> Loop<E> {
+impl<E: ArrayEngine + 'static> Loop<E> {
     fn new(engine: E, ex: Executor, rx: Receiver<Msg>, sleeping: Arc<AtomicBool>) -> Self {
         Loop {
             engine,
@@ -275,6 +301,11 @@ impl<E: ArrayEngine> Loop<E> {
                 }
             }
             Msg::FailMember(m) => self.engine.fail_member(m, now),
+            Msg::Control(f) => {
+                // Whatever the closure started (a recovery, say) is unplugged like a request.
+                let _ = catch_unwind(AssertUnwindSafe(|| f(&mut self.engine, &mut self.ex, now)));
+                submitted = true;
+            }
             Msg::Stats(tx) => {
                 let _ = tx.send(self.stats());
             }
@@ -429,6 +460,10 @@ impl<E: ArrayEngine> Loop<E> {
                 }
                 Msg::Stats(tx) => {
                     let _ = tx.send(self.stats());
+                }
+                Msg::Control(f) => {
+                    let now = self.now_ns();
+                    let _ = catch_unwind(AssertUnwindSafe(|| f(&mut self.engine, &mut self.ex, now)));
                 }
                 Msg::FailMember(_) | Msg::Shutdown(_) => {}
             }

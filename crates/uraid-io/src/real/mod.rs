@@ -68,6 +68,49 @@ pub struct Member {
 }
 
 impl Member {
+    /// Opens one member (see [`MemberSet::open`]).
+    pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<Member> {
+        let path = path.to_path_buf();
+        let open = |flags: i32| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(!opts.read_only)
+                .custom_flags(flags | libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+        };
+        let mut buffered = open(0)?;
+        let direct = if opts.direct {
+            match open(libc::O_DIRECT) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    if opts.log {
+                        eprintln!(
+                            "uraid-io: {}: O_DIRECT refused ({e}); using buffered I/O for this member",
+                            path.display()
+                        );
+                    }
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // Works for block devices too, where metadata().len() is 0.
+        let size_bytes = buffered.seek(SeekFrom::End(0))?;
+        Ok(Member { path, buffered, direct, size_bytes })
+    }
+
+    /// The same member on duplicated descriptors.
+    pub fn try_clone(&self) -> io::Result<Member> {
+        Ok(Member {
+            path: self.path.clone(),
+            buffered: self.buffered.try_clone()?,
+            direct: self.direct.as_ref().map(File::try_clone).transpose()?,
+            size_bytes: self.size_bytes,
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -102,39 +145,13 @@ pub struct MemberSet {
 
 impl MemberSet {
     pub fn open<P: AsRef<Path>>(paths: &[P], opts: &OpenOptions) -> io::Result<MemberSet> {
-        let mut members = Vec::with_capacity(paths.len());
-        for p in paths {
-            let path = p.as_ref().to_path_buf();
-            let open = |flags: i32| {
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(!opts.read_only)
-                    .custom_flags(flags | libc::O_CLOEXEC)
-                    .open(&path)
-                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
-            };
-            let mut buffered = open(0)?;
-            let direct = if opts.direct {
-                match open(libc::O_DIRECT) {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        if opts.log {
-                            eprintln!(
-                                "uraid-io: {}: O_DIRECT refused ({e}); using buffered I/O for this member",
-                                path.display()
-                            );
-                        }
-                        None
-                    }
-                }
-            } else {
-                None
-            };
-            // Works for block devices too, where metadata().len() is 0.
-            let size_bytes = buffered.seek(SeekFrom::End(0))?;
-            members.push(Member { path, buffered, direct, size_bytes });
-        }
+        let members = paths.iter().map(|p| Member::open(p.as_ref(), opts)).collect::<io::Result<_>>()?;
         Ok(MemberSet { members })
+    }
+
+    /// A set from members opened one by one (e.g. with placeholders for absent slots).
+    pub fn from_members(members: Vec<Member>) -> MemberSet {
+        MemberSet { members }
     }
 
     pub fn len(&self) -> usize {
@@ -312,6 +329,9 @@ pub struct Executor {
     ready: Vec<MemberIoCompletion>,
     aligned_pool: Vec<AlignedBuf>,
     in_flight: usize,
+    /// Member sets replaced by `replace_member`, kept so descriptors that I/O already in
+    /// flight uses stay open until the executor is dropped.
+    retired: Vec<Arc<MemberSet>>,
 }
 
 static URING_FALLBACK_LOGGED: Once = Once::new();
@@ -350,6 +370,7 @@ impl Executor {
             ready: Vec::new(),
             aligned_pool: Vec::new(),
             in_flight: 0,
+            retired: Vec::new(),
         })
     }
 
@@ -362,6 +383,22 @@ impl Executor {
 
     pub fn members(&self) -> &MemberSet {
         &self.members
+    }
+
+    /// Put `member` in place of member `index` (mdadm --add of a replacement into a slot).
+    /// I/O queued or in flight on the old member still completes on the old descriptors.
+    pub fn replace_member(&mut self, index: usize, member: Member) -> io::Result<()> {
+        if index >= self.members.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("member {index} does not exist ({} members)", self.members.len()),
+            ));
+        }
+        let mut members = self.members.iter().map(Member::try_clone).collect::<io::Result<Vec<_>>>()?;
+        members[index] = member;
+        let old = std::mem::replace(&mut self.members, Arc::new(MemberSet { members }));
+        self.retired.push(old);
+        Ok(())
     }
 
     /// Member I/Os submitted and not yet returned by `poll`/`wait`.
