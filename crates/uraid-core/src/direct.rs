@@ -35,7 +35,7 @@ impl Engine {
         {
             // Split evenly (in 4 KiB units) across the readable mirrors.
             let readable = self.members.iter().filter(|m| m.readable(sector + len - 1)).count().max(1) as u64;
-            let share = (len / readable).div_ceil(8) * 8;
+            let share = len.div_ceil(readable).div_ceil(8) * 8;
             pieces = (0..readable)
                 .map(|k| (sector + k * share, share.min((sector + len).saturating_sub(sector + k * share))))
                 .filter(|&(_, n)| n > 0)

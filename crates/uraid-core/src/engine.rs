@@ -4,7 +4,9 @@
 //! through stripe heads (`stripe.rs`) unless a chunk-aligned read may bypass the cache.
 //! Every event ends by re-analysing what it touched, as md's `handle_stripe` does.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::detmap::DetMap;
 
 use crate::api::*;
 use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
@@ -74,8 +76,8 @@ pub struct Engine {
     pub(crate) failed: bool,
     pub(crate) now_ns: TimeNs,
     next_io_id: MemberIoId,
-    pub(crate) reqs: HashMap<RequestId, ReqState>,
-    pub(crate) ios: HashMap<MemberIoId, (IoCtx, usize, TimeNs)>,
+    pub(crate) reqs: DetMap<RequestId, ReqState>,
+    pub(crate) ios: DetMap<MemberIoId, (IoCtx, usize, TimeNs)>,
     out_ios: VecDeque<MemberIo>,
     out_done: VecDeque<RequestCompletion>,
     pub(crate) cache: StripeCache,
@@ -91,7 +93,9 @@ pub struct Engine {
     /// raid1/10 writes waiting for the sync unit they overlap: (request, sector, len, zero).
     pub(crate) blocked_writes: Vec<(RequestId, u64, u64, bool)>,
     /// raid1/10 writes in flight, in array sectors, so a sync unit never overlaps one.
-    pub(crate) direct_write_ranges: HashMap<RequestId, (u64, u64)>,
+    pub(crate) direct_write_ranges: DetMap<RequestId, (u64, u64)>,
+    /// Test-only sabotage: read-modify-write leaves P and Q untouched (see `plant_bug`).
+    pub(crate) planted_skip_rmw_parity: bool,
 }
 
 impl Engine {
@@ -136,8 +140,8 @@ impl Engine {
             failed: false,
             now_ns: 0,
             next_io_id: 1,
-            reqs: HashMap::new(),
-            ios: HashMap::new(),
+            reqs: DetMap::default(),
+            ios: DetMap::default(),
             out_ios: VecDeque::new(),
             out_done: VecDeque::new(),
             next_write_seq: 0,
@@ -150,7 +154,8 @@ impl Engine {
             events: VecDeque::new(),
             direct_sync: None,
             blocked_writes: Vec::new(),
-            direct_write_ranges: HashMap::new(),
+            direct_write_ranges: DetMap::default(),
+            planted_skip_rmw_parity: false,
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();
@@ -162,6 +167,13 @@ impl Engine {
             }
         }
         Ok(engine)
+    }
+
+    /// Sabotage for testing the testers: with `on`, read-modify-write skips the parity
+    /// update, so the simulator's checker must catch the damage once a member is lost.
+    #[doc(hidden)]
+    pub fn plant_bug_skip_rmw_parity(&mut self, on: bool) {
+        self.planted_skip_rmw_parity = on;
     }
 
     pub fn geometry(&self) -> &Geometry {

@@ -149,7 +149,7 @@ pub fn layout_name(level: Level, layout: u32) -> String {
             .map(|(n, _)| n.to_string())
             .unwrap_or_else(|| format!("unknown({layout})")),
         Level::Raid10 => {
-            let r = Raid10Geo::from_layout(layout, 1);
+            let r = Raid10Geo::from_layout(layout, 255);
             match r {
                 Ok(g) if g.far_offset => format!("offset={}", g.far_copies),
                 Ok(g) if g.far_copies > 1 && g.near_copies == 1 => format!("far={}", g.far_copies),

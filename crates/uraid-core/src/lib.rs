@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod config;
+pub mod detmap;
 mod direct;
 pub mod engine;
 pub mod explain;

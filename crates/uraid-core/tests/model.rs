@@ -69,6 +69,8 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
     let mut cfg = config(geo, data_offset_bytes);
     cfg.tunables.stripe_cache_size = 16 + (seed % 3) as usize * 8;
     cfg.tunables.rmw_level = (seed % 3) as u8;
+    cfg.tunables.balance = uraid_core::mirror::Balance::NAMES[(seed % 5) as usize].1;
+    cfg.tunables.write_batching = seed % 4 != 3;
     let engine = Engine::new(cfg).expect("engine");
     let members = MemMembers::new(case.raid_disks, data_offset_bytes + member_sectors * 512);
     let mut d = Driver::new(engine, members, seed);
@@ -110,10 +112,11 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
             let a = data_offset_bytes + rng.below(member_sectors) * 512;
             d.members.latent.push((m, a, a + 512 * (1 + rng.below(8))));
         }
-        let len_sectors = match rng.below(4) {
+        let len_sectors = match rng.below(5) {
             0 => 1 + rng.below(8),
             1 => 1 + rng.below(64),
             2 => 1 + rng.below(3 * stripe_bytes / 512),
+            3 => 1 + rng.below(600),
             _ => 8,
         };
         let len = (len_sectors * 512).min(size);
@@ -243,6 +246,31 @@ fn every_level_and_layout_matches_the_model() {
                 .unwrap_or(seed * 7919 + case.layout as u64);
             let ops = std::env::var("URAID_MODEL_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
             run_case(&case, seed, ops);
+        }
+    }
+}
+
+/// `split` divides large mirror reads: every byte of the request must still be read
+/// (a floor division once dropped the tail).
+#[test]
+fn split_balance_reads_the_whole_request() {
+    for n in [2usize, 3] {
+        let geo = Geometry::new(Level::Raid1, n, 0, 0, &vec![4096; n]).unwrap();
+        let mut cfg = config(geo, 0);
+        cfg.tunables.balance = uraid_core::mirror::Balance::Split;
+        let mut d = Driver::new(Engine::new(cfg).unwrap(), MemMembers::new(n, 4096 * 512), 1);
+        let mut rng = Rng(11);
+        let mut model = vec![0u8; 4096 * 512];
+        rng.fill(&mut model);
+        d.run_one(Request::write(1, 0, model.clone())).unwrap();
+        for (k, len_sectors) in (257u64..=300).enumerate() {
+            let off = (k as u64 * 7) * 512;
+            let len = len_sectors * 512;
+            let got = d.run_one(Request::read(10 + k as u64, off, len)).unwrap();
+            assert!(
+                got == model[off as usize..(off + len) as usize],
+                "n={n} read of {len_sectors} sectors at {off}"
+            );
         }
     }
 }

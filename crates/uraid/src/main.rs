@@ -7,6 +7,8 @@ mod control;
 mod create;
 mod detail;
 mod examine;
+mod explain;
+mod sim;
 mod size_arg;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +32,10 @@ enum Command {
     Detail(detail::DetailArgs),
     /// Benchmarks on this machine, each against a peer measured in the same run.
     Bench(bench::BenchArgs),
+    /// The member I/Os one request costs on an idle array of a given shape.
+    Explain(explain::ExplainArgs),
+    /// Random workload with faults on simulated disks, checked against a reference model.
+    Sim(sim::SimArgs),
 }
 
 fn main() {
@@ -40,6 +46,8 @@ fn main() {
         Command::Assemble(args) => assemble::run(args),
         Command::Detail(args) => detail::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Explain(args) => explain::run(args),
+        Command::Sim(args) => sim::run(args),
     };
     if let Err(e) = result {
         eprintln!("uraid: error: {e:#}");

@@ -71,6 +71,7 @@
 //! zone's media rate; a latent-error read fails after its normal service time.
 
 pub mod array;
+pub mod check;
 pub mod disks;
 pub mod model;
 pub mod profile;
