@@ -103,6 +103,64 @@ pub enum MemberIoOp {
     Flush,
 }
 
+/// The payload of a member write: a shared, read-only view of a buffer, so a stripe-cache
+/// buffer can feed the member write without a copy while the cache keeps using it.
+#[derive(Clone, Default)]
+pub struct IoBytes {
+    buf: std::sync::Arc<Vec<u8>>,
+    start: usize,
+    len: usize,
+}
+
+impl IoBytes {
+    pub fn new() -> Self {
+        IoBytes::default()
+    }
+    /// Bytes `range` of a shared buffer.
+    pub fn slice(buf: &std::sync::Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Self {
+        assert!(range.end <= buf.len() && range.start <= range.end, "IoBytes range outside its buffer");
+        IoBytes { buf: buf.clone(), start: range.start, len: range.end - range.start }
+    }
+    /// The bytes as an owned vector (no copy when this view is the whole, unshared buffer).
+    pub fn into_vec(self) -> Vec<u8> {
+        if self.start == 0 && self.len == self.buf.len() {
+            match std::sync::Arc::try_unwrap(self.buf) {
+                Ok(v) => v,
+                Err(shared) => shared[..].to_vec(),
+            }
+        } else {
+            self.buf[self.start..self.start + self.len].to_vec()
+        }
+    }
+}
+
+impl std::ops::Deref for IoBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl From<Vec<u8>> for IoBytes {
+    fn from(v: Vec<u8>) -> Self {
+        let len = v.len();
+        IoBytes { buf: std::sync::Arc::new(v), start: 0, len }
+    }
+}
+
+impl PartialEq for IoBytes {
+    fn eq(&self, other: &Self) -> bool {
+        self[..] == other[..]
+    }
+}
+impl Eq for IoBytes {}
+
+impl std::fmt::Debug for IoBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IoBytes({} bytes)", self.len)
+    }
+}
+
 /// One I/O the caller must perform on a member device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberIo {
@@ -114,7 +172,7 @@ pub struct MemberIo {
     pub offset_bytes: u64,
     pub len_bytes: u64,
     /// Payload of a `Write`; empty otherwise.
-    pub data: Vec<u8>,
+    pub data: IoBytes,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

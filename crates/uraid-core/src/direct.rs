@@ -61,7 +61,7 @@ impl Engine {
                 tried: bit(e.member),
                 errored: 0,
             };
-            self.issue_io(e.member, MemberIoOp::Read, e.member_sector, n, Vec::new(), ctx);
+            self.issue_io(e.member, MemberIoOp::Read, e.member_sector, n, IoBytes::new(), ctx);
         }
     }
 
@@ -92,10 +92,10 @@ impl Engine {
                 continue;
             }
             for e in targets {
-                let data = if zero {
-                    vec![0u8; bytes]
+                let data: IoBytes = if zero {
+                    vec![0u8; bytes].into()
                 } else {
-                    self.reqs[&id].buf[src_off..src_off + bytes].to_vec()
+                    self.reqs[&id].buf[src_off..src_off + bytes].to_vec().into()
                 };
                 self.reqs.get_mut(&id).expect("request").parts += 1;
                 self.issue_io(
@@ -153,7 +153,7 @@ impl Engine {
                                 MemberIoOp::Read,
                                 c.member_sector,
                                 len_sectors,
-                                Vec::new(),
+                                IoBytes::new(),
                                 ctx,
                             );
                         }
@@ -209,7 +209,14 @@ impl Engine {
                 if let Some(r) = self.reqs.get_mut(&req) {
                     r.parts += 1;
                 }
-                self.issue_io(c.member, MemberIoOp::Write, c.member_sector, len_sectors, data.to_vec(), ctx);
+                self.issue_io(
+                    c.member,
+                    MemberIoOp::Write,
+                    c.member_sector,
+                    len_sectors,
+                    data.to_vec().into(),
+                    ctx,
+                );
             }
         }
     }

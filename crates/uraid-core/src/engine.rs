@@ -487,7 +487,7 @@ impl Engine {
         op: MemberIoOp,
         member_sector: u64,
         len_sectors: u64,
-        data: Vec<u8>,
+        data: IoBytes,
         ctx: IoCtx,
     ) {
         let id = self.next_io_id;
@@ -539,7 +539,7 @@ impl Engine {
                 (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
             self.reqs.get_mut(&id).expect("present").fua_flushes = Some(targets.len() as u32);
             for m in targets {
-                self.issue_io(m, MemberIoOp::Flush, 0, 0, Vec::new(), IoCtx::FuaFlush { req: id });
+                self.issue_io(m, MemberIoOp::Flush, 0, 0, IoBytes::new(), IoCtx::FuaFlush { req: id });
             }
             return;
         }
@@ -605,7 +605,7 @@ impl Engine {
                         MemberIoOp::Flush,
                         0,
                         0,
-                        Vec::new(),
+                        IoBytes::new(),
                         IoCtx::MemberFlush { flush: flush_id },
                     );
                 }

@@ -12,6 +12,8 @@ use std::collections::VecDeque;
 
 use crate::detmap::DetMap;
 
+use std::sync::Arc;
+
 use crate::api::*;
 use crate::engine::Engine;
 use crate::geometry::{Geometry, StripeMap};
@@ -22,6 +24,9 @@ use crate::sectors::{rows, runs, span, SectorMask};
 const IO_THRESHOLD: usize = 1;
 /// Largest stripe head height in sectors (64 KiB).
 const MAX_HEAD_SECTORS: u64 = 128;
+
+/// A stripe-cache buffer: shared with the member writes that carry it.
+type Buf = Arc<Vec<u8>>;
 
 /// Why a member I/O was issued; routes its completion.
 #[derive(Clone, Debug)]
@@ -99,7 +104,7 @@ struct ReadWaiter {
 }
 
 struct Batch {
-    data: Vec<Option<Box<[u8]>>>,
+    data: Vec<Option<Buf>>,
     mask: Vec<SectorMask>,
     reqs: Vec<RequestId>,
     mode: WriteMode,
@@ -115,7 +120,7 @@ pub(crate) struct Stripe {
     map: StripeMap,
     /// Role of each member: Some(logical data index) or None for P/Q.
     dd_of: Vec<Option<usize>>,
-    cache: Vec<Option<Box<[u8]>>>,
+    cache: Vec<Option<Buf>>,
     valid: Vec<SectorMask>,
     reading: Vec<SectorMask>,
     /// Rows that failed to read and await read-error correction.
@@ -123,7 +128,7 @@ pub(crate) struct Stripe {
     /// Rows being rewritten by read-error correction: no batch may write them meanwhile,
     /// or the older data could land last.
     rewriting: Vec<SectorMask>,
-    towrite: Vec<Option<Box<[u8]>>>,
+    towrite: Vec<Option<Buf>>,
     towrite_mask: Vec<SectorMask>,
     towrite_reqs: Vec<RequestId>,
     batch: Option<Batch>,
@@ -163,7 +168,7 @@ pub(crate) struct StripeCache {
     delayed: Vec<u64>,
     preread_active: usize,
     bypass_count: u32,
-    pool: Vec<Box<[u8]>>,
+    pool: Vec<Buf>,
     zero: Box<[u8]>,
     running: bool,
 }
@@ -189,8 +194,8 @@ impl StripeCache {
         }
     }
 
-    fn buf(&mut self) -> Box<[u8]> {
-        self.pool.pop().unwrap_or_else(|| vec![0u8; self.zero.len()].into_boxed_slice())
+    fn buf(&mut self) -> Buf {
+        self.pool.pop().unwrap_or_else(|| Arc::new(vec![0u8; self.zero.len()]))
     }
 
     fn mark(&mut self, key: u64) {
@@ -286,7 +291,9 @@ impl Engine {
     fn evict(&mut self, key: u64) {
         if let Some(st) = self.cache.heads.remove(&key) {
             for b in st.cache.into_iter().chain(st.towrite).flatten() {
-                self.cache.pool.push(b);
+                if Arc::strong_count(&b) == 1 {
+                    self.cache.pool.push(b);
+                }
             }
         }
     }
@@ -329,7 +336,7 @@ impl Engine {
                 if let Some(b) = fresh {
                     st.towrite[member] = Some(b);
                 }
-                let buf = st.towrite[member].as_mut().expect("towrite buffer");
+                let buf = Arc::make_mut(st.towrite[member].as_mut().expect("towrite buffer"));
                 let (r0, n) = runs(rows).next().expect("non-empty piece");
                 let dst = &mut buf[bytes(r0, n)];
                 if zero {
@@ -373,7 +380,7 @@ impl Engine {
                 self.stats.aligned_read_bypass += 1;
                 self.reqs.get_mut(&id).expect("request").parts += 1;
                 let ctx = IoCtx::BypassRead { req: id, array_sector: sector, len_sectors: len, dest_off: 0 };
-                self.issue_io(ext.member, MemberIoOp::Read, ext.member_sector, len, Vec::new(), ctx);
+                self.issue_io(ext.member, MemberIoOp::Read, ext.member_sector, len, IoBytes::new(), ctx);
                 return;
             }
         }
@@ -644,7 +651,7 @@ impl Engine {
             st.reading[member] |= rows(r0, r0 + n);
             st.inflight += 1;
             let ctx = IoCtx::Fill { key, rows: rows(r0, r0 + n) };
-            self.issue_io(member, MemberIoOp::Read, st.base_sector + r0, n, Vec::new(), ctx);
+            self.issue_io(member, MemberIoOp::Read, st.base_sector + r0, n, IoBytes::new(), ctx);
         }
     }
 
@@ -682,7 +689,7 @@ impl Engine {
             let bad = st.bad[o] & want;
             if bad != 0 && self.members[o].writable() {
                 for (r0, n) in runs(bad) {
-                    let data = st.cache[o].as_ref().expect("rebuilt")[bytes(r0, n)].to_vec();
+                    let data = IoBytes::slice(st.cache[o].as_ref().expect("rebuilt"), bytes(r0, n));
                     st.inflight += 1;
                     st.rewriting[o] |= rows(r0, r0 + n);
                     let ctx = IoCtx::Rewrite { key, rows: rows(r0, r0 + n), req: None };
@@ -699,9 +706,11 @@ impl Engine {
         let pd = map.pd_idx;
         let qd = map.qd_idx;
         let lost_data: Vec<usize> = lost.iter().copied().filter(|&m| st.dd_of[m].is_some()).collect();
-        let mut outs: Vec<(usize, Box<[u8]>)> =
+        let mut outs: Vec<(usize, Buf)> =
             lost_data.iter().map(|&m| (m, st.cache[m].take().expect("allocated"))).collect();
         {
+            let mut outs: Vec<(usize, &mut Vec<u8>)> =
+                outs.iter_mut().map(|(m, b)| (*m, Arc::make_mut(b))).collect();
             let zero = &self.cache.zero[..rg.len()];
             let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
             for (dd, &m) in map.data_members.iter().enumerate() {
@@ -756,12 +765,13 @@ impl Engine {
         let mut p = st.cache[map.pd_idx].take().expect("P buffer");
         let mut q = map.qd_idx.map(|q| st.cache[q].take().expect("Q buffer"));
         {
+            let p = Arc::make_mut(&mut p);
             let zero = &self.cache.zero[..rg.len()];
             let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
             for (dd, &m) in map.data_members.iter().enumerate() {
                 slots[map.syndrome_slot[dd]] = &st.cache[m].as_ref().expect("data valid")[rg.clone()];
             }
-            match q.as_mut() {
+            match q.as_mut().map(Arc::make_mut) {
                 Some(q) if want_q => {
                     if want_p {
                         uraid_parity::gen_syndrome(&slots, &mut p[rg.clone()], &mut q[rg.clone()]);
@@ -922,14 +932,16 @@ impl Engine {
                 continue;
             }
             for (r0, n) in runs(rws) {
-                let data = st.cache[m].as_ref().expect("written rows cached")[bytes(r0, n)].to_vec();
+                let data = IoBytes::slice(st.cache[m].as_ref().expect("written rows cached"), bytes(r0, n));
                 writes += 1;
                 st.inflight += 1;
                 self.issue_io(m, MemberIoOp::Write, st.base_sector + r0, n, data, IoCtx::StripeWrite { key });
             }
         }
         for buf in b.data.iter_mut().filter_map(Option::take) {
-            self.cache.pool.push(buf);
+            if Arc::strong_count(&buf) == 1 {
+                self.cache.pool.push(buf);
+            }
         }
         b.writing = Some(writes);
         st.batch = Some(b);
@@ -949,15 +961,17 @@ impl Engine {
         }
         match b.mode {
             WriteMode::ReadModifyWrite => {
-                let mut p = st.cache[pd].take().expect("P");
-                let mut q = st.map.qd_idx.map(|q| st.cache[q].take().expect("Q"));
+                let mut p_buf = st.cache[pd].take().expect("P");
+                let mut q_buf = st.map.qd_idx.map(|q| st.cache[q].take().expect("Q"));
+                let p = Arc::make_mut(&mut p_buf);
+                let mut q = q_buf.as_mut().map(Arc::make_mut);
                 for (dd, &m) in st.map.data_members.iter().enumerate() {
                     let mk = b.mask[m];
                     if mk == 0 {
                         continue;
                     }
                     let new = b.data[m].as_ref().expect("new data");
-                    let old = st.cache[m].as_mut().expect("old data");
+                    let old = Arc::make_mut(st.cache[m].as_mut().expect("old data"));
                     for (r0, n) in runs(mk) {
                         let rg = bytes(r0, n);
                         if self.planted_skip_rmw_parity {
@@ -984,8 +998,8 @@ impl Engine {
                     }
                     st.valid[m] |= mk;
                 }
-                st.cache[pd] = Some(p);
-                if let (Some(qd), Some(q)) = (st.map.qd_idx, q) {
+                st.cache[pd] = Some(p_buf);
+                if let (Some(qd), Some(q)) = (st.map.qd_idx, q_buf) {
                     st.cache[qd] = Some(q);
                 }
             }
@@ -995,11 +1009,20 @@ impl Engine {
                     if mk == 0 {
                         continue;
                     }
+                    if mk == self.cache.full_mask {
+                        // Fully overwritten: the new buffer becomes the cache, no copy.
+                        let old = std::mem::replace(&mut st.cache[m], b.data[m].take());
+                        if let Some(old) = old.filter(|o| Arc::strong_count(o) == 1) {
+                            self.cache.pool.push(old);
+                        }
+                        st.valid[m] |= mk;
+                        continue;
+                    }
                     if st.cache[m].is_none() {
                         st.cache[m] = Some(self.cache.buf());
                     }
                     copy_rows(
-                        st.cache[m].as_mut().expect("cache"),
+                        Arc::make_mut(st.cache[m].as_mut().expect("cache")).as_mut_slice(),
                         b.data[m].as_ref().expect("new data"),
                         mk,
                     );
@@ -1104,7 +1127,8 @@ impl Engine {
             if !self.members[m].writable() {
                 continue;
             }
-            let data = st.cache[m].as_ref().expect("rebuilt")[bytes(0, self.cache.head_sectors)].to_vec();
+            let data =
+                IoBytes::slice(st.cache[m].as_ref().expect("rebuilt"), bytes(0, self.cache.head_sectors));
             writes += 1;
             st.inflight += 1;
             let n = self.cache.head_sectors;
@@ -1156,7 +1180,7 @@ impl Engine {
                     Ok(data) => {
                         let fresh = rws & !st.valid[member];
                         let (r0, _) = runs(rws).next().expect("non-empty");
-                        let buf = st.cache[member].as_mut().expect("fill buffer");
+                        let buf = Arc::make_mut(st.cache[member].as_mut().expect("fill buffer"));
                         for (a, n) in runs(fresh) {
                             let src = ((a - r0) * SECTOR_BYTES) as usize;
                             buf[bytes(a, n)].copy_from_slice(&data[src..src + (n * SECTOR_BYTES) as usize]);

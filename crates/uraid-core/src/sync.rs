@@ -379,7 +379,7 @@ impl Engine {
         self.direct_sync = Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false });
         for (src, pos, n) in reads {
             let ctx = IoCtx::SyncRead { array_sector: pos, len_sectors: n };
-            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, Vec::new(), ctx);
+            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx);
         }
         UnitStart::Started
     }
@@ -395,6 +395,7 @@ impl Engine {
                 let kind = self.sync.as_ref().map(|j| j.kind);
                 match result {
                     Ok(data) => {
+                        let data = IoBytes::from(data);
                         let mut copies = Vec::new();
                         self.geo.copies(array_sector, &mut copies);
                         for c in copies {

@@ -46,7 +46,14 @@ pub fn sim_speed(profile: &str, members: usize, qd: usize, total_ios: u64) -> Si
         } else {
             (MemberIoOp::Read, Vec::new(), 4096)
         };
-        MemberIo { id: next_id, member, op, offset_bytes: rng.below(blocks) * 4096, len_bytes: len, data }
+        MemberIo {
+            id: next_id,
+            member,
+            op,
+            offset_bytes: rng.below(blocks) * 4096,
+            len_bytes: len,
+            data: data.into(),
+        }
     };
     let start = Instant::now();
     let mut issued = 0u64;
@@ -163,7 +170,7 @@ pub fn real_executor(
         } else {
             (MemberIoOp::Read, Vec::new())
         };
-        MemberIo { id, member: 0, op, offset_bytes: block * bs, len_bytes: bs, data }
+        MemberIo { id, member: 0, op, offset_bytes: block * bs, len_bytes: bs, data: data.into() }
     };
     let mut id = 0u64;
     for _ in 0..qd {

@@ -11,6 +11,7 @@
 
 pub mod bench;
 pub mod engine;
+pub mod engine_bench;
 pub mod real;
 pub mod runtime;
 pub mod sim;

@@ -91,7 +91,7 @@ impl MirrorEngine {
             MemberIoOp::Flush => ms.flushes += 1,
         }
         let offset_bytes = if op == MemberIoOp::Flush { 0 } else { offset + self.data_offset_bytes };
-        self.outbox.push_back(MemberIo { id, member, op, offset_bytes, len_bytes: len, data });
+        self.outbox.push_back(MemberIo { id, member, op, offset_bytes, len_bytes: len, data: data.into() });
     }
 
     fn finish(&mut self, req_id: u64, result: Result<Vec<u8>, RequestError>) {

@@ -46,7 +46,7 @@ fn run(ex: &mut Executor, ios: Vec<MemberIo>) -> Vec<MemberIoCompletion> {
 }
 
 fn io(id: u64, member: usize, op: MemberIoOp, offset_bytes: u64, len_bytes: u64, data: Vec<u8>) -> MemberIo {
-    MemberIo { id, member, op, offset_bytes, len_bytes, data }
+    MemberIo { id, member, op, offset_bytes, len_bytes, data: data.into() }
 }
 
 fn exercise(backend: BackendChoice, expect: BackendKind) {

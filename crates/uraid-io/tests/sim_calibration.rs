@@ -21,7 +21,7 @@ fn run_qd1(disks: &mut SimDisks, ios: impl Iterator<Item = (u64, u64)>) -> u64 {
             op: MemberIoOp::Read,
             offset_bytes,
             len_bytes,
-            data: vec![],
+            data: Default::default(),
         });
         while out.is_empty() {
             disks.run_next(&mut out).expect("an event");
@@ -47,7 +47,7 @@ fn random_4k_iops(profile: &str, qd: usize, n: usize) -> f64 {
             op: MemberIoOp::Read,
             offset_bytes: off,
             len_bytes: 4096,
-            data: vec![],
+            data: Default::default(),
         });
         issued += 1;
     }
@@ -64,7 +64,7 @@ fn random_4k_iops(profile: &str, qd: usize, n: usize) -> f64 {
                     op: MemberIoOp::Read,
                     offset_bytes: off,
                     len_bytes: 4096,
-                    data: vec![],
+                    data: Default::default(),
                 });
                 issued += 1;
             }

@@ -129,7 +129,7 @@ fn run_all(d: &mut SimDisks) -> Vec<MemberIoCompletion> {
 }
 
 fn rd(id: u64, member: usize, offset_bytes: u64, len_bytes: u64) -> MemberIo {
-    MemberIo { id, member, op: MemberIoOp::Read, offset_bytes, len_bytes, data: vec![] }
+    MemberIo { id, member, op: MemberIoOp::Read, offset_bytes, len_bytes, data: Default::default() }
 }
 
 #[test]
@@ -189,7 +189,7 @@ fn flush_waits_for_queued_writes_and_makes_them_durable() {
         op: MemberIoOp::Write,
         offset_bytes: off,
         len_bytes: 4096,
-        data: vec![v; 4096],
+        data: vec![v; 4096].into(),
     };
     d.submit(w(1, 0, 1));
     d.submit(w(2, 1 << 29, 2));
@@ -199,7 +199,7 @@ fn flush_waits_for_queued_writes_and_makes_them_durable() {
         op: MemberIoOp::Flush,
         offset_bytes: 0,
         len_bytes: 0,
-        data: vec![],
+        data: Default::default(),
     });
     let out = run_all(&mut d);
     assert_eq!(out.iter().map(|c| c.id).collect::<Vec<_>>(), vec![1, 2, 3], "FLUSH is not reordered");

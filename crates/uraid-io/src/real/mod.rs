@@ -16,7 +16,7 @@
 //! let mut ex = Executor::new(members, &ExecutorOptions::default()).unwrap();
 //! let mut done = Vec::new();
 //! ex.submit(uraid_core::MemberIo {
-//!     id: 1, member: 0, op: uraid_core::MemberIoOp::Read, offset_bytes: 4096, len_bytes: 4096, data: vec![],
+//!     id: 1, member: 0, op: uraid_core::MemberIoOp::Read, offset_bytes: 4096, len_bytes: 4096, data: Default::default(),
 //! });
 //! while done.is_empty() {
 //!     ex.wait(&mut done, Some(std::time::Duration::from_millis(10)));
@@ -230,6 +230,8 @@ enum IoBuf {
     None,
     /// Reads: capacity `len`, length set once filled.
     Plain(Vec<u8>),
+    /// Writes straight from the engine's buffer (the kernel only reads it).
+    Shared(uraid_core::IoBytes),
     Aligned(AlignedBuf),
 }
 
@@ -238,6 +240,7 @@ impl IoBuf {
         match self {
             IoBuf::None => std::ptr::null_mut(),
             IoBuf::Plain(v) => v.as_mut_ptr(),
+            IoBuf::Shared(b) => b.as_ptr() as *mut u8,
             IoBuf::Aligned(a) => a.as_mut_ptr(),
         }
     }
@@ -445,7 +448,7 @@ impl Executor {
             (MemberIoOp::Flush, _) => IoBuf::None,
             (MemberIoOp::Read, false) => IoBuf::Plain(Vec::with_capacity(len)),
             (MemberIoOp::Read, true) => IoBuf::Aligned(take_aligned(&mut self.aligned_pool, len)),
-            (MemberIoOp::Write, false) => IoBuf::Plain(io.data),
+            (MemberIoOp::Write, false) => IoBuf::Shared(io.data),
             (MemberIoOp::Write, true) => {
                 let mut a = take_aligned(&mut self.aligned_pool, len);
                 a.as_mut_slice()[..len].copy_from_slice(&io.data);

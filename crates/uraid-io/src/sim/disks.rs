@@ -492,7 +492,7 @@ impl SimDisks {
                     Err(MemberIoError::Io)
                 } else {
                     let data = std::mem::take(&mut io.data);
-                    m.store.write_owned(io.offset_bytes, data).map(|()| Vec::new())
+                    m.store.write_owned(io.offset_bytes, data.into_vec()).map(|()| Vec::new())
                 }
             }
             MemberIoOp::Flush => {
@@ -663,7 +663,7 @@ impl SimDisks {
             let in_flight: Vec<(u64, &[u8])> = active
                 .iter()
                 .filter(|a| a.io.op == MemberIoOp::Write && a.io.data.len() as u64 == a.io.len_bytes)
-                .map(|a| (a.io.offset_bytes, a.io.data.as_slice()))
+                .map(|a| (a.io.offset_bytes, &a.io.data[..]))
                 .collect();
             reports.push(m.store.power_loss(policy, rng, &in_flight));
             m.queue.clear();
