@@ -29,3 +29,136 @@ pub fn request(sock: &Path, command: &str) -> anyhow::Result<String> {
         other => bail!("unexpected reply from the control socket: {other:?}"),
     }
 }
+
+/// Serves the control socket until `stop` is set. One thread; each command is short
+/// (an add returns once the recovery started).
+pub fn serve(
+    listener: std::os::unix::net::UnixListener,
+    array: std::sync::Arc<crate::array::running::RunningArray>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering;
+    let _ = listener.set_nonblocking(true);
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                handle_client(stream, &array);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
+fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray) {
+    let mut line = String::new();
+    let mut r = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(_) => return,
+    });
+    // A line of at most 4 KiB: a path and a verb.
+    if (&mut r).take(4096).read_line(&mut line).is_err() {
+        return;
+    }
+    let line = line.trim();
+    let (verb, arg) = line.split_once(' ').map(|(v, a)| (v, a.trim())).unwrap_or((line, ""));
+    let need_arg = |what: &str| -> anyhow::Result<()> {
+        if arg.is_empty() {
+            bail!("`{what}` needs a member path");
+        }
+        Ok(())
+    };
+    let reply: anyhow::Result<String> = match verb {
+        "detail" => Ok(array.detail()),
+        "status" => Ok(array.status()),
+        "progress" => Ok(array.progress()),
+        "fail" => need_arg("fail").and_then(|_| array.fail(arg)),
+        "remove" => need_arg("remove").and_then(|_| array.remove(arg)),
+        "add" => need_arg("add").and_then(|_| array.add(arg)),
+        other => Err(anyhow::anyhow!(
+            "unknown control command {other:?}: use detail, status, progress, fail, remove or add"
+        )),
+    };
+    let mut w = stream;
+    let _ = match reply {
+        Ok(text) => write!(w, "OK\n{text}"),
+        Err(e) => write!(w, "ERR\n{e:#}\n"),
+    };
+}
+
+/// Where `uraid serve` puts its control socket unless told: next to the first member.
+pub fn default_socket_path(first_member: &Path, array_name: &str) -> std::path::PathBuf {
+    let dir = std::path::absolute(first_member)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| std::path::PathBuf::from("."));
+    let short = array_name.rsplit(':').next().unwrap_or(array_name);
+    let clean: String = short
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect();
+    dir.join(format!(".uraid-{}.sock", if clean.is_empty() { "array" } else { &clean }))
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct MemberCommandArgs {
+    /// Control socket of the running `uraid serve` (printed when it starts).
+    #[arg(long)]
+    pub control: std::path::PathBuf,
+    /// The member file or device.
+    pub member: std::path::PathBuf,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct StatusArgs {
+    /// Control socket of the running `uraid serve`.
+    #[arg(long)]
+    pub control: std::path::PathBuf,
+}
+
+pub fn run_status(args: StatusArgs) -> anyhow::Result<()> {
+    print!("{}", request(&args.control, "status")?);
+    Ok(())
+}
+
+pub fn run_fail(args: MemberCommandArgs) -> anyhow::Result<()> {
+    print!("{}", request(&args.control, &format!("fail {}", abs(&args.member)))?);
+    Ok(())
+}
+
+pub fn run_remove(args: MemberCommandArgs) -> anyhow::Result<()> {
+    print!("{}", request(&args.control, &format!("remove {}", abs(&args.member)))?);
+    Ok(())
+}
+
+/// Adds, then shows the rebuild's progress while attached to a terminal.
+pub fn run_add(args: MemberCommandArgs) -> anyhow::Result<()> {
+    print!("{}", request(&args.control, &format!("add {}", abs(&args.member)))?);
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return Ok(());
+    }
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let p = request(&args.control, "progress")?;
+        let mut it = p.split_whitespace();
+        let (Some(kind), Some(done), Some(total)) = (it.next(), it.next(), it.next()) else {
+            println!("\r{:60}\rdone", "");
+            return Ok(());
+        };
+        let (done, total): (f64, f64) = (done.parse().unwrap_or(0.0), total.parse().unwrap_or(1.0));
+        let frac = if total > 0.0 { (done / total).min(1.0) } else { 1.0 };
+        let filled = (frac * 40.0) as usize;
+        print!("\r{kind} [{}{}] {:5.1}%", "#".repeat(filled), "-".repeat(40 - filled), frac * 100.0);
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// Members are named to the server by absolute path: it runs in another directory.
+fn abs(p: &Path) -> String {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
+}

@@ -9,6 +9,7 @@ mod detail;
 mod examine;
 mod explain;
 mod sim;
+mod serve;
 mod size_arg;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,16 @@ enum Command {
     Assemble(assemble::AssembleArgs),
     /// Detail of an array: from its members, or from a running `uraid serve` (--control).
     Detail(detail::DetailArgs),
+    /// Assemble and serve the array over NBD, with a control socket, until SIGINT/SIGTERM.
+    Serve(serve::ServeArgs),
+    /// /proc/mdstat-like status of a running array (through its control socket).
+    Status(control::StatusArgs),
+    /// Mark a member of a running array faulty (mdadm --fail).
+    Fail(control::MemberCommandArgs),
+    /// Remove a failed member or a spare from a running array (mdadm --remove).
+    Remove(control::MemberCommandArgs),
+    /// Add a member to a running array: rebuilt into a missing slot, or a hot spare.
+    Add(control::MemberCommandArgs),
     /// Benchmarks on this machine, each against a peer measured in the same run.
     Bench(bench::BenchArgs),
     /// The member I/Os one request costs on an idle array of a given shape.
@@ -45,6 +56,11 @@ fn main() {
         Command::Examine(args) => examine::run(args),
         Command::Assemble(args) => assemble::run(args),
         Command::Detail(args) => detail::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Status(args) => control::run_status(args),
+        Command::Fail(args) => control::run_fail(args),
+        Command::Remove(args) => control::run_remove(args),
+        Command::Add(args) => control::run_add(args),
         Command::Bench(args) => bench::run(args),
         Command::Explain(args) => explain::run(args),
         Command::Sim(args) => sim::run(args),

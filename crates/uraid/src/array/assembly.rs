@@ -48,15 +48,6 @@ pub struct Assembled {
     pub resync: StartResync,
 }
 
-impl Assembled {
-    pub fn level(&self) -> Level {
-        self.config.geometry.level
-    }
-    pub fn array_bytes(&self) -> u64 {
-        self.config.geometry.array_bytes()
-    }
-}
-
 /// Opens, checks and plans. `writable` only decides how the files are opened.
 pub fn assemble(paths: &[PathBuf], run: bool, writable: bool) -> anyhow::Result<Assembled> {
     if paths.is_empty() {

@@ -3,8 +3,11 @@
 
 pub mod assembly;
 pub mod detail;
+pub mod device;
 pub mod member;
+pub mod meta;
 pub mod report;
+pub mod running;
 
 /// 16 random bytes for uuids, from the kernel's generator.
 pub fn random_uuid() -> anyhow::Result<[u8; 16]> {

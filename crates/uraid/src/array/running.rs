@@ -1,0 +1,832 @@
+//! A started array: the engine on its runtime thread, the metadata keeper, the NBD
+//! device, and a monitor thread that turns engine events into superblock updates (member
+//! failed, recovery checkpoint and end, resync end), takes hot spares, marks the array
+//! clean when writes stop, and runs the bitmap daemon.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use uraid_core::meta::{feature, Superblock, SuperblockVersion, MAX_SECTOR};
+use uraid_core::{Engine, EngineEvent, Geometry, MemberState, Request, SyncKind, SyncStatus};
+use uraid_io::real::{Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
+use uraid_io::runtime::{ArrayRuntime, RuntimeHandle, RuntimeOptions};
+
+use super::assembly::Assembled;
+use super::detail::{self, DetailInput, SlotView};
+use super::device::ArrayDevice;
+use super::member::MemberDev;
+use super::meta::{DevRole, MetaDev, MetaKeeper};
+use super::report::{detail_text, level_name, DetailInfo};
+
+const MONITOR_PERIOD: Duration = Duration::from_millis(100);
+/// md's safe_mode_delay is 200 ms; a second keeps superblock writes rare under bursty I/O.
+const CLEAN_AFTER_IDLE: Duration = Duration::from_secs(1);
+const BITMAP_DAEMON_PERIOD: Duration = Duration::from_secs(5);
+const RECOVERY_CHECKPOINT_PERIOD: Duration = Duration::from_secs(3);
+const SPEED_WINDOW: Duration = Duration::from_secs(5);
+
+/// What the monitor last saw of the engine.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub states: Vec<MemberState>,
+    pub sync: Option<SyncStatus>,
+    pub failed: bool,
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl Snapshot {
+    /// Sync speed in sectors per second over the last few seconds.
+    pub fn sync_speed_sectors(&self) -> Option<f64> {
+        let (t0, d0) = self.samples.front()?;
+        let (t1, d1) = self.samples.back()?;
+        let dt = t1.duration_since(*t0).as_secs_f64();
+        (dt > 0.2 && d1 >= d0).then(|| (d1 - d0) as f64 / dt)
+    }
+}
+
+pub struct RunningArray {
+    pub handle: RuntimeHandle,
+    runtime: Mutex<Option<ArrayRuntime>>,
+    pub meta: Arc<MetaKeeper>,
+    pub device: Arc<ArrayDevice>,
+    pub name: String,
+    pub geometry: Geometry,
+    pub read_only: bool,
+    used_dev_sectors: u64,
+    snapshot: Mutex<Snapshot>,
+    /// Serializes control operations and event handling.
+    ops: Mutex<()>,
+    stop: AtomicBool,
+    monitor: Mutex<Option<JoinHandle<()>>>,
+    /// Per slot: the member path the executor has there.
+    slot_paths: Mutex<Vec<Option<String>>>,
+}
+
+fn engine_of(e: &mut dyn std::any::Any) -> &mut Engine {
+    e.downcast_mut::<Engine>().expect("the runtime runs a uraid_core::Engine")
+}
+
+fn exec_open_options(read_only: bool) -> OpenOptions {
+    OpenOptions { direct: true, read_only, log: true }
+}
+
+/// Placeholder for a slot with no member: the engine never issues I/O to it.
+fn absent_member() -> anyhow::Result<Member> {
+    Member::open(Path::new("/dev/null"), &OpenOptions { direct: false, read_only: false, log: false })
+        .context("opening /dev/null as the placeholder of a missing slot")
+}
+
+impl RunningArray {
+    pub fn start(a: Assembled, read_only: bool) -> anyhow::Result<Arc<RunningArray>> {
+        let Assembled { members, superblocks, plan, mut config, slot_member, resync } = a;
+        config.read_only = read_only;
+        let geometry = config.geometry.clone();
+        let mut engine =
+            Engine::new(config.clone()).map_err(|e| anyhow!("the engine refused the array: {e}"))?;
+        let resync_pending = !matches!(resync, super::assembly::StartResync::None);
+        if !read_only {
+            if let Some(ranges) = resync.engine_ranges() {
+                engine.start_resync(ranges, 0);
+            }
+        }
+        let mut slot_paths = vec![None; slot_member.len()];
+        let mut exec_members = Vec::with_capacity(slot_member.len());
+        for (slot, idx) in slot_member.iter().enumerate() {
+            match idx {
+                Some(i) => {
+                    exec_members.push(
+                        Member::open(&members[*i].path, &exec_open_options(read_only))
+                            .with_context(|| format!("{}: opening for I/O", members[*i].name))?,
+                    );
+                    slot_paths[slot] = Some(members[*i].name.clone());
+                }
+                None => exec_members.push(absent_member()?),
+            }
+        }
+        let executor = Executor::new(MemberSet::from_members(exec_members), &ExecutorOptions::default())
+            .context("starting the I/O executor")?;
+
+        let mut devs = Vec::new();
+        for (i, m) in members.into_iter().enumerate() {
+            let role = if let Some(slot) = slot_member.iter().position(|s| *s == Some(i)) {
+                let recovering = matches!(config.members[slot].state, MemberState::Recovering { .. });
+                DevRole::Active { slot, recovering }
+            } else if plan.spares.contains(&i) {
+                DevRole::Spare
+            } else {
+                continue; // stale or otherwise left out: never written
+            };
+            devs.push(MetaDev {
+                name: m.name,
+                path: m.path,
+                file: m.file,
+                sb: superblocks[i].clone(),
+                role,
+                identity: m.identity,
+            });
+        }
+        // The freshest superblock first: new members copy its fields.
+        if let Some(pos) =
+            devs.iter().position(|d| d.sb.device_uuid == superblocks[plan.freshest].device_uuid)
+        {
+            devs.swap(0, pos);
+        }
+        let bitmap =
+            plan.bitmap.as_ref().and_then(|b| b.write_intent().map(|w| (w, b.offset_from_sb_sectors)));
+        let meta = Arc::new(MetaKeeper::new(
+            devs,
+            plan.events,
+            plan.resync_offset != MAX_SECTOR,
+            resync_pending,
+            bitmap,
+            read_only,
+        ));
+        let runtime = ArrayRuntime::start(engine, executor, &RuntimeOptions::default())
+            .context("starting the array thread")?;
+        let handle = runtime.handle();
+        let device =
+            Arc::new(ArrayDevice::new(handle.clone(), meta.clone(), geometry.array_bytes(), read_only));
+        let states: Vec<MemberState> = config.members.iter().map(|m| m.state).collect();
+        let arr = Arc::new(RunningArray {
+            handle,
+            runtime: Mutex::new(Some(runtime)),
+            meta,
+            device,
+            name: plan.name.clone(),
+            geometry,
+            read_only,
+            used_dev_sectors: plan.size_sectors,
+            snapshot: Mutex::new(Snapshot { states, ..Default::default() }),
+            ops: Mutex::new(()),
+            stop: AtomicBool::new(false),
+            monitor: Mutex::new(None),
+            slot_paths: Mutex::new(slot_paths),
+        });
+        arr.poll(|_, _, _| Ok(()))?;
+        let me = arr.clone();
+        let t = std::thread::Builder::new()
+            .name("uraid-monitor".into())
+            .spawn(move || me.monitor_loop())
+            .context("starting the monitor thread")?;
+        *arr.monitor.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        Ok(arr)
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshot.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Runs `action` on the engine, then drains its events and acts on them.
+    fn poll(
+        &self,
+        action: impl FnOnce(&mut Engine, &mut Executor, u64) -> Result<(), String> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        self.poll_locked(action)
+    }
+
+    fn poll_locked(
+        &self,
+        action: impl FnOnce(&mut Engine, &mut Executor, u64) -> Result<(), String> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let (result, events, states, sync, failed) = self
+            .handle
+            .control(move |e, ex, now| {
+                let e = engine_of(e);
+                let r = action(e, ex, now);
+                let mut events = Vec::new();
+                while let Some(ev) = e.pop_event() {
+                    events.push(ev);
+                }
+                (r, events, e.member_states(), e.sync_status(), e.is_failed())
+            })
+            .map_err(|e| anyhow!("{e}"))?;
+        {
+            let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            match &sync {
+                Some(st) => {
+                    if s.sync.as_ref().is_some_and(|o| o.kind != st.kind) {
+                        s.samples.clear();
+                    }
+                    s.samples.push_back((now, st.done_sectors));
+                    while s.samples.front().is_some_and(|(t, _)| now.duration_since(*t) > SPEED_WINDOW) {
+                        s.samples.pop_front();
+                    }
+                }
+                None => s.samples.clear(),
+            }
+            s.states = states.clone();
+            s.sync = sync;
+            s.failed = failed;
+        }
+        let degraded = states.iter().filter(|s| !matches!(s, MemberState::InSync)).count();
+        self.device.degraded.store(degraded, Ordering::SeqCst);
+        for ev in events {
+            self.on_event(ev, &states)?;
+        }
+        result.map_err(anyhow::Error::msg)
+    }
+
+    fn on_event(&self, ev: EngineEvent, states: &[MemberState]) -> anyhow::Result<()> {
+        match ev {
+            EngineEvent::MemberFaulty(slot) => {
+                eprintln!("uraid: {}: member in slot {slot} failed; the array runs degraded", self.name);
+                self.meta.update(|st| {
+                    for d in st.devs.iter_mut() {
+                        if matches!(d.role, DevRole::Active { slot: s, .. } if s == slot) {
+                            d.role = DevRole::Faulty { slot };
+                        }
+                    }
+                })?;
+                self.take_spare(slot)?;
+            }
+            EngineEvent::RecoveryDone(slot) => {
+                eprintln!("uraid: {}: recovery of slot {slot} done", self.name);
+                self.flush();
+                self.meta.update(|st| {
+                    for d in st.devs.iter_mut() {
+                        if let DevRole::Active { slot: s, recovering } = &mut d.role {
+                            if *s == slot {
+                                *recovering = false;
+                            }
+                        }
+                    }
+                })?;
+                if states.iter().all(|s| matches!(s, MemberState::InSync)) {
+                    self.meta.bitmap_all_synced();
+                }
+            }
+            EngineEvent::ResyncDone => {
+                eprintln!("uraid: {}: resync done", self.name);
+                self.meta.lock().resync_pending = false;
+                self.meta.bitmap_all_synced();
+            }
+            EngineEvent::SyncAborted(kind) => {
+                eprintln!("uraid: {}: {kind:?} stopped short (a source or its target failed)", self.name);
+            }
+            EngineEvent::ArrayFailed => {
+                eprintln!(
+                    "uraid: {}: the array has FAILED: more members lost than the level survives",
+                    self.name
+                );
+                self.meta.update(|st| st.failed = true)?;
+            }
+            EngineEvent::RecoveryStarted(slot) => {
+                eprintln!("uraid: {}: recovery of slot {slot} started", self.name);
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> bool {
+        self.handle.submit_wait(Request::flush(0)).map(|c| c.result.is_ok()).unwrap_or(false)
+    }
+
+    /// A hot spare replaces the member that failed in `slot`.
+    fn take_spare(&self, slot: usize) -> anyhow::Result<()> {
+        let spare = {
+            let st = self.meta.lock();
+            st.devs
+                .iter()
+                .position(|d| d.role == DevRole::Spare)
+                .map(|i| (i, st.devs[i].path.clone(), st.devs[i].name.clone()))
+        };
+        let Some((_, path, name)) = spare else { return Ok(()) };
+        let data_offset_bytes = self
+            .meta
+            .lock()
+            .devs
+            .iter()
+            .find(|d| d.path == path)
+            .map(|d| d.sb.data_offset * 512)
+            .unwrap_or(0);
+        match self.start_recovery_into(slot, &path, data_offset_bytes) {
+            Ok(()) => {
+                eprintln!("uraid: {}: hot spare {name} takes slot {slot}", self.name);
+                self.meta.update(|st| {
+                    if let Some(d) = st.devs.iter_mut().find(|d| d.path == path) {
+                        d.role = DevRole::Active { slot, recovering: true };
+                        d.sb.recovery_offset = 0;
+                    }
+                })?;
+                self.set_slot_path(slot, Some(name));
+            }
+            Err(e) => eprintln!("uraid: {}: hot spare {name} could not take slot {slot}: {e:#}", self.name),
+        }
+        Ok(())
+    }
+
+    fn set_slot_path(&self, slot: usize, name: Option<String>) {
+        if let Some(p) = self.slot_paths.lock().unwrap_or_else(|e| e.into_inner()).get_mut(slot) {
+            *p = name;
+        }
+    }
+
+    /// Opens `path` for the executor, puts it in `slot` and starts the engine's recovery.
+    fn start_recovery_into(&self, slot: usize, path: &Path, data_offset_bytes: u64) -> anyhow::Result<()> {
+        let member = Member::open(path, &exec_open_options(self.read_only))
+            .with_context(|| format!("{}: opening for I/O", path.display()))?;
+        self.poll_locked(move |e, ex, now| {
+            // The engine first: it refuses (slot busy, array failed) before anything changes.
+            // Its recovery I/O is pumped only after this closure, so the executor has the
+            // new member by then.
+            e.add_member(slot, data_offset_bytes, now)?;
+            if let Err(err) = ex.replace_member(slot, member) {
+                e.fail_member(slot, now);
+                return Err(format!("cannot put the member in slot {slot}: {err}"));
+            }
+            Ok(())
+        })
+    }
+
+    fn monitor_loop(self: Arc<Self>) {
+        let mut last_clean_check = Instant::now();
+        let mut seen_generation = self.meta.write_generation();
+        let mut last_bitmap = Instant::now();
+        let mut last_checkpoint = Instant::now();
+        while !self.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(MONITOR_PERIOD);
+            if let Err(e) = self.poll(|_, _, _| Ok(())) {
+                if self.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                eprintln!("uraid: {}: {e:#}", self.name);
+            }
+            if self.read_only {
+                continue;
+            }
+            if last_clean_check.elapsed() >= CLEAN_AFTER_IDLE {
+                last_clean_check = Instant::now();
+                let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+                match self.meta.try_mark_clean(seen_generation, || self.flush()) {
+                    Ok(_) => {}
+                    Err(e) => eprintln!("uraid: {}: marking clean: {e:#}", self.name),
+                }
+                seen_generation = self.meta.write_generation();
+            }
+            if last_bitmap.elapsed() >= BITMAP_DAEMON_PERIOD {
+                last_bitmap = Instant::now();
+                if let Err(e) = self.meta.bitmap_daemon() {
+                    eprintln!("uraid: {}: bitmap: {e:#}", self.name);
+                }
+            }
+            if last_checkpoint.elapsed() >= RECOVERY_CHECKPOINT_PERIOD {
+                last_checkpoint = Instant::now();
+                if let Err(e) = self.checkpoint_recovery() {
+                    eprintln!("uraid: {}: recovery checkpoint: {e:#}", self.name);
+                }
+            }
+        }
+    }
+
+    /// Records how far a recovery got, after a flush made that much durable.
+    fn checkpoint_recovery(&self) -> anyhow::Result<()> {
+        let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(sync) = self.snapshot().sync else { return Ok(()) };
+        let SyncKind::Recovery { member: slot } = sync.kind else { return Ok(()) };
+        if !self.flush() {
+            return Ok(());
+        }
+        let offset = sync.recovery_offset_sectors;
+        self.meta.update(|st| {
+            for d in st.devs.iter_mut() {
+                if d.role == (DevRole::Active { slot, recovering: true }) {
+                    d.sb.recovery_offset = offset;
+                }
+            }
+        })
+    }
+
+    /// Stops serving: monitor, runtime (finishing in-flight work and flushing), then the
+    /// superblocks are marked clean.
+    pub fn stop(&self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.monitor.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+        let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        // Last look at the engine: pending events and the recovery position.
+        let last = self.handle.control(|e, _, _| {
+            let e = engine_of(e);
+            let mut events = Vec::new();
+            while let Some(ev) = e.pop_event() {
+                events.push(ev);
+            }
+            (events, e.member_states(), e.sync_status())
+        });
+        let runtime = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let report = match runtime {
+            Some(r) => Some(r.shutdown().map_err(|e| anyhow!("{e}"))?),
+            None => None,
+        };
+        let flushed = report.as_ref().is_some_and(|r| r.flush.is_ok());
+        if let Ok((events, states, sync)) = last {
+            for ev in events {
+                if let Err(e) = self.on_event_offline(ev, &states) {
+                    eprintln!("uraid: {}: {e:#}", self.name);
+                }
+            }
+            if let Some(SyncStatus {
+                kind: SyncKind::Recovery { member: slot },
+                recovery_offset_sectors,
+                ..
+            }) = sync
+            {
+                if flushed {
+                    let mut st = self.meta.lock();
+                    for d in st.devs.iter_mut() {
+                        if d.role == (DevRole::Active { slot, recovering: true }) {
+                            d.sb.recovery_offset = recovery_offset_sectors;
+                        }
+                    }
+                }
+            }
+        }
+        if self.read_only {
+            return Ok(());
+        }
+        if !flushed {
+            bail!("the final flush failed: superblocks left marked dirty so the next start resyncs");
+        }
+        self.meta.mark_stopped()
+    }
+
+    /// Events that arrive while stopping: only metadata, no engine actions.
+    fn on_event_offline(&self, ev: EngineEvent, _states: &[MemberState]) -> anyhow::Result<()> {
+        match ev {
+            EngineEvent::MemberFaulty(slot) => self.meta.update(|st| {
+                for d in st.devs.iter_mut() {
+                    if matches!(d.role, DevRole::Active { slot: s, .. } if s == slot) {
+                        d.role = DevRole::Faulty { slot };
+                    }
+                }
+            }),
+            EngineEvent::RecoveryDone(slot) => self.meta.update(|st| {
+                for d in st.devs.iter_mut() {
+                    if let DevRole::Active { slot: s, recovering } = &mut d.role {
+                        if *s == slot {
+                            *recovering = false;
+                        }
+                    }
+                }
+            }),
+            EngineEvent::ResyncDone => {
+                self.meta.lock().resync_pending = false;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Control operations (`uraid fail|remove|add|detail|status` through the socket).
+impl RunningArray {
+    fn find_dev(&self, what: &str) -> anyhow::Result<usize> {
+        let st = self.meta.lock();
+        let target = std::fs::canonicalize(what).ok();
+        let identity = MemberDev::open(Path::new(what), false).ok().map(|m| m.identity);
+        st.devs
+            .iter()
+            .position(|d| {
+                d.name == what
+                    || target.is_some() && std::fs::canonicalize(&d.path).ok() == target
+                    || identity.is_some() && Some(d.identity) == identity
+            })
+            .ok_or_else(|| anyhow!("{what} is not a member of this array (see `uraid detail`)"))
+    }
+
+    /// mdadm --fail.
+    pub fn fail(&self, what: &str) -> anyhow::Result<String> {
+        let i = self.find_dev(what)?;
+        let (role, name) = {
+            let st = self.meta.lock();
+            (st.devs[i].role, st.devs[i].name.clone())
+        };
+        let DevRole::Active { slot, .. } = role else {
+            bail!("{name} is not active in the array ({role:?}); nothing to fail");
+        };
+        self.poll(move |e, _, now| {
+            e.fail_member(slot, now);
+            Ok(())
+        })?;
+        Ok(format!("uraid: set {name} faulty in {}\n", self.name))
+    }
+
+    /// mdadm --remove: a failed member or a spare leaves the array's superblocks.
+    pub fn remove(&self, what: &str) -> anyhow::Result<String> {
+        let i = self.find_dev(what)?;
+        let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let (role, name) = {
+            let st = self.meta.lock();
+            (st.devs[i].role, st.devs[i].name.clone())
+        };
+        match role {
+            DevRole::Active { .. } => bail!("{name} is active: fail it first (`uraid fail {name}`)"),
+            DevRole::Faulty { slot } => self.set_slot_path(slot, None),
+            DevRole::Spare => {}
+        }
+        self.meta.update(|st| {
+            st.devs.retain(|d| d.name != name);
+        })?;
+        Ok(format!("uraid: hot removed {name} from {}\n", self.name))
+    }
+
+    /// mdadm --add: rebuild into a missing or failed slot, or become a hot spare.
+    pub fn add(&self, what: &str) -> anyhow::Result<String> {
+        if self.read_only {
+            bail!("the array is served read-only: members cannot be added");
+        }
+        let path = PathBuf::from(what);
+        let dev = MemberDev::open(&path, true)?;
+        let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let (reference, taken_slots) = {
+            let st = self.meta.lock();
+            if let Some(d) = st.devs.iter().find(|d| d.identity == dev.identity) {
+                if !matches!(d.role, DevRole::Faulty { .. }) {
+                    bail!("{} is already in the array as {:?}", d.name, d.role);
+                }
+            }
+            let taken: Vec<usize> = st
+                .devs
+                .iter()
+                .filter_map(|d| match d.role {
+                    DevRole::Active { slot, .. } => Some(slot),
+                    _ => None,
+                })
+                .collect();
+            (st.devs[0].sb.clone(), taken)
+        };
+        // The failed member given back: it leaves as faulty and comes back as new.
+        self.meta.update(|st| {
+            st.devs.retain(|d| d.identity != dev.identity || !matches!(d.role, DevRole::Faulty { .. }))
+        })?;
+        let states = self.snapshot().states;
+        let slot = (0..states.len()).find(|&s| {
+            matches!(states[s], MemberState::Missing | MemberState::Faulty) && !taken_slots.contains(&s)
+        });
+        let dev_number = {
+            let st = self.meta.lock();
+            (0u32..).find(|n| !st.devs.iter().any(|d| d.sb.dev_number == *n)).unwrap_or(0)
+        };
+        let sb = new_member_superblock(&reference, &dev, dev_number, self.used_dev_sectors)?;
+        // Its own metadata first (recovering from 0, or spare), so a crash leaves it
+        // recognisable; the array's superblocks follow.
+        let role = match slot {
+            Some(slot) => DevRole::Active { slot, recovering: true },
+            None => DevRole::Spare,
+        };
+        self.write_new_member(&dev, &sb, role)?;
+        let name = dev.name.clone();
+        let meta_dev = MetaDev {
+            name: dev.name.clone(),
+            path: dev.path.clone(),
+            file: dev.file.try_clone().context("duplicating the member's descriptor")?,
+            sb: sb.clone(),
+            role: DevRole::Spare,
+            identity: dev.identity,
+        };
+        self.meta.update(|st| st.devs.push(meta_dev))?;
+        let Some(slot) = slot else {
+            return Ok(format!("uraid: added {name} to {} as a hot spare\n", self.name));
+        };
+        self.start_recovery_into(slot, &dev.path, sb.data_offset * 512)?;
+        self.meta.update(|st| {
+            if let Some(d) = st.devs.iter_mut().find(|d| d.identity == dev.identity) {
+                d.role = DevRole::Active { slot, recovering: true };
+            }
+        })?;
+        self.set_slot_path(slot, Some(name.clone()));
+        Ok(format!("uraid: added {name} to {} in slot {slot}; recovery started\n", self.name))
+    }
+
+    fn write_new_member(&self, dev: &MemberDev, sb: &Superblock, role: DevRole) -> anyhow::Result<()> {
+        let mut sb = sb.clone();
+        if let Some(r) = sb.dev_roles.get_mut(sb.dev_number as usize) {
+            *r = match role {
+                DevRole::Active { slot, .. } => slot as u16,
+                _ => uraid_core::meta::role::SPARE,
+            };
+        }
+        if sb.bblog_size > 0 {
+            let at = sb.super_offset.saturating_add_signed(i64::from(sb.bblog_offset)) * 512;
+            dev.write_at(at, &vec![0u8; usize::from(sb.bblog_size) * 512])?;
+        }
+        if let Some((offset, area)) = self.meta.bitmap_area() {
+            dev.write_at(sb.super_offset.saturating_add_signed(i64::from(offset)) * 512, &area)?;
+        }
+        let bytes = sb.update_csum();
+        dev.write_at(sb.super_offset * 512, &bytes)?;
+        dev.sync().with_context(|| format!("{}: fdatasync", dev.name))?;
+        Ok(())
+    }
+
+    fn slot_views(&self) -> SlotViews {
+        let snap = self.snapshot();
+        let st = self.meta.lock();
+        let paths = self.slot_paths.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let slots = snap
+            .states
+            .iter()
+            .enumerate()
+            .map(|(slot, state)| {
+                let dev = st.devs.iter().find(|d| match d.role {
+                    DevRole::Active { slot: s, .. } | DevRole::Faulty { slot: s } => s == slot,
+                    DevRole::Spare => false,
+                });
+                SlotView {
+                    dev_number: dev.map(|d| d.sb.dev_number),
+                    path: dev.map(|d| d.name.clone()).or_else(|| paths.get(slot).cloned().flatten()),
+                    state: *state,
+                }
+            })
+            .collect();
+        let spares = st
+            .devs
+            .iter()
+            .filter(|d| d.role == DevRole::Spare)
+            .map(|d| (d.sb.dev_number, d.name.clone()))
+            .collect();
+        (slots, spares, Vec::new())
+    }
+
+    pub fn detail_info(&self) -> DetailInfo {
+        let (slots, spares, others) = self.slot_views();
+        let snap = self.snapshot();
+        let sb = self.meta.lock().devs[0].sb.clone();
+        detail::build(&DetailInput {
+            sb: &sb,
+            array_sectors: self.geometry.array_sectors(),
+            used_dev_sectors: self.used_dev_sectors,
+            slots: &slots,
+            spares: &spares,
+            others: &others,
+            sync: snap.sync.clone(),
+            dirty: self.meta.is_dirty(),
+            failed: snap.failed,
+            read_only: self.read_only,
+        })
+    }
+
+    pub fn detail(&self) -> String {
+        detail_text(&self.name, &self.detail_info())
+    }
+
+    /// A /proc/mdstat-like view.
+    pub fn status(&self) -> String {
+        let snap = self.snapshot();
+        let (slots, spares, _) = self.slot_views();
+        let sb = self.meta.lock().devs[0].sb.clone();
+        let level = level_name(sb.level);
+        let mut s = format!("Personalities : [{level}]\n");
+        let mut devs: Vec<String> = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| {
+                let p = v.path.clone()?;
+                let mark = match v.state {
+                    MemberState::Faulty => "(F)",
+                    MemberState::Missing => return None,
+                    _ => "",
+                };
+                Some(format!("{p}[{i}]{mark}"))
+            })
+            .collect();
+        devs.extend(spares.iter().map(|(n, p)| format!("{p}[{n}](S)")));
+        let state = if snap.failed {
+            "FAILED"
+        } else if self.read_only {
+            "active (read-only)"
+        } else {
+            "active"
+        };
+        s.push_str(&format!("{} : {state} {level} {}\n", self.name, devs.join(" ")));
+        let up: String =
+            slots.iter().map(|v| if matches!(v.state, MemberState::InSync) { 'U' } else { '_' }).collect();
+        let in_sync = up.chars().filter(|&c| c == 'U').count();
+        let geo_text = match sb.level {
+            1 => String::new(),
+            0 | 10 => format!(" {}k chunks", sb.chunksize / 2),
+            l => format!(" level {l}, {}k chunk, algorithm {}", sb.chunksize / 2, sb.layout),
+        };
+        s.push_str(&format!(
+            "      {} blocks super 1.{}{} [{}/{}] [{}]\n",
+            self.geometry.array_sectors() / 2,
+            match sb.super_offset {
+                0 => 1,
+                8 => 2,
+                _ => 0,
+            },
+            geo_text,
+            slots.len(),
+            in_sync,
+            up
+        ));
+        if let Some(sync) = &snap.sync {
+            let frac = if sync.total_sectors == 0 {
+                1.0
+            } else {
+                sync.done_sectors as f64 / sync.total_sectors as f64
+            };
+            let filled = ((frac * 20.0) as usize).min(20);
+            let bar = format!("[{}>{}]", "=".repeat(filled), ".".repeat(20 - filled));
+            let what = match sync.kind {
+                SyncKind::Recovery { .. } => "recovery",
+                SyncKind::Resync => "resync",
+            };
+            let (speed, finish) = match snap.sync_speed_sectors() {
+                Some(v) if v > 0.0 => {
+                    let left = sync.total_sectors.saturating_sub(sync.done_sectors) as f64 / v;
+                    (format!("{:.0}K/sec", v / 2.0), format!("{:.1}min", left / 60.0))
+                }
+                _ => ("-".to_string(), "-".to_string()),
+            };
+            s.push_str(&format!(
+                "      {bar}  {what} = {:.1}% ({}/{}) finish={finish} speed={speed}\n",
+                frac * 100.0,
+                sync.done_sectors / 2,
+                sync.total_sectors / 2
+            ));
+        }
+        if self.meta.has_bitmap() {
+            s.push_str("      bitmap: internal\n");
+        }
+        s.push_str(&format!("      state: {}\n", self.detail_info().state));
+        s
+    }
+
+    /// `done total` of the running sync, or `idle`: what the CLI's progress bar polls.
+    pub fn progress(&self) -> String {
+        match self.snapshot().sync {
+            Some(s) => format!(
+                "{} {} {}\n",
+                match s.kind {
+                    SyncKind::Recovery { .. } => "recovery",
+                    SyncKind::Resync => "resync",
+                },
+                s.done_sectors,
+                s.total_sectors
+            ),
+            None => "idle\n".to_string(),
+        }
+    }
+}
+
+/// Slots, hot spares (dev_number, name), and other members (state, name).
+type SlotViews = (Vec<SlotView>, Vec<(u32, String)>, Vec<(String, String)>);
+
+/// The superblock of a member joining the array: the array's fields, its own identity.
+fn new_member_superblock(
+    reference: &Superblock,
+    dev: &MemberDev,
+    dev_number: u32,
+    used_dev_sectors: u64,
+) -> anyhow::Result<Superblock> {
+    let dev_sectors = dev.dev_sectors();
+    let version = match reference.super_offset {
+        0 => SuperblockVersion::V1_1,
+        8 => SuperblockVersion::V1_2,
+        _ => SuperblockVersion::V1_0,
+    };
+    let mut sb = reference.clone();
+    sb.device_uuid = super::random_uuid()?;
+    sb.dev_number = dev_number;
+    sb.feature_map |= feature::RECOVERY_OFFSET;
+    sb.recovery_offset = 0;
+    sb.cnt_corrected_read = 0;
+    sb.devflags = 0;
+    let too_small = || {
+        anyhow!(
+            "{} is too small: {} sectors, the array needs {} sectors of data after the {}-sector data offset",
+            dev.name,
+            dev_sectors,
+            used_dev_sectors,
+            reference.data_offset
+        )
+    };
+    match version {
+        SuperblockVersion::V1_0 => {
+            let sb_at = version.sb_offset_sectors(dev_sectors).ok_or_else(too_small)?;
+            // Keep the reference's room between data end and superblock (bitmap, bblog).
+            let room = reference.super_offset.saturating_sub(reference.data_offset + reference.data_size);
+            sb.super_offset = sb_at;
+            sb.data_size = sb_at.checked_sub(room + sb.data_offset).ok_or_else(too_small)?;
+        }
+        _ => {
+            sb.data_size = dev_sectors.checked_sub(sb.data_offset).ok_or_else(too_small)?;
+        }
+    }
+    if sb.data_size < used_dev_sectors.max(reference.size) {
+        return Err(too_small());
+    }
+    if sb.max_dev <= dev_number {
+        sb.max_dev = dev_number + 1;
+        sb.dev_roles.resize(sb.max_dev as usize, uraid_core::meta::role::SPARE);
+    }
+    Ok(sb)
+}

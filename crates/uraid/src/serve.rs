@@ -1,0 +1,154 @@
+//! `uraid serve`: assemble, then serve the array over NBD with a control socket, until
+//! SIGINT/SIGTERM: then stop accepting, finish in-flight requests, flush, mark the
+//! superblocks clean (the next start needs no resync) and exit 0.
+
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use uraid_nbd::{Export, Server, ServerOptions};
+
+use crate::array::assembly::assemble;
+use crate::array::report::{human_bytes, level_name};
+use crate::array::running::RunningArray;
+
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// TCP address to listen on (loopback by default; use 0.0.0.0:10809 to serve others).
+    #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "unix")]
+    pub listen: String,
+    /// Listen on a Unix-domain socket instead of TCP.
+    #[arg(long)]
+    pub unix: Option<PathBuf>,
+    /// Export name clients ask for (the empty name works too); default: the array name.
+    #[arg(long = "export-name")]
+    pub export_name: Option<String>,
+    /// Serve read-only; nothing is written to any member.
+    #[arg(long = "read-only")]
+    pub read_only: bool,
+    /// Start even with members missing (degraded).
+    #[arg(long, short = 'R')]
+    pub run: bool,
+    /// Control socket path (default: .uraid-NAME.sock next to the first member).
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Member files or block devices, in any order.
+    #[arg(required = true)]
+    pub members: Vec<PathBuf>,
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+/// Binds a Unix socket, replacing a stale file nobody listens on.
+fn bind_unix(path: &Path, what: &str) -> anyhow::Result<UnixListener> {
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("{what} {} is in use: is this array already served?", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale {what} {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("cannot listen on the {what} {}", path.display()))
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    serve(args, None)
+}
+
+/// Text printed once serving: given the NBD URL and the control socket path.
+pub type Banner = dyn Fn(&str, &Path) -> String;
+
+/// Serves until a signal; `banner` is printed after the listeners are up (the demo's).
+pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
+    let assembled = assemble(&args.members, args.run, !args.read_only)?;
+    for w in &assembled.plan.warnings {
+        eprintln!("uraid: {w}");
+    }
+    let control_path = args
+        .control
+        .clone()
+        .unwrap_or_else(|| crate::control::default_socket_path(&args.members[0], &assembled.plan.name));
+    // Bind everything before starting the array, so a busy port writes nothing.
+    let listener = match &args.unix {
+        Some(p) => Listener::Unix(bind_unix(p, "NBD socket")?, p.clone()),
+        None => Listener::Tcp(
+            TcpListener::bind(&args.listen).with_context(|| format!("cannot listen on {}", args.listen))?,
+        ),
+    };
+    let control_listener = bind_unix(&control_path, "control socket")?;
+
+    let array = RunningArray::start(assembled, args.read_only)?;
+    let export_name = args.export_name.clone().unwrap_or_else(|| {
+        let n = &array.name;
+        n.rsplit(':').next().unwrap_or(n).to_string()
+    });
+    let mut export = Export::new(export_name.clone(), array.device.clone());
+    export.description = format!("uraid {} {}", level_name(array.geometry.level.md_level()), array.name);
+    export.read_only = args.read_only;
+    let server = Server::new(vec![export], ServerOptions::default()).context("NBD server")?;
+
+    let stop_control = Arc::new(AtomicBool::new(false));
+    let control_thread = {
+        let array = array.clone();
+        let stop = stop_control.clone();
+        std::thread::Builder::new()
+            .name("uraid-control".into())
+            .spawn(move || crate::control::serve(control_listener, array, stop))?
+    };
+    let shutdown = server.shutdown_handle();
+    let mut signals =
+        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+            .context("installing the SIGINT/SIGTERM handlers")?;
+    let signal_handle = signals.handle();
+    let signal_thread = std::thread::Builder::new().name("uraid-signals".into()).spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            eprintln!(
+                "uraid: signal {sig}: stopping (finishing in-flight requests, then marking the array clean)"
+            );
+            shutdown.shutdown();
+        }
+    })?;
+
+    let url = match &listener {
+        Listener::Tcp(l) => {
+            let a = l.local_addr()?;
+            format!("nbd://{a}/{export_name}")
+        }
+        Listener::Unix(_, p) => format!("nbd+unix:///{export_name}?socket={}", p.display()),
+    };
+    eprintln!(
+        "uraid: serving {} ({}, {} devices, {}) on {url}\nuraid: control socket {}",
+        array.name,
+        level_name(array.geometry.level.md_level()),
+        array.geometry.raid_disks,
+        human_bytes(array.geometry.array_bytes()),
+        control_path.display()
+    );
+    if let Some(b) = banner {
+        println!("{}", b(&url, &control_path));
+    }
+    let served = match &listener {
+        Listener::Tcp(l) => server.serve_tcp(l.try_clone()?),
+        Listener::Unix(l, _) => server.serve_unix(l.try_clone()?),
+    };
+    stop_control.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = control_thread.join();
+    signal_handle.close();
+    let _ = signal_thread.join();
+    let stopped = array.stop();
+    let _ = std::fs::remove_file(&control_path);
+    if let Listener::Unix(_, p) = &listener {
+        let _ = std::fs::remove_file(p);
+    }
+    served.context("NBD server")?;
+    stopped?;
+    eprintln!("uraid: {} stopped cleanly", array.name);
+    Ok(())
+}
