@@ -5,6 +5,7 @@ mod assemble;
 mod bench;
 mod control;
 mod create;
+mod demo;
 mod detail;
 mod examine;
 mod explain;
@@ -31,6 +32,8 @@ enum Command {
     Assemble(assemble::AssembleArgs),
     /// Detail of an array: from its members, or from a running `uraid serve` (--control).
     Detail(detail::DetailArgs),
+    /// A RAID6 of six 1 GiB sparse files under ./uraid-demo/, served on 127.0.0.1:10809.
+    Demo(demo::DemoArgs),
     /// Assemble and serve the array over NBD, with a control socket, until SIGINT/SIGTERM.
     Serve(serve::ServeArgs),
     /// /proc/mdstat-like status of a running array (through its control socket).
@@ -56,6 +59,7 @@ fn main() {
         Command::Examine(args) => examine::run(args),
         Command::Assemble(args) => assemble::run(args),
         Command::Detail(args) => detail::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Status(args) => control::run_status(args),
         Command::Fail(args) => control::run_fail(args),
