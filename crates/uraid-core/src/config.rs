@@ -39,6 +39,8 @@ pub struct Tunables {
     pub write_batching: bool,
     /// Chunk-aligned reads go straight to the member on an optimal array.
     pub aligned_read_bypass: bool,
+    /// Bypass also on a degraded array, for reads whose member is working (md before 4.1).
+    pub degraded_read_bypass: bool,
     /// Read balancing for mirrors (raid1, raid10).
     pub balance: crate::mirror::Balance,
     /// Background resync/recovery floor while other I/O runs, KiB/s per member (md default 1000).
@@ -57,6 +59,7 @@ impl Default for Tunables {
             max_inflight_requests: 4096,
             write_batching: true,
             aligned_read_bypass: true,
+            degraded_read_bypass: false,
             balance: crate::mirror::Balance::Load,
             sync_speed_min_kib: 1000,
             sync_speed_max_kib: 200_000,

@@ -372,11 +372,15 @@ impl Engine {
     pub(crate) fn stripe_read(&mut self, id: RequestId, sector: u64, len: u64) {
         let optimal = self.members.iter().all(|m| matches!(m.state, crate::config::MemberState::InSync));
         let in_one_chunk = sector / self.geo.chunk_sectors == (sector + len - 1) / self.geo.chunk_sectors;
-        if self.tun.aligned_read_bypass && optimal && in_one_chunk {
+        // md since 4.1 bypasses only on an optimal array (seed 001); the old behaviour, bypass
+        // whenever the target member can serve the read, stays available to measure.
+        let allowed = optimal || self.tun.degraded_read_bypass;
+        if self.tun.aligned_read_bypass && allowed && in_one_chunk {
             let (key, ..) = self.head_key(sector);
             let (key_end, ..) = self.head_key(sector + len - 1);
-            if (key..=key_end).all(|k| !self.cache.heads.contains_key(&k)) {
-                let (ext, _) = self.geo.map_sector(sector);
+            let (ext, _) = self.geo.map_sector(sector);
+            let target_ok = self.members[ext.member].readable(ext.member_sector + len - 1);
+            if target_ok && (key..=key_end).all(|k| !self.cache.heads.contains_key(&k)) {
                 self.stats.aligned_read_bypass += 1;
                 self.reqs.get_mut(&id).expect("request").parts += 1;
                 let ctx = IoCtx::BypassRead { req: id, array_sector: sector, len_sectors: len, dest_off: 0 };
