@@ -9,6 +9,7 @@ pub mod explain;
 pub mod geometry;
 pub mod meta;
 pub mod mirror;
+pub mod queue;
 pub mod sectors;
 pub mod stats;
 pub mod stripe;
