@@ -1,0 +1,186 @@
+//! Helpers for driving the built `uraid` binary and the real tools around it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+pub const URAID: &str = env!("CARGO_BIN_EXE_uraid");
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "uraid-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs a tool that the test suite needs; a missing tool fails the test.
+pub fn tool(name: &str, args: &[&str]) -> Output {
+    Command::new(name).args(args).env("URAID_PARITY_QUIET", "1").output().unwrap_or_else(|e| {
+        panic!("{name} is required by this test (scripts/install-deps.sh installs it): {e}")
+    })
+}
+
+pub fn uraid(args: &[&str]) -> Output {
+    tool(URAID, args)
+}
+
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+pub fn ok(o: Output, what: &str) -> String {
+    assert!(o.status.success(), "{what} failed ({}):\n{}", o.status, text(&o));
+    text(&o)
+}
+
+pub fn sha256_file(p: &Path) -> String {
+    let bytes = std::fs::read(p).unwrap();
+    format!("{:x}", Sha256::digest(&bytes))
+}
+
+pub fn paths(v: &[PathBuf]) -> Vec<&str> {
+    v.iter().map(|p| p.to_str().unwrap()).collect()
+}
+
+/// `mdadm --examine` fields of one member.
+pub fn mdadm_field(examine: &str, key: &str) -> Option<String> {
+    examine.lines().find_map(|l| {
+        let (k, v) = l.split_once(" : ")?;
+        (k.trim() == key).then(|| v.trim().to_string())
+    })
+}
+
+/// A running `uraid serve`; SIGTERM and wait on `stop`, SIGKILL on drop.
+pub struct Served {
+    pub child: Option<Child>,
+    pub control: PathBuf,
+    pub url: String,
+    pub log: PathBuf,
+}
+
+impl Served {
+    /// Serves on a Unix socket in `dir`; waits until the control socket answers.
+    pub fn start(dir: &TempDir, members: &[PathBuf], extra: &[&str]) -> Served {
+        let sock = dir.path("nbd.sock");
+        let control = dir.path("control.sock");
+        let log = dir.path(&format!("serve-{}.log", std::process::id()));
+        let logf = std::fs::File::create(&log).unwrap();
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--unix".into(),
+            sock.display().to_string(),
+            "--control".into(),
+            control.display().to_string(),
+            "--export-name".into(),
+            "t".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(members.iter().map(|p| p.display().to_string()));
+        let child = Command::new(URAID)
+            .args(&args)
+            .env("URAID_PARITY_QUIET", "1")
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .spawn()
+            .expect("spawn uraid serve");
+        let mut s = Served {
+            child: Some(child),
+            control: control.clone(),
+            url: format!("nbd+unix:///t?socket={}", sock.display()),
+            log,
+        };
+        let t0 = Instant::now();
+        loop {
+            if std::os::unix::net::UnixStream::connect(&control).is_ok() && sock.exists() {
+                break;
+            }
+            if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("uraid serve exited ({st}):\n{}", s.log_text());
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "uraid serve did not start:\n{}", s.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn ctl(&self, verb: &str, member: Option<&Path>) -> String {
+        let c = self.control.display().to_string();
+        let mut args = vec![verb.to_string()];
+        if let Some(m) = member {
+            args.push(m.display().to_string());
+        }
+        args.push("--control".into());
+        args.push(c);
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(uraid(&a), &format!("uraid {verb}"))
+    }
+
+    /// SIGTERM, then the exit status must be success.
+    pub fn stop(mut self) -> String {
+        let mut child = self.child.take().unwrap();
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                let log = self.log_text();
+                assert!(st.success(), "uraid serve exited with {st} after SIGTERM:\n{log}");
+                return log;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "uraid serve did not stop:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn qemu_io(url: &str, cmds: &[String]) -> String {
+    let mut args: Vec<String> = vec!["-f".into(), "raw".into()];
+    for c in cmds {
+        args.push("-c".into());
+        args.push(c.clone());
+    }
+    args.push(url.into());
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = tool("qemu-io", &a);
+    let t = text(&o);
+    assert!(
+        o.status.success() && !t.contains("Pattern verification failed") && !t.contains("failed:"),
+        "qemu-io: {t}"
+    );
+    t
+}
