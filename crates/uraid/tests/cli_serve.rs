@@ -42,7 +42,7 @@ fn read_cmds(p: &[(u64, u64, u8)]) -> Vec<String> {
     p.iter().map(|(o, l, b)| format!("read -P {b} {o} {l}")).collect()
 }
 
-fn examine(m: &PathBuf) -> String {
+fn examine(m: &std::path::Path) -> String {
     ok(tool("mdadm", &["--examine", m.to_str().unwrap()]), "mdadm --examine")
 }
 
