@@ -33,6 +33,12 @@ pub struct ServeArgs {
     /// Start even with members missing (degraded).
     #[arg(long, short = 'R')]
     pub run: bool,
+    /// md's sync_speed_min: rebuild/resync floor while other I/O runs, KiB/s.
+    #[arg(long = "sync-speed-min", default_value_t = 1000)]
+    pub sync_speed_min_kib: u64,
+    /// md's sync_speed_max: rebuild/resync ceiling, KiB/s.
+    #[arg(long = "sync-speed-max", default_value_t = 200_000)]
+    pub sync_speed_max_kib: u64,
     /// Control socket path (default: .uraid-NAME.sock next to the first member).
     #[arg(long)]
     pub control: Option<PathBuf>,
@@ -67,7 +73,10 @@ pub type Banner = dyn Fn(&str, &Path) -> String;
 
 /// Serves until a signal; `banner` is printed after the listeners are up (the demo's).
 pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
-    let assembled = assemble(&args.members, args.run, !args.read_only)?;
+    let mut assembled = assemble(&args.members, args.run, !args.read_only)?;
+    assembled.config.tunables.sync_speed_min_kib = args.sync_speed_min_kib.max(1);
+    assembled.config.tunables.sync_speed_max_kib =
+        args.sync_speed_max_kib.max(args.sync_speed_min_kib).max(1);
     for w in &assembled.plan.warnings {
         eprintln!("uraid: {w}");
     }

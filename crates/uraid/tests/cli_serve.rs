@@ -178,3 +178,33 @@ fn hot_spare_takes_over_a_failed_member() {
     qemu_io(&s.url, &read_cmds(&p));
     s.stop();
 }
+
+#[test]
+fn interrupted_rebuild_resumes_from_its_checkpoint() {
+    let dir = TempDir::new("resume");
+    let members = create(&dir, "5", 4, &["--assume-clean"]);
+    let p = patterns();
+    let slow = ["--sync-speed-min", "2000", "--sync-speed-max", "4000"];
+    let s = Served::start(&dir, &members, &slow);
+    qemu_io(&s.url, &write_cmds(&p));
+    s.ctl("fail", Some(&members[3]));
+    s.ctl("remove", Some(&members[3]));
+    s.ctl("add", Some(&members[3]));
+    // 48 MiB at 4 MiB/s: stop after a checkpoint (every 3 s), well before the end.
+    std::thread::sleep(Duration::from_millis(4500));
+    let st = s.ctl("status", None);
+    assert!(st.contains("recovery"), "{st}");
+    s.stop();
+    let e = examine(&members[3]);
+    let off: u64 = mdadm_field(&e, "Recovery Offset")
+        .and_then(|v| v.split_whitespace().next().map(|n| n.parse().unwrap()))
+        .unwrap_or_else(|| panic!("no recovery checkpoint recorded:\n{e}"));
+    assert!(off > 0, "{e}");
+    let out = ok(uraid(&["assemble"].iter().copied().chain(paths(&members)).collect::<Vec<_>>()), "assemble");
+    assert!(out.contains(&format!("rebuild of slot 3 from sector {off}")), "{out}");
+    let s = Served::start(&dir, &members, &[]);
+    wait_in_sync(&s, 4);
+    s.ctl("fail", Some(&members[0]));
+    qemu_io(&s.url, &read_cmds(&p));
+    s.stop();
+}
