@@ -194,6 +194,9 @@ impl RequestQueue {
 
     /// Turn an engine completion into the completions of the original requests.
     pub fn complete(&mut self, c: RequestCompletion) -> Vec<RequestCompletion> {
+        if c.id < MERGED_ID_BASE {
+            return vec![c];
+        }
         let Some(parts) = self.merged.remove(&c.id) else {
             return vec![c];
         };

@@ -12,6 +12,7 @@
 pub mod bench;
 pub mod engine;
 pub mod engine_bench;
+pub mod experiments;
 pub mod real;
 pub mod runtime;
 pub mod sim;

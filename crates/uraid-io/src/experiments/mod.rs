@@ -1,0 +1,300 @@
+//! The seeds' experiments on simulated disks: a small fio/tiobench-like job runner
+//! ([`run_job`]) and the five reproductions ([`tables`]).
+//!
+//! Time is virtual (the disks are simulated); CPU is real: every call into the engine and
+//! into the request queue is timed on the host, so "CPU%" columns compare the engine's own
+//! work between configurations, as the seeds' oprofile and CPU% columns did.
+
+pub mod tables;
+
+use std::time::Instant;
+
+use uraid_core::queue::{QueueStats, RequestQueue};
+use uraid_core::stats::ArrayStats;
+use uraid_core::*;
+
+use crate::engine::ArrayEngine;
+use crate::sim::array::{RunOutcome, SimArray};
+use crate::sim::disks::{SimDisks, SimMemberConfig};
+
+/// An engine whose every call is timed on the host.
+pub struct TimedEngine<E> {
+    pub inner: E,
+    pub cpu_ns: u64,
+}
+
+impl<E: ArrayEngine> TimedEngine<E> {
+    fn timed<T>(&mut self, f: impl FnOnce(&mut E) -> T) -> T {
+        let t = Instant::now();
+        let r = f(&mut self.inner);
+        self.cpu_ns += t.elapsed().as_nanos() as u64;
+        r
+    }
+}
+
+impl<E: ArrayEngine> ArrayEngine for TimedEngine<E> {
+    fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError> {
+        self.timed(|e| e.submit(req, now_ns))
+    }
+    fn unplug(&mut self, now_ns: TimeNs) {
+        self.timed(|e| e.unplug(now_ns))
+    }
+    fn pop_member_io(&mut self) -> Option<MemberIo> {
+        self.timed(|e| e.pop_member_io())
+    }
+    fn complete_member_io(&mut self, c: MemberIoCompletion, now_ns: TimeNs) {
+        self.timed(|e| e.complete_member_io(c, now_ns))
+    }
+    fn pop_completion(&mut self) -> Option<RequestCompletion> {
+        self.timed(|e| e.pop_completion())
+    }
+    fn next_deadline_ns(&self) -> Option<TimeNs> {
+        self.inner.next_deadline_ns()
+    }
+    fn tick(&mut self, now_ns: TimeNs) {
+        self.timed(|e| e.tick(now_ns))
+    }
+    fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
+        self.inner.fail_member(member, now_ns)
+    }
+    fn is_idle(&self) -> bool {
+        self.inner.is_idle()
+    }
+    fn stats_snapshot(&self) -> ArrayStats {
+        self.inner.stats_snapshot()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Sequential,
+    Random,
+}
+
+/// A fio-like job: `threads` workers, each keeping `queue_depth` requests in flight.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub op: RequestOp,
+    pub access: Access,
+    pub block_bytes: u64,
+    pub threads: usize,
+    pub queue_depth: usize,
+    /// Measured virtual time (after `warmup_ns`).
+    pub duration_ns: u64,
+    pub warmup_ns: u64,
+    /// Bytes of the array the job works in (from offset 0); 0 = the whole array.
+    pub region_bytes: u64,
+    /// Put a request queue with this `nomerges` in front of the engine.
+    pub nomerges: Option<u8>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct JobResult {
+    pub ios: u64,
+    pub bytes: u64,
+    pub mbps: f64,
+    pub iops: f64,
+    /// Host time spent inside the engine during the measured window's run, ns.
+    pub engine_cpu_ns: u64,
+    /// Host time spent in the request queue, ns (fastest replay of the run's request stream).
+    pub queue_cpu_ns: u64,
+    /// How far the median replay was above the fastest: the measurement's resolution, ns.
+    pub queue_cpu_noise_ns: u64,
+    pub queue: QueueStats,
+    pub member_reads: u64,
+    pub member_writes: u64,
+    pub virtual_ns: u64,
+}
+
+impl JobResult {
+    /// Engine (plus queue) CPU as a percentage of the virtual time: one core's share.
+    pub fn cpu_percent(&self) -> f64 {
+        (self.engine_cpu_ns + self.queue_cpu_ns) as f64 * 100.0 / self.virtual_ns.max(1) as f64
+    }
+}
+
+struct Worker {
+    outstanding: usize,
+    cursor: u64,
+    start: u64,
+    end: u64,
+}
+
+/// Step of the virtual clock between looks at completions (the workers' reaction time).
+const STEP_NS: u64 = 10_000;
+
+/// Run `job` against an engine built from `config` on simulated members of `profile`.
+pub fn run_job(
+    config: ArrayConfig,
+    profile: &str,
+    member_bytes: u64,
+    job: &Job,
+    seed: u64,
+) -> Result<JobResult, String> {
+    let n = config.geometry.raid_disks;
+    let engine = Engine::new(config).map_err(|e| e.to_string())?;
+    let sims: Vec<SimMemberConfig> = (0..n)
+        .map(|_| SimMemberConfig::builtin(profile, member_bytes))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let disks = SimDisks::new(sims, seed).map_err(|e| e.to_string())?;
+    let size = engine.size_bytes();
+    let region = if job.region_bytes == 0 { size } else { job.region_bytes.min(size) };
+    let mut array = SimArray::new(TimedEngine { inner: engine, cpu_ns: 0 }, disks);
+    let mut queue = job.nomerges.map(RequestQueue::new);
+    // The queue's CPU is measured afterwards by replaying this request stream (one timer
+    // around many requests: per-request timers would cost more than the queue itself).
+    let mut trace: Vec<Vec<(RequestOp, u64, u64)>> = Vec::new();
+    let span = region / job.threads as u64 / job.block_bytes * job.block_bytes;
+    let mut workers: Vec<Worker> = (0..job.threads as u64)
+        .map(|t| Worker { outstanding: 0, cursor: t * span, start: t * span, end: (t + 1) * span })
+        .collect();
+    let mut rng = seed ^ 0x6a09e667f3bcc909;
+    let mut next_rand = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut owner: std::collections::HashMap<RequestId, usize> = Default::default();
+    let mut next_id: RequestId = 1;
+    let end_ns = job.warmup_ns + job.duration_ns;
+    let mut result = JobResult::default();
+    let mut cpu_at_warmup = None;
+    let payload = vec![0xa5u8; job.block_bytes as usize];
+    let mut member_at_warmup = (0, 0);
+    loop {
+        let now = array.now_ns();
+        // Top every worker up to its queue depth.
+        let mut batch = Vec::new();
+        if now < end_ns {
+            for (w, worker) in workers.iter_mut().enumerate() {
+                while worker.outstanding < job.queue_depth {
+                    let off = match job.access {
+                        Access::Sequential => {
+                            if worker.cursor + job.block_bytes > worker.end {
+                                worker.cursor = worker.start;
+                            }
+                            let o = worker.cursor;
+                            worker.cursor += job.block_bytes;
+                            o
+                        }
+                        Access::Random => {
+                            let blocks = (region / job.block_bytes).max(1);
+                            (next_rand() % blocks) * job.block_bytes
+                        }
+                    };
+                    let id = next_id;
+                    next_id += 1;
+                    let req = match job.op {
+                        RequestOp::Write => Request::write(id, off, payload.clone()),
+                        _ => Request::read(id, off, job.block_bytes),
+                    };
+                    owner.insert(id, w);
+                    worker.outstanding += 1;
+                    batch.push(req);
+                }
+            }
+        }
+        if !batch.is_empty() {
+            match queue.as_mut() {
+                Some(q) => {
+                    trace.push(batch.iter().map(|r| (r.op, r.offset_bytes, r.len_bytes)).collect());
+                    for r in batch {
+                        q.add(r);
+                    }
+                    for r in q.unplug() {
+                        array.submit(r);
+                    }
+                }
+                None => {
+                    for r in batch {
+                        array.submit(r);
+                    }
+                }
+            }
+        }
+        let outcome = array.run_until(now + STEP_NS);
+        let now = array.now_ns();
+        if cpu_at_warmup.is_none() && now >= job.warmup_ns {
+            cpu_at_warmup = Some(array.engine().cpu_ns);
+            let s = array.engine().inner.stats();
+            member_at_warmup = (s.member_reads(), s.member_writes());
+        }
+        for tc in array.take_completions() {
+            let comps = match queue.as_mut() {
+                Some(q) => q.complete(tc.completion),
+                None => vec![tc.completion],
+            };
+            for c in comps {
+                if let Err(e) = c.result {
+                    return Err(format!("request {} failed: {e}", c.id));
+                }
+                let Some(w) = owner.remove(&c.id) else { continue };
+                workers[w].outstanding -= 1;
+                if tc.completed_ns >= job.warmup_ns && tc.completed_ns < end_ns {
+                    result.ios += 1;
+                    result.bytes += job.block_bytes;
+                }
+            }
+        }
+        match outcome {
+            RunOutcome::Stalled => return Err("the engine stalled".into()),
+            RunOutcome::PowerLost { .. } => return Err("unexpected power loss".into()),
+            _ => {}
+        }
+        if now >= end_ns {
+            break;
+        }
+    }
+    result.engine_cpu_ns = array.engine().cpu_ns - cpu_at_warmup.unwrap_or(0);
+    if let Some(q) = &queue {
+        let total: usize = trace.iter().map(|b| b.len()).sum();
+        let (fastest, median) = replay_queue_ns(q.nomerges(), &trace);
+        result.queue_cpu_ns = (fastest / total.max(1) as f64 * result.ios as f64) as u64;
+        result.queue_cpu_noise_ns = ((median - fastest) / total.max(1) as f64 * result.ios as f64) as u64;
+    }
+    result.queue = queue.map(|q| q.stats).unwrap_or_default();
+    let s = array.engine().inner.stats();
+    result.member_reads = s.member_reads() - member_at_warmup.0;
+    result.member_writes = s.member_writes() - member_at_warmup.1;
+    result.virtual_ns = job.duration_ns;
+    let secs = job.duration_ns as f64 / 1e9;
+    result.mbps = result.bytes as f64 / secs / 1e6;
+    result.iops = result.ios as f64 / secs;
+    Ok(result)
+}
+
+/// Host time for the request stream `trace` through a fresh queue (adds, unplug, and the
+/// completion of every dispatched request): (fastest, median) of several replays, in ns.
+fn replay_queue_ns(nomerges: u8, trace: &[Vec<(RequestOp, u64, u64)>]) -> (f64, f64) {
+    let mut times = Vec::new();
+    for _ in 0..15 {
+        let mut q = RequestQueue::new(nomerges);
+        let mut id = 0;
+        let t = Instant::now();
+        for batch in trace {
+            for &(op, off, len) in batch {
+                id += 1;
+                q.add(Request { id, op, offset_bytes: off, len_bytes: len, fua: false, data: Vec::new() });
+            }
+            for r in q.unplug() {
+                std::hint::black_box(q.complete(RequestCompletion { id: r.id, result: Ok(Vec::new()) }));
+            }
+        }
+        times.push(t.elapsed().as_nanos() as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    (times[0], times[times.len() / 2])
+}
+
+/// Members for an experiment: all in sync, data at 1 MiB, except the `missing` slots.
+pub fn array_config(geometry: uraid_core::Geometry, tunables: Tunables, missing: &[usize]) -> ArrayConfig {
+    let members = (0..geometry.raid_disks)
+        .map(|m| MemberConfig {
+            data_offset_bytes: 1 << 20,
+            state: if missing.contains(&m) { MemberState::Missing } else { MemberState::InSync },
+        })
+        .collect();
+    ArrayConfig { geometry, members, tunables, read_only: false }
+}
