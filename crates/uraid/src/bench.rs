@@ -1,5 +1,6 @@
 //! `uraid bench ...`: benchmarks that print the peer they are compared against.
 
+mod core;
 mod parity;
 
 use clap::{Args, Subcommand};
@@ -14,10 +15,16 @@ pub struct BenchArgs {
 enum BenchWhat {
     /// RAID5/6 parity kernels (single core) against Intel ISA-L and streaming-read bandwidth.
     Parity(parity::ParityArgs),
+    /// The engine's own cost (RAID6 8+2 in RAM) against parity + copy of the same bytes.
+    Engine(core::EngineArgs),
+    /// Simulator speed: simulated member I/Os per real second.
+    Sim(core::SimArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         BenchWhat::Parity(a) => parity::run(a),
+        BenchWhat::Engine(a) => core::run_engine(a),
+        BenchWhat::Sim(a) => core::run_sim(a),
     }
 }

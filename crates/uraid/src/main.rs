@@ -9,8 +9,9 @@ mod demo;
 mod detail;
 mod examine;
 mod explain;
-mod sim;
+mod reproduce;
 mod serve;
+mod sim;
 mod size_arg;
 
 use clap::{Parser, Subcommand};
@@ -50,10 +51,20 @@ enum Command {
     Explain(explain::ExplainArgs),
     /// Random workload with faults on simulated disks, checked against a reference model.
     Sim(sim::SimArgs),
+    /// A seed's experiment on simulated disks of its era, with the seed's claims beside ours.
+    Reproduce(reproduce::ReproduceArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Demo(_)) {
+        // Report commands end quietly when their reader goes away (`uraid ... | head`);
+        // the server keeps Rust's ignored SIGPIPE so a vanished client is only an error.
+        // SAFETY: setting a signal disposition before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Create(args) => create::run(args),
         Command::Examine(args) => examine::run(args),
@@ -68,6 +79,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Explain(args) => explain::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Reproduce(args) => reproduce::run(args),
     };
     if let Err(e) = result {
         eprintln!("uraid: error: {e:#}");
