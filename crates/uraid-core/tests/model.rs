@@ -71,6 +71,7 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
     cfg.tunables.rmw_level = (seed % 3) as u8;
     cfg.tunables.balance = uraid_core::mirror::Balance::NAMES[(seed % 5) as usize].1;
     cfg.tunables.write_batching = seed % 4 != 3;
+    cfg.tunables.degraded_read_bypass = seed % 2 == 1;
     let engine = Engine::new(cfg).expect("engine");
     let members = MemMembers::new(case.raid_disks, data_offset_bytes + member_sectors * 512);
     let mut d = Driver::new(engine, members, seed);
