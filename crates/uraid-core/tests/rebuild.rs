@@ -208,3 +208,98 @@ fn resync_repairs_inconsistent_redundancy() {
         }
     }
 }
+
+/// Member reads of a fresh engine whose recovery or resync is run to completion (its first
+/// reads go out as the job starts, so nothing is subtracted).
+fn sync_reads(d: &mut Driver) -> u64 {
+    let mut guard = 0;
+    while d.engine.sync_active() {
+        d.engine.tick(d.now_ns);
+        d.step();
+        guard += 1;
+        assert!(guard < 1_000_000, "sync never finished");
+    }
+    d.run_until_idle();
+    d.engine.stats().member_reads()
+}
+
+#[test]
+fn a_restarted_recovery_resumes_from_its_checkpoint() {
+    for (level, n, layout) in
+        [(Level::Raid6, 6, algorithm::LEFT_SYMMETRIC), (Level::Raid5, 4, 2), (Level::Raid1, 2, 0)]
+    {
+        let ctx = format!("{level:?} n={n}");
+        let g = geo(level, n, layout);
+        let size = g.array_bytes();
+        let mut d = Driver::new(
+            Engine::new(config(g.clone(), 4096)).unwrap(),
+            MemMembers::new(n, 4096 + 4096 * 512),
+            9,
+        );
+        let mut model = vec![0u8; size as usize];
+        let mut rng = Rng(5);
+        let mut id = 0;
+        write_random(&mut d, &mut model, &mut rng, &mut id, 80);
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        // A full recovery of member 1, for reference.
+        let full = {
+            let mut c = config(g.clone(), 4096);
+            c.members[1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
+            let mut m = MemMembers::new(n, 4096 + 4096 * 512);
+            m.images = members.images.clone();
+            let mut d = Driver::new(Engine::new(c).unwrap(), m, 1);
+            sync_reads(&mut d)
+        };
+        // The checkpoint says half was rebuilt; the other half of the member is blank.
+        let half = 2048u64;
+        let mut c = config(g.clone(), 4096);
+        c.members[1].state = MemberState::Recovering { recovery_offset_sectors: half };
+        let mut m = MemMembers::new(n, 4096 + 4096 * 512);
+        m.images = members.images.clone();
+        m.images[1][(4096 + half * 512) as usize..].fill(0);
+        let mut d = Driver::new(Engine::new(c).unwrap(), m, 2);
+        let resumed = sync_reads(&mut d);
+        assert!(resumed * 10 <= full * 6, "{ctx}: resumed recovery read {resumed} times, a full one {full}");
+        assert!(resumed * 10 >= full * 4, "{ctx}: resumed recovery read only {resumed} times of {full}");
+        assert_eq!(d.engine.member_states()[1], MemberState::InSync, "{ctx}");
+        // The rebuilt member must now carry the data alone where it is needed.
+        let mut c = config(g.clone(), 4096);
+        let lose: Vec<usize> = match level {
+            Level::Raid6 => vec![0, 2],
+            Level::Raid5 => vec![0],
+            _ => vec![0],
+        };
+        for &o in &lose {
+            c.members[o].state = MemberState::Missing;
+        }
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut d2 = Driver::new(Engine::new(c).unwrap(), members, 3);
+        read_all(&mut d2, &model, &mut id, &ctx);
+    }
+}
+
+#[test]
+fn a_bitmap_resync_touches_only_the_dirty_regions() {
+    for (level, n, layout) in
+        [(Level::Raid6, 6, algorithm::LEFT_SYMMETRIC), (Level::Raid5, 4, 2), (Level::Raid10, 4, 0x102)]
+    {
+        let g = geo(level, n, layout);
+        let run = |ranges: Option<Vec<(u64, u64)>>| {
+            let mut d = Driver::new(
+                Engine::new(config(g.clone(), 4096)).unwrap(),
+                MemMembers::new(n, 4096 + 4096 * 512),
+                4,
+            );
+            d.engine.start_resync(ranges, 0);
+            sync_reads(&mut d)
+        };
+        let full = run(None);
+        // Two dirty bitmap chunks of 128 sectors out of 4096 member sectors.
+        let dirty = run(Some(vec![(0, 128), (2048, 2176)]));
+        assert!(dirty > 0, "{level:?}: a dirty region must be resynced");
+        assert!(
+            dirty * 8 <= full,
+            "{level:?}: resync of 2 dirty chunks read {dirty} times, a full one {full}"
+        );
+    }
+}
