@@ -1,7 +1,9 @@
 //! `uraid bench ...`: benchmarks that print the peer they are compared against.
 
 mod core;
+mod nbd;
 mod parity;
+mod rebuild;
 
 use clap::{Args, Subcommand};
 
@@ -15,16 +17,22 @@ pub struct BenchArgs {
 enum BenchWhat {
     /// RAID5/6 parity kernels (single core) against Intel ISA-L and streaming-read bandwidth.
     Parity(parity::ParityArgs),
+    /// `uraid serve` against `nbdkit file`, and RAID6 against passthrough, with fio's nbd engine.
+    Nbd(nbd::NbdArgs),
     /// The engine's own cost (RAID6 8+2 in RAM) against parity + copy of the same bytes.
     Engine(core::EngineArgs),
     /// Simulator speed: simulated member I/Os per real second.
     Sim(core::SimArgs),
+    /// Rebuild speed of a 6-member RAID6 on tmpfs files against reading its survivors.
+    Rebuild(rebuild::RebuildArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         BenchWhat::Parity(a) => parity::run(a),
+        BenchWhat::Nbd(a) => nbd::run(a),
         BenchWhat::Engine(a) => core::run_engine(a),
         BenchWhat::Sim(a) => core::run_sim(a),
+        BenchWhat::Rebuild(a) => rebuild::run(a),
     }
 }
