@@ -79,8 +79,13 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         "fail" => need_arg("fail").and_then(|_| array.fail(arg)),
         "remove" => need_arg("remove").and_then(|_| array.remove(arg)),
         "add" => need_arg("add").and_then(|_| array.add(arg)),
+        "set" => match arg.split_once(' ') {
+            Some((name, value)) => array.set_tunable(name, value),
+            None if arg.is_empty() => array.set_tunable("", ""),
+            None => Err(anyhow::anyhow!("`set` needs a tunable and a value, e.g. `set rmw_level 0`")),
+        },
         other => Err(anyhow::anyhow!(
-            "unknown control command {other:?}: use detail, status, progress, fail, remove or add"
+            "unknown control command {other:?}: use detail, status, progress, fail, remove, add or set"
         )),
     };
     let mut w = stream;
@@ -118,6 +123,22 @@ pub struct StatusArgs {
     /// Control socket of the running `uraid serve`.
     #[arg(long)]
     pub control: std::path::PathBuf,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SetArgs {
+    /// Control socket of the running `uraid serve`.
+    #[arg(long)]
+    pub control: std::path::PathBuf,
+    /// stripe_cache_size, rmw_level, balance, sync_speed_min or sync_speed_max.
+    pub tunable: String,
+    pub value: String,
+}
+
+/// Like writing /sys/block/mdX/md/TUNABLE: takes effect at once; prints every tunable.
+pub fn run_set(args: SetArgs) -> anyhow::Result<()> {
+    print!("{}", request(&args.control, &format!("set {} {}", args.tunable, args.value))?);
+    Ok(())
 }
 
 pub fn run_status(args: StatusArgs) -> anyhow::Result<()> {

@@ -45,6 +45,8 @@ enum Command {
     Remove(control::MemberCommandArgs),
     /// Add a member to a running array: rebuilt into a missing slot, or a hot spare.
     Add(control::MemberCommandArgs),
+    /// Change a tunable of a running array (md's sysfs): stripe_cache_size, rmw_level, balance, sync_speed_min/max.
+    Set(control::SetArgs),
     /// Benchmarks on this machine, each against a peer measured in the same run.
     Bench(bench::BenchArgs),
     /// The member I/Os one request costs on an idle array of a given shape.
@@ -76,6 +78,7 @@ fn main() {
         Command::Fail(args) => control::run_fail(args),
         Command::Remove(args) => control::run_remove(args),
         Command::Add(args) => control::run_add(args),
+        Command::Set(args) => control::run_set(args),
         Command::Bench(args) => bench::run(args),
         Command::Explain(args) => explain::run(args),
         Command::Sim(args) => sim::run(args),
