@@ -113,6 +113,10 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
             let a = data_offset_bytes + rng.below(member_sectors) * 512;
             d.members.latent.push((m, a, a + 512 * (1 + rng.below(8))));
         }
+        // md lets stripe_cache_size change under load: nothing queued may be lost.
+        if rng.below(50) == 0 {
+            d.engine.set_stripe_cache_size(16 + rng.below(64) as usize).expect("a valid size");
+        }
         let len_sectors = match rng.below(5) {
             0 => 1 + rng.below(8),
             1 => 1 + rng.below(64),
