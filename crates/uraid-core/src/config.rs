@@ -41,6 +41,10 @@ pub struct Tunables {
     pub aligned_read_bypass: bool,
     /// Bypass also on a degraded array, for reads whose member is working (md before 4.1).
     pub degraded_read_bypass: bool,
+    /// After a member fails, hold request completions until the caller has recorded the
+    /// failure in the superblocks and called `Engine::metadata_committed` (md's
+    /// MD_SB_CHANGE_PENDING): otherwise a crash could bring the failed member back as in sync.
+    pub hold_completions_on_member_failure: bool,
     /// Read balancing for mirrors (raid1, raid10).
     pub balance: crate::mirror::Balance,
     /// Background resync/recovery floor while other I/O runs, KiB/s per member (md default 1000).
@@ -60,6 +64,7 @@ impl Default for Tunables {
             write_batching: true,
             aligned_read_bypass: true,
             degraded_read_bypass: false,
+            hold_completions_on_member_failure: false,
             balance: crate::mirror::Balance::Load,
             sync_speed_min_kib: 1000,
             sync_speed_max_kib: 200_000,

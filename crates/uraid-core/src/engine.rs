@@ -96,6 +96,8 @@ pub struct Engine {
     pub(crate) direct_write_ranges: DetMap<RequestId, (u64, u64)>,
     /// Test-only sabotage: read-modify-write leaves P and Q untouched (see `plant_bug`).
     pub(crate) planted_skip_rmw_parity: bool,
+    /// A member failed and the caller has not yet committed that to the metadata.
+    metadata_pending: bool,
 }
 
 impl Engine {
@@ -156,6 +158,7 @@ impl Engine {
             blocked_writes: Vec::new(),
             direct_write_ranges: DetMap::default(),
             planted_skip_rmw_parity: false,
+            metadata_pending: false,
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();
@@ -361,7 +364,22 @@ impl Engine {
 
     /// Next finished request.
     pub fn pop_completion(&mut self) -> Option<RequestCompletion> {
+        if self.metadata_pending {
+            return None;
+        }
         self.out_done.pop_front()
+    }
+
+    /// The caller has made the member failures it was told of (`EngineEvent::MemberFaulty`)
+    /// durable in the superblocks: held completions may go (see
+    /// `Tunables::hold_completions_on_member_failure`).
+    pub fn metadata_committed(&mut self) {
+        self.metadata_pending = false;
+    }
+
+    /// Are completions held until `metadata_committed`?
+    pub fn metadata_pending(&self) -> bool {
+        self.metadata_pending
     }
 
     /// When `tick` must next be called even if nothing else happens.
@@ -389,6 +407,7 @@ impl Engine {
             return;
         }
         self.members[member].state = MemberState::Faulty;
+        self.metadata_pending |= self.tun.hold_completions_on_member_failure;
         self.events.push_back(EngineEvent::MemberFaulty(member));
         self.sync_member_failed(member);
         if !self.data_survives() {

@@ -303,3 +303,24 @@ fn a_bitmap_resync_touches_only_the_dirty_regions() {
         );
     }
 }
+
+/// md's MD_SB_CHANGE_PENDING: once a member fails, nothing is acknowledged until the caller
+/// has recorded the failure (else a crash could bring the failed member back as in sync).
+#[test]
+fn completions_wait_for_the_failure_to_be_recorded() {
+    let g = geo(Level::Raid5, 4, algorithm::LEFT_SYMMETRIC);
+    let mut cfg = config(g, 4096);
+    cfg.tunables.hold_completions_on_member_failure = true;
+    let mut d = Driver::new(Engine::new(cfg).unwrap(), MemMembers::new(4, 4096 + 4096 * 512), 3);
+    d.run_one(Request::write(1, 0, vec![1; 65536])).unwrap();
+    d.members.gone[2] = true;
+    d.submit(Request::write(2, 0, vec![2; 3 * 65536]));
+    d.run_until_idle();
+    assert_eq!(d.engine.member_states()[2], MemberState::Faulty);
+    assert!(d.take_done(2).is_none(), "a write completed before the failure was recorded");
+    assert!(d.engine.metadata_pending());
+    assert_eq!(d.engine.pop_event(), Some(EngineEvent::MemberFaulty(2)));
+    d.engine.metadata_committed();
+    d.run_until_idle();
+    assert_eq!(d.take_done(2).map(|c| c.result.is_ok()), Some(true));
+}

@@ -85,6 +85,8 @@ impl RunningArray {
     pub fn start(a: Assembled, read_only: bool) -> anyhow::Result<Arc<RunningArray>> {
         let Assembled { members, superblocks, plan, mut config, slot_member, resync } = a;
         config.read_only = read_only;
+        // A member failure is written to the superblocks before anything more is acknowledged.
+        config.tunables.hold_completions_on_member_failure = true;
         let geometry = config.geometry.clone();
         let mut engine =
             Engine::new(config.clone()).map_err(|e| anyhow!("the engine refused the array: {e}"))?;
@@ -227,8 +229,13 @@ impl RunningArray {
         }
         let degraded = states.iter().filter(|s| !matches!(s, MemberState::InSync)).count();
         self.device.degraded.store(degraded, Ordering::SeqCst);
+        let failure_recorded = events.iter().any(|ev| matches!(ev, EngineEvent::MemberFaulty(_)));
         for ev in events {
             self.on_event(ev, &states)?;
+        }
+        if failure_recorded {
+            // The superblocks now say so: the held completions may go.
+            self.handle.control(|e, _, _| engine_of(e).metadata_committed()).map_err(|e| anyhow!("{e}"))?;
         }
         result.map_err(anyhow::Error::msg)
     }
@@ -418,6 +425,9 @@ impl RunningArray {
             while let Some(ev) = e.pop_event() {
                 events.push(ev);
             }
+            // Stopping: the final superblock write below records any failure; the runtime's
+            // closing flush must not wait for it.
+            e.metadata_committed();
             (events, e.member_states(), e.sync_status())
         });
         let runtime = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take();
