@@ -3,7 +3,9 @@
 mod core;
 mod nbd;
 mod parity;
+mod plot;
 mod rebuild;
+mod workload;
 
 use clap::{Args, Subcommand};
 
@@ -25,6 +27,8 @@ enum BenchWhat {
     Sim(core::SimArgs),
     /// Rebuild speed of a 6-member RAID6 on tmpfs files against reading its survivors.
     Rebuild(rebuild::RebuildArgs),
+    /// A `uraid reproduce` experiment's job grid on real members (files or block devices).
+    Workload(workload::WorkloadArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -34,5 +38,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Engine(a) => core::run_engine(a),
         BenchWhat::Sim(a) => core::run_sim(a),
         BenchWhat::Rebuild(a) => rebuild::run(a),
+        BenchWhat::Workload(a) => workload::run(a),
     }
 }

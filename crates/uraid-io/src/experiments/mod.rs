@@ -120,6 +120,37 @@ struct Worker {
     end: u64,
 }
 
+/// Runs one job of an experiment's grid on an array described by `config` (geometry,
+/// tunables, missing members). The simulator takes `profile`, `member_bytes` and `seed` as
+/// they are; a runner on real members keeps the level, layout, chunk, tunables and member
+/// states, and sizes the array from its own members.
+pub trait JobRunner {
+    fn run(
+        &mut self,
+        config: ArrayConfig,
+        profile: &str,
+        member_bytes: u64,
+        job: &Job,
+        seed: u64,
+    ) -> Result<JobResult, String>;
+}
+
+/// [`run_job`] on simulated disks: `uraid reproduce`.
+pub struct SimRunner;
+
+impl JobRunner for SimRunner {
+    fn run(
+        &mut self,
+        config: ArrayConfig,
+        profile: &str,
+        member_bytes: u64,
+        job: &Job,
+        seed: u64,
+    ) -> Result<JobResult, String> {
+        run_job(config, profile, member_bytes, job, seed)
+    }
+}
+
 /// Step of the virtual clock between looks at completions (the workers' reaction time).
 const STEP_NS: u64 = 10_000;
 
@@ -267,7 +298,7 @@ pub fn run_job(
 
 /// Host time for the request stream `trace` through a fresh queue (adds, unplug, and the
 /// completion of every dispatched request): (fastest, median) of several replays, in ns.
-fn replay_queue_ns(nomerges: u8, trace: &[Vec<(RequestOp, u64, u64)>]) -> (f64, f64) {
+pub fn replay_queue_ns(nomerges: u8, trace: &[Vec<(RequestOp, u64, u64)>]) -> (f64, f64) {
     let mut times = Vec::new();
     for _ in 0..15 {
         let mut q = RequestQueue::new(nomerges);

@@ -6,7 +6,7 @@ use uraid_core::geometry::algorithm;
 use uraid_core::mirror::Balance;
 use uraid_core::*;
 
-use super::{array_config, run_job, Access, Job, JobResult};
+use super::{array_config, Access, Job, JobResult, JobRunner, SimRunner};
 
 pub const EXPERIMENTS: &[&str] = &["stripe-queue", "degraded-read", "nomerges", "mirror-balance", "rmw"];
 
@@ -20,6 +20,8 @@ pub enum Cell {
 impl std::fmt::Display for Cell {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            // A cell that was not measured (`uraid bench workload` with a subset selected).
+            Cell::Num(x) if x.is_nan() => f.write_str("-"),
             Cell::Num(x) if x.abs() >= 100.0 => write!(f, "{x:.0}"),
             Cell::Num(x) => write!(f, "{x:.1}"),
             Cell::Int(x) => write!(f, "{x}"),
@@ -54,12 +56,18 @@ pub struct Report {
 
 /// `scale` 1.0 is the full run (well under a minute); smaller for smoke tests.
 pub fn run(name: &str, scale: f64) -> Result<Report, String> {
+    run_with(name, scale, &mut SimRunner)
+}
+
+/// The experiment's job grid, each job run by `runner` (simulated disks for
+/// `uraid reproduce`, real members for `uraid bench workload`).
+pub fn run_with(name: &str, scale: f64, runner: &mut dyn JobRunner) -> Result<Report, String> {
     match name {
-        "stripe-queue" => stripe_queue(scale),
-        "degraded-read" => degraded_read(scale),
-        "nomerges" => nomerges(scale),
-        "mirror-balance" => mirror_balance(scale),
-        "rmw" => rmw(scale),
+        "stripe-queue" => stripe_queue(scale, runner),
+        "degraded-read" => degraded_read(scale, runner),
+        "nomerges" => nomerges(scale, runner),
+        "mirror-balance" => mirror_balance(scale, runner),
+        "rmw" => rmw(scale, runner),
         _ => Err(format!("unknown experiment {name:?}; one of {}", EXPERIMENTS.join(", "))),
     }
 }
@@ -83,7 +91,7 @@ fn pct(new: f64, base: f64) -> f64 {
 
 // ---- 003: gmirror balance ------------------------------------------------------------------
 
-fn mirror_balance(scale: f64) -> Result<Report, String> {
+fn mirror_balance(scale: f64, runner: &mut dyn JobRunner) -> Result<Report, String> {
     let profile = "hdd-7200-2009";
     let member_bytes = 1_000_204_886_016u64 / 4096 * 4096;
     let procs = [1usize, 2, 4, 5, 8, 16, 32];
@@ -108,7 +116,7 @@ fn mirror_balance(scale: f64) -> Result<Report, String> {
                     region_bytes: 0,
                     nomerges: None,
                 };
-                let r = run_job(array_config(g, t, &[]), profile, member_bytes, &job, 3)?;
+                let r = runner.run(array_config(g, t, &[]), profile, member_bytes, &job, 3)?;
                 if access == Access::Sequential {
                     linear.insert((pname, p), r.mbps);
                     cells.push(Cell::Num(r.mbps));
@@ -133,7 +141,7 @@ fn mirror_balance(scale: f64) -> Result<Report, String> {
             region_bytes: 0,
             nomerges: None,
         };
-        run_job(array_config(g, Tunables::default(), &[]), profile, member_bytes, &job, 3)?.mbps
+        runner.run(array_config(g, Tunables::default(), &[]), profile, member_bytes, &job, 3)?.mbps
     };
     let l = |p: &str, n: usize| linear[&(p, n)];
     let claims = vec![
@@ -187,7 +195,7 @@ fn mirror_balance(scale: f64) -> Result<Report, String> {
 
 // ---- 004: RAID6 read-modify-write ---------------------------------------------------------
 
-fn rmw(scale: f64) -> Result<Report, String> {
+fn rmw(scale: f64, runner: &mut dyn JobRunner) -> Result<Report, String> {
     let profile = "hdd-7200-2009";
     let member_bytes = 400u64 << 30;
     let sizes_kib = [4u64, 8, 16, 32, 64, 128, 256, 512];
@@ -209,9 +217,12 @@ fn rmw(scale: f64) -> Result<Report, String> {
                 region_bytes: 0,
                 nomerges: None,
             };
-            let r = run_job(array_config(g, t, &[]), profile, member_bytes, &job, 4)?;
-            kbps.insert((kib, rmw_level), r.bytes as f64 / (job.duration_ns as f64 / 1e9) / 1024.0);
-            cells.push(Cell::Num(r.bytes as f64 / (job.duration_ns as f64 / 1e9) / 1024.0));
+            let r = runner.run(array_config(g, t, &[]), profile, member_bytes, &job, 4)?;
+            // From mbps (bytes / duration / 1e6) so a cell `uraid bench` did not measure (NaN)
+            // shows as such.
+            let kib_per_s = r.mbps * 1e6 / 1024.0;
+            kbps.insert((kib, rmw_level), kib_per_s);
+            cells.push(Cell::Num(kib_per_s));
             cells.push(Cell::Text(format!(
                 "{:.1}r+{:.1}w",
                 r.member_reads as f64 / r.ios.max(1) as f64,
@@ -280,7 +291,7 @@ fn rmw(scale: f64) -> Result<Report, String> {
 
 // ---- 001: degraded chunk-aligned reads -----------------------------------------------------
 
-fn degraded_read(scale: f64) -> Result<Report, String> {
+fn degraded_read(scale: f64, runner: &mut dyn JobRunner) -> Result<Report, String> {
     let profile = "hdd-7200-2014";
     let member_bytes = 64u64 << 30;
     let sizes_kib = [1024u64, 512, 256, 128, 64, 32, 16, 8, 4];
@@ -307,9 +318,9 @@ fn degraded_read(scale: f64) -> Result<Report, String> {
                     region_bytes: 0,
                     nomerges: None,
                 };
-                let r = run_job(array_config(g, t, missing), profile, member_bytes, &job, 1)?;
+                let r = runner.run(array_config(g, t, missing), profile, member_bytes, &job, 1)?;
                 if access == Access::Sequential {
-                    let mibps = r.bytes as f64 / (job.duration_ns as f64 / 1e9) / (1 << 20) as f64;
+                    let mibps = r.mbps * 1e6 / (1 << 20) as f64;
                     seq.insert((kib, cname), mibps);
                     cells.push(Cell::Num(mibps));
                 } else {
@@ -358,7 +369,7 @@ fn degraded_read(scale: f64) -> Result<Report, String> {
 
 // ---- 000: stripe queue ------------------------------------------------------------------
 
-fn stripe_queue(scale: f64) -> Result<Report, String> {
+fn stripe_queue(scale: f64, runner: &mut dyn JobRunner) -> Result<Report, String> {
     let profile = "hdd-7200-2009";
     let member_bytes = 80u64 << 30;
     let mut tables = Vec::new();
@@ -390,7 +401,7 @@ fn stripe_queue(scale: f64) -> Result<Report, String> {
                         region_bytes: 2048 << 20,
                         nomerges: None,
                     };
-                    res.push(run_job(array_config(g, t, &[]), profile, member_bytes, &job, 7)?);
+                    res.push(runner.run(array_config(g, t, &[]), profile, member_bytes, &job, 7)?);
                 }
                 let (on, off) = (&res[0], &res[1]);
                 let rate = pct(on.mbps, off.mbps);
@@ -457,7 +468,7 @@ fn stripe_queue(scale: f64) -> Result<Report, String> {
 
 // ---- 002: nomerges --------------------------------------------------------------------------
 
-fn nomerges(scale: f64) -> Result<Report, String> {
+fn nomerges(scale: f64, runner: &mut dyn JobRunner) -> Result<Report, String> {
     let profile = "hdd-7200-2009";
     let member_bytes = 128u64 << 30;
     let mut rows = Vec::new();
@@ -475,7 +486,7 @@ fn nomerges(scale: f64) -> Result<Report, String> {
             region_bytes: 0,
             nomerges: Some(nm),
         };
-        let r = run_job(array_config(g, Tunables::default(), &[]), profile, member_bytes, &job, 2)?;
+        let r = runner.run(array_config(g, Tunables::default(), &[]), profile, member_bytes, &job, 2)?;
         let per_io = r.queue_cpu_ns as f64 / r.ios.max(1) as f64;
         let noise = r.queue_cpu_noise_ns as f64 / r.ios.max(1) as f64;
         figs.push((nm, r.iops, per_io, noise));
