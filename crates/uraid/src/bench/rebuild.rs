@@ -104,7 +104,7 @@ pub fn run(args: RebuildArgs) -> anyhow::Result<()> {
         MEMBERS,
         algorithm::LEFT_SYMMETRIC,
         CHUNK_BYTES / 512,
-        &vec![member_bytes / 512; MEMBERS],
+        &[member_bytes / 512; MEMBERS],
     )
     .map_err(anyhow::Error::msg)?;
     let mut members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; MEMBERS];
