@@ -28,6 +28,10 @@ const MAX_HEAD_SECTORS: u64 = 128;
 /// A stripe-cache buffer: shared with the member writes that carry it.
 type Buf = Arc<Vec<u8>>;
 
+/// A stripe map and each member's logical data index under it, shared by every head of
+/// the same residue.
+type SharedMap = (Arc<StripeMap>, Arc<Vec<Option<usize>>>);
+
 /// Why a member I/O was issued; routes its completion.
 #[derive(Clone, Debug)]
 pub(crate) enum IoCtx {
@@ -117,9 +121,10 @@ struct Batch {
 pub(crate) struct Stripe {
     /// Member sector (data-relative) of row 0.
     base_sector: u64,
-    map: StripeMap,
+    /// Shared by every head whose stripe number has the same residue (see `StripeCache::maps`).
+    map: Arc<StripeMap>,
     /// Role of each member: Some(logical data index) or None for P/Q.
-    dd_of: Vec<Option<usize>>,
+    dd_of: Arc<Vec<Option<usize>>>,
     cache: Vec<Option<Buf>>,
     valid: Vec<SectorMask>,
     reading: Vec<SectorMask>,
@@ -155,7 +160,17 @@ impl Piece {
 }
 
 pub(crate) struct StripeCache {
-    heads: DetMap<u64, Stripe>,
+    /// Boxed so the handler's take-out/put-back moves a pointer, not the head.
+    heads: DetMap<u64, Box<Stripe>>,
+    /// Evicted heads kept for reuse (their vectors keep their allocations); boxed like
+    /// `heads`, so reuse moves a pointer.
+    #[allow(clippy::vec_box)]
+    free_heads: Vec<Box<Stripe>>,
+    /// Stripe maps by `stripe % map_period`: every raid4/5/6 layout's map depends only on
+    /// the stripe number modulo raid_disks or raid_disks - 1, so `raid_disks * (raid_disks - 1)`
+    /// covers them all. Filled on first use.
+    maps: Vec<Option<SharedMap>>,
+    map_period: u64,
     head_sectors: u64,
     heads_per_chunk: u64,
     full_mask: SectorMask,
@@ -169,6 +184,12 @@ pub(crate) struct StripeCache {
     preread_active: usize,
     bypass_count: u32,
     pool: Vec<Buf>,
+    /// Scratch for `advance_batch` (kept to avoid allocating per call).
+    scratch_mask: Vec<SectorMask>,
+    scratch_needs: Vec<(usize, SectorMask)>,
+    /// Emptied (data, mask, reqs) vectors of finished batches.
+    #[allow(clippy::type_complexity)]
+    spare_batches: Vec<(Vec<Option<Buf>>, Vec<SectorMask>, Vec<RequestId>)>,
     zero: Box<[u8]>,
     running: bool,
 }
@@ -176,8 +197,13 @@ pub(crate) struct StripeCache {
 impl StripeCache {
     pub(crate) fn new(geo: &Geometry) -> Self {
         let head_sectors = if geo.level.has_parity() { geo.chunk_sectors.min(MAX_HEAD_SECTORS) } else { 8 };
+        let n = geo.raid_disks as u64;
+        let map_period = if geo.level.has_parity() { n * (n - 1).max(1) } else { 1 };
         StripeCache {
             heads: DetMap::default(),
+            free_heads: Vec::new(),
+            maps: vec![None; map_period as usize],
+            map_period,
             head_sectors,
             heads_per_chunk: if geo.level.has_parity() { geo.chunk_sectors / head_sectors } else { 1 },
             full_mask: rows(0, head_sectors),
@@ -189,6 +215,9 @@ impl StripeCache {
             preread_active: 0,
             bypass_count: 0,
             pool: Vec::new(),
+            scratch_mask: Vec::new(),
+            scratch_needs: Vec::new(),
+            spare_batches: Vec::new(),
             zero: vec![0u8; (head_sectors * SECTOR_BYTES) as usize].into_boxed_slice(),
             running: false,
         }
@@ -239,15 +268,45 @@ impl Engine {
         (key, dd, row, h - row)
     }
 
-    fn new_stripe(&self, key: u64) -> Stripe {
-        let n = self.geo.raid_disks;
-        let map = self.geo.stripe_map(key / self.cache.heads_per_chunk);
-        let mut dd_of = vec![None; n];
+    /// The stripe map of `stripe` (and each member's data index), computed once per residue.
+    fn cached_map(&mut self, stripe: u64) -> SharedMap {
+        let slot = (stripe % self.cache.map_period) as usize;
+        if let Some((map, dd_of)) = &self.cache.maps[slot] {
+            debug_assert_eq!(**map, self.geo.stripe_map(stripe));
+            return (map.clone(), dd_of.clone());
+        }
+        let map = self.geo.stripe_map(stripe);
+        let mut dd_of = vec![None; self.geo.raid_disks];
         for (dd, &m) in map.data_members.iter().enumerate() {
             dd_of[m] = Some(dd);
         }
-        Stripe {
-            base_sector: key * self.cache.head_sectors,
+        let entry = (Arc::new(map), Arc::new(dd_of));
+        self.cache.maps[slot] = Some(entry.clone());
+        entry
+    }
+
+    fn new_stripe(&mut self, key: u64) -> Box<Stripe> {
+        let n = self.geo.raid_disks;
+        let (map, dd_of) = self.cached_map(key / self.cache.heads_per_chunk);
+        let base_sector = key * self.cache.head_sectors;
+        if let Some(mut st) = self.cache.free_heads.pop() {
+            // Evicted heads are idle: only the per-member vectors need resetting.
+            debug_assert!(st.idle() && st.cache.len() == n);
+            st.base_sector = base_sector;
+            st.map = map;
+            st.dd_of = dd_of;
+            for v in [&mut st.valid, &mut st.reading, &mut st.bad, &mut st.rewriting, &mut st.towrite_mask] {
+                v.iter_mut().for_each(|m| *m = 0);
+            }
+            debug_assert!(st.cache.iter().chain(&st.towrite).all(Option::is_none));
+            st.delayed_until = None;
+            st.force = false;
+            st.queued = false;
+            st.lru_stamp = 0;
+            return st;
+        }
+        Box::new(Stripe {
+            base_sector,
             map,
             dd_of,
             cache: (0..n).map(|_| None).collect(),
@@ -266,7 +325,7 @@ impl Engine {
             force: false,
             queued: false,
             lru_stamp: 0,
-        }
+        })
     }
 
     /// Get the head for `key`, allocating (and evicting an idle one) if needed.
@@ -289,11 +348,14 @@ impl Engine {
     }
 
     fn evict(&mut self, key: u64) {
-        if let Some(st) = self.cache.heads.remove(&key) {
-            for b in st.cache.into_iter().chain(st.towrite).flatten() {
+        if let Some(mut st) = self.cache.heads.remove(&key) {
+            for b in st.cache.iter_mut().chain(st.towrite.iter_mut()).filter_map(Option::take) {
                 if Arc::strong_count(&b) == 1 {
                     self.cache.pool.push(b);
                 }
+            }
+            if self.cache.free_heads.len() < self.tun.stripe_cache_size {
+                self.cache.free_heads.push(st);
             }
         }
     }
@@ -802,15 +864,14 @@ impl Engine {
             return WriteMode::Full;
         }
         let sp = span(mask.iter().fold(0, |a, &m| a | m));
-        let parity: Vec<usize> = std::iter::once(st.map.pd_idx).chain(st.map.qd_idx).collect();
-        let written: Vec<usize> = st.map.data_members.iter().copied().filter(|&m| mask[m] != 0).collect();
-        let rmw_possible = written
-            .iter()
-            .all(|&m| self.readable_rows(st, m, mask[m] & !st.valid[m]) || mask[m] & !st.valid[m] == 0)
-            && parity.iter().all(|&p| self.readable_rows(st, p, sp & !st.valid[p]) || sp & !st.valid[p] == 0);
+        let parity = || std::iter::once(st.map.pd_idx).chain(st.map.qd_idx);
+        let written = || st.map.data_members.iter().copied().filter(|&m| mask[m] != 0);
+        let rmw_possible = written()
+            .all(|m| self.readable_rows(st, m, mask[m] & !st.valid[m]) || mask[m] & !st.valid[m] == 0)
+            && parity().all(|p| self.readable_rows(st, p, sp & !st.valid[p]) || sp & !st.valid[p] == 0);
         let count = |m: usize, need: SectorMask| (need & !st.valid[m]).count_ones() as u64;
-        let rmw_cost: u64 = written.iter().map(|&m| count(m, mask[m])).sum::<u64>()
-            + parity.iter().map(|&p| count(p, sp)).sum::<u64>();
+        let rmw_cost: u64 =
+            written().map(|m| count(m, mask[m])).sum::<u64>() + parity().map(|p| count(p, sp)).sum::<u64>();
         let mut rcw_cost = 0u64;
         let mut rcw_needs_rebuild = false;
         for &m in &st.map.data_members {
@@ -834,9 +895,13 @@ impl Engine {
 
     fn start_batch(&mut self, st: &mut Stripe) {
         let n = self.geo.raid_disks;
-        let data = std::mem::replace(&mut st.towrite, (0..n).map(|_| None).collect());
-        let mask = std::mem::replace(&mut st.towrite_mask, vec![0; n]);
-        let reqs = std::mem::take(&mut st.towrite_reqs);
+        // Fresh (empty) vectors for the next gathering, recycled from finished batches.
+        let spare = self.cache.spare_batches.pop();
+        let (fresh_data, fresh_mask, fresh_reqs) =
+            spare.unwrap_or_else(|| ((0..n).map(|_| None).collect(), vec![0; n], Vec::new()));
+        let data = std::mem::replace(&mut st.towrite, fresh_data);
+        let mask = std::mem::replace(&mut st.towrite_mask, fresh_mask);
+        let reqs = std::mem::replace(&mut st.towrite_reqs, fresh_reqs);
         let mode = self.plan_write_mode(st, &mask);
         match mode {
             WriteMode::Full => self.stats.full_stripe_writes += 1,
@@ -860,10 +925,26 @@ impl Engine {
         if b.writing.is_some() {
             return;
         }
+        // Scratch vectors kept by the cache, so no allocation per call.
+        let mut mask = std::mem::take(&mut self.cache.scratch_mask);
+        let mut needs = std::mem::take(&mut self.cache.scratch_needs);
+        mask.clone_from(&b.mask);
+        needs.clear();
+        self.advance_batch_with(key, st, &mask, &mut needs);
+        self.cache.scratch_mask = mask;
+        self.cache.scratch_needs = needs;
+    }
+
+    fn advance_batch_with(
+        &mut self,
+        key: u64,
+        st: &mut Stripe,
+        mask: &[SectorMask],
+        needs: &mut Vec<(usize, SectorMask)>,
+    ) {
+        let b = st.batch.as_ref().expect("batch");
         let (mode, sp) = (b.mode, b.span);
-        let mask = b.mask.clone();
         // Pre-read what the mode needs.
-        let mut needs: Vec<(usize, SectorMask)> = Vec::new();
         match mode {
             WriteMode::Full => {}
             WriteMode::ReadModifyWrite => {
@@ -884,7 +965,7 @@ impl Engine {
             }
         }
         let mut ready = true;
-        for (m, need) in needs {
+        for &(m, need) in needs.iter() {
             match self.ensure(key, st, m, need) {
                 Ensure::Ready => {}
                 Ensure::Pending => ready = false,
@@ -923,15 +1004,16 @@ impl Engine {
         self.compute_batch(st, &mut b);
         // Issue the writes.
         let mut writes = 0u32;
-        let targets: Vec<(usize, SectorMask)> = st
-            .map
-            .data_members
-            .iter()
-            .map(|&m| (m, mask[m]))
-            .chain(std::iter::once((st.map.pd_idx, sp)))
-            .chain(st.map.qd_idx.map(|q| (q, sp)))
-            .collect();
-        for (m, rws) in targets {
+        needs.clear();
+        needs.extend(
+            st.map
+                .data_members
+                .iter()
+                .map(|&m| (m, mask[m]))
+                .chain(std::iter::once((st.map.pd_idx, sp)))
+                .chain(st.map.qd_idx.map(|q| (q, sp))),
+        );
+        for &(m, rws) in needs.iter() {
             if rws == 0 || !self.members[m].writable() {
                 continue;
             }
@@ -1044,10 +1126,17 @@ impl Engine {
     }
 
     fn finish_batch(&mut self, st: &mut Stripe) {
-        let b = st.batch.take().expect("batch");
+        let mut b = st.batch.take().expect("batch");
         let err = if self.failed { Some(RequestError::ArrayFailed) } else { None };
-        for req in b.reqs {
+        for &req in &b.reqs {
             self.part_done(req, err);
+        }
+        // Keep the vectors for the next batch (bounded like the cache itself).
+        if self.cache.spare_batches.len() < 64 {
+            b.data.iter_mut().for_each(|d| *d = None);
+            b.mask.iter_mut().for_each(|m| *m = 0);
+            b.reqs.clear();
+            self.cache.spare_batches.push((b.data, b.mask, b.reqs));
         }
     }
 
@@ -1176,7 +1265,7 @@ impl Engine {
                 }
             },
             IoCtx::Fill { key, rows: rws } => {
-                let Some(mut st) = self.cache.heads.remove(&key) else { return };
+                let Some(st) = self.cache.heads.get_mut(&key) else { return };
                 st.inflight -= 1;
                 st.reading[member] &= !rws;
                 let gone = matches!(result, Err(MemberIoError::Gone));
@@ -1194,27 +1283,28 @@ impl Engine {
                     Err(MemberIoError::Io) => st.bad[member] |= rws,
                     Err(MemberIoError::Gone) => {}
                 }
-                self.cache.heads.insert(key, st);
-                self.cache.mark(key);
+                if !st.queued {
+                    st.queued = true;
+                    self.cache.dirty.push_back(key);
+                }
                 if gone {
                     self.fail_member(member, self.now_ns);
                 }
             }
             IoCtx::StripeWrite { key } => {
-                let Some(mut st) = self.cache.heads.remove(&key) else { return };
+                let Some(st) = self.cache.heads.get_mut(&key) else { return };
                 st.inflight -= 1;
                 let b = st.batch.as_mut().expect("a write belongs to a batch");
                 let left = b.writing.unwrap_or(1) - 1;
                 b.writing = Some(left);
-                self.cache.heads.insert(key, st);
                 if result.is_err() {
                     self.fail_member(member, self.now_ns);
                 }
-                let mut st = self.cache.heads.remove(&key).expect("head");
                 if left == 0 {
+                    let mut st = self.cache.heads.remove(&key).expect("head");
                     self.finish_batch(&mut st);
+                    self.cache.heads.insert(key, st);
                 }
-                self.cache.heads.insert(key, st);
                 self.cache.mark(key);
             }
             IoCtx::StripeSyncWrite { key } => {
