@@ -65,6 +65,35 @@ pub struct Member {
     buffered: File,
     direct: Option<File>,
     size_bytes: u64,
+    /// Memory alignment O_DIRECT needs on this member (statx `STATX_DIOALIGN`; the
+    /// conservative `DIRECT_ALIGN_BYTES` where the kernel does not say). A read whose result
+    /// buffer happens to be this aligned is read straight into it, with no bounce buffer.
+    dio_mem_align: u64,
+}
+
+/// `stx_dio_mem_align` of an open file, if the kernel and file system report it. tmpfs
+/// does not report it, but its O_DIRECT is a plain copy from the page cache with no
+/// memory alignment constraint.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn dio_mem_align(f: &File) -> Option<u64> {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // SAFETY: statx on an open descriptor with an empty path writes only into `stx`.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(f.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx)
+    };
+    if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_mem_align > 0 {
+        return Some(stx.stx_dio_mem_align as u64);
+    }
+    // SAFETY: fstatfs on an open descriptor writes only into `fs`.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(f.as_raw_fd(), &mut fs) };
+    (rc == 0 && fs.f_type as i64 == TMPFS_MAGIC).then_some(1)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn dio_mem_align(_f: &File) -> Option<u64> {
+    None
 }
 
 impl Member {
@@ -98,7 +127,12 @@ impl Member {
         };
         // Works for block devices too, where metadata().len() is 0.
         let size_bytes = buffered.seek(SeekFrom::End(0))?;
-        Ok(Member { path, buffered, direct, size_bytes })
+        let dio_mem_align = direct
+            .as_ref()
+            .and_then(dio_mem_align)
+            .filter(|a| a.is_power_of_two() && *a <= DIRECT_ALIGN_BYTES)
+            .unwrap_or(DIRECT_ALIGN_BYTES);
+        Ok(Member { path, buffered, direct, size_bytes, dio_mem_align })
     }
 
     /// The same member on duplicated descriptors.
@@ -108,6 +142,7 @@ impl Member {
             buffered: self.buffered.try_clone()?,
             direct: self.direct.as_ref().map(File::try_clone).transpose()?,
             size_bytes: self.size_bytes,
+            dio_mem_align: self.dio_mem_align,
         })
     }
 
@@ -447,8 +482,24 @@ impl Executor {
         let buf = match (io.op, direct) {
             (MemberIoOp::Flush, _) => IoBuf::None,
             (MemberIoOp::Read, false) => IoBuf::Plain(Vec::with_capacity(len)),
-            (MemberIoOp::Read, true) => IoBuf::Aligned(take_aligned(&mut self.aligned_pool, len)),
+            (MemberIoOp::Read, true) => {
+                // Straight into the result when its memory suits O_DIRECT here (tmpfs, for
+                // one, takes any 16-byte-aligned buffer); a bounce buffer otherwise.
+                let v = Vec::with_capacity(len);
+                if (v.as_ptr() as usize as u64).is_multiple_of(member.dio_mem_align) {
+                    IoBuf::Plain(v)
+                } else {
+                    IoBuf::Aligned(take_aligned(&mut self.aligned_pool, len))
+                }
+            }
             (MemberIoOp::Write, false) => IoBuf::Shared(io.data),
+            // Likewise a write whose bytes already suit O_DIRECT goes out without a copy.
+            (MemberIoOp::Write, true)
+                if io.data.len() == len
+                    && (io.data.as_ptr() as usize as u64).is_multiple_of(member.dio_mem_align) =>
+            {
+                IoBuf::Shared(io.data)
+            }
             (MemberIoOp::Write, true) => {
                 let mut a = take_aligned(&mut self.aligned_pool, len);
                 a.as_mut_slice()[..len].copy_from_slice(&io.data);
