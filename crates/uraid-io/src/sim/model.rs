@@ -106,6 +106,11 @@ pub struct HddModel {
     last_was_write: bool,
     /// Most recently used first.
     segments: Vec<Segment>,
+    /// Scratch for `start`: per segment, the byte range a read must start in to possibly
+    /// hit it (a superset of `classify`'s hits, so misses skip the exact test).
+    hit_ranges: Vec<(u64, u64)>,
+    /// `locate` results by offset (256 slots, direct-mapped; u64::MAX = empty).
+    locate_memo: Box<[(u64, f64, f64); 256]>,
 }
 
 impl HddModel {
@@ -168,6 +173,8 @@ impl HddModel {
             last_done_ns: 0,
             last_was_write: false,
             segments: Vec::new(),
+            hit_ranges: Vec::new(),
+            locate_memo: Box::new([(u64::MAX, 0.0, 0.0); 256]),
             p,
         }
     }
@@ -175,6 +182,18 @@ impl HddModel {
     fn zone(&self, offset_bytes: u64) -> &Zone {
         let i = self.zones.partition_point(|z| z.end_bytes <= offset_bytes);
         &self.zones[i.min(self.zones.len() - 1)]
+    }
+
+    /// `locate`, remembered for recently asked offsets.
+    fn locate_memo(&mut self, offset_bytes: u64) -> (f64, f64) {
+        let i = ((offset_bytes >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize;
+        let e = self.locate_memo[i];
+        if e.0 == offset_bytes {
+            return (e.1, e.2);
+        }
+        let (cyl, angle) = self.locate(offset_bytes);
+        self.locate_memo[i] = (offset_bytes, cyl, angle);
+        (cyl, angle)
     }
 
     /// Cylinder and angular position (fraction of a turn) of a byte.
@@ -217,10 +236,21 @@ impl HddModel {
     /// Seek plus rotational wait from the head's state at `t_ns` to the start of `offset_bytes`.
     fn positioning_ns(&self, offset_bytes: u64, t_ns: u64, write: bool) -> f64 {
         let (cyl, target_angle) = self.locate(offset_bytes);
+        let seek = self.seek_to_ns(cyl, write);
+        self.positioning_after_seek(seek, target_angle, t_ns)
+    }
+
+    /// The seek part of `positioning_ns` (write settle included).
+    fn seek_to_ns(&self, cyl: f64, write: bool) -> f64 {
         let mut seek = self.seek_ns((cyl - self.head_cylinder).abs());
         if write {
             seek += self.p.write_settle_ns as f64;
         }
+        seek
+    }
+
+    /// `positioning_ns` given its seek part: adds the rotational wait (never negative).
+    fn positioning_after_seek(&self, seek: f64, target_angle: f64, t_ns: u64) -> f64 {
         let arrive = t_ns + seek as u64;
         let mut wait = target_angle - self.angle_at(arrive);
         if wait < 0.0 {
@@ -384,16 +414,43 @@ impl DiskModel for HddModel {
             // Shortest positioning time first among the queued commands.
             let t = now_ns + self.p.command_overhead_ns;
             let mut best = f64::INFINITY;
+            // A read can only hit a segment if it starts in [start, max(filled end, stream
+            // limit)]; computing those once per call spares `classify` for most commands.
+            let mut ranges = std::mem::take(&mut self.hit_ranges);
+            ranges.clear();
+            ranges.extend(self.segments.iter().map(|s| {
+                let mut hi = s.filled_end(now_ns);
+                if let Some(st) = s.streaming {
+                    if now_ns < self.stream_stop_ns(s) {
+                        hi = hi.max(st.limit);
+                    }
+                }
+                (s.start, hi)
+            }));
             for (i, io) in queued.iter().enumerate() {
-                let cost = match self.classify(io, now_ns).0 {
+                let maybe_hit = io.op != MemberIoOp::Read
+                    || ranges.iter().any(|&(lo, hi)| io.offset_bytes >= lo && io.offset_bytes <= hi);
+                let access = if maybe_hit { self.classify(io, now_ns).0 } else { Access::Mechanical };
+                let cost = match access {
                     Access::Buffer | Access::Stream => 0.0,
-                    Access::Mechanical => self.positioning_ns(io.offset_bytes, t, io.op == MemberIoOp::Write),
+                    Access::Mechanical => {
+                        // Same arithmetic as `positioning_ns`, with the position memoised (a
+                        // queued command is weighed at every start until it runs) and the
+                        // rotational wait skipped when the seek alone cannot beat the best.
+                        let (cyl, angle) = self.locate_memo(io.offset_bytes);
+                        let seek = self.seek_to_ns(cyl, io.op == MemberIoOp::Write);
+                        if seek >= best {
+                            continue;
+                        }
+                        self.positioning_after_seek(seek, angle, t)
+                    }
                 };
                 if cost < best {
                     best = cost;
                     pick = i;
                 }
             }
+            self.hit_ranges = ranges;
         }
         let service = self.service(&queued[pick], now_ns);
         (pick, service)

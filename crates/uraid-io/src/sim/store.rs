@@ -38,7 +38,45 @@ impl std::hash::Hasher for PageHasher {
     }
 }
 
-type PageMap = HashMap<u64, Box<[u8]>, std::hash::BuildHasherDefault<PageHasher>>;
+/// Page number -> index of the page in the [`PageArena`].
+type PageMap = HashMap<u64, u32, std::hash::BuildHasherDefault<PageHasher>>;
+
+/// Pages per arena slab (8 MiB): one allocation, and (where the kernel allows) huge pages,
+/// instead of a malloc, a zero-fill and a page fault per 4 KiB page written.
+const SLAB_PAGES: usize = 2048;
+
+/// The member's pages, allocated in slabs and never freed individually (a page once
+/// written stays resident, as before).
+#[derive(Clone, Debug, Default)]
+struct PageArena {
+    slabs: Vec<Vec<u8>>,
+    used: usize,
+}
+
+impl PageArena {
+    /// A new zero page; returns its index.
+    fn alloc(&mut self) -> u32 {
+        if self.used == self.slabs.len() * SLAB_PAGES {
+            let slab = vec![0u8; SLAB_PAGES * PAGE_BYTES as usize];
+            #[cfg(target_os = "linux")]
+            // SAFETY: advice on memory this slab owns; it changes no contents.
+            unsafe {
+                libc::madvise(slab.as_ptr() as *mut libc::c_void, slab.len(), libc::MADV_HUGEPAGE);
+            }
+            self.slabs.push(slab);
+        }
+        self.used += 1;
+        u32::try_from(self.used - 1).expect("fewer than 2^32 pages")
+    }
+    fn page(&self, i: u32) -> &[u8] {
+        let (slab, at) = (i as usize / SLAB_PAGES, i as usize % SLAB_PAGES * PAGE_BYTES as usize);
+        &self.slabs[slab][at..at + PAGE_BYTES as usize]
+    }
+    fn page_mut(&mut self, i: u32) -> &mut [u8] {
+        let (slab, at) = (i as usize / SLAB_PAGES, i as usize % SLAB_PAGES * PAGE_BYTES as usize);
+        &mut self.slabs[slab][at..at + PAGE_BYTES as usize]
+    }
+}
 
 #[derive(Clone, Debug)]
 struct VolatileWrite {
@@ -83,6 +121,7 @@ pub struct MemberStore {
     size_bytes: u64,
     write_cache: bool,
     pages: PageMap,
+    arena: PageArena,
     volatile: VecDeque<VolatileWrite>,
     volatile_bytes: u64,
     next_seq: u64,
@@ -96,6 +135,7 @@ impl MemberStore {
             size_bytes,
             write_cache,
             pages: PageMap::default(),
+            arena: PageArena::default(),
             volatile: VecDeque::new(),
             volatile_bytes: 0,
             next_seq: 0,
@@ -157,7 +197,7 @@ impl MemberStore {
             let in_page = (pos % PAGE_BYTES) as usize;
             let n = (PAGE_BYTES as usize - in_page).min(buf.len() - done);
             match self.pages.get(&page) {
-                Some(p) => buf[done..done + n].copy_from_slice(&p[in_page..in_page + n]),
+                Some(&p) => buf[done..done + n].copy_from_slice(&self.arena.page(p)[in_page..in_page + n]),
                 None => buf[done..done + n].fill(0),
             }
             done += n;
@@ -172,13 +212,13 @@ impl MemberStore {
             let in_page = (pos % PAGE_BYTES) as usize;
             let n = (PAGE_BYTES as usize - in_page).min(data.len() - done);
             let src = &data[done..done + n];
-            match self.pages.get_mut(&page) {
-                Some(p) => p[in_page..in_page + n].copy_from_slice(src),
+            match self.pages.get(&page) {
+                Some(&p) => self.arena.page_mut(p)[in_page..in_page + n].copy_from_slice(src),
                 // Zeroes into an absent page keep it absent: trims and zero-fills stay free.
                 None if src.iter().all(|&b| b == 0) => {}
                 None => {
-                    let mut p = vec![0u8; PAGE_BYTES as usize].into_boxed_slice();
-                    p[in_page..in_page + n].copy_from_slice(src);
+                    let p = self.arena.alloc();
+                    self.arena.page_mut(p)[in_page..in_page + n].copy_from_slice(src);
                     self.pages.insert(page, p);
                 }
             }
@@ -354,7 +394,10 @@ impl MemberStore {
 
     fn write_raw_forced(&mut self, offset_bytes: u64, data: &[u8]) {
         let page = offset_bytes / PAGE_BYTES;
-        self.pages.entry(page).or_insert_with(|| vec![0u8; PAGE_BYTES as usize].into_boxed_slice());
+        if !self.pages.contains_key(&page) {
+            let p = self.arena.alloc();
+            self.pages.insert(page, p);
+        }
         self.write_raw(offset_bytes, data);
     }
 }
