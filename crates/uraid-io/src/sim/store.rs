@@ -41,12 +41,17 @@ impl std::hash::Hasher for PageHasher {
 /// Page number -> index of the page in the [`PageArena`].
 type PageMap = HashMap<u64, u32, std::hash::BuildHasherDefault<PageHasher>>;
 
-/// Pages per arena slab (8 MiB): one allocation, and (where the kernel allows) huge pages,
-/// instead of a malloc, a zero-fill and a page fault per 4 KiB page written.
-const SLAB_PAGES: usize = 2048;
+/// Arena slabs grow from `FIRST_SLAB_PAGES` (256 KiB), doubling, to `MAX_SLAB_PAGES` (8 MiB),
+/// so a small simulated member stays small and a big one makes few allocations.
+const FIRST_SLAB_PAGES: usize = 64;
+const MAX_SLAB_PAGES: usize = 2048;
+/// Slabs before the first full-size one (64, 128, ..., 1024 pages) and the pages they hold.
+const GROWING_SLABS: usize = 5;
+const GROWING_PAGES: usize = FIRST_SLAB_PAGES * ((1 << GROWING_SLABS) - 1);
 
 /// The member's pages, allocated in slabs and never freed individually (a page once
-/// written stays resident, as before).
+/// written stays resident, as before). Each slab is populated in one `madvise` (where the
+/// kernel has `MADV_POPULATE_WRITE`) instead of one page fault per 4 KiB page written.
 #[derive(Clone, Debug, Default)]
 struct PageArena {
     slabs: Vec<Vec<u8>>,
@@ -54,26 +59,43 @@ struct PageArena {
 }
 
 impl PageArena {
+    /// Slab and page-within-slab of page index `i`.
+    fn place(i: usize) -> (usize, usize) {
+        if i < GROWING_PAGES {
+            let k = (i / FIRST_SLAB_PAGES + 1).ilog2() as usize;
+            (k, i - FIRST_SLAB_PAGES * ((1 << k) - 1))
+        } else {
+            let j = i - GROWING_PAGES;
+            (GROWING_SLABS + j / MAX_SLAB_PAGES, j % MAX_SLAB_PAGES)
+        }
+    }
+
     /// A new zero page; returns its index.
     fn alloc(&mut self) -> u32 {
-        if self.used == self.slabs.len() * SLAB_PAGES {
-            let slab = vec![0u8; SLAB_PAGES * PAGE_BYTES as usize];
+        let (slab, _) = Self::place(self.used);
+        if slab == self.slabs.len() {
+            let pages = if slab < GROWING_SLABS { FIRST_SLAB_PAGES << slab } else { MAX_SLAB_PAGES };
+            let v = vec![0u8; pages * PAGE_BYTES as usize];
             #[cfg(target_os = "linux")]
-            // SAFETY: advice on memory this slab owns; it changes no contents.
+            // SAFETY: advice on memory this vector owns; populating keeps its zero contents.
             unsafe {
-                libc::madvise(slab.as_ptr() as *mut libc::c_void, slab.len(), libc::MADV_HUGEPAGE);
+                let (ptr, len) = (v.as_ptr() as *mut libc::c_void, v.len());
+                libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
+                libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE);
             }
-            self.slabs.push(slab);
+            self.slabs.push(v);
         }
         self.used += 1;
         u32::try_from(self.used - 1).expect("fewer than 2^32 pages")
     }
     fn page(&self, i: u32) -> &[u8] {
-        let (slab, at) = (i as usize / SLAB_PAGES, i as usize % SLAB_PAGES * PAGE_BYTES as usize);
+        let (slab, p) = Self::place(i as usize);
+        let at = p * PAGE_BYTES as usize;
         &self.slabs[slab][at..at + PAGE_BYTES as usize]
     }
     fn page_mut(&mut self, i: u32) -> &mut [u8] {
-        let (slab, at) = (i as usize / SLAB_PAGES, i as usize % SLAB_PAGES * PAGE_BYTES as usize);
+        let (slab, p) = Self::place(i as usize);
+        let at = p * PAGE_BYTES as usize;
         &mut self.slabs[slab][at..at + PAGE_BYTES as usize]
     }
 }
@@ -412,6 +434,27 @@ mod tests {
         assert_eq!(s.read(123 << 20, 4096).unwrap(), vec![0; 4096]);
         assert_eq!(s.resident_bytes(), 0);
         assert_eq!(s.read((1 << 40) - 512, 1024), Err(MemberIoError::Io));
+    }
+
+    #[test]
+    fn arena_slabs_tile_the_page_indices() {
+        let mut next = (0usize, 0usize);
+        for i in 0..GROWING_PAGES + 3 * MAX_SLAB_PAGES {
+            let (slab, p) = PageArena::place(i);
+            if (slab, p) != next {
+                assert_eq!((slab, p), (next.0 + 1, 0), "page {i}");
+            }
+            let size = if slab < GROWING_SLABS { FIRST_SLAB_PAGES << slab } else { MAX_SLAB_PAGES };
+            assert!(p < size, "page {i}");
+            next = (slab, p + 1);
+        }
+        let mut s = MemberStore::new(1 << 34, false);
+        for k in 0..5000u64 {
+            s.write(k * 7 * PAGE_BYTES, &[(k % 251) as u8 + 1; 512]).unwrap();
+        }
+        for k in 0..5000u64 {
+            assert_eq!(s.read(k * 7 * PAGE_BYTES, 512).unwrap(), vec![(k % 251) as u8 + 1; 512]);
+        }
     }
 
     #[test]
