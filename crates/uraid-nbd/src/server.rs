@@ -402,7 +402,8 @@ fn handshake(
 
 /// Counts requests and bytes in flight on one connection.
 struct Budget {
-    state: Mutex<(usize, usize)>,
+    /// Requests, bytes, and whether the reader waits for room.
+    state: Mutex<(usize, usize, bool)>,
     freed: Condvar,
     max_requests: usize,
     max_bytes: usize,
@@ -412,6 +413,7 @@ impl Budget {
     fn acquire(&self, bytes: usize) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         while st.0 > 0 && (st.0 >= self.max_requests || st.1 + bytes > self.max_bytes) {
+            st.2 = true;
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         st.0 += 1;
@@ -421,7 +423,10 @@ impl Budget {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.0 = st.0.saturating_sub(1);
         st.1 = st.1.saturating_sub(bytes);
-        self.freed.notify_all();
+        // A notify is a futex syscall; one per reply only when the reader is waiting.
+        if std::mem::take(&mut st.2) {
+            self.freed.notify_all();
+        }
     }
 }
 
@@ -449,7 +454,7 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
         block_size: info.block_size,
     };
     let budget = Arc::new(Budget {
-        state: Mutex::new((0, 0)),
+        state: Mutex::new((0, 0, false)),
         freed: Condvar::new(),
         max_requests: shared.opts.max_in_flight_requests.max(1),
         max_bytes: shared.opts.max_in_flight_bytes.max(1),

@@ -52,6 +52,8 @@ fn fio_args(url: &str, extra: &[&str]) -> Vec<String> {
         "--verify=crc32c",
         "--verify_fatal=1",
         "--randseed=20240611",
+        // No verify state file left in the working directory.
+        "--verify_state_save=0",
         "--output-format=normal",
     ]
     .iter()

@@ -332,7 +332,8 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     let pass_offset = data_offset_bytes(&pass)?;
 
     // Servers after the scratch directory: they stop (drop) before it is removed.
-    let (mut pass_server, pass_uri) = serve_uraid("uraid serve (passthrough)", dir, "pass", &[pass.clone()])?;
+    let (mut pass_server, pass_uri) =
+        serve_uraid("uraid serve (passthrough)", dir, "pass", std::slice::from_ref(&pass))?;
     let (mut r6_server, r6_uri) = serve_uraid("uraid serve (raid6)", dir, "r6", &r6)?;
     let kit_sock = dir.join("nbdkit.sock");
     let mut kit_cmd = Command::new("nbdkit");
