@@ -46,7 +46,6 @@ impl ArrayDevice {
         size_bytes: u64,
         read_only: bool,
     ) -> ArrayDevice {
-        keep_large_buffers_in_the_heap();
         ArrayDevice {
             handle,
             meta,
@@ -141,25 +140,6 @@ impl ArrayDevice {
                     })
                 });
             }
-        });
-    }
-}
-
-/// Every NBD write arrives in a fresh buffer of up to 32 MiB, allocated on a connection's
-/// thread and freed on the runtime thread once the members have it. glibc's defaults
-/// (a dynamic mmap threshold, trimming heap tops above 2x that) return those pages to the
-/// kernel nearly every time, so each write paid page faults and kernel page clearing for
-/// its buffer: with 1 MiB writes, 90k faults per 2 GiB and ~25% of the server's CPU.
-/// Buffers below 32 MiB now come from the heap, and the heap keeps up to 128 MiB free;
-/// the server's per-connection budget bounds what is in flight anyway. Process-wide, once.
-fn keep_large_buffers_in_the_heap() {
-    #[cfg(target_env = "gnu")]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        // SAFETY: mallopt only sets allocator parameters; glibc serialises it internally.
-        ONCE.call_once(|| unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
         });
     }
 }
