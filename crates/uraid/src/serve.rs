@@ -93,7 +93,19 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     };
     let control_listener = bind_unix(&control_path, "control socket")?;
 
+    // A stale member (older events) is never used for its data; like `mdadm --re-add`, it is
+    // brought back by rebuilding it from the others once the array runs.
+    let stale: Vec<PathBuf> =
+        assembled.plan.stale.iter().map(|s| assembled.members[s.member].path.clone()).collect();
     let array = RunningArray::start(assembled, args.read_only)?;
+    if !args.read_only {
+        for path in stale {
+            match array.add(&path.display().to_string()) {
+                Ok(msg) => eprintln!("{}", msg.trim_end()),
+                Err(e) => eprintln!("uraid: the stale member {} was not re-added: {e:#}", path.display()),
+            }
+        }
+    }
     let export_name = args.export_name.clone().unwrap_or_else(|| {
         let n = &array.name;
         n.rsplit(':').next().unwrap_or(n).to_string()
