@@ -91,12 +91,14 @@ impl Engine {
                 self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
                 continue;
             }
+            let data: IoBytes = if zero {
+                vec![0u8; bytes].into()
+            } else {
+                let payload = self.reqs.get_mut(&id).expect("request").shared_payload();
+                IoBytes::slice(&payload, src_off..src_off + bytes)
+            };
             for e in targets {
-                let data: IoBytes = if zero {
-                    vec![0u8; bytes].into()
-                } else {
-                    self.reqs[&id].buf[src_off..src_off + bytes].to_vec().into()
-                };
+                let data = data.clone();
                 self.reqs.get_mut(&id).expect("request").parts += 1;
                 self.issue_io(
                     e.member,
@@ -120,13 +122,10 @@ impl Engine {
             IoCtx::SyncRead { .. } | IoCtx::SyncWrite => self.direct_sync_io_done(ctx, member, result),
             IoCtx::DirectRead { req, array_sector, len_sectors, dest_off, tried, errored } => match result {
                 Ok(data) => {
-                    if let Some(r) = self.reqs.get_mut(&req) {
-                        let n = (len_sectors * SECTOR_BYTES) as usize;
-                        if data.len() >= n {
-                            r.buf[dest_off..dest_off + n].copy_from_slice(&data[..n]);
-                        }
-                    }
                     self.rewrite_bad_copies(req, array_sector, len_sectors, errored, &data);
+                    if let Some(r) = self.reqs.get_mut(&req) {
+                        r.deliver(dest_off, data, (len_sectors * SECTOR_BYTES) as usize);
+                    }
                     self.part_done(req, None);
                 }
                 Err(e) => {

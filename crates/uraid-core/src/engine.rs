@@ -45,8 +45,12 @@ impl MemberRt {
 pub(crate) struct ReqState {
     pub op: RequestOp,
     pub fua: bool,
-    /// Read: the data being gathered. Write: the payload.
+    /// Read: the data being gathered (allocated on first use: a read served by one member
+    /// I/O takes that I/O's buffer instead). Write: the payload.
     pub buf: Vec<u8>,
+    pub len_bytes: u64,
+    /// Write payload shared with member writes (raid0/1/10: no copy per piece or mirror).
+    pub shared: Option<std::sync::Arc<Vec<u8>>>,
     /// Outstanding parts; the request completes when this reaches zero.
     pub parts: u32,
     pub error: Option<RequestError>,
@@ -54,6 +58,32 @@ pub(crate) struct ReqState {
     pub write_seq: Option<u64>,
     /// FUA writes: member flushes still outstanding after the data landed.
     pub fua_flushes: Option<u32>,
+}
+
+impl ReqState {
+    /// The read buffer, allocated (zeroed) the first time a part lands in it.
+    pub fn read_target(&mut self) -> &mut [u8] {
+        if self.buf.len() as u64 != self.len_bytes {
+            self.buf = vec![0u8; self.len_bytes as usize];
+        }
+        &mut self.buf
+    }
+
+    /// Put a member read's data at `dest_off`; a read that is one member I/O keeps its buffer.
+    pub fn deliver(&mut self, dest_off: usize, mut data: Vec<u8>, len: usize) {
+        if dest_off == 0 && len as u64 == self.len_bytes && self.buf.is_empty() && data.len() >= len {
+            data.truncate(len);
+            self.buf = data;
+            return;
+        }
+        let n = len.min(data.len());
+        self.read_target()[dest_off..dest_off + n].copy_from_slice(&data[..n]);
+    }
+
+    /// The write payload as a shared buffer (taken out of `buf` the first time).
+    pub fn shared_payload(&mut self) -> std::sync::Arc<Vec<u8>> {
+        self.shared.get_or_insert_with(|| std::sync::Arc::new(std::mem::take(&mut self.buf))).clone()
+    }
 }
 
 struct FlushWait {
@@ -254,13 +284,20 @@ impl Engine {
             self.progress_flushes();
             return Ok(());
         }
-        let mut buf = req.data;
-        if req.op == RequestOp::Read {
-            buf = vec![0u8; req.len_bytes as usize];
-        }
+        let buf = req.data;
         self.reqs.insert(
             id,
-            ReqState { op: req.op, fua: req.fua, buf, parts: 1, error: None, write_seq, fua_flushes: None },
+            ReqState {
+                op: req.op,
+                fua: req.fua,
+                buf,
+                len_bytes: req.len_bytes,
+                shared: None,
+                parts: 1,
+                error: None,
+                write_seq,
+                fua_flushes: None,
+            },
         );
         if req.len_bytes > 0 {
             match req.op {

@@ -659,7 +659,8 @@ impl Engine {
                     }
                     if let Some(req) = self.reqs.get_mut(&r.req) {
                         let (r0, n) = runs(want).next().expect("non-empty");
-                        let dest = &mut req.buf[r.dest_off..r.dest_off + (n * SECTOR_BYTES) as usize];
+                        let dest =
+                            &mut req.read_target()[r.dest_off..r.dest_off + (n * SECTOR_BYTES) as usize];
                         let shift = |src: &[u8], mask: SectorMask, dest: &mut [u8]| {
                             for (a, len) in runs(mask & want) {
                                 let off = ((a - r0) * SECTOR_BYTES) as usize;
@@ -1247,8 +1248,7 @@ impl Engine {
             IoCtx::BypassRead { req, array_sector, len_sectors, dest_off } => match result {
                 Ok(data) => {
                     if let Some(r) = self.reqs.get_mut(&req) {
-                        let n = (len_sectors * SECTOR_BYTES) as usize;
-                        r.buf[dest_off..dest_off + n].copy_from_slice(&data[..n.min(data.len())]);
+                        r.deliver(dest_off, data, (len_sectors * SECTOR_BYTES) as usize);
                     }
                     self.part_done(req, None);
                 }
