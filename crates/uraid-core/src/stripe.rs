@@ -347,12 +347,19 @@ impl Engine {
         true
     }
 
+    /// Keep an unshared head buffer for reuse; the pool holds at most one stripe cache's
+    /// worth (`stripe_cache_size` heads of every member), so memory stays bounded.
+    fn recycle_buf(&mut self, b: Buf) {
+        let cap = self.tun.stripe_cache_size * self.geo.raid_disks;
+        if Arc::strong_count(&b) == 1 && b.len() == self.cache.zero.len() && self.cache.pool.len() < cap {
+            self.cache.pool.push(b);
+        }
+    }
+
     fn evict(&mut self, key: u64) {
         if let Some(mut st) = self.cache.heads.remove(&key) {
             for b in st.cache.iter_mut().chain(st.towrite.iter_mut()).filter_map(Option::take) {
-                if Arc::strong_count(&b) == 1 {
-                    self.cache.pool.push(b);
-                }
+                self.recycle_buf(b);
             }
             if self.cache.free_heads.len() < self.tun.stripe_cache_size {
                 self.cache.free_heads.push(st);
@@ -1026,9 +1033,7 @@ impl Engine {
             }
         }
         for buf in b.data.iter_mut().filter_map(Option::take) {
-            if Arc::strong_count(&buf) == 1 {
-                self.cache.pool.push(buf);
-            }
+            self.recycle_buf(buf);
         }
         b.writing = Some(writes);
         st.batch = Some(b);
@@ -1098,9 +1103,8 @@ impl Engine {
                     }
                     if mk == self.cache.full_mask {
                         // Fully overwritten: the new buffer becomes the cache, no copy.
-                        let old = std::mem::replace(&mut st.cache[m], b.data[m].take());
-                        if let Some(old) = old.filter(|o| Arc::strong_count(o) == 1) {
-                            self.cache.pool.push(old);
+                        if let Some(old) = std::mem::replace(&mut st.cache[m], b.data[m].take()) {
+                            self.recycle_buf(old);
                         }
                         st.valid[m] |= mk;
                         continue;
@@ -1265,11 +1269,20 @@ impl Engine {
                 }
             },
             IoCtx::Fill { key, rows: rws } => {
+                let (full_mask, head_bytes) = (self.cache.full_mask, self.cache.zero.len());
                 let Some(st) = self.cache.heads.get_mut(&key) else { return };
                 st.inflight -= 1;
                 st.reading[member] &= !rws;
                 let gone = matches!(result, Err(MemberIoError::Gone));
+                let mut adopted = None;
                 match result {
+                    Ok(data) if st.valid[member] == 0 && rws == full_mask && data.len() == head_bytes => {
+                        // A whole head read into an empty slot: the read's buffer becomes the
+                        // cache (no copy); the slot's old buffer is recycled below.
+                        let old = st.cache[member].replace(Arc::new(data));
+                        st.valid[member] = full_mask;
+                        adopted = old;
+                    }
                     Ok(data) => {
                         let fresh = rws & !st.valid[member];
                         let (r0, _) = runs(rws).next().expect("non-empty");
@@ -1286,6 +1299,9 @@ impl Engine {
                 if !st.queued {
                     st.queued = true;
                     self.cache.dirty.push_back(key);
+                }
+                if let Some(old) = adopted {
+                    self.recycle_buf(old);
                 }
                 if gone {
                     self.fail_member(member, self.now_ns);
