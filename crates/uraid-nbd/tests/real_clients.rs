@@ -223,7 +223,13 @@ fn fio_nbd_engine_random_writes_verify_crc32c() {
     let server = TestServer::start(vec![export], ServerOptions::default());
     let out = run(Command::new("fio")
         .args(["--name=verify", "--ioengine=nbd", "--rw=randwrite", "--bs=4k", "--iodepth=32", "--size=32M"])
-        .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0", "--output-format=json"])
+        .args([
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--output-format=json",
+        ])
         .arg(format!("--uri={}", server.uri())));
     let json_start = out.find('{').unwrap_or(0);
     let v: serde_json::Value = serde_json::from_str(&out[json_start..]).unwrap();
