@@ -449,7 +449,14 @@ impl Engine {
             let (key_end, ..) = self.head_key(sector + len - 1);
             let (ext, _) = self.geo.map_sector(sector);
             let target_ok = self.members[ext.member].readable(ext.member_sector + len - 1);
-            if target_ok && (key..=key_end).all(|k| !self.cache.heads.contains_key(&k)) {
+            // A cached head may be bypassed only while nothing is queued or being written in it:
+            // then the member holds what the cache holds.
+            let quiet = |k: u64| {
+                self.cache.heads.get(&k).is_none_or(|h| {
+                    h.batch.is_none() && h.sync.is_none() && h.towrite_mask.iter().all(|&m| m == 0)
+                })
+            };
+            if target_ok && (key..=key_end).all(quiet) {
                 self.stats.aligned_read_bypass += 1;
                 self.reqs.get_mut(&id).expect("request").parts += 1;
                 let ctx = IoCtx::BypassRead { req: id, array_sector: sector, len_sectors: len, dest_off: 0 };

@@ -172,6 +172,8 @@ pub fn run_job(
     let size = engine.size_bytes();
     let region = if job.region_bytes == 0 { size } else { job.region_bytes.min(size) };
     let mut array = SimArray::new(TimedEngine { inner: engine, cpu_ns: 0 }, disks);
+    // Member disks sit behind a block-layer queue that merges what md sends them at once.
+    array.set_member_merging(true);
     let mut queue = job.nomerges.map(RequestQueue::new);
     // The queue's CPU is measured afterwards by replaying this request stream (one timer
     // around many requests: per-request timers would cost more than the queue itself).

@@ -2,7 +2,12 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use uraid_core::{MemberIoCompletion, Request, RequestCompletion, RequestId, SubmitError};
+use uraid_core::{
+    MemberIo, MemberIoCompletion, MemberIoOp, Request, RequestCompletion, RequestId, SubmitError,
+};
+
+/// Largest member I/O a merge builds (Linux's default max_sectors_kb is 1280 KiB on SATA).
+pub const MAX_MERGED_MEMBER_IO_BYTES: u64 = 1 << 20;
 
 use super::disks::SimDisks;
 use super::store::PowerLossPolicy;
@@ -54,6 +59,12 @@ pub struct SimArray<E: ArrayEngine> {
     last_tick_ns: Option<u64>,
     /// Requests completed per member I/O, for reporting.
     requests_completed: u64,
+    /// Merge adjacent member I/Os issued at the same instant, as the member's block-layer
+    /// queue does under a plug (Linux's elevator below md).
+    merge_member_ios: bool,
+    /// Merged member I/O -> its parts (original id, byte offset in the merged I/O, length).
+    merged: HashMap<u64, Vec<(u64, u64, u64)>>,
+    next_merged_id: u64,
 }
 
 impl<E: ArrayEngine> SimArray<E> {
@@ -69,6 +80,83 @@ impl<E: ArrayEngine> SimArray<E> {
             scratch: Vec::new(),
             last_tick_ns: None,
             requests_completed: 0,
+            merge_member_ios: false,
+            merged: HashMap::new(),
+            next_merged_id: 1 << 62,
+        }
+    }
+
+    /// Merge adjacent reads (and writes) the engine issues to one member at one instant,
+    /// up to `MAX_MERGED_MEMBER_IO_BYTES`, like a member disk's request queue under a plug.
+    pub fn set_member_merging(&mut self, on: bool) {
+        self.merge_member_ios = on;
+    }
+
+    fn submit_member_ios(&mut self, ios: Vec<MemberIo>) {
+        if !self.merge_member_ios {
+            for io in ios {
+                self.disks.submit(io);
+            }
+            return;
+        }
+        // (merged io, its parts); `open[member]` is the run still growing on that member.
+        let mut out: Vec<(MemberIo, Vec<(u64, u64, u64)>, Vec<u8>)> = Vec::new();
+        let mut open: HashMap<usize, usize> = HashMap::new();
+        for io in ios {
+            let mergeable = matches!(io.op, MemberIoOp::Read | MemberIoOp::Write);
+            if mergeable {
+                if let Some(&i) = open.get(&io.member) {
+                    let (m, parts, data) = &mut out[i];
+                    if m.op == io.op
+                        && m.offset_bytes + m.len_bytes == io.offset_bytes
+                        && m.len_bytes + io.len_bytes <= MAX_MERGED_MEMBER_IO_BYTES
+                    {
+                        parts.push((io.id, m.len_bytes, io.len_bytes));
+                        if io.op == MemberIoOp::Write {
+                            if data.is_empty() {
+                                data.extend_from_slice(&m.data);
+                            }
+                            data.extend_from_slice(&io.data);
+                        }
+                        m.len_bytes += io.len_bytes;
+                        continue;
+                    }
+                }
+            }
+            let parts = vec![(io.id, 0, io.len_bytes)];
+            if mergeable {
+                open.insert(io.member, out.len());
+            } else {
+                open.remove(&io.member);
+            }
+            out.push((io, parts, Vec::new()));
+        }
+        for (mut io, parts, data) in out {
+            if parts.len() > 1 {
+                let id = self.next_merged_id;
+                self.next_merged_id += 1;
+                io.id = id;
+                if io.op == MemberIoOp::Write {
+                    io.data = data.into();
+                }
+                self.merged.insert(id, parts);
+            }
+            self.disks.submit(io);
+        }
+    }
+
+    fn complete_member_io(&mut self, c: MemberIoCompletion, now: u64) {
+        let Some(parts) = self.merged.remove(&c.id) else {
+            self.engine.complete_member_io(c, now);
+            return;
+        };
+        for (id, at, len) in parts {
+            let result = match &c.result {
+                Ok(data) if !data.is_empty() => Ok(data[at as usize..(at + len) as usize].to_vec()),
+                Ok(_) => Ok(Vec::new()),
+                Err(e) => Err(*e),
+            };
+            self.engine.complete_member_io(MemberIoCompletion { id, result }, now);
         }
     }
 
@@ -168,8 +256,9 @@ impl<E: ArrayEngine> SimArray<E> {
                 self.scratch.clear();
                 self.disks.run_next(&mut self.scratch);
                 let now = self.now_ns();
-                for c in self.scratch.drain(..) {
-                    self.engine.complete_member_io(c, now);
+                let done: Vec<MemberIoCompletion> = self.scratch.drain(..).collect();
+                for c in done {
+                    self.complete_member_io(c, now);
                 }
             } else {
                 self.disks.advance_to(next, &mut self.scratch);
@@ -219,10 +308,12 @@ impl<E: ArrayEngine> SimArray<E> {
                 submitted = false;
             }
             let mut progressed = false;
+            let mut ios = Vec::new();
             while let Some(io) = self.engine.pop_member_io() {
-                self.disks.submit(io);
+                ios.push(io);
                 progressed = true;
             }
+            self.submit_member_ios(ios);
             while let Some(c) = self.engine.pop_completion() {
                 let submitted_ns = self.submitted_ns.remove(&c.id).unwrap_or(now);
                 self.requests_completed += 1;

@@ -286,6 +286,9 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     let sectors = size / SECTOR;
     let mut model = Model::new(sectors);
     let mut array = SimArray::new(engine, disks);
+    // Member queues merge what the engine sends at once (as under md): splitting the merged
+    // completions back is checked here too.
+    array.set_member_merging(true);
     let mut inflight: Vec<(u64, u64, u64, RequestOp)> = Vec::new();
     let mut next_id = 1u64;
     let mut issued = 0usize;
