@@ -6,6 +6,9 @@ use uraid_core::{
     MemberIo, MemberIoCompletion, MemberIoOp, Request, RequestCompletion, RequestId, SubmitError,
 };
 
+/// The parts of a merged member I/O: (original id, byte offset in the merged I/O, length).
+type MergedParts = Vec<(u64, u64, u64)>;
+
 /// Largest member I/O a merge builds (Linux's default max_sectors_kb is 1280 KiB on SATA).
 pub const MAX_MERGED_MEMBER_IO_BYTES: u64 = 1 << 20;
 
@@ -63,7 +66,7 @@ pub struct SimArray<E: ArrayEngine> {
     /// queue does under a plug (Linux's elevator below md).
     merge_member_ios: bool,
     /// Merged member I/O -> its parts (original id, byte offset in the merged I/O, length).
-    merged: HashMap<u64, Vec<(u64, u64, u64)>>,
+    merged: HashMap<u64, MergedParts>,
     next_merged_id: u64,
 }
 
@@ -100,7 +103,7 @@ impl<E: ArrayEngine> SimArray<E> {
             return;
         }
         // (merged io, its parts); `open[member]` is the run still growing on that member.
-        let mut out: Vec<(MemberIo, Vec<(u64, u64, u64)>, Vec<u8>)> = Vec::new();
+        let mut out: Vec<(MemberIo, MergedParts, Vec<u8>)> = Vec::new();
         let mut open: HashMap<usize, usize> = HashMap::new();
         for io in ios {
             let mergeable = matches!(io.op, MemberIoOp::Read | MemberIoOp::Write);
