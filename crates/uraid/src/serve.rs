@@ -42,6 +42,15 @@ pub struct ServeArgs {
     /// Control socket path (default: .uraid-NAME.sock next to the first member).
     #[arg(long)]
     pub control: Option<PathBuf>,
+    /// Mirror read balancing (raid1/raid10): load, load-time, round-robin, split, prefer.
+    #[arg(long, default_value = "load")]
+    pub balance: String,
+    /// 0 = reconstruct-write only, 1 = read-modify-write where cheaper, 2 = also where equal.
+    #[arg(long = "rmw-level", default_value_t = 1)]
+    pub rmw_level: u8,
+    /// Stripe heads in the stripe cache (raid4/5/6).
+    #[arg(long = "stripe-cache-size", default_value_t = 256)]
+    pub stripe_cache_size: usize,
     /// Member files or block devices, in any order.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
@@ -74,6 +83,15 @@ pub type Banner = dyn Fn(&str, &Path) -> String;
 /// Serves until a signal; `banner` is printed after the listeners are up (the demo's).
 pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let mut assembled = assemble(&args.members, args.run, !args.read_only)?;
+    assembled.config.tunables.balance =
+        uraid_core::mirror::Balance::parse(&args.balance).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(args.rmw_level <= 2, "--rmw-level must be 0, 1 or 2");
+    assembled.config.tunables.rmw_level = args.rmw_level;
+    anyhow::ensure!(
+        (16..=32768).contains(&args.stripe_cache_size),
+        "--stripe-cache-size must be between 16 and 32768 (md's range)"
+    );
+    assembled.config.tunables.stripe_cache_size = args.stripe_cache_size;
     assembled.config.tunables.sync_speed_min_kib = args.sync_speed_min_kib.max(1);
     assembled.config.tunables.sync_speed_max_kib =
         args.sync_speed_max_kib.max(args.sync_speed_min_kib).max(1);

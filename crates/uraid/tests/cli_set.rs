@@ -40,7 +40,7 @@ fn tunables_change_at_run_time() {
     let unix = dir.join("nbd.sock").display().to_string();
     let _server = Server(
         Command::new(env!("CARGO_BIN_EXE_uraid"))
-            .args(["serve", "--unix", &unix, "--control", &sock, &m[0], &m[1], &m[2]])
+            .args(["serve", "--unix", &unix, "--control", &sock, "--balance", "prefer", &m[0], &m[1], &m[2]])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -54,6 +54,8 @@ fn tunables_change_at_run_time() {
     let out = uraid(&["set", "rmw_level", "0", "--control", &sock]);
     assert!(out.status.success(), "set: {}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("rmw_level 0"));
+    // The balance chosen when the array was started.
+    assert!(String::from_utf8_lossy(&out.stdout).contains("balance prefer"));
     let out = uraid(&["set", "stripe_cache_size", "1024", "--control", &sock]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("stripe_cache_size 1024"));
     let out = uraid(&["set", "balance", "round-robin", "--control", &sock]);
