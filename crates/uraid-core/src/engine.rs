@@ -450,7 +450,7 @@ impl Engine {
         if !self.data_survives() {
             self.fail_array();
         } else {
-            self.cache_member_failed(member);
+            self.cache_rehandle_all();
         }
     }
 
@@ -517,7 +517,7 @@ impl Engine {
                 r.error = Some(RequestError::ArrayFailed);
             }
         }
-        self.cache_array_failed();
+        self.cache_rehandle_all();
         for f in &mut self.flushes {
             f.error = Some(RequestError::ArrayFailed);
         }

@@ -544,16 +544,13 @@ impl Engine {
         self.run_stripes();
     }
 
-    pub(crate) fn cache_member_failed(&mut self, _member: usize) {
+    /// A member or the whole array failed: every head re-analyses what it can still do.
+    pub(crate) fn cache_rehandle_all(&mut self) {
         let keys: Vec<u64> = self.cache.heads.keys().copied().collect();
         for k in keys {
             self.cache.mark(k);
         }
         self.run_stripes();
-    }
-
-    pub(crate) fn cache_array_failed(&mut self) {
-        self.cache_member_failed(usize::MAX);
     }
 
     // ---- the handler ---------------------------------------------------------------------
@@ -644,11 +641,8 @@ impl Engine {
                 self.advance_batch(key, st);
             } else if st.delayed_until.is_none() {
                 st.delayed_until = Some(self.now_ns + self.tun.stripe_batch_deadline_ns);
+                // It starts at the caller's next unplug if nothing is pre-reading, or at the deadline.
                 self.cache.delayed.push(key);
-                if self.cache.preread_active < IO_THRESHOLD && self.cache.dirty.is_empty() {
-                    // Nothing pre-reading: md would start it at the next unplug; the caller's
-                    // unplug or the deadline does that here.
-                }
             }
         }
     }

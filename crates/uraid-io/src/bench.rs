@@ -149,7 +149,7 @@ pub fn real_executor(
     backend: BackendChoice,
 ) -> std::io::Result<IoRate> {
     // Completed reads are fresh 1 MiB vectors: keep them on the heap, as a server would.
-    crate::engine_bench::keep_large_buffers_on_heap();
+    crate::real::keep_large_buffers_on_heap();
     let set = MemberSet::open(&[path], &OpenOptions { log: false, ..Default::default() })?;
     let mut ex = Executor::new(
         set,

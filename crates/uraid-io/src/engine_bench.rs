@@ -4,7 +4,7 @@
 //! Engine time is wall time minus two things that are not the engine's: the RAM members'
 //! copies (the executor's work) and building each request's payload (the caller's buffer).
 //! Both are timed and reported. glibc's malloc is told to keep 1 MiB buffers on its heap
-//! (`M_MMAP_THRESHOLD`/`M_TRIM_THRESHOLD`, see [`keep_large_buffers_on_heap`]), as a
+//! (`M_MMAP_THRESHOLD`/`M_TRIM_THRESHOLD`, see [`crate::real::keep_large_buffers_on_heap`]), as a
 //! long-running server would, so page faults of fresh mmaps do not dominate.
 
 use std::time::Instant;
@@ -33,18 +33,6 @@ pub struct EngineBenchRow {
     pub peer_gbps: f64,
     /// `gbps / peer_gbps`.
     pub ratio: f64,
-}
-
-/// Raise glibc's mmap and trim thresholds so freed 1 MiB buffers are reused from the heap
-/// instead of being unmapped and faulted in again on every request. Process-wide; a no-op
-/// elsewhere than glibc.
-pub fn keep_large_buffers_on_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only adjusts allocator parameters; it is safe to call at any time.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-    }
 }
 
 struct RamMembers {
@@ -182,7 +170,7 @@ fn row(workload: &'static str, requests: u64, len: u64, t: &Timing, peer_bytes: 
 
 /// 4 KiB random writes: read-modify-write of one block per request.
 pub fn randwrite_4k(scale: f64) -> EngineBenchRow {
-    keep_large_buffers_on_heap();
+    crate::real::keep_large_buffers_on_heap();
     let mut e = engine(MEMBER_BYTES);
     let mut m = RamMembers::new(10, MEMBER_BYTES);
     let array_bytes = MEMBER_BYTES * 8;
@@ -199,7 +187,7 @@ pub fn randwrite_4k(scale: f64) -> EngineBenchRow {
 
 /// 1 MiB sequential writes: two full stripes each.
 pub fn seqwrite_1m(scale: f64) -> EngineBenchRow {
-    keep_large_buffers_on_heap();
+    crate::real::keep_large_buffers_on_heap();
     let mut e = engine(MEMBER_BYTES);
     let mut m = RamMembers::new(10, MEMBER_BYTES);
     let array_bytes = MEMBER_BYTES * 8;

@@ -61,7 +61,7 @@ fn main() {
     let cli = Cli::parse();
     // Request-sized buffers (up to 32 MiB) recycle through malloc's heap instead of an
     // mmap/munmap and a round of page faults each.
-    uraid_io::engine_bench::keep_large_buffers_on_heap();
+    uraid_io::real::keep_large_buffers_on_heap();
     if !matches!(cli.command, Command::Serve(_) | Command::Demo(_)) {
         // Report commands end quietly when their reader goes away (`uraid ... | head`);
         // the server keeps Rust's ignored SIGPIPE so a vanished client is only an error.

@@ -120,6 +120,116 @@ struct Worker {
     end: u64,
 }
 
+/// The client side of a job, shared by the simulated and the real runner: the workers,
+/// where each reads or writes next, and the optional request queue in front of the array.
+pub struct JobDriver {
+    workers: Vec<Worker>,
+    rng: u64,
+    region: u64,
+    next_id: RequestId,
+    owner: std::collections::HashMap<RequestId, usize>,
+    payload: Vec<u8>,
+    queue: Option<RequestQueue>,
+    /// The queue's CPU is measured afterwards by replaying this request stream (one timer
+    /// around many requests: per-request timers would cost more than the queue itself).
+    trace: Vec<Vec<(RequestOp, u64, u64)>>,
+}
+
+impl JobDriver {
+    /// Workers over the first `region` bytes of the array, each sequential one in its own slice.
+    pub fn new(job: &Job, region: u64, seed: u64) -> Self {
+        let span = region / job.threads as u64 / job.block_bytes * job.block_bytes;
+        JobDriver {
+            workers: (0..job.threads as u64)
+                .map(|t| Worker { outstanding: 0, cursor: t * span, start: t * span, end: (t + 1) * span })
+                .collect(),
+            rng: seed ^ 0x6a09e667f3bcc909,
+            region,
+            next_id: 1,
+            owner: Default::default(),
+            payload: vec![0xa5u8; job.block_bytes as usize],
+            queue: job.nomerges.map(RequestQueue::new),
+            trace: Vec::new(),
+        }
+    }
+
+    fn next_random(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Requests that bring every worker up to the job's queue depth, through the request
+    /// queue when the job has one: hand them to the array as they are.
+    pub fn top_up(&mut self, job: &Job) -> Vec<Request> {
+        let bs = job.block_bytes;
+        let mut batch = Vec::new();
+        for w in 0..self.workers.len() {
+            while self.workers[w].outstanding < job.queue_depth {
+                let off = match job.access {
+                    Access::Sequential => {
+                        let worker = &mut self.workers[w];
+                        if worker.cursor + bs > worker.end {
+                            worker.cursor = worker.start;
+                        }
+                        worker.cursor += bs;
+                        worker.cursor - bs
+                    }
+                    Access::Random => (self.next_random() % (self.region / bs).max(1)) * bs,
+                };
+                let id = self.next_id;
+                self.next_id += 1;
+                batch.push(match job.op {
+                    RequestOp::Write => Request::write(id, off, self.payload.clone()),
+                    _ => Request::read(id, off, bs),
+                });
+                self.owner.insert(id, w);
+                self.workers[w].outstanding += 1;
+            }
+        }
+        match self.queue.as_mut() {
+            Some(q) if !batch.is_empty() => {
+                self.trace.push(batch.iter().map(|r| (r.op, r.offset_bytes, r.len_bytes)).collect());
+                for r in batch {
+                    q.add(r);
+                }
+                q.unplug()
+            }
+            _ => batch,
+        }
+    }
+
+    /// An array completion: how many of the workers' requests it finished (a merged one
+    /// finishes several), or the first error.
+    pub fn complete(&mut self, c: RequestCompletion) -> Result<u64, String> {
+        let comps = match self.queue.as_mut() {
+            Some(q) => q.complete(c),
+            None => vec![c],
+        };
+        let mut finished = 0;
+        for c in comps {
+            if let Err(e) = c.result {
+                return Err(format!("request {} failed: {e}", c.id));
+            }
+            let Some(w) = self.owner.remove(&c.id) else { continue };
+            self.workers[w].outstanding -= 1;
+            finished += 1;
+        }
+        Ok(finished)
+    }
+
+    /// The queue's figures into `r` (its CPU scaled to `r.ios`).
+    pub fn finish(&self, r: &mut JobResult) {
+        let Some(q) = &self.queue else { return };
+        let total: usize = self.trace.iter().map(|b| b.len()).sum();
+        let (fastest, median) = replay_queue_ns(q.nomerges(), &self.trace);
+        r.queue_cpu_ns = (fastest / total.max(1) as f64 * r.ios as f64) as u64;
+        r.queue_cpu_noise_ns = ((median - fastest) / total.max(1) as f64 * r.ios as f64) as u64;
+        r.queue = q.stats;
+    }
+}
+
 /// Runs one job of an experiment's grid on an array described by `config` (geometry,
 /// tunables, missing members). The simulator takes `profile`, `member_bytes` and `seed` as
 /// they are; a runner on real members keeps the level, layout, chunk, tunables and member
@@ -174,77 +284,16 @@ pub fn run_job(
     let mut array = SimArray::new(TimedEngine { inner: engine, cpu_ns: 0 }, disks);
     // Member disks sit behind a block-layer queue that merges what md sends them at once.
     array.set_member_merging(true);
-    let mut queue = job.nomerges.map(RequestQueue::new);
-    // The queue's CPU is measured afterwards by replaying this request stream (one timer
-    // around many requests: per-request timers would cost more than the queue itself).
-    let mut trace: Vec<Vec<(RequestOp, u64, u64)>> = Vec::new();
-    let span = region / job.threads as u64 / job.block_bytes * job.block_bytes;
-    let mut workers: Vec<Worker> = (0..job.threads as u64)
-        .map(|t| Worker { outstanding: 0, cursor: t * span, start: t * span, end: (t + 1) * span })
-        .collect();
-    let mut rng = seed ^ 0x6a09e667f3bcc909;
-    let mut next_rand = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    let mut owner: std::collections::HashMap<RequestId, usize> = Default::default();
-    let mut next_id: RequestId = 1;
+    let mut driver = JobDriver::new(job, region, seed);
     let end_ns = job.warmup_ns + job.duration_ns;
     let mut result = JobResult::default();
     let mut cpu_at_warmup = None;
-    let payload = vec![0xa5u8; job.block_bytes as usize];
     let mut member_at_warmup = (0, 0);
     loop {
         let now = array.now_ns();
-        // Top every worker up to its queue depth.
-        let mut batch = Vec::new();
         if now < end_ns {
-            for (w, worker) in workers.iter_mut().enumerate() {
-                while worker.outstanding < job.queue_depth {
-                    let off = match job.access {
-                        Access::Sequential => {
-                            if worker.cursor + job.block_bytes > worker.end {
-                                worker.cursor = worker.start;
-                            }
-                            let o = worker.cursor;
-                            worker.cursor += job.block_bytes;
-                            o
-                        }
-                        Access::Random => {
-                            let blocks = (region / job.block_bytes).max(1);
-                            (next_rand() % blocks) * job.block_bytes
-                        }
-                    };
-                    let id = next_id;
-                    next_id += 1;
-                    let req = match job.op {
-                        RequestOp::Write => Request::write(id, off, payload.clone()),
-                        _ => Request::read(id, off, job.block_bytes),
-                    };
-                    owner.insert(id, w);
-                    worker.outstanding += 1;
-                    batch.push(req);
-                }
-            }
-        }
-        if !batch.is_empty() {
-            match queue.as_mut() {
-                Some(q) => {
-                    trace.push(batch.iter().map(|r| (r.op, r.offset_bytes, r.len_bytes)).collect());
-                    for r in batch {
-                        q.add(r);
-                    }
-                    for r in q.unplug() {
-                        array.submit(r);
-                    }
-                }
-                None => {
-                    for r in batch {
-                        array.submit(r);
-                    }
-                }
+            for r in driver.top_up(job) {
+                array.submit(r);
             }
         }
         let outcome = array.run_until(now + STEP_NS);
@@ -255,20 +304,10 @@ pub fn run_job(
             member_at_warmup = (s.member_reads(), s.member_writes());
         }
         for tc in array.take_completions() {
-            let comps = match queue.as_mut() {
-                Some(q) => q.complete(tc.completion),
-                None => vec![tc.completion],
-            };
-            for c in comps {
-                if let Err(e) = c.result {
-                    return Err(format!("request {} failed: {e}", c.id));
-                }
-                let Some(w) = owner.remove(&c.id) else { continue };
-                workers[w].outstanding -= 1;
-                if tc.completed_ns >= job.warmup_ns && tc.completed_ns < end_ns {
-                    result.ios += 1;
-                    result.bytes += job.block_bytes;
-                }
+            let finished = driver.complete(tc.completion)?;
+            if tc.completed_ns >= job.warmup_ns && tc.completed_ns < end_ns {
+                result.ios += finished;
+                result.bytes += finished * job.block_bytes;
             }
         }
         match outcome {
@@ -281,13 +320,7 @@ pub fn run_job(
         }
     }
     result.engine_cpu_ns = array.engine().cpu_ns - cpu_at_warmup.unwrap_or(0);
-    if let Some(q) = &queue {
-        let total: usize = trace.iter().map(|b| b.len()).sum();
-        let (fastest, median) = replay_queue_ns(q.nomerges(), &trace);
-        result.queue_cpu_ns = (fastest / total.max(1) as f64 * result.ios as f64) as u64;
-        result.queue_cpu_noise_ns = ((median - fastest) / total.max(1) as f64 * result.ios as f64) as u64;
-    }
-    result.queue = queue.map(|q| q.stats).unwrap_or_default();
+    driver.finish(&mut result);
     let s = array.engine().inner.stats();
     result.member_reads = s.member_reads() - member_at_warmup.0;
     result.member_writes = s.member_writes() - member_at_warmup.1;
@@ -300,7 +333,7 @@ pub fn run_job(
 
 /// Host time for the request stream `trace` through a fresh queue (adds, unplug, and the
 /// completion of every dispatched request): (fastest, median) of several replays, in ns.
-pub fn replay_queue_ns(nomerges: u8, trace: &[Vec<(RequestOp, u64, u64)>]) -> (f64, f64) {
+fn replay_queue_ns(nomerges: u8, trace: &[Vec<(RequestOp, u64, u64)>]) -> (f64, f64) {
     let mut times = Vec::new();
     for _ in 0..15 {
         let mut q = RequestQueue::new(nomerges);

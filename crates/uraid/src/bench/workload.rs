@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use uraid_core::queue::RequestQueue;
-use uraid_core::{ArrayConfig, Engine, Geometry, Request, RequestCompletion, RequestOp};
+use uraid_core::{ArrayConfig, Engine, Geometry, RequestCompletion, RequestOp};
 use uraid_io::experiments::tables::{self, Cell, Report, Table, EXPERIMENTS};
-use uraid_io::experiments::{replay_queue_ns, Access, Job, JobResult, JobRunner, TimedEngine};
+use uraid_io::experiments::{Access, Job, JobDriver, JobResult, JobRunner, TimedEngine};
 use uraid_io::real::{BackendKind, Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeHandle, RuntimeOptions};
 
@@ -174,13 +173,6 @@ fn size_text(b: u64) -> String {
     }
 }
 
-struct Worker {
-    outstanding: usize,
-    cursor: u64,
-    start: u64,
-    end: u64,
-}
-
 /// (engine CPU ns, member reads, member writes) at one moment.
 fn snapshot(h: &RuntimeHandle) -> Result<(u64, u64, u64), String> {
     let cpu = h
@@ -228,22 +220,7 @@ impl RealRunner {
         if region < bs * job.threads as u64 {
             return Err(format!("the array ({size} bytes) is too small for this job"));
         }
-        let span = region / job.threads as u64 / bs * bs;
-        let mut workers: Vec<Worker> = (0..job.threads as u64)
-            .map(|t| Worker { outstanding: 0, cursor: t * span, start: t * span, end: (t + 1) * span })
-            .collect();
-        let mut rng = seed ^ 0x6a09e667f3bcc909;
-        let mut next_rand = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
-        let mut queue = job.nomerges.map(RequestQueue::new);
-        let mut trace: Vec<Vec<(RequestOp, u64, u64)>> = Vec::new();
-        let mut owner: std::collections::HashMap<u64, usize> = Default::default();
-        let mut next_id = 1u64;
-        let payload = vec![0xa5u8; bs as usize];
+        let mut driver = JobDriver::new(job, region, seed);
         let (tx, rx) = mpsc::channel::<(RequestCompletion, Instant)>();
         let warmup = Duration::from_secs_f64((self.seconds / 5.0).max(0.02));
         let measured = Duration::from_secs_f64(self.seconds);
@@ -262,69 +239,23 @@ impl RealRunner {
             if now >= end {
                 break;
             }
-            let mut batch = Vec::new();
-            for (w, worker) in workers.iter_mut().enumerate() {
-                while worker.outstanding < job.queue_depth {
-                    let off = match job.access {
-                        Access::Sequential => {
-                            if worker.cursor + bs > worker.end {
-                                worker.cursor = worker.start;
-                            }
-                            let o = worker.cursor;
-                            worker.cursor += bs;
-                            o
-                        }
-                        Access::Random => (next_rand() % (region / bs).max(1)) * bs,
-                    };
-                    let id = next_id;
-                    next_id += 1;
-                    batch.push(match job.op {
-                        RequestOp::Write => Request::write(id, off, payload.clone()),
-                        _ => Request::read(id, off, bs),
-                    });
-                    owner.insert(id, w);
-                    worker.outstanding += 1;
-                }
-            }
-            if !batch.is_empty() {
-                let batch = match queue.as_mut() {
-                    Some(q) => {
-                        trace.push(batch.iter().map(|r| (r.op, r.offset_bytes, r.len_bytes)).collect());
-                        for r in batch {
-                            q.add(r);
-                        }
-                        q.unplug()
-                    }
-                    None => batch,
-                };
-                for r in batch {
-                    let tx = tx.clone();
-                    h.submit(
-                        r,
-                        Box::new(move |c| {
-                            let _ = tx.send((c, Instant::now()));
-                        }),
-                    )
-                    .map_err(|e| e.to_string())?;
-                }
+            for r in driver.top_up(job) {
+                let tx = tx.clone();
+                h.submit(
+                    r,
+                    Box::new(move |c| {
+                        let _ = tx.send((c, Instant::now()));
+                    }),
+                )
+                .map_err(|e| e.to_string())?;
             }
             let until = if at_warm.is_none() { warm_end } else { end };
             let first = rx.recv_timeout(until.saturating_duration_since(now)).ok();
             for (tc, at) in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
-                let comps = match queue.as_mut() {
-                    Some(q) => q.complete(tc),
-                    None => vec![tc],
-                };
-                for c in comps {
-                    if let Err(e) = c.result {
-                        return Err(format!("request {} failed: {e:?}", c.id));
-                    }
-                    let Some(w) = owner.remove(&c.id) else { continue };
-                    workers[w].outstanding -= 1;
-                    if at >= warm_end && at < end {
-                        ios += 1;
-                        bytes += bs;
-                    }
+                let finished = driver.complete(tc)?;
+                if at >= warm_end && at < end {
+                    ios += finished;
+                    bytes += finished * bs;
                 }
             }
         }
@@ -345,13 +276,7 @@ impl RealRunner {
             virtual_ns: job.duration_ns,
             ..JobResult::default()
         };
-        if let Some(q) = &queue {
-            let total: usize = trace.iter().map(|b| b.len()).sum();
-            let (fastest, median) = replay_queue_ns(q.nomerges(), &trace);
-            r.queue_cpu_ns = (fastest / total.max(1) as f64 * r.ios as f64) as u64;
-            r.queue_cpu_noise_ns = ((median - fastest) / total.max(1) as f64 * r.ios as f64) as u64;
-            r.queue = q.stats;
-        }
+        driver.finish(&mut r);
         Ok(r)
     }
 }
