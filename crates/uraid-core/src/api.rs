@@ -121,6 +121,28 @@ impl IoBytes {
         assert!(range.end <= buf.len() && range.start <= range.end, "IoBytes range outside its buffer");
         IoBytes { buf: buf.clone(), start: range.start, len: range.end - range.start }
     }
+    /// Bytes `range` of this view, sharing its buffer.
+    pub fn view(&self, range: std::ops::Range<usize>) -> Self {
+        assert!(range.end <= self.len && range.start <= range.end, "IoBytes range outside its view");
+        IoBytes { buf: self.buf.clone(), start: self.start + range.start, len: range.end - range.start }
+    }
+    /// True when this view covers its whole buffer (it is not a window into a larger one).
+    pub fn is_whole(&self) -> bool {
+        self.start == 0 && self.len == self.buf.len()
+    }
+    /// True when this view covers its whole buffer and nothing else holds that buffer, so
+    /// it may be written in place or reused.
+    pub fn is_sole_owner(&self) -> bool {
+        self.is_whole() && std::sync::Arc::strong_count(&self.buf) == 1
+    }
+    /// Writable bytes, copy-on-write: a view that shares its buffer (with a member write in
+    /// flight, or with the request it came from) first gets a private copy of its own bytes.
+    pub fn make_mut(&mut self) -> &mut [u8] {
+        if !self.is_whole() {
+            *self = IoBytes::from(self[..].to_vec());
+        }
+        std::sync::Arc::make_mut(&mut self.buf).as_mut_slice()
+    }
     /// The bytes as an owned vector (no copy when this view is the whole, unshared buffer).
     pub fn into_vec(self) -> Vec<u8> {
         if self.start == 0 && self.len == self.buf.len() {

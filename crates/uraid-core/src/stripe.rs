@@ -25,8 +25,10 @@ const IO_THRESHOLD: usize = 1;
 /// Largest stripe head height in sectors (64 KiB).
 const MAX_HEAD_SECTORS: u64 = 128;
 
-/// A stripe-cache buffer: shared with the member writes that carry it.
-type Buf = Arc<Vec<u8>>;
+/// One member's rows of a stripe head, shared with the member writes that carry it: a pool
+/// buffer of its own, or, for a write piece covering the whole head height, a view of the
+/// request's payload (md's skip_copy: no copy into the cache; dropped once written).
+type Buf = IoBytes;
 
 /// A stripe map and each member's logical data index under it, shared by every head of
 /// the same residue.
@@ -224,7 +226,7 @@ impl StripeCache {
     }
 
     fn buf(&mut self) -> Buf {
-        self.pool.pop().unwrap_or_else(|| Arc::new(vec![0u8; self.zero.len()]))
+        self.pool.pop().unwrap_or_else(|| IoBytes::from(vec![0u8; self.zero.len()]))
     }
 
     fn mark(&mut self, key: u64) {
@@ -351,7 +353,7 @@ impl Engine {
     /// worth (`stripe_cache_size` heads of every member), so memory stays bounded.
     fn recycle_buf(&mut self, b: Buf) {
         let cap = self.tun.stripe_cache_size * self.geo.raid_disks;
-        if Arc::strong_count(&b) == 1 && b.len() == self.cache.zero.len() && self.cache.pool.len() < cap {
+        if b.is_sole_owner() && b.len() == self.cache.zero.len() && self.cache.pool.len() < cap {
             self.cache.pool.push(b);
         }
     }
@@ -399,22 +401,30 @@ impl Engine {
                 let fua = self.reqs.get(&req).is_some_and(|r| r.fua);
                 let needs_buf =
                     self.cache.heads[&key].towrite[self.cache.heads[&key].map.data_members[dd]].is_none();
-                let fresh = if needs_buf { Some(self.cache.buf()) } else { None };
+                let (r0, n) = runs(rows).next().expect("non-empty piece");
+                let piece_bytes = (n * SECTOR_BYTES) as usize;
+                // skip_copy: a piece as high as the head, landing where nothing is queued, is
+                // carried as a view of the payload rather than copied.
+                let view = (needs_buf && !zero && rows == self.cache.full_mask).then(|| {
+                    let payload = self.reqs.get_mut(&req).expect("request").shared_payload();
+                    IoBytes::slice(&payload, src_off..src_off + piece_bytes)
+                });
+                let fresh = if needs_buf && view.is_none() { Some(self.cache.buf()) } else { None };
                 let st = self.cache.heads.get_mut(&key).expect("placed stripe");
                 let member = st.map.data_members[dd];
-                if let Some(b) = fresh {
+                if let Some(b) = view.or(fresh) {
                     st.towrite[member] = Some(b);
                 }
-                let buf = Arc::make_mut(st.towrite[member].as_mut().expect("towrite buffer"));
-                let (r0, n) = runs(rows).next().expect("non-empty piece");
-                let dst = &mut buf[bytes(r0, n)];
-                if zero {
-                    dst.fill(0);
-                } else {
-                    let src = &self.reqs[&req].buf;
-                    dst.copy_from_slice(&src[src_off..src_off + (n * SECTOR_BYTES) as usize]);
+                if !(needs_buf && rows == self.cache.full_mask && !zero) {
+                    let buf = st.towrite[member].as_mut().expect("towrite buffer").make_mut();
+                    let dst = &mut buf[bytes(r0, n)];
+                    if zero {
+                        dst.fill(0);
+                    } else {
+                        dst.copy_from_slice(&self.reqs[&req].payload()[src_off..src_off + piece_bytes]);
+                    }
+                    debug_assert!(dst.len() <= hb);
                 }
-                debug_assert!(dst.len() <= hb);
                 st.towrite_mask[member] |= rows;
                 st.towrite_reqs.push(req);
                 if fua {
@@ -652,7 +662,8 @@ impl Engine {
         while i < st.readers.len() {
             let r = &st.readers[i];
             let (member, want) = (r.member, r.rows);
-            let batch_mask = st.batch.as_ref().map_or(0, |b| b.mask[member]);
+            // Once the batch is writing, its rows are in the cache (and its buffers recycled).
+            let batch_mask = st.batch.as_ref().filter(|b| b.writing.is_none()).map_or(0, |b| b.mask[member]);
             let from_cache = want & !st.towrite_mask[member] & !batch_mask;
             match self.ensure(key, st, member, from_cache) {
                 Ensure::Pending => i += 1,
@@ -764,7 +775,7 @@ impl Engine {
             let bad = st.bad[o] & want;
             if bad != 0 && self.members[o].writable() {
                 for (r0, n) in runs(bad) {
-                    let data = IoBytes::slice(st.cache[o].as_ref().expect("rebuilt"), bytes(r0, n));
+                    let data = st.cache[o].as_ref().expect("rebuilt").view(bytes(r0, n));
                     st.inflight += 1;
                     st.rewriting[o] |= rows(r0, r0 + n);
                     let ctx = IoCtx::Rewrite { key, rows: rows(r0, r0 + n), req: None };
@@ -784,8 +795,8 @@ impl Engine {
         let mut outs: Vec<(usize, Buf)> =
             lost_data.iter().map(|&m| (m, st.cache[m].take().expect("allocated"))).collect();
         {
-            let mut outs: Vec<(usize, &mut Vec<u8>)> =
-                outs.iter_mut().map(|(m, b)| (*m, Arc::make_mut(b))).collect();
+            let mut outs: Vec<(usize, &mut [u8])> =
+                outs.iter_mut().map(|(m, b)| (*m, b.make_mut())).collect();
             let zero = &self.cache.zero[..rg.len()];
             let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
             for (dd, &m) in map.data_members.iter().enumerate() {
@@ -840,13 +851,13 @@ impl Engine {
         let mut p = st.cache[map.pd_idx].take().expect("P buffer");
         let mut q = map.qd_idx.map(|q| st.cache[q].take().expect("Q buffer"));
         {
-            let p = Arc::make_mut(&mut p);
+            let p = p.make_mut();
             let zero = &self.cache.zero[..rg.len()];
             let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
             for (dd, &m) in map.data_members.iter().enumerate() {
                 slots[map.syndrome_slot[dd]] = &st.cache[m].as_ref().expect("data valid")[rg.clone()];
             }
-            match q.as_mut().map(Arc::make_mut) {
+            match q.as_mut().map(IoBytes::make_mut) {
                 Some(q) if want_q => {
                     if want_p {
                         uraid_parity::gen_syndrome(&slots, &mut p[rg.clone()], &mut q[rg.clone()]);
@@ -1027,7 +1038,7 @@ impl Engine {
                 continue;
             }
             for (r0, n) in runs(rws) {
-                let data = IoBytes::slice(st.cache[m].as_ref().expect("written rows cached"), bytes(r0, n));
+                let data = st.cache[m].as_ref().expect("written rows cached").view(bytes(r0, n));
                 writes += 1;
                 st.inflight += 1;
                 self.issue_io(m, MemberIoOp::Write, st.base_sector + r0, n, data, IoCtx::StripeWrite { key });
@@ -1056,15 +1067,15 @@ impl Engine {
             WriteMode::ReadModifyWrite => {
                 let mut p_buf = st.cache[pd].take().expect("P");
                 let mut q_buf = st.map.qd_idx.map(|q| st.cache[q].take().expect("Q"));
-                let p = Arc::make_mut(&mut p_buf);
-                let mut q = q_buf.as_mut().map(Arc::make_mut);
+                let p = p_buf.make_mut();
+                let mut q = q_buf.as_mut().map(IoBytes::make_mut);
                 for (dd, &m) in st.map.data_members.iter().enumerate() {
                     let mk = b.mask[m];
                     if mk == 0 {
                         continue;
                     }
                     let new = b.data[m].as_ref().expect("new data");
-                    let old = Arc::make_mut(st.cache[m].as_mut().expect("old data"));
+                    let old = st.cache[m].as_mut().expect("old data").make_mut();
                     for (r0, n) in runs(mk) {
                         let rg = bytes(r0, n);
                         if self.planted_skip_rmw_parity {
@@ -1114,7 +1125,7 @@ impl Engine {
                         st.cache[m] = Some(self.cache.buf());
                     }
                     copy_rows(
-                        Arc::make_mut(st.cache[m].as_mut().expect("cache")).as_mut_slice(),
+                        st.cache[m].as_mut().expect("cache").make_mut(),
                         b.data[m].as_ref().expect("new data"),
                         mk,
                     );
@@ -1133,6 +1144,34 @@ impl Engine {
 
     fn finish_batch(&mut self, st: &mut Stripe) {
         let mut b = st.batch.take().expect("batch");
+        // Payload views (skip_copy) leave the cache once on the member, so the cache does not
+        // pin the caller's buffers; the rows are read back if wanted. A fill still in flight
+        // would land in the emptied slot, so such a view is copied instead (rare).
+        for &m in &st.map.data_members {
+            if st.cache[m].as_ref().is_some_and(|c| !c.is_whole()) {
+                if st.reading[m] == 0 {
+                    st.cache[m] = None;
+                    st.valid[m] = 0;
+                } else {
+                    st.cache[m].as_mut().expect("view").make_mut();
+                }
+            }
+        }
+        // Drop-behind for streaming full-stripe writes: with no data cached, the head's parity
+        // only helps a later partial write of these very rows, and its buffers are worth more
+        // back in the pool, still warm, for the next head.
+        let parity = std::iter::once(st.map.pd_idx).chain(st.map.qd_idx);
+        if b.mode == WriteMode::Full
+            && st.map.data_members.iter().all(|&m| st.cache[m].is_none())
+            && parity.clone().all(|p| st.reading[p] == 0)
+        {
+            for p in parity {
+                st.valid[p] = 0;
+                if let Some(buf) = st.cache[p].take() {
+                    self.recycle_buf(buf);
+                }
+            }
+        }
         let err = if self.failed { Some(RequestError::ArrayFailed) } else { None };
         for &req in &b.reqs {
             self.part_done(req, err);
@@ -1227,7 +1266,7 @@ impl Engine {
                 continue;
             }
             let data =
-                IoBytes::slice(st.cache[m].as_ref().expect("rebuilt"), bytes(0, self.cache.head_sectors));
+                st.cache[m].as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
             writes += 1;
             st.inflight += 1;
             let n = self.cache.head_sectors;
@@ -1280,14 +1319,14 @@ impl Engine {
                     Ok(data) if st.valid[member] == 0 && rws == full_mask && data.len() == head_bytes => {
                         // A whole head read into an empty slot: the read's buffer becomes the
                         // cache (no copy); the slot's old buffer is recycled below.
-                        let old = st.cache[member].replace(Arc::new(data));
+                        let old = st.cache[member].replace(IoBytes::from(data));
                         st.valid[member] = full_mask;
                         adopted = old;
                     }
                     Ok(data) => {
                         let fresh = rws & !st.valid[member];
                         let (r0, _) = runs(rws).next().expect("non-empty");
-                        let buf = Arc::make_mut(st.cache[member].as_mut().expect("fill buffer"));
+                        let buf = st.cache[member].as_mut().expect("fill buffer").make_mut();
                         for (a, n) in runs(fresh) {
                             let src = ((a - r0) * SECTOR_BYTES) as usize;
                             buf[bytes(a, n)].copy_from_slice(&data[src..src + (n * SECTOR_BYTES) as usize]);
