@@ -1265,8 +1265,7 @@ impl Engine {
             if !self.members[m].writable() {
                 continue;
             }
-            let data =
-                st.cache[m].as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
+            let data = st.cache[m].as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
             writes += 1;
             st.inflight += 1;
             let n = self.cache.head_sectors;

@@ -10,7 +10,8 @@ use uraid_core::*;
 const CHUNK_SECTORS: u64 = 128;
 
 fn raid6_driver(n: usize) -> Driver {
-    let geo = Geometry::new(Level::Raid6, n, algorithm::LEFT_SYMMETRIC, CHUNK_SECTORS, &vec![8192; n]).unwrap();
+    let geo =
+        Geometry::new(Level::Raid6, n, algorithm::LEFT_SYMMETRIC, CHUNK_SECTORS, &vec![8192; n]).unwrap();
     let engine = Engine::new(config(geo, 0)).unwrap();
     Driver::new(engine, MemMembers::new(n, 8192 * 512), 7)
 }
