@@ -110,9 +110,8 @@ pub struct Engine {
     read_only: bool,
     pub(crate) failed: bool,
     pub(crate) now_ns: TimeNs,
-    next_io_id: MemberIoId,
     pub(crate) reqs: DetMap<RequestId, ReqState>,
-    pub(crate) ios: DetMap<MemberIoId, (IoCtx, usize, TimeNs)>,
+    pub(crate) ios: crate::inflight::InflightIos<(IoCtx, usize, TimeNs)>,
     out_ios: VecDeque<MemberIo>,
     out_done: VecDeque<RequestCompletion>,
     pub(crate) cache: StripeCache,
@@ -176,9 +175,8 @@ impl Engine {
             read_only: config.read_only,
             failed: false,
             now_ns: 0,
-            next_io_id: 1,
             reqs: DetMap::default(),
-            ios: DetMap::default(),
+            ios: Default::default(),
             out_ios: VecDeque::new(),
             out_done: VecDeque::new(),
             next_write_seq: 0,
@@ -386,7 +384,7 @@ impl Engine {
     /// Report a member I/O's result.
     pub fn complete_member_io(&mut self, completion: MemberIoCompletion, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
-        let Some((ctx, member, issued_ns)) = self.ios.remove(&completion.id) else {
+        let Some((ctx, member, issued_ns)) = self.ios.remove(completion.id) else {
             return; // unknown or duplicate completion: nothing to do
         };
         let m = &mut self.members[member];
@@ -551,8 +549,6 @@ impl Engine {
         data: IoBytes,
         ctx: IoCtx,
     ) {
-        let id = self.next_io_id;
-        self.next_io_id += 1;
         let m = &mut self.members[member];
         m.inflight += 1;
         m.last_end_sector = member_sector + len_sectors;
@@ -572,7 +568,7 @@ impl Engine {
         }
         let offset_bytes =
             if op == MemberIoOp::Flush { 0 } else { m.data_offset_bytes + member_sector * SECTOR_BYTES };
-        self.ios.insert(id, (ctx, member, self.now_ns));
+        let id = self.ios.insert((ctx, member, self.now_ns));
         self.out_ios.push_back(MemberIo {
             id,
             member,

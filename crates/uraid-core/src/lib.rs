@@ -7,6 +7,7 @@ mod direct;
 pub mod engine;
 pub mod explain;
 pub mod geometry;
+mod inflight;
 pub mod meta;
 pub mod mirror;
 pub mod queue;

@@ -176,8 +176,10 @@ pub(crate) struct StripeCache {
     head_sectors: u64,
     heads_per_chunk: u64,
     full_mask: SectorMask,
-    /// Idle heads by last use, for eviction.
-    lru: std::collections::BTreeMap<u64, u64>,
+    /// (stamp, key) of heads as they went idle, oldest first, for eviction. An entry is
+    /// stale once its head has been used again (the head's `lru_stamp` no longer matches):
+    /// stale entries are skipped, and compacted away when they outnumber the heads.
+    lru: VecDeque<(u64, u64)>,
     lru_clock: u64,
     dirty: VecDeque<u64>,
     /// Pieces waiting for a stripe head (FIFO keeps writes in order).
@@ -332,16 +334,14 @@ impl Engine {
 
     /// Get the head for `key`, allocating (and evicting an idle one) if needed.
     fn get_stripe(&mut self, key: u64) -> bool {
-        if let Some(st) = self.cache.heads.get(&key) {
-            let stamp = st.lru_stamp;
-            self.cache.lru.remove(&stamp);
+        if let Some(st) = self.cache.heads.get_mut(&key) {
+            st.lru_stamp = 0; // busy again: its LRU entry goes stale
             return true;
         }
         if self.cache.heads.len() >= self.tun.stripe_cache_size {
-            let Some((&stamp, &victim)) = self.cache.lru.iter().next() else {
+            let Some(victim) = self.least_recently_used() else {
                 return false;
             };
-            self.cache.lru.remove(&stamp);
             self.evict(victim);
         }
         let st = self.new_stripe(key);
@@ -369,10 +369,31 @@ impl Engine {
         }
     }
 
+    /// Take the idle head unused longest out of the LRU order.
+    fn least_recently_used(&mut self) -> Option<u64> {
+        while let Some((stamp, key)) = self.cache.lru.pop_front() {
+            if self.cache.heads.get(&key).is_some_and(|h| h.lru_stamp == stamp) {
+                return Some(key);
+            }
+        }
+        None
+    }
+
+    /// Put an idle head at the young end of the LRU order.
+    fn mark_idle(&mut self, key: u64) {
+        self.cache.lru_clock += 1;
+        let stamp = self.cache.lru_clock;
+        self.cache.heads.get_mut(&key).expect("idle head").lru_stamp = stamp;
+        self.cache.lru.push_back((stamp, key));
+        if self.cache.lru.len() > 2 * self.cache.heads.len() + 64 {
+            let heads = &self.cache.heads;
+            self.cache.lru.retain(|(stamp, key)| heads.get(key).is_some_and(|h| h.lru_stamp == *stamp));
+        }
+    }
+
     pub(crate) fn shrink_cache(&mut self) {
         while self.cache.heads.len() > self.tun.stripe_cache_size {
-            let Some((&stamp, &victim)) = self.cache.lru.iter().next() else { break };
-            self.cache.lru.remove(&stamp);
+            let Some(victim) = self.least_recently_used() else { break };
             self.evict(victim);
         }
         self.run_stripes();
@@ -579,12 +600,7 @@ impl Engine {
                 let idle = st.idle();
                 self.cache.heads.insert(key, st);
                 if idle {
-                    self.cache.lru_clock += 1;
-                    let stamp = self.cache.lru_clock;
-                    let st = self.cache.heads.get_mut(&key).expect("just inserted");
-                    let old = std::mem::replace(&mut st.lru_stamp, stamp);
-                    self.cache.lru.remove(&old);
-                    self.cache.lru.insert(stamp, key);
+                    self.mark_idle(key);
                 }
             }
             // Heads may have freed up: place waiting pieces in order.
