@@ -291,9 +291,6 @@ struct Slot {
     len_bytes: usize,
     buf: IoBuf,
     done_bytes: usize,
-    /// Resubmissions after a transient error (EAGAIN, EINTR), bounded so a device that
-    /// keeps answering so still fails the I/O.
-    retries: u8,
 }
 
 /// Map a failed syscall to what the engine needs to know.
@@ -518,7 +515,6 @@ impl Executor {
             len_bytes: len,
             buf,
             done_bytes: 0,
-            retries: 0,
         };
         match &mut self.backend {
             Backend::Uring(u) => u.push(slot),

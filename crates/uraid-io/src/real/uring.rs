@@ -11,8 +11,6 @@ use uraid_core::{MemberIoError, MemberIoOp};
 use super::{errno_to_error, Slot};
 
 const WAKE_TOKEN: u64 = u64::MAX;
-/// Resubmissions of one I/O after EAGAIN/EINTR before it fails.
-const MAX_TRANSIENT_RETRIES: u8 = 8;
 
 pub struct EventFd {
     fd: OwnedFd,
@@ -170,12 +168,7 @@ impl UringBackend {
             }
             let idx = ud as usize;
             let Some(slot) = self.slots.get_mut(idx).and_then(Option::as_mut) else { continue };
-            let transient = res == -libc::EAGAIN || res == -libc::EINTR;
-            let outcome = if transient && slot.retries < MAX_TRANSIENT_RETRIES {
-                // The kernel gave up on this attempt, not on the I/O: try again.
-                slot.retries += 1;
-                None
-            } else if res < 0 {
+            let outcome = if res < 0 {
                 Some(Err(errno_to_error(-res)))
             } else if slot.op == MemberIoOp::Flush {
                 Some(Ok(()))
