@@ -52,7 +52,10 @@ fn io(id: u64, member: usize, op: MemberIoOp, offset_bytes: u64, len_bytes: u64,
 fn exercise(backend: BackendChoice, expect: BackendKind) {
     for dir in dirs() {
         let size = 1 << 20;
-        let paths = vec![temp_file(&dir, "m0", size), temp_file(&dir, "m1", size)];
+        // Named by backend too: the tests of both backends run at once in this process.
+        let tag = format!("{expect:?}");
+        let paths =
+            vec![temp_file(&dir, &format!("m0-{tag}"), size), temp_file(&dir, &format!("m1-{tag}"), size)];
         let mut ex = executor(&paths, backend, 4);
         assert_eq!(ex.backend(), expect);
         let aligned: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
