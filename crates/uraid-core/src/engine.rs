@@ -80,11 +80,6 @@ impl ReqState {
         self.read_target()[dest_off..dest_off + n].copy_from_slice(&data[..n]);
     }
 
-    /// The write payload, wherever it is kept.
-    pub fn payload(&self) -> &[u8] {
-        self.shared.as_deref().map_or(&self.buf, |v| v.as_slice())
-    }
-
     /// The write payload as a shared buffer (taken out of `buf` the first time).
     pub fn shared_payload(&mut self) -> std::sync::Arc<Vec<u8>> {
         self.shared.get_or_insert_with(|| std::sync::Arc::new(std::mem::take(&mut self.buf))).clone()

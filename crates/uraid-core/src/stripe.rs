@@ -2,9 +2,10 @@
 //! degraded reconstruction and read-error correction.
 //!
 //! A stripe head covers `head_sectors` rows (at most one chunk, at most 64 KiB) across every
-//! member. Per member it keeps a cache buffer mirroring what the member holds once in-flight
+//! member. Per member it keeps a cache block mirroring what the member holds once in-flight
 //! writes land (`valid` rows), new data not yet being written (`towrite`), and the batch being
-//! written. Each event marks heads dirty; `run_stripes` re-analyses them, as md's
+//! written. Blocks hold bytes where they already are (see [`Block`]): a 4 KiB read-modify-write
+//! adopts its three reads and carries the request's own bytes, so it copies nothing. Each event marks heads dirty; `run_stripes` re-analyses them, as md's
 //! `handle_stripe`: serve readers, advance the write batch, start a new one when the stripe
 //! queue policy says so.
 
@@ -15,6 +16,7 @@ use crate::detmap::DetMap;
 use std::sync::Arc;
 
 use crate::api::*;
+use crate::block::Block;
 use crate::engine::Engine;
 use crate::geometry::{Geometry, StripeMap};
 use crate::sectors::{rows, runs, span, SectorMask};
@@ -25,10 +27,10 @@ const IO_THRESHOLD: usize = 1;
 /// Largest stripe head height in sectors (64 KiB).
 const MAX_HEAD_SECTORS: u64 = 128;
 
-/// One member's rows of a stripe head, shared with the member writes that carry it: a pool
-/// buffer of its own, or, for a write piece covering the whole head height, a view of the
-/// request's payload (md's skip_copy: no copy into the cache; dropped once written).
-type Buf = IoBytes;
+/// One member's rows of a stripe head, shared with the member writes that carry it (see
+/// [`Block`]): a pool buffer of the full height, a member read adopted as it came, or a
+/// window onto a request's payload (md's skip_copy; dropped from the cache once written).
+type Buf = Block;
 
 /// A stripe map and each member's logical data index under it, shared by every head of
 /// the same residue.
@@ -187,14 +189,16 @@ pub(crate) struct StripeCache {
     delayed: Vec<u64>,
     preread_active: usize,
     bypass_count: u32,
-    pool: Vec<Buf>,
+    pool: Vec<IoBytes>,
     /// Scratch for `advance_batch` (kept to avoid allocating per call).
     scratch_mask: Vec<SectorMask>,
     scratch_needs: Vec<(usize, SectorMask)>,
     /// Emptied (data, mask, reqs) vectors of finished batches.
     #[allow(clippy::type_complexity)]
     spare_batches: Vec<(Vec<Option<Buf>>, Vec<SectorMask>, Vec<RequestId>)>,
-    zero: Box<[u8]>,
+    /// A head's height of zeroes: the absent blocks of short syndromes, and the source of
+    /// zeroing write pieces (shared, never written).
+    zero: IoBytes,
     running: bool,
 }
 
@@ -222,12 +226,13 @@ impl StripeCache {
             scratch_mask: Vec::new(),
             scratch_needs: Vec::new(),
             spare_batches: Vec::new(),
-            zero: vec![0u8; (head_sectors * SECTOR_BYTES) as usize].into_boxed_slice(),
+            zero: IoBytes::from(vec![0u8; (head_sectors * SECTOR_BYTES) as usize]),
             running: false,
         }
     }
 
-    fn buf(&mut self) -> Buf {
+    /// A buffer of the full head height (contents unspecified).
+    fn buf(&mut self) -> IoBytes {
         self.pool.pop().unwrap_or_else(|| IoBytes::from(vec![0u8; self.zero.len()]))
     }
 
@@ -245,9 +250,9 @@ fn bytes(r0: u64, n: u64) -> std::ops::Range<usize> {
     (r0 * SECTOR_BYTES) as usize..((r0 + n) * SECTOR_BYTES) as usize
 }
 
-fn copy_rows(dst: &mut [u8], src: &[u8], mask: SectorMask) {
+fn copy_rows(dst: &mut Block, src: &Block, mask: SectorMask) {
     for (r0, n) in runs(mask) {
-        dst[bytes(r0, n)].copy_from_slice(&src[bytes(r0, n)]);
+        dst.rows_mut(bytes(r0, n)).copy_from_slice(src.rows(bytes(r0, n)));
     }
 }
 
@@ -353,8 +358,20 @@ impl Engine {
     /// worth (`stripe_cache_size` heads of every member), so memory stays bounded.
     fn recycle_buf(&mut self, b: Buf) {
         let cap = self.tun.stripe_cache_size * self.geo.raid_disks;
-        if b.is_sole_owner() && b.len() == self.cache.zero.len() && self.cache.pool.len() < cap {
-            self.cache.pool.push(b);
+        if let Some(b) = b.into_sole_buffer() {
+            if b.len() == self.cache.zero.len() && self.cache.pool.len() < cap {
+                self.cache.pool.push(b);
+            }
+        }
+    }
+
+    /// Make `slot` hold at least the head's bytes `rg`: a fresh buffer of the full height,
+    /// or its window widened into one.
+    fn cover(&mut self, slot: &mut Option<Buf>, rg: std::ops::Range<usize>) {
+        match slot {
+            Some(b) if b.covers(rg) => {}
+            Some(b) => b.widen_into(self.cache.buf()),
+            None => *slot = Some(Block::window(0, self.cache.buf())),
         }
     }
 
@@ -419,33 +436,29 @@ impl Engine {
                 st.readers.push(ReadWaiter { req, member, rows, dest_off });
             }
             Piece::Write { req, dd, rows, src_off, zero, .. } => {
-                let fua = self.reqs.get(&req).is_some_and(|r| r.fua);
-                let needs_buf =
-                    self.cache.heads[&key].towrite[self.cache.heads[&key].map.data_members[dd]].is_none();
+                let r = self.reqs.get_mut(&req).expect("request");
+                let fua = r.fua;
                 let (r0, n) = runs(rows).next().expect("non-empty piece");
-                let piece_bytes = (n * SECTOR_BYTES) as usize;
-                // skip_copy: a piece as high as the head, landing where nothing is queued, is
-                // carried as a view of the payload rather than copied.
-                let view = (needs_buf && !zero && rows == self.cache.full_mask).then(|| {
-                    let payload = self.reqs.get_mut(&req).expect("request").shared_payload();
-                    IoBytes::slice(&payload, src_off..src_off + piece_bytes)
-                });
-                let fresh = if needs_buf && view.is_none() { Some(self.cache.buf()) } else { None };
+                let rg = bytes(r0, n);
+                debug_assert!(rg.end <= hb);
+                // skip_copy: the piece is a window onto the payload (or onto zeroes).
+                let src = if zero {
+                    self.cache.zero.view(rg.clone())
+                } else {
+                    IoBytes::slice(&r.shared_payload(), src_off..src_off + rg.len())
+                };
                 let st = self.cache.heads.get_mut(&key).expect("placed stripe");
                 let member = st.map.data_members[dd];
-                if let Some(b) = view.or(fresh) {
-                    st.towrite[member] = Some(b);
+                let mut slot = st.towrite[member].take();
+                if slot.is_none() {
+                    slot = Some(Block::window(rg.start, src));
+                } else {
+                    // Joining pieces already queued: into a buffer of the full height.
+                    self.cover(&mut slot, 0..hb);
+                    slot.as_mut().expect("covered").rows_mut(rg).copy_from_slice(&src);
                 }
-                if !(needs_buf && rows == self.cache.full_mask && !zero) {
-                    let buf = st.towrite[member].as_mut().expect("towrite buffer").make_mut();
-                    let dst = &mut buf[bytes(r0, n)];
-                    if zero {
-                        dst.fill(0);
-                    } else {
-                        dst.copy_from_slice(&self.reqs[&req].payload()[src_off..src_off + piece_bytes]);
-                    }
-                    debug_assert!(dst.len() <= hb);
-                }
+                let st = self.cache.heads.get_mut(&key).expect("placed stripe");
+                st.towrite[member] = slot;
                 st.towrite_mask[member] |= rows;
                 st.towrite_reqs.push(req);
                 if fua {
@@ -696,11 +709,11 @@ impl Engine {
                         let (r0, n) = runs(want).next().expect("non-empty");
                         let dest =
                             &mut req.read_target()[r.dest_off..r.dest_off + (n * SECTOR_BYTES) as usize];
-                        let shift = |src: &[u8], mask: SectorMask, dest: &mut [u8]| {
+                        let shift = |src: &Block, mask: SectorMask, dest: &mut [u8]| {
                             for (a, len) in runs(mask & want) {
                                 let off = ((a - r0) * SECTOR_BYTES) as usize;
                                 dest[off..off + (len * SECTOR_BYTES) as usize]
-                                    .copy_from_slice(&src[bytes(a, len)]);
+                                    .copy_from_slice(src.rows(bytes(a, len)));
                             }
                         };
                         if from_cache != 0 {
@@ -746,9 +759,6 @@ impl Engine {
         if to_read == 0 {
             return;
         }
-        if st.cache[member].is_none() {
-            st.cache[member] = Some(self.cache.buf());
-        }
         for (r0, n) in runs(to_read) {
             st.reading[member] |= rows(r0, r0 + n);
             st.inflight += 1;
@@ -776,10 +786,9 @@ impl Engine {
         if pending {
             return Ensure::Pending;
         }
+        let head_bytes = self.cache.zero.len();
         for &o in &lost {
-            if st.cache[o].is_none() {
-                st.cache[o] = Some(self.cache.buf());
-            }
+            self.cover(&mut st.cache[o], 0..head_bytes);
         }
         for (r0, len) in runs(want) {
             self.compute_lost(st, &lost, bytes(r0, len));
@@ -812,41 +821,34 @@ impl Engine {
             lost_data.iter().map(|&m| (m, st.cache[m].take().expect("allocated"))).collect();
         {
             let mut outs: Vec<(usize, &mut [u8])> =
-                outs.iter_mut().map(|(m, b)| (*m, b.make_mut())).collect();
+                outs.iter_mut().map(|(m, b)| (*m, b.rows_mut(rg.clone()))).collect();
             let zero = &self.cache.zero[..rg.len()];
             let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
             for (dd, &m) in map.data_members.iter().enumerate() {
                 if let Some(b) = &st.cache[m] {
-                    slots[map.syndrome_slot[dd]] = &b[rg.clone()];
+                    slots[map.syndrome_slot[dd]] = b.rows(rg.clone());
                 } else {
                     slots[map.syndrome_slot[dd]] = &[];
                 }
             }
             let slot_of = |m: usize| map.syndrome_slot[st.dd_of[m].expect("data member")];
-            let p = st.cache[pd].as_ref().filter(|_| !lost.contains(&pd)).map(|b| &b[rg.clone()]);
-            let q =
-                qd.and_then(|q| st.cache[q].as_ref().filter(|_| !lost.contains(&q))).map(|b| &b[rg.clone()]);
+            let p = st.cache[pd].as_ref().filter(|_| !lost.contains(&pd)).map(|b| b.rows(rg.clone()));
+            let q = qd
+                .and_then(|q| st.cache[q].as_ref().filter(|_| !lost.contains(&q)))
+                .map(|b| b.rows(rg.clone()));
             match outs.as_mut_slice() {
                 [] => {}
                 [(a, out)] => {
                     if let Some(p) = p {
-                        uraid_parity::recover_data_from_p(&slots, slot_of(*a), p, &mut out[rg.clone()]);
+                        uraid_parity::recover_data_from_p(&slots, slot_of(*a), p, out);
                     } else {
                         let q = q.expect("Q survives when P is lost with one data block");
-                        uraid_parity::recover_data_from_q(&slots, slot_of(*a), q, &mut out[rg.clone()]);
+                        uraid_parity::recover_data_from_q(&slots, slot_of(*a), q, out);
                     }
                 }
                 [(a, out_a), (b, out_b)] => {
                     let (p, q) = (p.expect("P survives"), q.expect("Q survives"));
-                    uraid_parity::recover_2data(
-                        &slots,
-                        slot_of(*a),
-                        slot_of(*b),
-                        p,
-                        q,
-                        &mut out_a[rg.clone()],
-                        &mut out_b[rg.clone()],
-                    );
+                    uraid_parity::recover_2data(&slots, slot_of(*a), slot_of(*b), p, q, out_a, out_b);
                 }
                 _ => unreachable!("at most two members are rebuilt"),
             }
@@ -864,30 +866,30 @@ impl Engine {
     /// Recompute P and/or Q over byte range `rg` from the data blocks (all valid there).
     fn compute_parity(&self, st: &mut Stripe, rg: std::ops::Range<usize>, want_p: bool, want_q: bool) {
         let map = &st.map;
-        let mut p = st.cache[map.pd_idx].take().expect("P buffer");
-        let mut q = map.qd_idx.map(|q| st.cache[q].take().expect("Q buffer"));
+        let mut p = st.cache[map.pd_idx].take();
+        let mut q = map.qd_idx.and_then(|q| st.cache[q].take());
         {
-            let p = p.make_mut();
             let zero = &self.cache.zero[..rg.len()];
             let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
             for (dd, &m) in map.data_members.iter().enumerate() {
-                slots[map.syndrome_slot[dd]] = &st.cache[m].as_ref().expect("data valid")[rg.clone()];
+                slots[map.syndrome_slot[dd]] = st.cache[m].as_ref().expect("data valid").rows(rg.clone());
             }
-            match q.as_mut().map(IoBytes::make_mut) {
+            match q.as_mut() {
                 Some(q) if want_q => {
+                    let q = q.rows_mut(rg.clone());
                     if want_p {
-                        uraid_parity::gen_syndrome(&slots, &mut p[rg.clone()], &mut q[rg.clone()]);
+                        uraid_parity::gen_syndrome(&slots, p.as_mut().expect("P buffer").rows_mut(rg), q);
                     } else {
                         let mut tmp = vec![0u8; rg.len()];
-                        uraid_parity::gen_syndrome(&slots, &mut tmp, &mut q[rg.clone()]);
+                        uraid_parity::gen_syndrome(&slots, &mut tmp, q);
                     }
                 }
-                _ => uraid_parity::xor_gen(&slots, &mut p[rg.clone()]),
+                _ => uraid_parity::xor_gen(&slots, p.as_mut().expect("P buffer").rows_mut(rg)),
             }
         }
-        st.cache[map.pd_idx] = Some(p);
-        if let (Some(qd), Some(q)) = (map.qd_idx, q) {
-            st.cache[qd] = Some(q);
+        st.cache[map.pd_idx] = p;
+        if let Some(qd) = map.qd_idx {
+            st.cache[qd] = q;
         }
     }
 
@@ -1075,77 +1077,53 @@ impl Engine {
         let sp = b.span;
         let pd = st.map.pd_idx;
         for m in std::iter::once(pd).chain(st.map.qd_idx) {
-            if st.cache[m].is_none() {
-                st.cache[m] = Some(self.cache.buf());
+            for (r0, n) in runs(sp) {
+                self.cover(&mut st.cache[m], bytes(r0, n));
             }
         }
         match b.mode {
             WriteMode::ReadModifyWrite => {
-                let mut p_buf = st.cache[pd].take().expect("P");
-                let mut q_buf = st.map.qd_idx.map(|q| st.cache[q].take().expect("Q"));
-                let p = p_buf.make_mut();
-                let mut q = q_buf.as_mut().map(IoBytes::make_mut);
-                for (dd, &m) in st.map.data_members.iter().enumerate() {
+                let map = st.map.clone();
+                let mut p_blk = st.cache[pd].take().expect("P");
+                let mut q_blk = map.qd_idx.map(|q| st.cache[q].take().expect("Q"));
+                for (dd, &m) in map.data_members.iter().enumerate() {
                     let mk = b.mask[m];
                     if mk == 0 {
                         continue;
                     }
                     let new = b.data[m].as_ref().expect("new data");
-                    let old = st.cache[m].as_mut().expect("old data").make_mut();
+                    let old = st.cache[m].as_ref().expect("old data");
                     for (r0, n) in runs(mk) {
                         let rg = bytes(r0, n);
                         if self.planted_skip_rmw_parity {
-                            old[rg.clone()].copy_from_slice(&new[rg]);
                             continue;
                         }
-                        match q.as_mut() {
-                            Some(q) => uraid_parity::rmw_update(
-                                st.map.syndrome_slot[dd],
-                                &old[rg.clone()],
-                                &new[rg.clone()],
-                                &mut p[rg.clone()],
-                                &mut q[rg.clone()],
-                            ),
+                        let (old, new) = (old.rows(rg.clone()), new.rows(rg.clone()));
+                        let p = p_blk.rows_mut(rg.clone());
+                        match q_blk.as_mut() {
+                            Some(q) => {
+                                uraid_parity::rmw_update(map.syndrome_slot[dd], old, new, p, q.rows_mut(rg))
+                            }
                             None => {
-                                for ((pp, o), nn) in
-                                    p[rg.clone()].iter_mut().zip(&old[rg.clone()]).zip(&new[rg.clone()])
-                                {
+                                for ((pp, o), nn) in p.iter_mut().zip(old).zip(new) {
                                     *pp ^= o ^ nn;
                                 }
                             }
                         }
-                        old[rg.clone()].copy_from_slice(&new[rg]);
                     }
-                    st.valid[m] |= mk;
+                    self.take_new_data(st, b, m);
                 }
-                st.cache[pd] = Some(p_buf);
-                if let (Some(qd), Some(q)) = (st.map.qd_idx, q_buf) {
+                st.cache[pd] = Some(p_blk);
+                if let (Some(qd), Some(q)) = (st.map.qd_idx, q_blk) {
                     st.cache[qd] = Some(q);
                 }
             }
             WriteMode::Full | WriteMode::ReconstructWrite => {
-                for &m in &st.map.data_members {
-                    let mk = b.mask[m];
-                    if mk == 0 {
-                        continue;
+                let map = st.map.clone();
+                for &m in &map.data_members {
+                    if b.mask[m] != 0 {
+                        self.take_new_data(st, b, m);
                     }
-                    if mk == self.cache.full_mask {
-                        // Fully overwritten: the new buffer becomes the cache, no copy.
-                        if let Some(old) = std::mem::replace(&mut st.cache[m], b.data[m].take()) {
-                            self.recycle_buf(old);
-                        }
-                        st.valid[m] |= mk;
-                        continue;
-                    }
-                    if st.cache[m].is_none() {
-                        st.cache[m] = Some(self.cache.buf());
-                    }
-                    copy_rows(
-                        st.cache[m].as_mut().expect("cache").make_mut(),
-                        b.data[m].as_ref().expect("new data"),
-                        mk,
-                    );
-                    st.valid[m] |= mk;
                 }
                 for (r0, n) in runs(sp) {
                     self.compute_parity(st, bytes(r0, n), true, true);
@@ -1158,18 +1136,34 @@ impl Engine {
         }
     }
 
+    /// The batch's new rows of member `m` become the cache's: when nothing else of the
+    /// member is cached, its block simply replaces the cached one (no copy); otherwise they
+    /// are copied in.
+    fn take_new_data(&mut self, st: &mut Stripe, b: &mut Batch, m: usize) {
+        let mk = b.mask[m];
+        if st.valid[m] & !mk == 0 && st.reading[m] & mk == 0 {
+            if let Some(old) = std::mem::replace(&mut st.cache[m], b.data[m].take()) {
+                self.recycle_buf(old);
+            }
+        } else {
+            self.cover(&mut st.cache[m], 0..self.cache.zero.len());
+            copy_rows(st.cache[m].as_mut().expect("covered"), b.data[m].as_ref().expect("new data"), mk);
+        }
+        st.valid[m] |= mk;
+    }
+
     fn finish_batch(&mut self, st: &mut Stripe) {
         let mut b = st.batch.take().expect("batch");
         // Payload views (skip_copy) leave the cache once on the member, so the cache does not
         // pin the caller's buffers; the rows are read back if wanted. A fill still in flight
         // would land in the emptied slot, so such a view is copied instead (rare).
         for &m in &st.map.data_members {
-            if st.cache[m].as_ref().is_some_and(|c| !c.is_whole()) {
+            if st.cache[m].as_ref().is_some_and(Block::borrows_larger_buffer) {
                 if st.reading[m] == 0 {
                     st.cache[m] = None;
                     st.valid[m] = 0;
                 } else {
-                    st.cache[m].as_mut().expect("view").make_mut();
+                    st.cache[m].as_mut().expect("view").detach();
                 }
             }
         }
@@ -1264,9 +1258,7 @@ impl Engine {
                     return;
                 }
                 for m in std::iter::once(st.map.pd_idx).chain(st.map.qd_idx) {
-                    if st.cache[m].is_none() {
-                        st.cache[m] = Some(self.cache.buf());
-                    }
+                    self.cover(&mut st.cache[m], bytes(0, self.cache.head_sectors));
                 }
                 self.compute_parity(st, bytes(0, self.cache.head_sectors), true, true);
                 let parity: Vec<usize> = std::iter::once(st.map.pd_idx).chain(st.map.qd_idx).collect();
@@ -1324,40 +1316,40 @@ impl Engine {
                 }
             },
             IoCtx::Fill { key, rows: rws } => {
-                let (full_mask, head_bytes) = (self.cache.full_mask, self.cache.zero.len());
                 let Some(st) = self.cache.heads.get_mut(&key) else { return };
                 st.inflight -= 1;
                 st.reading[member] &= !rws;
                 let gone = matches!(result, Err(MemberIoError::Gone));
-                let mut adopted = None;
+                let (r0, n) = runs(rws).next().expect("a fill reads one run of rows");
+                let read_rg = bytes(r0, n);
                 match result {
-                    Ok(data) if st.valid[member] == 0 && rws == full_mask && data.len() == head_bytes => {
-                        // A whole head read into an empty slot: the read's buffer becomes the
-                        // cache (no copy); the slot's old buffer is recycled below.
-                        let old = st.cache[member].replace(IoBytes::from(data));
-                        st.valid[member] = full_mask;
-                        adopted = old;
+                    Ok(data) if st.valid[member] == 0 && data.len() == read_rg.len() => {
+                        // Read into a slot holding nothing valid: the read's buffer is adopted
+                        // as it came (no copy); the slot's old buffer is recycled.
+                        let fresh = Block::window(read_rg.start, IoBytes::from(data));
+                        st.valid[member] = rws;
+                        if let Some(old) = st.cache[member].replace(fresh) {
+                            self.recycle_buf(old);
+                        }
                     }
                     Ok(data) => {
                         let fresh = rws & !st.valid[member];
-                        let (r0, _) = runs(rws).next().expect("non-empty");
-                        let buf = st.cache[member].as_mut().expect("fill buffer").make_mut();
-                        for (a, n) in runs(fresh) {
-                            let src = ((a - r0) * SECTOR_BYTES) as usize;
-                            buf[bytes(a, n)].copy_from_slice(&data[src..src + (n * SECTOR_BYTES) as usize]);
+                        let mut slot = st.cache[member].take();
+                        self.cover(&mut slot, read_rg.clone());
+                        let blk = slot.as_mut().expect("covered");
+                        for (a, len) in runs(fresh) {
+                            let src = bytes(a, len);
+                            blk.rows_mut(src.clone())
+                                .copy_from_slice(&data[src.start - read_rg.start..src.end - read_rg.start]);
                         }
+                        let st = self.cache.heads.get_mut(&key).expect("head");
+                        st.cache[member] = slot;
                         st.valid[member] |= fresh;
                     }
                     Err(MemberIoError::Io) => st.bad[member] |= rws,
                     Err(MemberIoError::Gone) => {}
                 }
-                if !st.queued {
-                    st.queued = true;
-                    self.cache.dirty.push_back(key);
-                }
-                if let Some(old) = adopted {
-                    self.recycle_buf(old);
-                }
+                self.cache.mark(key);
                 if gone {
                     self.fail_member(member, self.now_ns);
                 }
