@@ -199,8 +199,20 @@ impl MemberStore {
         if self.has_bad_sector(offset_bytes, len_bytes) {
             return Err(MemberIoError::Io);
         }
-        let mut buf = vec![0u8; len_bytes as usize];
-        self.read_raw(offset_bytes, &mut buf);
+        // Built page by page rather than zeroed and then overwritten: reads are most of the
+        // simulator's data traffic.
+        let mut buf = Vec::with_capacity(len_bytes as usize);
+        let end = offset_bytes + len_bytes;
+        let mut pos = offset_bytes;
+        while pos < end {
+            let (page, in_page) = (pos / PAGE_BYTES, (pos % PAGE_BYTES) as usize);
+            let n = (PAGE_BYTES as usize - in_page).min((end - pos) as usize);
+            match self.pages.get(&page) {
+                Some(&p) => buf.extend_from_slice(&self.arena.page(p)[in_page..in_page + n]),
+                None => buf.resize(buf.len() + n, 0),
+            }
+            pos += n as u64;
+        }
         Ok(buf)
     }
 
