@@ -1349,7 +1349,14 @@ impl Engine {
                     Err(MemberIoError::Io) => st.bad[member] |= rws,
                     Err(MemberIoError::Gone) => {}
                 }
-                self.cache.mark(key);
+                // A write batch waits for all its reads: while others are in flight, and no
+                // reader or sync could use these rows alone, the head has nothing to do yet.
+                let st = self.cache.heads.get(&key).expect("head");
+                let waiting_on_more =
+                    st.reading.iter().any(|&r| r != 0) && st.readers.is_empty() && st.sync.is_none();
+                if gone || !waiting_on_more {
+                    self.cache.mark(key);
+                }
                 if gone {
                     self.fail_member(member, self.now_ns);
                 }
@@ -1363,12 +1370,13 @@ impl Engine {
                 if result.is_err() {
                     self.fail_member(member, self.now_ns);
                 }
+                // Until the batch's last write lands the head cannot move on: no re-analysis.
                 if left == 0 {
                     let mut st = self.cache.heads.remove(&key).expect("head");
                     self.finish_batch(&mut st);
                     self.cache.heads.insert(key, st);
+                    self.cache.mark(key);
                 }
-                self.cache.mark(key);
             }
             IoCtx::StripeSyncWrite { key } => {
                 let Some(st) = self.cache.heads.get_mut(&key) else { return };
