@@ -28,11 +28,21 @@ pub struct EngineBenchRow {
     pub member_ns_per_request: f64,
     /// Building the request payload per request (excluded above).
     pub caller_ns_per_request: f64,
-    /// The peer, measured in the same run: copying the data in and computing P/Q for it
-    /// with no engine (full stripes of 8 x 64 KiB).
-    pub peer_gbps: f64,
+    /// Full-stripe writes only: the peer, measured in the same run, copying the same
+    /// requests' bytes into stripe buffers and computing P/Q with no engine.
+    pub peer_gbps: Option<f64>,
     /// `gbps / peer_gbps`.
-    pub ratio: f64,
+    pub ratio: Option<f64>,
+}
+
+impl EngineBenchRow {
+    /// The target for this workload, and whether this run met it.
+    pub fn target(&self) -> (&'static str, bool) {
+        match self.ratio {
+            Some(r) => (">= 0.7x peer", r >= 0.7),
+            None => ("< 2000 ns/req", self.engine_ns_per_request < 2000.0),
+        }
+    }
 }
 
 struct RamMembers {
@@ -162,8 +172,7 @@ fn peer_gbps(requests: u64, len: u64) -> f64 {
 
 const MEMBER_BYTES: u64 = 64 << 20;
 
-fn row(workload: &'static str, requests: u64, len: u64, t: &Timing, peer_requests: u64) -> EngineBenchRow {
-    let peer = peer_gbps(peer_requests, len.max(8 * (64 << 10)));
+fn row(workload: &'static str, requests: u64, len: u64, t: &Timing, peer: Option<f64>) -> EngineBenchRow {
     let gbps = requests as f64 * len as f64 / t.engine_s / 1e9;
     let per = |s: f64| s * 1e9 / requests as f64;
     EngineBenchRow {
@@ -175,7 +184,7 @@ fn row(workload: &'static str, requests: u64, len: u64, t: &Timing, peer_request
         member_ns_per_request: per(t.member_s),
         caller_ns_per_request: per(t.caller_s),
         peer_gbps: peer,
-        ratio: gbps / peer,
+        ratio: peer.map(|p| gbps / p),
     }
 }
 
@@ -194,7 +203,7 @@ pub fn randwrite_4k(scale: f64) -> EngineBenchRow {
         x ^= x << 17;
         (x % (array_bytes / 4096)) * 4096
     });
-    row("randwrite-4k", requests, 4096, &t, 2048)
+    row("randwrite-4k", requests, 4096, &t, None)
 }
 
 /// 1 MiB sequential writes: two full stripes each.
@@ -207,7 +216,7 @@ pub fn seqwrite_1m(scale: f64) -> EngineBenchRow {
     let len = 1u64 << 20;
     let requests = ((4000.0 * scale) as u64).max(1);
     let t = drive(&mut e, &mut m, requests, len, |i| (i * len) % array_bytes);
-    row("seqwrite-1m", requests, len, &t, requests)
+    row("seqwrite-1m", requests, len, &t, Some(peer_gbps(requests, len)))
 }
 
 /// Every workload; `scale` 1.0 is a few seconds.
