@@ -49,13 +49,36 @@ const MAX_SLAB_PAGES: usize = 2048;
 const GROWING_SLABS: usize = 5;
 const GROWING_PAGES: usize = FIRST_SLAB_PAGES * ((1 << GROWING_SLABS) - 1);
 
+/// Full-size slabs of dropped arenas, kept for the next simulated member in this process
+/// (a run of experiments or seeds makes many): a slab fresh from the kernel costs a page
+/// fault, a kernel zeroing and accounting per 4 KiB page (most of a disk-only run's time),
+/// a reused one a 4 KiB memset per page handed out. At most `SLAB_POOL_MAX` (1 GiB) kept.
+static SLAB_POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+const SLAB_POOL_MAX: usize = 128;
+
 /// The member's pages, allocated in slabs and never freed individually (a page once
 /// written stays resident, as before). Each slab is populated in one `madvise` (where the
-/// kernel has `MADV_POPULATE_WRITE`) instead of one page fault per 4 KiB page written.
+/// kernel has `MADV_POPULATE_WRITE`) instead of one page fault per 4 KiB page written, or
+/// comes from `SLAB_POOL`.
 #[derive(Clone, Debug, Default)]
 struct PageArena {
     slabs: Vec<Vec<u8>>,
+    /// Slabs from the pool hold old pages: each is zeroed as it is handed out.
+    recycled: Vec<bool>,
     used: usize,
+}
+
+impl Drop for PageArena {
+    fn drop(&mut self) {
+        let full = MAX_SLAB_PAGES * PAGE_BYTES as usize;
+        let mut pool = SLAB_POOL.lock().unwrap_or_else(|e| e.into_inner());
+        for slab in self.slabs.drain(..).filter(|s| s.len() == full) {
+            if pool.len() >= SLAB_POOL_MAX {
+                break;
+            }
+            pool.push(slab);
+        }
+    }
 }
 
 impl PageArena {
@@ -73,6 +96,12 @@ impl PageArena {
     /// A new zero page; returns its index.
     fn alloc(&mut self) -> u32 {
         let (slab, _) = Self::place(self.used);
+        if slab == self.slabs.len() && slab >= GROWING_SLABS {
+            if let Some(v) = SLAB_POOL.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+                self.slabs.push(v);
+                self.recycled.push(true);
+            }
+        }
         if slab == self.slabs.len() {
             let pages = if slab < GROWING_SLABS { FIRST_SLAB_PAGES << slab } else { MAX_SLAB_PAGES };
             let v = vec![0u8; pages * PAGE_BYTES as usize];
@@ -84,9 +113,14 @@ impl PageArena {
                 libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE);
             }
             self.slabs.push(v);
+            self.recycled.push(false);
         }
         self.used += 1;
-        u32::try_from(self.used - 1).expect("fewer than 2^32 pages")
+        let page = u32::try_from(self.used - 1).expect("fewer than 2^32 pages");
+        if self.recycled[slab] {
+            self.page_mut(page).fill(0);
+        }
+        page
     }
     fn page(&self, i: u32) -> &[u8] {
         let (slab, p) = Self::place(i as usize);
