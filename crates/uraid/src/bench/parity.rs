@@ -271,6 +271,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Bytes `read_all` reads from one stream before moving to the next. 512 (8 lines) reads
+/// ~15% faster than 128 on AMD Zen 5 (37-40 against 32-34 GB/s, 15 alternating runs);
+/// 1024 and 512-bit loads gain nothing more. The 128 used before understated the limit.
+const READ_STEP: usize = 512;
+
 /// Reads every byte of `buf` once with wide loads, in `streams` interleaved sequential
 /// streams as the parity kernels read their data blocks: one stream alone keeps fewer
 /// prefetches in flight and would understate what a core can pull from memory.
@@ -278,7 +283,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[target_feature(enable = "avx2")]
 unsafe fn read_all(buf: &[u8], streams: usize) -> u64 {
     use std::arch::x86_64::*;
-    const STEP: usize = 128;
+    const STEP: usize = READ_STEP;
     let per_stream = buf.len() / streams / STEP * STEP;
     let base = buf.as_ptr();
     let mut acc = [_mm256_setzero_si256(); 4];
@@ -286,8 +291,8 @@ unsafe fn read_all(buf: &[u8], streams: usize) -> u64 {
     while off < per_stream {
         for s in 0..streams {
             let ptr = base.add(s * per_stream + off) as *const __m256i;
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_xor_si256(*a, _mm256_loadu_si256(ptr.add(j)));
+            for j in 0..STEP / 32 {
+                acc[j % 4] = _mm256_xor_si256(acc[j % 4], _mm256_loadu_si256(ptr.add(j)));
             }
         }
         off += STEP;
@@ -312,7 +317,7 @@ fn stream_read_gbps(arena: &Arena) -> f64 {
     let sum = unsafe { read_all(buf, streams) };
     let secs = started.elapsed().as_secs_f64();
     std::hint::black_box(sum);
-    let read_bytes = buf.len() / streams / 128 * 128 * streams;
+    let read_bytes = buf.len() / streams / READ_STEP * READ_STEP * streams;
     read_bytes as f64 / secs / 1e9
 }
 
