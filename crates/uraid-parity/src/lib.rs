@@ -77,8 +77,8 @@ pub enum Stores {
     /// stripe of at least [`STREAM_MIN_STRIPE_BYTES`]. Out of cache is measured: each
     /// thread times a load from two data blocks now and then (every 8 MiB of work) and
     /// keeps the answer for its calls in between. Measured with `uraid bench parity`
-    /// (8+2, AMD Zen 5): out of cache, streaming lifts gen_syndrome from ~0.75x to ~0.9x of
-    /// the core's read bandwidth; in cache it would cost 3x at 4 KiB blocks.
+    /// (8+2, AMD Zen 5): out of cache at 64 KiB blocks, streaming lifts gen_syndrome from
+    /// 0.72x to 0.88x of the core's read bandwidth; in cache it would cost 3x at 4 KiB.
     #[default]
     Auto,
     /// Ordinary stores: the parity stays in cache for a caller about to read it.
