@@ -50,16 +50,32 @@ fn select() -> Kernel {
     }
     let figures: Vec<String> =
         kernels.iter().zip(&best_mb_per_s).map(|(k, mb)| format!("{} {mb}", k.name())).collect();
-    let best = kernels.iter().zip(&best_mb_per_s).max_by_key(|(_, mb)| **mb).map(|(k, mb)| (*k, *mb));
-    let best = best.unwrap_or((Kernel::Scalar, 0));
+    let chosen = choose(&kernels, &best_mb_per_s);
     if !quiet() {
         eprintln!(
             "uraid-parity: raid6: gen() MB/s: {}; using {} (URAID_PARITY_QUIET=1 silences this)",
             figures.join(", "),
-            best.0.name()
+            chosen.name()
         );
     }
-    best.0
+    chosen
+}
+
+/// A more capable kernel (later in [`crate::ALL_KERNELS`]) within this fraction of the
+/// fastest is taken over it: on a busy machine a probe round can lose a slice of its time,
+/// and the wider kernel is the one that wins when the machine is quiet.
+const PREFER_CAPABLE_WITHIN: f64 = 0.85;
+
+/// The most capable kernel whose probe came within `PREFER_CAPABLE_WITHIN` of the fastest.
+fn choose(kernels: &[Kernel], mb_per_s: &[u64]) -> Kernel {
+    let fastest = mb_per_s.iter().copied().max().unwrap_or(0) as f64;
+    kernels
+        .iter()
+        .zip(mb_per_s)
+        .filter(|(_, &mb)| mb as f64 >= fastest * PREFER_CAPABLE_WITHIN)
+        .map(|(k, _)| *k)
+        .next_back()
+        .unwrap_or(Kernel::Scalar)
 }
 
 fn probe_gen_mb_per_s(kernel: Kernel) -> u64 {
@@ -80,4 +96,18 @@ fn probe_gen_mb_per_s(kernel: Kernel) -> u64 {
     }
     let bytes = rounds * (PROBE_DATA_BLOCKS * PROBE_BLOCK_BYTES) as u64;
     (bytes as f64 / started.elapsed().as_secs_f64() / 1e6) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capable_kernel_close_to_the_fastest_is_preferred() {
+        let k = [Kernel::Scalar, Kernel::Avx2, Kernel::GfniAvx512];
+        assert_eq!(choose(&k, &[15_000, 80_000, 72_000]), Kernel::GfniAvx512);
+        assert_eq!(choose(&k, &[15_000, 80_000, 60_000]), Kernel::Avx2);
+        assert_eq!(choose(&k, &[15_000, 70_000, 170_000]), Kernel::GfniAvx512);
+        assert_eq!(choose(&[], &[]), Kernel::Scalar);
+    }
 }
