@@ -90,6 +90,10 @@ struct SyncOp {
     unit: u64,
     kind: crate::sync::SyncKind,
     writing: Option<u32>,
+    /// The head was made for this unit (not cached for requests before): it is evicted as
+    /// soon as the unit is done, so a rebuild streaming through the array neither pushes
+    /// requests' heads out of the cache nor grows memory to the whole cache's worth.
+    own_head: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -719,6 +723,26 @@ impl Engine {
         if to_read == 0 {
             return;
         }
+        if to_read == self.cache.full_mask && st.valid[member] == 0 {
+            // A whole head into a slot holding nothing: the completion adopts the read's
+            // buffer as the cache (see `stripe_io_done`), so hand the executor the slot's
+            // buffer (or a pooled one) to read into rather than making it allocate one.
+            let spare = match st.cache[member].take() {
+                Some(b) if Arc::strong_count(&b) == 1 => b,
+                other => {
+                    st.cache[member] = other;
+                    self.cache.buf()
+                }
+            };
+            let len = spare.len();
+            st.reading[member] |= to_read;
+            st.inflight += 1;
+            let ctx = IoCtx::Fill { key, rows: to_read };
+            let target = IoBytes::slice(&spare, 0..len);
+            drop(spare);
+            self.issue_io(member, MemberIoOp::Read, st.base_sector, self.cache.head_sectors, target, ctx);
+            return;
+        }
         if st.cache[member].is_none() {
             st.cache[member] = Some(self.cache.buf());
         }
@@ -1156,6 +1180,7 @@ impl Engine {
     pub(crate) fn start_stripe_sync(&mut self, unit: u64) -> bool {
         let key = unit / self.cache.head_sectors;
         let Some(kind) = self.sync.as_ref().map(|j| j.kind) else { return false };
+        let own_head = !self.cache.heads.contains_key(&key);
         if !self.cache.waiting.is_empty() || !self.get_stripe(key) {
             return false;
         }
@@ -1163,7 +1188,7 @@ impl Engine {
         if st.sync.is_some() {
             return false;
         }
-        st.sync = Some(SyncOp { unit, kind, writing: None });
+        st.sync = Some(SyncOp { unit, kind, writing: None, own_head });
         self.cache.mark(key);
         true
     }
@@ -1271,6 +1296,17 @@ impl Engine {
             },
             IoCtx::Fill { key, rows: rws } => {
                 let (full_mask, head_bytes) = (self.cache.full_mask, self.cache.zero.len());
+                // A buffer for the copy below when a whole-head read took the slot's own (see
+                // `fill`) yet cannot be adopted (rows became valid meanwhile, or a short buffer).
+                let mut spare = match (&result, self.cache.heads.get(&key)) {
+                    (Ok(data), Some(st))
+                        if st.cache[member].is_none()
+                            && !(st.valid[member] == 0 && rws == full_mask && data.len() == head_bytes) =>
+                    {
+                        Some(self.cache.buf())
+                    }
+                    _ => None,
+                };
                 let Some(st) = self.cache.heads.get_mut(&key) else { return };
                 st.inflight -= 1;
                 st.reading[member] &= !rws;
@@ -1287,6 +1323,11 @@ impl Engine {
                     Ok(data) => {
                         let fresh = rws & !st.valid[member];
                         let (r0, _) = runs(rws).next().expect("non-empty");
+                        // A whole-head read took the slot's buffer with it (see `fill`).
+                        if st.cache[member].is_none() {
+                            st.cache[member] =
+                                Some(spare.take().unwrap_or_else(|| Arc::new(vec![0; head_bytes])));
+                        }
                         let buf = Arc::make_mut(st.cache[member].as_mut().expect("fill buffer"));
                         for (a, n) in runs(fresh) {
                             let src = ((a - r0) * SECTOR_BYTES) as usize;
@@ -1330,11 +1371,17 @@ impl Engine {
                 let op = st.sync.as_mut().expect("a sync write belongs to a sync op");
                 let left = op.writing.unwrap_or(1) - 1;
                 op.writing = Some(left);
-                let unit = op.unit;
+                let (unit, own_head) = (op.unit, op.own_head);
                 if left == 0 {
                     st.sync = None;
                 }
-                self.cache.mark(key);
+                if left == 0 && own_head && result.is_ok() && st.idle() {
+                    // Nothing else uses the head: its buffers go back to the pool for the
+                    // next units' reads (see `SyncOp::own_head`).
+                    self.evict(key);
+                } else {
+                    self.cache.mark(key);
+                }
                 if result.is_err() {
                     self.fail_member(member, self.now_ns);
                 }

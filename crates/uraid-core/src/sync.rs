@@ -208,9 +208,18 @@ impl Engine {
             total_sectors: total,
             next_allowed_ns: self.now_ns,
             unit_sectors: unit,
-            window: if parity { 8 } else { 1 },
+            window: if parity { self.sync_window_heads() } else { 1 },
             start_offset,
         })
+    }
+
+    /// Stripe heads a raid4/5/6 sync works on at once. Each is one member I/O per member
+    /// (64 KiB with 64 KiB chunks or larger), so 32 keep 2 MiB per member in flight: enough
+    /// to keep a fast member's queue full while the engine computes the heads that arrived.
+    /// It takes at most an eighth of the stripe cache, leaving the rest to requests, but
+    /// never fewer than 8.
+    fn sync_window_heads(&self) -> usize {
+        (self.tun.stripe_cache_size / 8).clamp(8, 32)
     }
 
     /// Start whatever background units pacing and windows allow.

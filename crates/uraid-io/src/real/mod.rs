@@ -479,13 +479,19 @@ impl Executor {
         let member = self.members.member(io.member);
         let (fd, direct) = member.fd_for(io.op, io.offset_bytes, io.len_bytes);
         let len = io.len_bytes as usize;
+        // A read fills the spare buffer the engine handed over, if it did (no allocation, no
+        // fresh pages to fault in); its old contents are overwritten before anyone sees them.
+        let read_target = |data: uraid_core::IoBytes| match data.try_into_unique_vec() {
+            Ok(v) if v.capacity() >= len => v,
+            _ => Vec::with_capacity(len),
+        };
         let buf = match (io.op, direct) {
             (MemberIoOp::Flush, _) => IoBuf::None,
-            (MemberIoOp::Read, false) => IoBuf::Plain(Vec::with_capacity(len)),
+            (MemberIoOp::Read, false) => IoBuf::Plain(read_target(io.data)),
             (MemberIoOp::Read, true) => {
                 // Straight into the result when its memory suits O_DIRECT here (tmpfs, for
                 // one, takes any 16-byte-aligned buffer); a bounce buffer otherwise.
-                let v = Vec::with_capacity(len);
+                let v = read_target(io.data);
                 if (v.as_ptr() as usize as u64).is_multiple_of(member.dio_mem_align) {
                     IoBuf::Plain(v)
                 } else {
