@@ -175,7 +175,7 @@ impl Engine {
             (_, Some(r)) => r,
             (_, None) => vec![(0, limit)],
         };
-        let unit = if parity { self.cache_head_sectors() } else { DIRECT_UNIT_SECTORS };
+        let unit = if parity { self.stripe_sync_unit_sectors() } else { DIRECT_UNIT_SECTORS };
         let mut todo = VecDeque::new();
         let mut total = 0;
         for (a, b) in ranges {
@@ -208,18 +208,18 @@ impl Engine {
             total_sectors: total,
             next_allowed_ns: self.now_ns,
             unit_sectors: unit,
-            window: if parity { self.sync_window_heads() } else { 1 },
+            window: if parity { self.sync_window_units(unit) } else { 1 },
             start_offset,
         })
     }
 
-    /// Stripe heads a raid4/5/6 sync works on at once. Each is one member I/O per member
-    /// (64 KiB with 64 KiB chunks or larger), so 32 keep 2 MiB per member in flight: enough
-    /// to keep a fast member's queue full while the engine computes the heads that arrived.
-    /// It takes at most an eighth of the stripe cache, leaving the rest to requests, but
-    /// never fewer than 8.
-    fn sync_window_heads(&self) -> usize {
-        (self.tun.stripe_cache_size / 8).clamp(8, 32)
+    /// raid4/5/6 sync units (of `unit_sectors`) worked on at once. 32 heads (2 MiB per
+    /// member with 64 KiB heads) keep a fast member's queue full while the engine computes
+    /// the units that arrived; that takes at most an eighth of the stripe cache, leaving
+    /// the rest to requests, but never fewer than 8 heads (or one unit).
+    fn sync_window_units(&self, unit_sectors: u64) -> usize {
+        let heads = (self.tun.stripe_cache_size / 8).clamp(8, 32) as u64;
+        (heads * self.cache_head_sectors() / unit_sectors).max(1) as usize
     }
 
     /// Start whatever background units pacing and windows allow.
@@ -254,7 +254,7 @@ impl Engine {
             let busy = !self.reqs.is_empty();
             let rate_kib = if busy { self.tun.sync_speed_min_kib } else { self.tun.sync_speed_max_kib };
             let outcome = if self.geo.level.has_parity() {
-                if self.start_stripe_sync(a) {
+                if self.start_stripe_sync(a, end) {
                     UnitStart::Started
                 } else {
                     UnitStart::Busy
