@@ -30,6 +30,9 @@ pub struct SyncStatus {
     pub total_sectors: u64,
     /// Recovery: member data sectors below this are rebuilt (md's recovery_offset).
     pub recovery_offset_sectors: u64,
+    /// Resync: everything below this (in the job's sectors: member sectors, array sectors
+    /// for raid10) is in sync; what a stopped resync records as md's resync_offset.
+    pub resync_offset_sectors: u64,
 }
 
 /// Things the caller acts on (superblock updates, monitor messages).
@@ -136,11 +139,16 @@ impl Engine {
             },
             SyncKind::Resync => 0,
         };
+        let resync_offset_sectors = match j.kind {
+            SyncKind::Resync => self.lowest_unsynced(j),
+            SyncKind::Recovery { .. } => 0,
+        };
         Some(SyncStatus {
             kind: j.kind,
             done_sectors: j.done_sectors,
             total_sectors: j.total_sectors,
             recovery_offset_sectors,
+            resync_offset_sectors,
         })
     }
 
@@ -308,21 +316,23 @@ impl Engine {
         self.pump_sync();
     }
 
+    /// The lowest sector a job has not finished: its lowest unit in flight or still to do.
+    fn lowest_unsynced(&self, job: &SyncJob) -> u64 {
+        let lowest_active = job.active.iter().next().copied();
+        let next_todo = job.todo.front().map(|t| t.0);
+        match (lowest_active, next_todo) {
+            (Some(a), Some(t)) => a.min(t),
+            (Some(a), None) => a,
+            (None, Some(t)) => t,
+            (None, None) => self.member_data_sectors(),
+        }
+    }
+
     fn update_recovery_offset(&mut self) {
         let Some(job) = self.sync.as_ref() else { return };
         let SyncKind::Recovery { member } = job.kind else { return };
-        let offset = if self.geo.level == Level::Raid10 {
-            job.start_offset
-        } else {
-            let lowest_active = job.active.iter().next().copied();
-            let next_todo = job.todo.front().map(|t| t.0);
-            match (lowest_active, next_todo) {
-                (Some(a), Some(t)) => a.min(t),
-                (Some(a), None) => a,
-                (None, Some(t)) => t,
-                (None, None) => self.member_data_sectors(),
-            }
-        };
+        let offset =
+            if self.geo.level == Level::Raid10 { job.start_offset } else { self.lowest_unsynced(job) };
         if let MemberState::Recovering { recovery_offset_sectors } = &mut self.members[member].state {
             *recovery_offset_sectors = (*recovery_offset_sectors).max(offset);
         }
