@@ -143,6 +143,16 @@ impl IoBytes {
         }
         std::sync::Arc::make_mut(&mut self.buf).as_mut_slice()
     }
+    /// The whole buffer back when nothing else shares it and this view covers all of it;
+    /// otherwise `self` unchanged. Lets a buffer travel engine -> executor -> engine with no
+    /// copy and no fresh allocation (see [`MemberIo::data`] for reads).
+    pub fn try_into_unique_vec(self) -> Result<Vec<u8>, IoBytes> {
+        if self.start != 0 || self.len != self.buf.len() {
+            return Err(self);
+        }
+        let (start, len) = (self.start, self.len);
+        std::sync::Arc::try_unwrap(self.buf).map_err(|buf| IoBytes { buf, start, len })
+    }
     /// The bytes as an owned vector (no copy when this view is the whole, unshared buffer).
     pub fn into_vec(self) -> Vec<u8> {
         if self.start == 0 && self.len == self.buf.len() {
@@ -193,7 +203,10 @@ pub struct MemberIo {
     /// Absolute byte offset on the member device (data_offset already applied).
     pub offset_bytes: u64,
     pub len_bytes: u64,
-    /// Payload of a `Write`; empty otherwise.
+    /// Payload of a `Write`. For a `Read`, empty or a spare buffer of `len_bytes` that the
+    /// executor may read into (and return in the completion) instead of allocating one: the
+    /// stripe cache recycles its buffers this way, so a long rebuild neither allocates nor
+    /// faults in fresh pages for every block it reads. Empty for a `Flush`.
     pub data: IoBytes,
 }
 

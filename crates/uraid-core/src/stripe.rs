@@ -21,6 +21,8 @@ use crate::engine::Engine;
 use crate::geometry::{Geometry, StripeMap};
 use crate::sectors::{rows, runs, span, SectorMask};
 
+mod row_sync;
+
 /// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
 /// pre-reading.
 const IO_THRESHOLD: usize = 1;
@@ -86,6 +88,13 @@ pub(crate) enum IoCtx {
     StripeSyncWrite {
         key: u64,
     },
+    /// raid4/5/6 recovery of a row unit (see `row_sync`): a survivor's range, the rebuilt range.
+    RowSyncRead {
+        unit: u64,
+    },
+    RowSyncWrite {
+        unit: u64,
+    },
 }
 
 /// Background work on one stripe head.
@@ -94,6 +103,14 @@ struct SyncOp {
     unit: u64,
     kind: crate::sync::SyncKind,
     writing: Option<u32>,
+    /// The head was made for this unit (not cached for requests before): it is evicted as
+    /// soon as the unit is done, so a rebuild streaming through the array neither pushes
+    /// requests' heads out of the cache nor grows memory to the whole cache's worth.
+    own_head: bool,
+    /// Claimed by a row unit (`row_sync`): no batch starts here until the unit is done.
+    row: bool,
+    /// Row units: this head has no batch left (counted once in the unit).
+    ready: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +217,13 @@ pub(crate) struct StripeCache {
     /// zeroing write pieces (shared, never written).
     zero: IoBytes,
     running: bool,
+    /// Row units of the running sync, by unit start (member sector).
+    rows: DetMap<u64, row_sync::RowUnit>,
+    /// Job units handed to per-head syncs, by unit start.
+    heads_left: DetMap<u64, row_sync::HeadsLeft>,
+    /// Row units' read buffers for reuse; a zeroed row for syndrome gaps (DDF layouts).
+    row_pool: Vec<Vec<u8>>,
+    row_zero: Vec<u8>,
 }
 
 impl StripeCache {
@@ -228,6 +252,10 @@ impl StripeCache {
             spare_batches: Vec::new(),
             zero: IoBytes::from(vec![0u8; (head_sectors * SECTOR_BYTES) as usize]),
             running: false,
+            rows: DetMap::default(),
+            heads_left: DetMap::default(),
+            row_pool: Vec::new(),
+            row_zero: Vec::new(),
         }
     }
 
@@ -642,9 +670,12 @@ impl Engine {
                 self.part_done(req, Some(RequestError::ArrayFailed));
             }
             st.towrite_mask.iter_mut().for_each(|m| *m = 0);
+            if st.sync.as_ref().is_some_and(|s| s.row) {
+                self.row_head_failed(key, st);
+            }
             if st.sync.as_ref().is_some_and(|s| s.writing.is_none()) {
                 let op = st.sync.take().expect("sync");
-                self.sync_unit_done(op.unit, false);
+                self.head_sync_done(op.unit, false);
             }
             if st.batch.as_ref().is_some_and(|b| b.writing.is_none()) {
                 let b = st.batch.take().expect("batch");
@@ -757,6 +788,22 @@ impl Engine {
     fn fill(&mut self, key: u64, st: &mut Stripe, member: usize, missing: SectorMask) {
         let to_read = missing & !st.reading[member];
         if to_read == 0 {
+            return;
+        }
+        if to_read == self.cache.full_mask && st.valid[member] == 0 {
+            // A whole head into a slot holding nothing: hand the executor a buffer to read
+            // into (the slot's, or a pooled one) rather than making it allocate one; the
+            // completion adopts it as the cache (see `stripe_io_done`).
+            let head_bytes = self.cache.zero.len();
+            let spare = st.cache[member]
+                .take()
+                .and_then(Block::into_sole_buffer)
+                .filter(|b| b.len() == head_bytes)
+                .unwrap_or_else(|| self.cache.buf());
+            st.reading[member] |= to_read;
+            st.inflight += 1;
+            let ctx = IoCtx::Fill { key, rows: to_read };
+            self.issue_io(member, MemberIoOp::Read, st.base_sector, self.cache.head_sectors, spare, ctx);
             return;
         }
         for (r0, n) in runs(to_read) {
@@ -1201,24 +1248,17 @@ impl Engine {
         self.cache.head_sectors
     }
 
-    /// Claim the stripe head at member sector `unit` for the running sync job.
-    pub(crate) fn start_stripe_sync(&mut self, unit: u64) -> bool {
-        let key = unit / self.cache.head_sectors;
-        let Some(kind) = self.sync.as_ref().map(|j| j.kind) else { return false };
-        if !self.cache.waiting.is_empty() || !self.get_stripe(key) {
-            return false;
-        }
-        let st = self.cache.heads.get_mut(&key).expect("head");
-        if st.sync.is_some() {
-            return false;
-        }
-        st.sync = Some(SyncOp { unit, kind, writing: None });
-        self.cache.mark(key);
-        true
-    }
-
     fn advance_sync(&mut self, key: u64, st: &mut Stripe) {
-        let Some(op) = st.sync.as_ref() else { return };
+        let Some(op) = st.sync.as_mut() else { return };
+        if op.row {
+            // A row unit does the I/O; it only waits for the head's batch and rewrites.
+            if !op.ready && st.batch.is_none() && st.rewriting.iter().all(|&r| r == 0) {
+                op.ready = true;
+                let unit = op.unit;
+                self.row_head_ready(unit);
+            }
+            return;
+        }
         if op.writing.is_some() {
             return;
         }
@@ -1228,14 +1268,14 @@ impl Engine {
             crate::sync::SyncKind::Recovery { member } => {
                 if !self.members[member].writable() {
                     st.sync = None;
-                    self.sync_unit_done(unit, false);
+                    self.head_sync_done(unit, false);
                     return;
                 }
                 match self.ensure(key, st, member, full) {
                     Ensure::Pending => return,
                     Ensure::Lost => {
                         st.sync = None;
-                        self.sync_unit_done(unit, false);
+                        self.head_sync_done(unit, false);
                         return;
                     }
                     Ensure::Ready => vec![member],
@@ -1249,7 +1289,7 @@ impl Engine {
                         Ensure::Pending => ready = false,
                         Ensure::Lost => {
                             st.sync = None;
-                            self.sync_unit_done(unit, false);
+                            self.head_sync_done(unit, false);
                             return;
                         }
                     }
@@ -1281,7 +1321,7 @@ impl Engine {
         }
         if writes == 0 {
             st.sync = None;
-            self.sync_unit_done(unit, true);
+            self.head_sync_done(unit, true);
         } else {
             st.sync.as_mut().expect("sync").writing = Some(writes);
         }
@@ -1384,18 +1424,26 @@ impl Engine {
                 let op = st.sync.as_mut().expect("a sync write belongs to a sync op");
                 let left = op.writing.unwrap_or(1) - 1;
                 op.writing = Some(left);
-                let unit = op.unit;
+                let (unit, own_head) = (op.unit, op.own_head);
                 if left == 0 {
                     st.sync = None;
                 }
-                self.cache.mark(key);
+                if left == 0 && own_head && result.is_ok() && st.idle() {
+                    // Nothing else uses the head: its buffers go back to the pool for the
+                    // next units' reads (see `SyncOp::own_head`).
+                    self.evict(key);
+                } else {
+                    self.cache.mark(key);
+                }
                 if result.is_err() {
                     self.fail_member(member, self.now_ns);
                 }
                 if left == 0 {
-                    self.sync_unit_done(unit, result.is_ok() && !self.failed);
+                    self.head_sync_done(unit, result.is_ok() && !self.failed);
                 }
             }
+            IoCtx::RowSyncRead { unit } => self.row_read_done(unit, member, result),
+            IoCtx::RowSyncWrite { unit } => self.row_write_done(unit, member, result),
             IoCtx::Rewrite { key, rows: rws, .. } => {
                 if let Some(st) = self.cache.heads.get_mut(&key) {
                     st.inflight -= 1;

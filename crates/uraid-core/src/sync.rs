@@ -30,6 +30,9 @@ pub struct SyncStatus {
     pub total_sectors: u64,
     /// Recovery: member data sectors below this are rebuilt (md's recovery_offset).
     pub recovery_offset_sectors: u64,
+    /// Resync: everything below this (in the job's sectors: member sectors, array sectors
+    /// for raid10) is in sync; what a stopped resync records as md's resync_offset.
+    pub resync_offset_sectors: u64,
 }
 
 /// Things the caller acts on (superblock updates, monitor messages).
@@ -136,11 +139,16 @@ impl Engine {
             },
             SyncKind::Resync => 0,
         };
+        let resync_offset_sectors = match j.kind {
+            SyncKind::Resync => self.lowest_unsynced(j),
+            SyncKind::Recovery { .. } => 0,
+        };
         Some(SyncStatus {
             kind: j.kind,
             done_sectors: j.done_sectors,
             total_sectors: j.total_sectors,
             recovery_offset_sectors,
+            resync_offset_sectors,
         })
     }
 
@@ -175,7 +183,7 @@ impl Engine {
             (_, Some(r)) => r,
             (_, None) => vec![(0, limit)],
         };
-        let unit = if parity { self.cache_head_sectors() } else { DIRECT_UNIT_SECTORS };
+        let unit = if parity { self.stripe_sync_unit_sectors() } else { DIRECT_UNIT_SECTORS };
         let mut todo = VecDeque::new();
         let mut total = 0;
         for (a, b) in ranges {
@@ -208,9 +216,18 @@ impl Engine {
             total_sectors: total,
             next_allowed_ns: self.now_ns,
             unit_sectors: unit,
-            window: if parity { 8 } else { 1 },
+            window: if parity { self.sync_window_units(unit) } else { 1 },
             start_offset,
         })
+    }
+
+    /// raid4/5/6 sync units (of `unit_sectors`) worked on at once. 32 heads (2 MiB per
+    /// member with 64 KiB heads) keep a fast member's queue full while the engine computes
+    /// the units that arrived; that takes at most an eighth of the stripe cache, leaving
+    /// the rest to requests, but never fewer than 8 heads (or one unit).
+    fn sync_window_units(&self, unit_sectors: u64) -> usize {
+        let heads = (self.tun.stripe_cache_size / 8).clamp(8, 32) as u64;
+        (heads * self.cache_head_sectors() / unit_sectors).max(1) as usize
     }
 
     /// Start whatever background units pacing and windows allow.
@@ -245,7 +262,7 @@ impl Engine {
             let busy = !self.reqs.is_empty();
             let rate_kib = if busy { self.tun.sync_speed_min_kib } else { self.tun.sync_speed_max_kib };
             let outcome = if self.geo.level.has_parity() {
-                if self.start_stripe_sync(a) {
+                if self.start_stripe_sync(a, end) {
                     UnitStart::Started
                 } else {
                     UnitStart::Busy
@@ -299,21 +316,23 @@ impl Engine {
         self.pump_sync();
     }
 
+    /// The lowest sector a job has not finished: its lowest unit in flight or still to do.
+    fn lowest_unsynced(&self, job: &SyncJob) -> u64 {
+        let lowest_active = job.active.iter().next().copied();
+        let next_todo = job.todo.front().map(|t| t.0);
+        match (lowest_active, next_todo) {
+            (Some(a), Some(t)) => a.min(t),
+            (Some(a), None) => a,
+            (None, Some(t)) => t,
+            (None, None) => self.member_data_sectors(),
+        }
+    }
+
     fn update_recovery_offset(&mut self) {
         let Some(job) = self.sync.as_ref() else { return };
         let SyncKind::Recovery { member } = job.kind else { return };
-        let offset = if self.geo.level == Level::Raid10 {
-            job.start_offset
-        } else {
-            let lowest_active = job.active.iter().next().copied();
-            let next_todo = job.todo.front().map(|t| t.0);
-            match (lowest_active, next_todo) {
-                (Some(a), Some(t)) => a.min(t),
-                (Some(a), None) => a,
-                (None, Some(t)) => t,
-                (None, None) => self.member_data_sectors(),
-            }
-        };
+        let offset =
+            if self.geo.level == Level::Raid10 { job.start_offset } else { self.lowest_unsynced(job) };
         if let MemberState::Recovering { recovery_offset_sectors } = &mut self.members[member].state {
             *recovery_offset_sectors = (*recovery_offset_sectors).max(offset);
         }

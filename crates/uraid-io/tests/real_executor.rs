@@ -52,10 +52,11 @@ fn io(id: u64, member: usize, op: MemberIoOp, offset_bytes: u64, len_bytes: u64,
 fn exercise(backend: BackendChoice, expect: BackendKind) {
     for dir in dirs() {
         let size = 1 << 20;
-        // Named by backend too: the tests of both backends run at once in this process.
-        let tag = format!("{expect:?}");
-        let paths =
-            vec![temp_file(&dir, &format!("m0-{tag}"), size), temp_file(&dir, &format!("m1-{tag}"), size)];
+        // Named per backend: the tests of both run at once in this process (one pid).
+        let paths = vec![
+            temp_file(&dir, &format!("m0-{expect:?}"), size),
+            temp_file(&dir, &format!("m1-{expect:?}"), size),
+        ];
         let mut ex = executor(&paths, backend, 4);
         assert_eq!(ex.backend(), expect);
         let aligned: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
@@ -156,4 +157,48 @@ fn direct_io_is_used_where_the_file_system_allows_it() {
         let _ = std::fs::remove_file(q);
     }
     let _ = std::fs::remove_file(p);
+}
+
+/// A read may carry a spare buffer to fill (the stripe cache recycles its buffers that way):
+/// the executor reads into it when nothing else holds it, and never writes into a buffer
+/// that is shared.
+#[test]
+fn reads_fill_a_spare_buffer_only_when_unshared() {
+    for dir in dirs() {
+        for backend in [BackendChoice::IoUring, BackendChoice::ThreadPool] {
+            let path = temp_file(&dir, "spare", 1 << 16);
+            let mut ex = executor(std::slice::from_ref(&path), backend, 4);
+            let data: Vec<u8> = (0..8192u32).map(|i| (i * 11 + 3) as u8).collect();
+            assert!(run(&mut ex, vec![io(1, 0, MemberIoOp::Write, 4096, 8192, data.clone())])[0]
+                .result
+                .is_ok());
+
+            let spare = vec![0xEEu8; 8192];
+            let spare_ptr = spare.as_ptr();
+            let got = run(&mut ex, vec![io(2, 0, MemberIoOp::Read, 4096, 8192, spare)]);
+            let got = got[0].result.as_ref().expect("read");
+            assert_eq!(&got[..], &data[..], "{dir:?} {backend:?}");
+            // On tmpfs (buffered, or O_DIRECT without a bounce buffer) the bytes land in
+            // the spare buffer itself.
+            if dir == Path::new("/dev/shm") {
+                assert_eq!(got.as_ptr(), spare_ptr, "{backend:?}: the spare buffer was not used");
+            }
+
+            let shared = std::sync::Arc::new(vec![0xEEu8; 8192]);
+            let view = uraid_core::IoBytes::slice(&shared, 0..8192);
+            let read = MemberIo {
+                id: 3,
+                member: 0,
+                op: MemberIoOp::Read,
+                offset_bytes: 4096,
+                len_bytes: 8192,
+                data: view,
+            };
+            let got = run(&mut ex, vec![read]);
+            assert_eq!(got[0].result.as_deref(), Ok(&data[..]), "{dir:?} {backend:?}");
+            assert!(shared.iter().all(|&b| b == 0xEE), "{backend:?}: a shared buffer was written");
+            drop(ex);
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }

@@ -208,3 +208,47 @@ fn interrupted_rebuild_resumes_from_its_checkpoint() {
     qemu_io(&s.url, &read_cmds(&p));
     s.stop();
 }
+
+#[test]
+fn stopped_resync_resumes_from_its_checkpoint() {
+    let dir = TempDir::new("resync-resume");
+    // A new raid6 without a bitmap: a full resync at the first start.
+    let members = create(&dir, "6", 4, &["--bitmap", "none"]);
+    let slow = ["--sync-speed-min", "2000", "--sync-speed-max", "4000"];
+    let s = Served::start(&dir, &members, &slow);
+    // About 47 MiB of member sectors at 4 MiB/s: stop well before the end.
+    std::thread::sleep(Duration::from_millis(1500));
+    let st = s.ctl("status", None);
+    let full_kib = resync_total_kib(&st);
+    s.stop();
+    // mdadm --examine prints no resync offset; uraid examine does.
+    let e = ok(uraid(&["examine", members[0].to_str().unwrap()]), "uraid examine");
+    let off: u64 = e
+        .split("resync from sector ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no resync checkpoint recorded:\n{e}"));
+    assert!(off > 0, "{e}");
+    // The next start resyncs only what is left: fewer KiB than a whole member.
+    let s = Served::start(&dir, &members, &slow);
+    let st = s.ctl("status", None);
+    let total_kib = resync_total_kib(&st);
+    // Resumed at the checkpoint rounded down to a sync unit (at most 1 MiB).
+    assert!(
+        total_kib < full_kib && total_kib + off / 2 <= full_kib + 1024,
+        "resumed resync covers {total_kib} of {full_kib} KiB, checkpoint at sector {off}:\n{st}"
+    );
+    s.stop();
+}
+
+/// The total of the resync in progress in `uraid status`, KiB.
+fn resync_total_kib(status: &str) -> u64 {
+    status
+        .split("resync = ")
+        .nth(1)
+        .and_then(|r| r.split('/').nth(1))
+        .and_then(|r| r.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no resync in progress:\n{status}"))
+}

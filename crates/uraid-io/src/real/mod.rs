@@ -69,6 +69,26 @@ pub struct Member {
     /// conservative `DIRECT_ALIGN_BYTES` where the kernel does not say). A read whose result
     /// buffer happens to be this aligned is read straight into it, with no bounce buffer.
     dio_mem_align: u64,
+    /// The member lives in memory (tmpfs): every I/O is a copy by the CPU that never
+    /// waits, so io_uring is told to hand it to a worker at once (`IOSQE_ASYNC`). Without
+    /// that, its worker pool adds workers only when one blocks, which a tmpfs copy never
+    /// does, and all the array's I/O runs on one worker, one core.
+    in_memory: bool,
+}
+
+/// Is this open file on tmpfs?
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn on_tmpfs(f: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // SAFETY: fstatfs on an open descriptor writes only into `fs`.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(f.as_raw_fd(), &mut fs) };
+    rc == 0 && fs.f_type as i64 == TMPFS_MAGIC
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn on_tmpfs(_f: &File) -> bool {
+    false
 }
 
 /// `stx_dio_mem_align` of an open file, if the kernel and file system report it. tmpfs
@@ -76,7 +96,6 @@ pub struct Member {
 /// memory alignment constraint.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn dio_mem_align(f: &File) -> Option<u64> {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
     // SAFETY: statx on an open descriptor with an empty path writes only into `stx`.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let rc = unsafe {
@@ -85,10 +104,7 @@ fn dio_mem_align(f: &File) -> Option<u64> {
     if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_mem_align > 0 {
         return Some(stx.stx_dio_mem_align as u64);
     }
-    // SAFETY: fstatfs on an open descriptor writes only into `fs`.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::fstatfs(f.as_raw_fd(), &mut fs) };
-    (rc == 0 && fs.f_type as i64 == TMPFS_MAGIC).then_some(1)
+    on_tmpfs(f).then_some(1)
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
@@ -132,7 +148,8 @@ impl Member {
             .and_then(dio_mem_align)
             .filter(|a| a.is_power_of_two() && *a <= DIRECT_ALIGN_BYTES)
             .unwrap_or(DIRECT_ALIGN_BYTES);
-        Ok(Member { path, buffered, direct, size_bytes, dio_mem_align })
+        let in_memory = on_tmpfs(&buffered);
+        Ok(Member { path, buffered, direct, size_bytes, dio_mem_align, in_memory })
     }
 
     /// The same member on duplicated descriptors.
@@ -143,6 +160,7 @@ impl Member {
             direct: self.direct.as_ref().map(File::try_clone).transpose()?,
             size_bytes: self.size_bytes,
             dio_mem_align: self.dio_mem_align,
+            in_memory: self.in_memory,
         })
     }
 
@@ -291,6 +309,8 @@ struct Slot {
     len_bytes: usize,
     buf: IoBuf,
     done_bytes: usize,
+    /// Queue to a worker at once (see `Member::in_memory`).
+    force_async: bool,
 }
 
 /// Map a failed syscall to what the engine needs to know.
@@ -479,13 +499,19 @@ impl Executor {
         let member = self.members.member(io.member);
         let (fd, direct) = member.fd_for(io.op, io.offset_bytes, io.len_bytes);
         let len = io.len_bytes as usize;
+        // A read fills the spare buffer the engine handed over, if it did (no allocation, no
+        // fresh pages to fault in); its old contents are overwritten before anyone sees them.
+        let read_target = |data: uraid_core::IoBytes| match data.try_into_unique_vec() {
+            Ok(v) if v.capacity() >= len => v,
+            _ => Vec::with_capacity(len),
+        };
         let buf = match (io.op, direct) {
             (MemberIoOp::Flush, _) => IoBuf::None,
-            (MemberIoOp::Read, false) => IoBuf::Plain(Vec::with_capacity(len)),
+            (MemberIoOp::Read, false) => IoBuf::Plain(read_target(io.data)),
             (MemberIoOp::Read, true) => {
                 // Straight into the result when its memory suits O_DIRECT here (tmpfs, for
                 // one, takes any 16-byte-aligned buffer); a bounce buffer otherwise.
-                let v = Vec::with_capacity(len);
+                let v = read_target(io.data);
                 if (v.as_ptr() as usize as u64).is_multiple_of(member.dio_mem_align) {
                     IoBuf::Plain(v)
                 } else {
@@ -515,6 +541,7 @@ impl Executor {
             len_bytes: len,
             buf,
             done_bytes: 0,
+            force_async: member.in_memory,
         };
         match &mut self.backend {
             Backend::Uring(u) => u.push(slot),

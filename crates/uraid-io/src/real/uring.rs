@@ -99,6 +99,7 @@ impl UringBackend {
             MemberIoOp::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
         }
         .user_data(idx as u64);
+        let entry = if s.force_async { entry.flags(squeue::Flags::ASYNC) } else { entry };
         self.push_entry(&entry);
     }
 

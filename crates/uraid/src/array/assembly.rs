@@ -24,14 +24,16 @@ pub enum StartResync {
 }
 
 impl StartResync {
-    /// The argument of `Engine::start_resync`, or `None` when no resync is due.
+    /// The argument of `Engine::start_resync` (`(start, end)` pairs), or `None` when no
+    /// resync is due.
     pub fn engine_ranges(&self) -> Option<Option<Vec<(u64, u64)>>> {
         match self {
             StartResync::None => None,
             StartResync::Full { from_sector: 0 } => Some(None),
-            StartResync::Full { from_sector } => Some(Some(vec![(*from_sector, u64::MAX - from_sector)])),
+            StartResync::Full { from_sector } => Some(Some(vec![(*from_sector, u64::MAX)])),
             StartResync::Regions(r) if r.is_empty() => None,
-            StartResync::Regions(r) => Some(Some(r.clone())),
+            // The bitmap's regions are (start, len); the engine takes (start, end).
+            StartResync::Regions(r) => Some(Some(r.iter().map(|&(s, len)| (s, s + len)).collect())),
         }
     }
 }
@@ -114,4 +116,20 @@ pub fn assemble(paths: &[PathBuf], run: bool, writable: bool) -> anyhow::Result<
     };
     let config = ArrayConfig { geometry, members: configs, tunables: Tunables::default(), read_only: false };
     Ok(Assembled { members, superblocks, plan, config, slot_member, resync })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StartResync;
+
+    #[test]
+    fn bitmap_regions_become_engine_start_end_ranges() {
+        // Before: (start, len) went through as (start, end), so a region whose length is
+        // less than its start was an empty range and never resynced.
+        let r = StartResync::Regions(vec![(0, 128), (4096, 128)]);
+        assert_eq!(r.engine_ranges(), Some(Some(vec![(0, 128), (4096, 4224)])));
+        assert_eq!(StartResync::Full { from_sector: 0 }.engine_ranges(), Some(None));
+        assert_eq!(StartResync::Full { from_sector: 64 }.engine_ranges(), Some(Some(vec![(64, u64::MAX)])));
+        assert_eq!(StartResync::Regions(vec![]).engine_ranges(), None);
+    }
 }

@@ -49,6 +49,10 @@ pub struct SbState {
     pub events: u64,
     /// A resync is due or running: the array may not be marked clean.
     pub resync_pending: bool,
+    /// Where a resync stopped with everything below it in sync and flushed (set on a clean
+    /// stop): written as resync_offset instead of 0, so the next start resumes there, as
+    /// md records its resync position when it stops.
+    pub resync_checkpoint: Option<u64>,
     pub failed: bool,
 }
 
@@ -86,7 +90,13 @@ impl MetaKeeper {
         let (level, raid_disks, chunk_sectors) = (sb.level, sb.raid_disks, sb.chunksize);
         let bitmap_offset_sectors = bitmap.as_ref().map_or(0, |(_, o)| *o);
         let keeper = MetaKeeper {
-            state: Mutex::new(SbState { devs, events, resync_pending, failed: false }),
+            state: Mutex::new(SbState {
+                devs,
+                events,
+                resync_pending,
+                resync_checkpoint: None,
+                failed: false,
+            }),
             bitmap: bitmap.map(|(b, _)| Mutex::new(b)),
             bitmap_offset_sectors,
             targets: Mutex::new(Vec::new()),
@@ -167,7 +177,7 @@ impl MetaKeeper {
             let sb = &mut d.sb;
             sb.events = st.events;
             sb.utime = now;
-            sb.resync_offset = if clean { MAX_SECTOR } else { 0 };
+            sb.resync_offset = if clean { MAX_SECTOR } else { st.resync_checkpoint.unwrap_or(0) };
             sb.max_dev = max_dev;
             sb.dev_roles = roles.clone();
             match d.role {

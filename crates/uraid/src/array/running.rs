@@ -457,6 +457,13 @@ impl RunningArray {
                     }
                 }
             }
+            // A resync stopped part way: what lies below its position is in sync and
+            // flushed, so the next start resyncs from there, not from zero.
+            if let Some(SyncStatus { kind: SyncKind::Resync, resync_offset_sectors, .. }) = sync {
+                if flushed && resync_offset_sectors > 0 {
+                    self.meta.lock().resync_checkpoint = Some(resync_offset_sectors);
+                }
+            }
         }
         if self.read_only {
             return Ok(());

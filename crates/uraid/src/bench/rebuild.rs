@@ -1,6 +1,11 @@
 //! `uraid bench rebuild`: how fast a RAID6 of tmpfs files rebuilds one member, next to the
 //! limit a rebuild cannot beat: reading the five survivors sequentially, measured in the
 //! same run on the same files.
+//!
+//! The two take turns `--runs` times and the medians are compared, so a neighbour's burst
+//! of load on a shared machine tilts one run, not the result. Each phase also reports the
+//! CPU time the process spent in it (all threads, io_uring workers included): on a machine
+//! the benchmark does not have to itself, that says more about the work done than the clock.
 
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -24,6 +29,9 @@ pub struct RebuildArgs {
     /// Size of each of the six members.
     #[arg(long = "member-size", default_value = "1G")]
     member_size: String,
+    /// Peer and rebuild take turns this many times; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
     #[arg(long)]
     json: bool,
 }
@@ -55,8 +63,7 @@ fn fill(path: &Path, bytes: u64, seed: u8) -> anyhow::Result<()> {
 }
 
 /// Read every file sequentially, all at once (a thread each), 1 MiB at a time.
-fn read_all_sequentially(paths: &[PathBuf]) -> anyhow::Result<f64> {
-    let t = Instant::now();
+fn read_all_sequentially(paths: &[PathBuf]) -> anyhow::Result<()> {
     let handles: Vec<_> = paths
         .iter()
         .cloned()
@@ -78,7 +85,52 @@ fn read_all_sequentially(paths: &[PathBuf]) -> anyhow::Result<f64> {
     for h in handles {
         h.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
     }
-    Ok(t.elapsed().as_secs_f64())
+    Ok(())
+}
+
+/// Start an array on `paths` with the last member to be rebuilt from zero, at full speed,
+/// and wait until it is in sync. Timed by the caller: engine and members set up, rebuild,
+/// shut down (with the array's final flush).
+fn rebuild_once(paths: &[PathBuf], member_bytes: u64) -> anyhow::Result<()> {
+    let geo = Geometry::new(
+        Level::Raid6,
+        MEMBERS,
+        algorithm::LEFT_SYMMETRIC,
+        CHUNK_BYTES / 512,
+        &[member_bytes / 512; MEMBERS],
+    )
+    .map_err(anyhow::Error::msg)?;
+    let mut members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; MEMBERS];
+    members[MEMBERS - 1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
+    let tunables = Tunables {
+        sync_speed_min_kib: u64::MAX / 4096,
+        sync_speed_max_kib: u64::MAX / 4096,
+        ..Tunables::default()
+    };
+    let engine = Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let set = MemberSet::open(paths, &OpenOptions::default()).context("opening members")?;
+    let executor = Executor::new(set, &ExecutorOptions::default()).context("executor")?;
+    let rt = ArrayRuntime::start(engine, executor, &RuntimeOptions::default()).context("runtime")?;
+    let handle = rt.handle();
+    loop {
+        let active = handle
+            .control(|e, _, _| e.downcast_mut::<Engine>().map(|e| e.sync_active()).unwrap_or(false))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !active {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let states = handle
+        .control(|e, _, _| e.downcast_mut::<Engine>().map(|e| e.member_states()))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    rt.shutdown().map_err(|e| anyhow::anyhow!("{e}"))?;
+    anyhow::ensure!(
+        states.is_some_and(|s| s[MEMBERS - 1] == MemberState::InSync),
+        "the rebuild did not finish with the member in sync"
+    );
+    Ok(())
 }
 
 pub fn run(args: RebuildArgs) -> anyhow::Result<()> {
@@ -97,57 +149,33 @@ pub fn run(args: RebuildArgs) -> anyhow::Result<()> {
     // Make the parity consistent is not needed for speed: the rebuild reads and writes the
     // same bytes whatever they hold. Slot 5 is the one rebuilt.
     let survivors: Vec<PathBuf> = tmp.0[..MEMBERS - 1].to_vec();
-    let peer_s = read_all_sequentially(&survivors)?;
-
-    let geo = Geometry::new(
-        Level::Raid6,
-        MEMBERS,
-        algorithm::LEFT_SYMMETRIC,
-        CHUNK_BYTES / 512,
-        &[member_bytes / 512; MEMBERS],
-    )
-    .map_err(anyhow::Error::msg)?;
-    let mut members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; MEMBERS];
-    members[MEMBERS - 1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
-    let tunables = Tunables {
-        sync_speed_min_kib: u64::MAX / 4096,
-        sync_speed_max_kib: u64::MAX / 4096,
-        ..Tunables::default()
-    };
-    let t = Instant::now();
-    let engine = Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false })
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let set = MemberSet::open(&tmp.0, &OpenOptions::default()).context("opening members")?;
-    let executor = Executor::new(set, &ExecutorOptions::default()).context("executor")?;
-    let rt = ArrayRuntime::start(engine, executor, &RuntimeOptions::default()).context("runtime")?;
-    let handle = rt.handle();
-    loop {
-        let active = handle
-            .control(|e, _, _| e.downcast_mut::<Engine>().map(|e| e.sync_active()).unwrap_or(false))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        if !active {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    let mut peer = Vec::new();
+    let mut rebuild = Vec::new();
+    for _ in 0..args.runs.max(1) {
+        peer.push(timed(|| read_all_sequentially(&survivors))?);
+        rebuild.push(timed(|| rebuild_once(&tmp.0, member_bytes))?);
     }
-    let rebuild_s = t.elapsed().as_secs_f64();
-    let states = handle
-        .control(|e, _, _| e.downcast_mut::<Engine>().map(|e| e.member_states()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    rt.shutdown().map_err(|e| anyhow::anyhow!("{e}"))?;
-    anyhow::ensure!(
-        states.is_some_and(|s| s[MEMBERS - 1] == MemberState::InSync),
-        "the rebuild did not finish with the member in sync"
-    );
+    let ratios: Vec<f64> = peer.iter().zip(&rebuild).map(|(p, r)| p.seconds / r.seconds).collect();
+    let per_run: Vec<serde_json::Value> = peer
+        .iter()
+        .zip(&rebuild)
+        .map(|(p, r)| {
+            serde_json::json!({"seconds": r.seconds, "cpu_seconds": r.cpu_seconds,
+                "peer_seconds": p.seconds, "peer_cpu_seconds": p.cpu_seconds})
+        })
+        .collect();
+    let (peer, rebuild) = (median(peer), median(rebuild));
+    let (peer_s, rebuild_s) = (peer.seconds, rebuild.seconds);
     let mbps = member_bytes as f64 / rebuild_s / 1e6;
     let peer_mbps = member_bytes as f64 / peer_s / 1e6;
     let ratio = peer_s / rebuild_s;
     if args.json {
         let v = serde_json::json!([{
             "bench": "rebuild", "level": 6, "raid_devices": MEMBERS, "member_bytes": member_bytes,
-            "seconds": rebuild_s, "mbps_per_member": mbps,
+            "runs": ratios.len(), "seconds": rebuild_s, "mbps_per_member": mbps, "cpu_seconds": rebuild.cpu_seconds,
             "peer": "read five survivors sequentially", "peer_seconds": peer_s, "peer_mbps_per_member": peer_mbps,
-            "ratio": ratio,
+            "peer_cpu_seconds": peer.cpu_seconds,
+            "ratio": ratio, "ratio_per_run": ratios, "per_run": per_run,
         }]);
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -157,10 +185,43 @@ pub fn run(args: RebuildArgs) -> anyhow::Result<()> {
             args.dir.display(),
             CHUNK_BYTES >> 10
         );
-        println!("{:<44} {:>9} {:>14}", "", "seconds", "MB/s per member");
-        println!("{:<44} {:>9.2} {:>14.0}", "rebuild one member (reads 5, writes 1)", rebuild_s, mbps);
-        println!("{:<44} {:>9.2} {:>14.0}", "peer: read the 5 survivors sequentially", peer_s, peer_mbps);
-        println!("ratio (peer time / rebuild time): {ratio:.2}");
+        println!("median of {} runs, peer and rebuild taking turns", ratios.len());
+        println!("{:<44} {:>9} {:>14} {:>12}", "", "seconds", "MB/s per member", "CPU seconds");
+        let row = |name: &str, m: &Measured, mbps: f64| {
+            println!("{name:<44} {:>9.2} {mbps:>14.0} {:>12.2}", m.seconds, m.cpu_seconds)
+        };
+        row("rebuild one member (reads 5, writes 1)", &rebuild, mbps);
+        row("peer: read the 5 survivors sequentially", &peer, peer_mbps);
+        let per_run: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!("ratio (peer time / rebuild time): {ratio:.2} (per run: {})", per_run.join(" "));
     }
     Ok(())
+}
+
+/// One phase's wall-clock and CPU time.
+#[derive(Clone, Copy)]
+struct Measured {
+    seconds: f64,
+    cpu_seconds: f64,
+}
+
+fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Measured> {
+    let (t, cpu) = (Instant::now(), process_cpu_seconds());
+    f()?;
+    Ok(Measured { seconds: t.elapsed().as_secs_f64(), cpu_seconds: process_cpu_seconds() - cpu })
+}
+
+/// The run with the median wall-clock time.
+fn median(mut runs: Vec<Measured>) -> Measured {
+    runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    runs[runs.len() / 2]
+}
+
+/// User plus system time of the whole process so far.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes only into `ru`.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
 }

@@ -1,0 +1,329 @@
+//! raid4/5/6 recovery a row at a time: one member I/O per member for up to 16 stripe heads
+//! of one chunk row, instead of one per head.
+//!
+//! Rebuilding through the stripe cache costs one member I/O per 64 KiB head and member;
+//! on fast members the per-I/O cost (queueing, a worker's wake-up, a completion) then
+//! weighs more than the copy itself. A row unit claims every head of its range, waits until
+//! none of them has a write batch in flight, reads each survivor's whole range into one
+//! buffer, computes the lost member's range straight from those buffers and writes it with
+//! one I/O. The claimed heads start no write batch until the unit is done (the barrier
+//! md's sync keeps per stripe): requests' writes queue in the heads meanwhile, so the
+//! survivors never change under the unit, and the rebuilt data lands before any newer
+//! write to the same rows.
+//!
+//! Whatever the fast path does not cover falls back to the per-head sync of each claimed
+//! head (see `Engine::advance_sync`), which knows read-error correction and a second lost
+//! member: a unit where some other member is not fully readable, a resync, and a unit whose
+//! survivor read failed.
+
+use std::sync::Arc;
+
+use super::{IoCtx, SyncOp};
+use crate::api::*;
+use crate::engine::Engine;
+use crate::sync::SyncKind;
+
+/// Heads a row unit covers at most (1 MiB of each member with 64 KiB heads).
+pub(crate) const MAX_ROW_HEADS: u64 = 16;
+
+/// A recovery unit over consecutive heads of one chunk row.
+pub(crate) struct RowUnit {
+    /// The member being rebuilt.
+    target: usize,
+    /// Keys of the claimed heads, in order.
+    heads: Vec<u64>,
+    /// Heads that have no write batch left and have stopped taking new ones.
+    heads_ready: usize,
+    /// The survivors' reads were issued (the unit no longer waits for its heads).
+    started: bool,
+    /// Member I/Os in flight (reads, then the write).
+    pending: u32,
+    /// Each survivor's range, once read.
+    bufs: Vec<Option<Vec<u8>>>,
+    /// A survivor read failed: the per-head path redoes the unit.
+    read_failed: bool,
+    /// The rebuilt range being written, kept to reuse its buffer once the write is done.
+    written: Option<Arc<Vec<u8>>>,
+}
+
+/// Per-head syncs standing in for one job unit (a row unit's fallback): the unit is done
+/// when the last of them is.
+pub(crate) struct HeadsLeft {
+    left: u32,
+    ok: bool,
+}
+
+impl Engine {
+    /// Member sectors of one sync job unit on raid4/5/6: the heads of a chunk row, up to
+    /// `MAX_ROW_HEADS` of them and an eighth of the stripe cache (always inside one chunk,
+    /// so inside one stripe).
+    pub(crate) fn stripe_sync_unit_sectors(&self) -> u64 {
+        let cache_share = (self.tun.stripe_cache_size as u64 / 8).max(1);
+        let per_chunk = self.cache.heads_per_chunk;
+        // A divisor of the heads per chunk, so units tile chunks and never straddle two.
+        let mut heads = per_chunk.min(MAX_ROW_HEADS).min(cache_share).max(1);
+        while !per_chunk.is_multiple_of(heads) {
+            heads -= 1;
+        }
+        self.cache.head_sectors * heads
+    }
+
+    /// Claim the heads of member sectors [start, end) for the running sync job: a row unit
+    /// for recovery where every other member is readable over the range, per-head syncs
+    /// otherwise. False (nothing claimed) when some head cannot be had now.
+    pub(crate) fn start_stripe_sync(&mut self, start: u64, end: u64) -> bool {
+        let Some(kind) = self.sync.as_ref().map(|j| j.kind) else { return false };
+        let h = self.cache.head_sectors;
+        let keys: Vec<u64> = (start / h..end.div_ceil(h)).collect();
+        if !self.cache.waiting.is_empty()
+            || keys.iter().any(|k| self.cache.heads.get(k).is_some_and(|st| st.sync.is_some()))
+        {
+            return false;
+        }
+        // Heads of a unit are claimed all together: room for all of them first (idle heads
+        // of the unit itself leave the LRU when claimed, so they are no room for the rest).
+        let free_room = self.tun.stripe_cache_size.saturating_sub(self.cache.heads.len())
+            + self.cache.heads.iter().filter(|(k, st)| st.lru_stamp != 0 && !keys.contains(k)).count();
+        if keys.iter().filter(|k| !self.cache.heads.contains_key(k)).count() > free_room {
+            return false;
+        }
+        let row = match kind {
+            SyncKind::Recovery { member } => {
+                let last = end - 1;
+                let others_whole = (0..self.geo.raid_disks)
+                    .all(|m| m == member || self.members[m].state == crate::config::MemberState::InSync);
+                (others_whole && self.members[member].writable() && !self.members[member].readable(last))
+                    .then_some(member)
+            }
+            SyncKind::Resync => None,
+        };
+        for (i, &key) in keys.iter().enumerate() {
+            let own_head = !self.cache.heads.contains_key(&key);
+            if !self.get_stripe(key) {
+                // Room was checked, so this should not happen; if it does, let go of the
+                // heads claimed so far and try the unit again later.
+                for k in &keys[..i] {
+                    if let Some(st) = self.cache.heads.get_mut(k) {
+                        st.sync = None;
+                    }
+                    self.cache.mark(*k);
+                }
+                return false;
+            }
+            let st = self.cache.heads.get_mut(&key).expect("head");
+            // A row unit's heads count as writing from the start: no batch starts on them.
+            let writing = row.map(|_| 0);
+            st.sync = Some(SyncOp { unit: start, kind, writing, own_head, row: row.is_some(), ready: false });
+            self.cache.mark(key);
+        }
+        match row {
+            Some(target) => {
+                let unit = RowUnit {
+                    target,
+                    heads: keys,
+                    heads_ready: 0,
+                    started: false,
+                    pending: 0,
+                    bufs: vec![None; self.geo.raid_disks],
+                    read_failed: false,
+                    written: None,
+                };
+                self.cache.rows.insert(start, unit);
+            }
+            None if keys.len() > 1 => {
+                self.cache.heads_left.insert(start, HeadsLeft { left: keys.len() as u32, ok: true });
+            }
+            None => {}
+        }
+        true
+    }
+
+    /// A head's per-head sync finished (ok = its writes landed).
+    pub(crate) fn head_sync_done(&mut self, unit: u64, ok: bool) {
+        if let Some(hl) = self.cache.heads_left.get_mut(&unit) {
+            hl.left -= 1;
+            hl.ok &= ok;
+            if hl.left > 0 {
+                return;
+            }
+            let ok = hl.ok;
+            self.cache.heads_left.remove(&unit);
+            self.sync_unit_done(unit, ok);
+            return;
+        }
+        self.sync_unit_done(unit, ok);
+    }
+
+    /// Called by the head handler for a head claimed by a row unit that has no batch in
+    /// flight: once all of the unit's heads are so, the unit reads its survivors.
+    pub(super) fn row_head_ready(&mut self, unit: u64) {
+        let Some(u) = self.cache.rows.get_mut(&unit) else { return };
+        u.heads_ready += 1;
+        if u.heads_ready < u.heads.len() {
+            return;
+        }
+        let (target, n_heads) = (u.target, u.heads.len() as u64);
+        let len_sectors = n_heads * self.cache.head_sectors;
+        let len = (len_sectors * SECTOR_BYTES) as usize;
+        let mut reads = 0;
+        for m in 0..self.geo.raid_disks {
+            if m == target {
+                continue;
+            }
+            let spare = self.row_buf(len);
+            reads += 1;
+            self.issue_io(m, MemberIoOp::Read, unit, len_sectors, spare.into(), IoCtx::RowSyncRead { unit });
+        }
+        let u = self.cache.rows.get_mut(&unit).expect("row unit");
+        u.pending = reads;
+        u.started = true;
+    }
+
+    /// The array failed while `key`, claimed by a row unit that has not started reading,
+    /// waited for its batch: release it (a unit already reading is released by its
+    /// completions).
+    pub(super) fn row_head_failed(&mut self, key: u64, st: &mut super::Stripe) {
+        let Some(unit) = st.sync.as_ref().map(|s| s.unit) else { return };
+        let Some(u) = self.cache.rows.get_mut(&unit) else { return };
+        if u.started {
+            return;
+        }
+        if st.sync.as_ref().is_some_and(|s| s.ready) {
+            u.heads_ready -= 1;
+        }
+        u.heads.retain(|&k| k != key);
+        st.sync = None;
+        if u.heads.is_empty() {
+            self.cache.rows.remove(&unit);
+            self.sync_unit_done(unit, false);
+        }
+    }
+
+    /// A recycled row buffer of `len` bytes (its contents are overwritten by the read).
+    fn row_buf(&mut self, len: usize) -> Vec<u8> {
+        match self.cache.row_pool.pop() {
+            Some(v) if v.len() == len => v,
+            _ => vec![0; len],
+        }
+    }
+
+    fn recycle_row_buf(&mut self, v: Vec<u8>) {
+        if self.cache.row_pool.len() < 4 * self.geo.raid_disks * 4 {
+            self.cache.row_pool.push(v);
+        }
+    }
+
+    pub(super) fn row_read_done(&mut self, unit: u64, member: usize, result: Result<Vec<u8>, MemberIoError>) {
+        let Some(u) = self.cache.rows.get_mut(&unit) else { return };
+        u.pending -= 1;
+        let gone = matches!(result, Err(MemberIoError::Gone));
+        match result {
+            Ok(data) => u.bufs[member] = Some(data),
+            Err(_) => u.read_failed = true,
+        }
+        let last = u.pending == 0;
+        if gone {
+            self.fail_member(member, self.now_ns);
+        }
+        if !last {
+            return;
+        }
+        let u = self.cache.rows.get_mut(&unit).expect("row unit");
+        let target = u.target;
+        let job_on = self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Recovery { member: target });
+        if u.read_failed || self.failed || !job_on || !self.members[target].writable() {
+            self.row_fall_back(unit);
+            return;
+        }
+        let mut bufs = std::mem::take(&mut u.bufs);
+        let len = bufs.iter().flatten().next().expect("survivors read").len();
+        let mut out = self.row_buf(len);
+        self.compute_row(unit, target, &bufs, &mut out);
+        for v in bufs.iter_mut().filter_map(Option::take) {
+            self.recycle_row_buf(v);
+        }
+        let out = Arc::new(out);
+        let u = self.cache.rows.get_mut(&unit).expect("row unit");
+        u.pending = 1;
+        u.written = Some(out.clone());
+        let (len_sectors, data) = (len as u64 / SECTOR_BYTES, IoBytes::slice(&out, 0..len));
+        self.issue_io(target, MemberIoOp::Write, unit, len_sectors, data, IoCtx::RowSyncWrite { unit });
+    }
+
+    /// The lost member's range from the survivors' (all of the stripe's other members).
+    fn compute_row(&mut self, unit: u64, target: usize, bufs: &[Option<Vec<u8>>], out: &mut [u8]) {
+        let (map, dd_of) = self.cached_map(unit / self.geo.chunk_sectors);
+        if self.cache.row_zero.len() < out.len() {
+            self.cache.row_zero = vec![0; out.len()];
+        }
+        let zero = &self.cache.row_zero[..out.len()];
+        let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
+        for (dd, &m) in map.data_members.iter().enumerate() {
+            if m != target {
+                slots[map.syndrome_slot[dd]] = bufs[m].as_deref().expect("survivor read");
+            }
+        }
+        if let Some(dd) = dd_of[target] {
+            let p = bufs[map.pd_idx].as_deref().expect("P read");
+            uraid_parity::recover_data_from_p(&slots, map.syndrome_slot[dd], p, out);
+        } else if target == map.pd_idx {
+            uraid_parity::xor_gen(&slots, out);
+        } else {
+            // Q: the syndrome also yields P, into a scratch buffer.
+            let mut p = self
+                .cache
+                .row_pool
+                .pop()
+                .filter(|v| v.len() == out.len())
+                .unwrap_or_else(|| vec![0; out.len()]);
+            uraid_parity::gen_syndrome(&slots, &mut p, out);
+            self.cache.row_pool.push(p);
+        }
+    }
+
+    pub(super) fn row_write_done(
+        &mut self,
+        unit: u64,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
+        let Some(mut u) = self.cache.rows.remove(&unit) else { return };
+        // The executor has let go of the written bytes: the buffer serves the next unit.
+        if let Some(v) = u.written.take().and_then(|b| Arc::try_unwrap(b).ok()) {
+            self.recycle_row_buf(v);
+        }
+        let ok = result.is_ok();
+        if !ok {
+            self.fail_member(member, self.now_ns);
+        }
+        for key in u.heads {
+            let Some(st) = self.cache.heads.get_mut(&key) else { continue };
+            let own_head = st.sync.as_ref().is_some_and(|s| s.own_head);
+            st.sync = None;
+            if ok && own_head && st.idle() {
+                self.evict(key);
+            } else {
+                self.cache.mark(key);
+            }
+        }
+        self.sync_unit_done(unit, ok && !self.failed);
+    }
+
+    /// Hand the unit to the per-head path: each claimed head syncs on its own, and the job
+    /// unit is done when the last of them is.
+    fn row_fall_back(&mut self, unit: u64) {
+        let Some(u) = self.cache.rows.remove(&unit) else { return };
+        for v in u.bufs.into_iter().flatten() {
+            self.recycle_row_buf(v);
+        }
+        let n = u.heads.len() as u32;
+        self.cache.heads_left.insert(unit, HeadsLeft { left: n, ok: true });
+        for key in u.heads {
+            let st = self.cache.heads.get_mut(&key).expect("claimed head");
+            let op = st.sync.as_mut().expect("claimed head");
+            op.writing = None;
+            op.row = false;
+            self.cache.mark(key);
+        }
+    }
+}
