@@ -105,11 +105,19 @@ pub enum MemberIoOp {
 
 /// The payload of a member write: a shared, read-only view of a buffer, so a stripe-cache
 /// buffer can feed the member write without a copy while the cache keeps using it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct IoBytes {
     buf: std::sync::Arc<Vec<u8>>,
     start: usize,
     len: usize,
+}
+
+impl Default for IoBytes {
+    /// No bytes, without an allocation: every read and flush carries one.
+    fn default() -> Self {
+        static EMPTY: std::sync::OnceLock<std::sync::Arc<Vec<u8>>> = std::sync::OnceLock::new();
+        IoBytes { buf: EMPTY.get_or_init(Default::default).clone(), start: 0, len: 0 }
+    }
 }
 
 impl IoBytes {
