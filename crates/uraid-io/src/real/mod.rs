@@ -69,6 +69,20 @@ pub struct Member {
     /// conservative `DIRECT_ALIGN_BYTES` where the kernel does not say). A read whose result
     /// buffer happens to be this aligned is read straight into it, with no bounce buffer.
     dio_mem_align: u64,
+    /// The file lives in memory (tmpfs): its I/O is a copy to or from the page cache that
+    /// never waits for a device, so the executor may do it inline (see
+    /// [`ExecutorOptions::inline_memory_io`]).
+    memory_backed: bool,
+}
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Whether an open file lives on tmpfs (memory, possibly swap; never a block device).
+fn on_tmpfs(f: &File) -> bool {
+    // SAFETY: fstatfs on an open descriptor writes only into `fs`.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(f.as_raw_fd(), &mut fs) };
+    rc == 0 && fs.f_type as i64 == TMPFS_MAGIC
 }
 
 /// `stx_dio_mem_align` of an open file, if the kernel and file system report it. tmpfs
@@ -76,7 +90,6 @@ pub struct Member {
 /// memory alignment constraint.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn dio_mem_align(f: &File) -> Option<u64> {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
     // SAFETY: statx on an open descriptor with an empty path writes only into `stx`.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let rc = unsafe {
@@ -85,10 +98,7 @@ fn dio_mem_align(f: &File) -> Option<u64> {
     if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_mem_align > 0 {
         return Some(stx.stx_dio_mem_align as u64);
     }
-    // SAFETY: fstatfs on an open descriptor writes only into `fs`.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::fstatfs(f.as_raw_fd(), &mut fs) };
-    (rc == 0 && fs.f_type as i64 == TMPFS_MAGIC).then_some(1)
+    on_tmpfs(f).then_some(1)
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
@@ -132,7 +142,8 @@ impl Member {
             .and_then(dio_mem_align)
             .filter(|a| a.is_power_of_two() && *a <= DIRECT_ALIGN_BYTES)
             .unwrap_or(DIRECT_ALIGN_BYTES);
-        Ok(Member { path, buffered, direct, size_bytes, dio_mem_align })
+        let memory_backed = on_tmpfs(&buffered);
+        Ok(Member { path, buffered, direct, size_bytes, dio_mem_align, memory_backed })
     }
 
     /// The same member on duplicated descriptors.
@@ -143,6 +154,7 @@ impl Member {
             direct: self.direct.as_ref().map(File::try_clone).transpose()?,
             size_bytes: self.size_bytes,
             dio_mem_align: self.dio_mem_align,
+            memory_backed: self.memory_backed,
         })
     }
 
@@ -154,6 +166,10 @@ impl Member {
     }
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
+    }
+    /// On tmpfs: I/O is a memory copy (see [`ExecutorOptions::inline_memory_io`]).
+    pub fn is_memory_backed(&self) -> bool {
+        self.memory_backed
     }
 
     /// The descriptor for an I/O and whether it is the O_DIRECT one.
@@ -217,6 +233,9 @@ pub enum BackendKind {
     ThreadPool,
 }
 
+/// See [`ExecutorOptions::inline_memory_io_max_bytes`].
+pub const DEFAULT_INLINE_MEMORY_IO_MAX_BYTES: usize = 64 * 1024;
+
 #[derive(Clone, Debug)]
 pub struct ExecutorOptions {
     pub backend: BackendChoice,
@@ -225,6 +244,14 @@ pub struct ExecutorOptions {
     /// Worker threads of the fallback pool.
     pub pool_threads: usize,
     pub log: bool,
+    /// Reads and writes of memory-backed members (tmpfs) up to this many bytes, and their
+    /// flushes, are done with plain syscalls inside `submit` instead of through the
+    /// backend (0: never). Such I/O is a page-cache copy that never waits for a device, and
+    /// io_uring cannot complete it without blocking, so it hands every one to an io-wq
+    /// worker thread: for small I/O the two context switches cost more than the copy.
+    /// Larger copies stay with the backend, whose workers copy in parallel with this
+    /// thread. The result is ready at the next `poll`.
+    pub inline_memory_io_max_bytes: usize,
 }
 
 impl Default for ExecutorOptions {
@@ -234,6 +261,7 @@ impl Default for ExecutorOptions {
             queue_depth_per_member: 32,
             pool_threads: 8,
             log: true,
+            inline_memory_io_max_bytes: DEFAULT_INLINE_MEMORY_IO_MAX_BYTES,
         }
     }
 }
@@ -367,6 +395,7 @@ pub struct Executor {
     ready: Vec<MemberIoCompletion>,
     aligned_pool: Vec<AlignedBuf>,
     in_flight: usize,
+    inline_max_bytes: usize,
     /// Member sets replaced by `replace_member`, kept so descriptors that I/O already in
     /// flight uses stay open until the executor is dropped.
     retired: Vec<Arc<MemberSet>>,
@@ -408,6 +437,7 @@ impl Executor {
             ready: Vec::new(),
             aligned_pool: Vec::new(),
             in_flight: 0,
+            inline_max_bytes: opts.inline_memory_io_max_bytes,
             retired: Vec::new(),
         })
     }
@@ -467,6 +497,17 @@ impl Executor {
             return;
         }
         let q = &mut self.queues[io.member];
+        // Inline only behind an empty wait queue, so I/Os still start in submission order.
+        let small = io.op == MemberIoOp::Flush || io.len_bytes <= self.inline_max_bytes as u64;
+        if self.inline_max_bytes > 0
+            && small
+            && q.waiting.is_empty()
+            && self.members.member(io.member).memory_backed
+        {
+            let done = run_inline(self.members.member(io.member), io);
+            self.ready.push(done);
+            return;
+        }
         if q.in_flight >= self.queue_depth {
             q.waiting.push_back(io);
             return;
@@ -560,6 +601,32 @@ impl Executor {
         self.in_flight -= n;
         n
     }
+}
+
+/// One I/O of a memory-backed member, done now on this thread through the buffered
+/// descriptor (on tmpfs the direct one reaches the same pages, so the two agree), straight
+/// into the result vector or from the engine's buffer: no bounce buffer, no copy.
+fn run_inline(member: &Member, io: MemberIo) -> MemberIoCompletion {
+    let fd = member.buffered.as_raw_fd();
+    let len = io.len_bytes as usize;
+    let result = match io.op {
+        MemberIoOp::Read => {
+            let mut v: Vec<u8> = Vec::with_capacity(len);
+            // SAFETY: v has capacity len; sync_io fills all of it or fails.
+            unsafe { pool::sync_io(fd, io.op, io.offset_bytes, v.as_mut_ptr(), len) }.map(|()| {
+                // SAFETY: all len bytes were written by pread.
+                unsafe { v.set_len(len) };
+                v
+            })
+        }
+        // SAFETY: pwrite only reads the buffer, which `io.data` keeps alive (len checked
+        // against data.len() by `submit`). Flush touches no buffer.
+        MemberIoOp::Write | MemberIoOp::Flush => {
+            unsafe { pool::sync_io(fd, io.op, io.offset_bytes, io.data.as_ptr() as *mut u8, len) }
+                .map(|()| Vec::new())
+        }
+    };
+    MemberIoCompletion { id: io.id, result }
 }
 
 impl Drop for Executor {
