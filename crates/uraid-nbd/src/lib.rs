@@ -20,6 +20,7 @@
 pub mod codec;
 pub mod device;
 pub mod proto;
+mod reply;
 pub mod server;
 
 pub use codec::BlockSizeConstraints;
