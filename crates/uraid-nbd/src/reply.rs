@@ -6,10 +6,14 @@
 //! through a channel, so every reply cost a wake-up and two context switches. Now the
 //! completing thread sends the reply itself with one non-blocking `sendmsg` (header and
 //! payload gathered, no copy). The writer thread only takes over what cannot go out at
-//! once: large read payloads (their copy into the socket would hold up the device's
-//! thread), the rest of a reply the socket took only in part, and everything queued
-//! behind those, so replies never interleave on the wire. A completing thread never
-//! blocks on the socket; the writer thread blocks, bounded by the socket's send timeout.
+//! once: the rest of a reply the socket took only in part (a large read payload beyond
+//! the free socket buffer, a client that reads slowly) and everything queued behind it,
+//! so replies never interleave on the wire. A completing thread never blocks on the
+//! socket, and copies at most one socket buffer's worth per reply; the writer thread
+//! blocks, bounded by the socket's send timeout. Measured on 2 cores (1 MiB reads over a
+//! Unix socket), sending large payloads inline too takes ~20% less CPU per request than
+//! handing them to the writer thread: the copy costs the same on either thread, the
+//! hand-off does not.
 //!
 //! Every submitted request holds a [`Pending`]; the writer thread ends once the reader
 //! has stopped and no request is pending, so the connection answers everything it took.
@@ -20,10 +24,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::codec::{encode_error_reply, encode_ok_reply, encode_read_reply_header};
-
-/// Read payloads larger than this go to the writer thread rather than being copied into
-/// the socket by the completing thread.
-const INLINE_PAYLOAD_MAX_BYTES: usize = 64 * 1024;
 
 /// What a reply says.
 pub(crate) enum ReplyBody {
@@ -194,10 +194,6 @@ impl Replies {
             self.wake.notify_all();
             return;
         }
-        let payload_len = match &body {
-            ReplyBody::Read { data, .. } => data.len(),
-            _ => 0,
-        };
         let mut header = std::mem::take(&mut st.scratch);
         header.clear();
         self.encode(&mut header, handle, &body);
@@ -206,7 +202,7 @@ impl Replies {
             _ => Vec::new(),
         };
         let mut sent = 0;
-        if !st.writer_busy && st.queue.is_empty() && payload_len <= INLINE_PAYLOAD_MAX_BYTES {
+        if !st.writer_busy && st.queue.is_empty() {
             // Under the lock, so no other thread writes to the socket meanwhile; the call
             // never blocks.
             match send_parts(&self.fd, &header, &payload, 0, libc::MSG_DONTWAIT) {
