@@ -64,7 +64,10 @@ fn io(id: u64, member: usize, op: MemberIoOp, offset_bytes: u64, len_bytes: u64,
 fn exercise(backend: BackendChoice, expect: BackendKind, inline: bool) {
     for dir in dirs() {
         let size = 1 << 20;
-        let paths = vec![temp_file(&dir, "m0", size), temp_file(&dir, "m1", size)];
+        // Names of their own: the tests run in parallel and each removes its files.
+        let tag = format!("{backend:?}-{inline}");
+        let paths =
+            vec![temp_file(&dir, &format!("m0-{tag}"), size), temp_file(&dir, &format!("m1-{tag}"), size)];
         let mut ex = executor_with(&paths, backend, 4, inline);
         assert_eq!(ex.backend(), expect);
         let aligned: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();

@@ -44,6 +44,8 @@ pub struct UringBackend {
     eventfd_armed: bool,
     unsubmitted: bool,
     outstanding: usize,
+    /// Scratch list of (user_data, result) for `reap`.
+    cqes: Vec<(u64, i32)>,
 }
 
 impl UringBackend {
@@ -64,6 +66,7 @@ impl UringBackend {
             eventfd_armed: false,
             unsubmitted: false,
             outstanding: 0,
+            cqes: Vec::new(),
         })
     }
 
@@ -160,8 +163,10 @@ impl UringBackend {
         } else {
             self.submit_pending();
         }
-        let cqes: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for (ud, res) in cqes {
+        // Copied out first (retrying a short transfer pushes to the ring); the list is reused.
+        let mut cqes = std::mem::take(&mut self.cqes);
+        cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        for &(ud, res) in &cqes {
             if ud == WAKE_TOKEN {
                 self.eventfd_armed = false;
                 continue;
@@ -191,6 +196,8 @@ impl UringBackend {
                 None => self.push_sqe(idx),
             }
         }
+        cqes.clear();
+        self.cqes = cqes;
         self.submit_pending();
     }
 
