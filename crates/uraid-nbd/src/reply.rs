@@ -15,9 +15,15 @@
 //! handing them to the writer thread: the copy costs the same on either thread, the
 //! hand-off does not.
 //!
+//! A thread that completes many requests in rounds (the array runtime) can also batch:
+//! once it has called [`flush_batched_replies`], replies it makes are held back until its
+//! next call, and then each connection's share goes out in one `sendmsg`: one syscall and
+//! one wake-up of the client per round instead of per reply.
+//!
 //! Every submitted request holds a [`Pending`]; the writer thread ends once the reader
 //! has stopped and no request is pending, so the connection answers everything it took.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -59,7 +65,31 @@ struct State {
     reader_done: bool,
     /// Reused to encode headers of replies sent inline.
     scratch: Vec<u8>,
+    /// Replies held back by a batching thread, not on the wire yet.
+    batch: Vec<Queued>,
+    /// This connection is in a batching thread's list (see `BATCH`).
+    in_batch: bool,
 }
+
+thread_local! {
+    /// Connections with replies held back on this thread until `flush_batched_replies`;
+    /// `None` on threads that do not batch (their replies go out at once).
+    static BATCH: RefCell<Option<Vec<Arc<Replies>>>> = const { RefCell::new(None) };
+}
+
+/// Sends the replies this thread held back, and from the first call on holds back the
+/// replies this thread makes until its next call. For a thread that completes requests in
+/// rounds and calls this at the end of every round (the array runtime): nothing may stay
+/// held back after the thread's last round, so call it then too.
+pub fn flush_batched_replies() {
+    let list = BATCH.with(|b| std::mem::take(b.borrow_mut().get_or_insert_with(Vec::new)));
+    for r in list {
+        r.flush_batch();
+    }
+}
+
+/// Most iovecs one `sendmsg` gets (Linux allows 1024).
+const MAX_IOVECS: usize = 512;
 
 /// The reply side of one connection.
 pub(crate) struct Replies {
@@ -134,6 +164,25 @@ fn send_parts(fd: &OwnedFd, header: &[u8], payload: &[u8], sent: usize, flags: i
     }
 }
 
+/// `sendmsg` of `iov`; never raises SIGPIPE.
+fn send_iov(fd: &OwnedFd, iov: &mut [libc::iovec], flags: i32) -> io::Result<usize> {
+    // SAFETY: a zeroed msghdr is valid; it points at iovecs over live slices.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len() as _;
+    loop {
+        // SAFETY: sendmsg reads the buffers described by `msg`, all alive for this call.
+        let r = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, flags | libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 impl Replies {
     /// `fd`: the connection's socket (a duplicate). `release`: gives budget back.
     pub(crate) fn new(fd: OwnedFd, structured: bool, release: Box<dyn Fn(usize) + Send + Sync>) -> Arc<Self> {
@@ -147,6 +196,8 @@ impl Replies {
                 pending: 0,
                 reader_done: false,
                 scratch: Vec::with_capacity(64),
+                batch: Vec::new(),
+                in_batch: false,
             }),
             wake: Condvar::new(),
             release,
@@ -185,13 +236,28 @@ impl Replies {
         }
     }
 
-    fn send(&self, handle: u64, budget_bytes: usize, body: ReplyBody) {
+    fn send(self: &Arc<Self>, handle: u64, budget_bytes: usize, body: ReplyBody) {
         let mut st = lock(&self.state);
         st.pending -= 1;
         if st.failed {
             drop(st);
             (self.release)(budget_bytes);
             self.wake.notify_all();
+            return;
+        }
+        let batching = BATCH.with(|b| b.borrow().is_some());
+        if batching {
+            let mut header = Vec::with_capacity(32);
+            self.encode(&mut header, handle, &body);
+            let payload = match body {
+                ReplyBody::Read { data, .. } => data,
+                _ => Vec::new(),
+            };
+            st.batch.push(Queued { header, payload, sent: 0, budget_bytes });
+            if !std::mem::replace(&mut st.in_batch, true) {
+                drop(st);
+                BATCH.with(|b| b.borrow_mut().get_or_insert_with(Vec::new).push(Arc::clone(self)));
+            }
             return;
         }
         let mut header = std::mem::take(&mut st.scratch);
@@ -234,6 +300,65 @@ impl Replies {
         self.wake.notify_all();
     }
 
+    /// Sends the replies held back for this connection: as many as the socket takes at
+    /// once, in one `sendmsg` per `MAX_IOVECS / 2`; the rest goes to the writer thread.
+    fn flush_batch(&self) {
+        let mut st = lock(&self.state);
+        st.in_batch = false;
+        let mut batch = std::mem::take(&mut st.batch);
+        let mut done = 0usize;
+        if st.failed {
+            done = batch.len();
+        } else if !st.writer_busy && st.queue.is_empty() {
+            // Under the lock, as in `send`: nobody else writes meanwhile, nothing blocks.
+            let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOVECS);
+            'send: while done < batch.len() {
+                iov.clear();
+                for q in batch[done..].iter().take(MAX_IOVECS / 2) {
+                    for part in [&q.header[..], &q.payload[..]] {
+                        if !part.is_empty() {
+                            iov.push(libc::iovec {
+                                iov_base: part.as_ptr() as *mut libc::c_void,
+                                iov_len: part.len(),
+                            });
+                        }
+                    }
+                }
+                let mut n = match send_iov(&self.fd, &mut iov, libc::MSG_DONTWAIT) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 'send,
+                    Err(_) => {
+                        self.fail(&mut st);
+                        done = batch.len();
+                        break 'send;
+                    }
+                };
+                while n > 0 && done < batch.len() {
+                    let q = &mut batch[done];
+                    let take = n.min(q.total() - q.sent);
+                    q.sent += take;
+                    n -= take;
+                    if q.sent < q.total() {
+                        // Cut mid-reply: the writer thread finishes it.
+                        break 'send;
+                    }
+                    done += 1;
+                }
+            }
+        }
+        let released: Vec<usize> = batch.drain(..done).map(|q| q.budget_bytes).collect();
+        let queued = !batch.is_empty();
+        st.queue.extend(batch);
+        let wake_writer = queued || (st.reader_done && st.pending == 0);
+        drop(st);
+        for bytes in released {
+            (self.release)(bytes);
+        }
+        if wake_writer {
+            self.wake.notify_all();
+        }
+    }
+
     /// The writer thread's loop: writes what was queued, blocking; returns once the reader
     /// is done and every request has been answered.
     pub(crate) fn run_writer(&self) {
@@ -256,7 +381,8 @@ impl Replies {
                 }
                 continue;
             }
-            if st.reader_done && st.pending == 0 {
+            // Replies a batching thread holds back still need the socket.
+            if st.reader_done && st.pending == 0 && st.batch.is_empty() {
                 return;
             }
             st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -353,5 +479,58 @@ mod tests {
         assert_eq!(read_reply(&mut client, 0), (42, EIO, vec![]));
         replies.reader_done();
         writer.join().unwrap();
+    }
+
+    /// On a batching thread replies wait for `flush_batched_replies` and then all go out;
+    /// the writer thread does not end (closing the connection) while some are held back.
+    #[test]
+    fn batched_replies_go_out_at_flush_and_keep_the_connection_open() {
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let released = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&released);
+        let replies = Replies::new(
+            server.into(),
+            false,
+            Box::new(move |b| {
+                r.fetch_add(b + 1, Ordering::SeqCst);
+            }),
+        );
+        let writer = std::thread::spawn({
+            let replies = Arc::clone(&replies);
+            move || replies.run_writer()
+        });
+        let pending: Vec<Pending> = (0..3).map(|i| replies.pending(i, 4096)).collect();
+        let (replied_tx, replied) = std::sync::mpsc::channel();
+        let batcher = std::thread::spawn({
+            let replies = Arc::clone(&replies);
+            move || {
+                flush_batched_replies(); // from now on this thread batches
+                for (i, p) in pending.into_iter().enumerate() {
+                    p.reply(ReplyBody::Read { offset_bytes: 0, data: vec![i as u8; 4096] });
+                }
+                replies.reader_done();
+                replied_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                let held = !writer.is_finished();
+                flush_batched_replies();
+                writer.join().unwrap();
+                held
+            }
+        });
+        replied.recv().unwrap();
+        client.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        let early = client.read(&mut b);
+        assert!(
+            matches!(&early, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "a held-back reply reached the client before the flush: {early:?}"
+        );
+        client.set_nonblocking(false).unwrap();
+        for i in 0..3u64 {
+            assert_eq!(read_reply(&mut client, 4096), (i, 0, vec![i as u8; 4096]));
+        }
+        assert!(batcher.join().unwrap(), "the writer thread ended while replies were held back");
+        // One release per reply (the budget counts requests as well as bytes).
+        assert_eq!(released.load(Ordering::SeqCst), 3 * 4097);
     }
 }
