@@ -50,7 +50,13 @@ pub struct UringBackend {
 
 impl UringBackend {
     pub fn new(entries: u32) -> io::Result<Self> {
-        let ring = IoUring::builder().setup_cqsize(entries * 2).build(entries)?;
+        // COOP_TASKRUN (5.19+): completions' task work runs when this thread next enters
+        // the kernel instead of interrupting it with an IPI; this thread reaps them itself
+        // anyway. Older kernels refuse the flag: build without it.
+        let ring = match IoUring::builder().setup_cqsize(entries * 2).setup_coop_taskrun().build(entries) {
+            Ok(r) => r,
+            Err(_) => IoUring::builder().setup_cqsize(entries * 2).build(entries)?,
+        };
         if !ring.params().is_feature_ext_arg() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
