@@ -21,10 +21,28 @@ impl Engine {
                 _ => self.geo.map_sector(pos).1,
             };
             let n = room.min(end - pos);
-            pieces.push((pos, n));
+            match pieces.last_mut() {
+                // raid0: a chunk that continues the previous piece on the same member (a
+                // one-member array, or a zone of one device) joins it, so a large request
+                // there is one member I/O, and a read keeps that I/O's buffer instead of
+                // zero-filling its own and copying every chunk in.
+                Some((start, len))
+                    if self.geo.level == Level::Raid0 && self.raid0_continues(*start + *len - 1, pos) =>
+                {
+                    *len += n
+                }
+                _ => pieces.push((pos, n)),
+            }
             pos += n;
         }
         pieces
+    }
+
+    /// raid0: array sector `next` is stored right after array sector `last` on one member.
+    fn raid0_continues(&self, last: u64, next: u64) -> bool {
+        let (a, _) = self.geo.map_sector(last);
+        let (b, _) = self.geo.map_sector(next);
+        a.member == b.member && a.member_sector + 1 == b.member_sector
     }
 
     pub(crate) fn direct_read(&mut self, id: RequestId, sector: u64, len: u64) {

@@ -1,12 +1,21 @@
 //! Real executor vs fio (io_uring engine, O_DIRECT) on the same file in the same run:
 //! 4 KiB random read and write at QD32, 1 MiB sequential read and write at QD8, on tmpfs
-//! (/dev/shm) and on the work disk. `cargo bench -p uraid-io --bench real_io [-- --secs N]`
+//! (/dev/shm) and on the work disk. `cargo bench -p uraid-io --bench real_io [-- --secs N]
+//! [--rounds N]`: each row runs fio and the executor in turn, `--rounds` times (default
+//! 3), and shows the median of each, so a burst of other load on the machine does not
+//! decide a row.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use uraid_io::bench::{fio, real_executor, Pattern};
+use uraid_io::bench::{fio, real_executor, IoRate, Pattern};
 use uraid_io::real::BackendChoice;
+
+/// The run with the median IOPS.
+fn median(mut runs: Vec<IoRate>) -> Option<IoRate> {
+    runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+    runs.get(runs.len() / 2).copied()
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -16,6 +25,13 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|s| s.parse().ok())
         .unwrap_or(2.0);
+    let rounds: usize = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let d = Duration::from_secs_f64(secs);
     if std::process::Command::new("fio").arg("--version").output().is_err() {
         eprintln!("fio not found: install it (scripts/install-deps.sh); only uraid figures follow");
@@ -45,8 +61,23 @@ fn main() {
             (Pattern::SeqRead1m, 8),
             (Pattern::SeqWrite1m, 8),
         ] {
-            let peer = fio(&path, file_bytes, pattern, qd, d).ok();
-            let ours = real_executor(&path, file_bytes, pattern, qd, d, BackendChoice::IoUring);
+            let (mut peers, mut ourss) = (Vec::new(), Vec::new());
+            let mut failed = None;
+            for _ in 0..rounds {
+                if let Ok(p) = fio(&path, file_bytes, pattern, qd, d) {
+                    peers.push(p);
+                }
+                match real_executor(&path, file_bytes, pattern, qd, d, BackendChoice::IoUring) {
+                    Ok(o) => ourss.push(o),
+                    Err(e) => failed = Some(e),
+                }
+            }
+            let peer = median(peers);
+            let ours = match (failed, median(ourss)) {
+                (Some(e), _) => Err(e),
+                (None, Some(o)) => Ok(o),
+                (None, None) => Err(std::io::Error::other("no runs")),
+            };
             let pool = real_executor(&path, file_bytes, pattern, qd, d / 2, BackendChoice::ThreadPool);
             match (ours, peer) {
                 (Ok(o), Some(p)) => println!(

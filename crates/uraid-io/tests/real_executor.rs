@@ -24,8 +24,20 @@ fn dirs() -> Vec<PathBuf> {
 }
 
 fn executor(paths: &[PathBuf], backend: BackendChoice, qd: usize) -> Executor {
+    executor_with(paths, backend, qd, false)
+}
+
+fn executor_with(paths: &[PathBuf], backend: BackendChoice, qd: usize, inline: bool) -> Executor {
     let members = MemberSet::open(paths, &OpenOptions { log: false, ..Default::default() }).unwrap();
-    let opts = ExecutorOptions { backend, queue_depth_per_member: qd, pool_threads: 4, log: false };
+    // Inline I/O is off unless asked for: most tests are about the backends, and on
+    // /dev/shm inline I/O would bypass them.
+    let opts = ExecutorOptions {
+        backend,
+        queue_depth_per_member: qd,
+        pool_threads: 4,
+        log: false,
+        inline_memory_io_max_bytes: if inline { 1 << 20 } else { 0 },
+    };
     Executor::new(members, &opts).expect("io_uring must be available on this machine (io_uring_disabled=0)")
 }
 
@@ -49,15 +61,14 @@ fn io(id: u64, member: usize, op: MemberIoOp, offset_bytes: u64, len_bytes: u64,
     MemberIo { id, member, op, offset_bytes, len_bytes, data: data.into() }
 }
 
-fn exercise(backend: BackendChoice, expect: BackendKind) {
+fn exercise(backend: BackendChoice, expect: BackendKind, inline: bool) {
     for dir in dirs() {
         let size = 1 << 20;
-        // Named per backend: the tests of both run at once in this process (one pid).
-        let paths = vec![
-            temp_file(&dir, &format!("m0-{expect:?}"), size),
-            temp_file(&dir, &format!("m1-{expect:?}"), size),
-        ];
-        let mut ex = executor(&paths, backend, 4);
+        // Names of their own: the tests run in parallel and each removes its files.
+        let tag = format!("{backend:?}-{inline}");
+        let paths =
+            vec![temp_file(&dir, &format!("m0-{tag}"), size), temp_file(&dir, &format!("m1-{tag}"), size)];
+        let mut ex = executor_with(&paths, backend, 4, inline);
         assert_eq!(ex.backend(), expect);
         let aligned: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
         let odd: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 1) as u8).collect();
@@ -114,12 +125,42 @@ fn exercise(backend: BackendChoice, expect: BackendKind) {
 
 #[test]
 fn io_uring_backend() {
-    exercise(BackendChoice::IoUring, BackendKind::IoUring);
+    exercise(BackendChoice::IoUring, BackendKind::IoUring, false);
 }
 
 #[test]
 fn thread_pool_backend() {
-    exercise(BackendChoice::ThreadPool, BackendKind::ThreadPool);
+    exercise(BackendChoice::ThreadPool, BackendKind::ThreadPool, false);
+}
+
+#[test]
+fn inline_memory_io_same_results() {
+    exercise(BackendChoice::IoUring, BackendKind::IoUring, true);
+}
+
+#[test]
+fn memory_backed_members_complete_inline() {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return;
+    }
+    let disk = temp_file(Path::new(env!("CARGO_TARGET_TMPDIR")), "inline-disk", 1 << 16);
+    let mem = temp_file(shm, "inline-mem", 1 << 16);
+    let mut ex = executor_with(&[disk.clone(), mem.clone()], BackendChoice::IoUring, 4, true);
+    assert!(!ex.members().member(0).is_memory_backed());
+    assert!(ex.members().member(1).is_memory_backed());
+    ex.submit(io(1, 1, MemberIoOp::Write, 4096, 4096, vec![9; 4096]));
+    ex.submit(io(2, 1, MemberIoOp::Read, 4096, 4096, vec![]));
+    ex.submit(io(3, 1, MemberIoOp::Flush, 0, 0, vec![]));
+    // Done inside submit: a non-blocking poll right away returns all three.
+    let mut out = Vec::new();
+    assert_eq!(ex.poll(&mut out), 3);
+    assert_eq!(out[1].result.as_deref(), Ok(&[9u8; 4096][..]));
+    assert!(out[0].result.is_ok() && out[2].result.is_ok());
+    assert_eq!(ex.in_flight(), 0);
+    drop(ex);
+    let _ = std::fs::remove_file(disk);
+    let _ = std::fs::remove_file(mem);
 }
 
 #[test]

@@ -88,7 +88,8 @@ fn runtime_test(backend: BackendChoice) {
     let unplugs = Arc::new(AtomicU64::new(0));
     let busy = Arc::new(AtomicU64::new(0));
     let engine = Counted { inner, ticks: ticks.clone(), unplugs: unplugs.clone(), busy: busy.clone() };
-    let rt = ArrayRuntime::start(engine, ex, &RuntimeOptions { channel_capacity: 8 }).unwrap();
+    let rt = ArrayRuntime::start(engine, ex, &RuntimeOptions { channel_capacity: 8, ..Default::default() })
+        .unwrap();
 
     // Two client threads, overlapping ids on purpose: the runtime keeps them apart.
     let (tx, rx) = mpsc::channel::<RequestCompletion>();

@@ -20,7 +20,10 @@
 pub mod codec;
 pub mod device;
 pub mod proto;
+mod reply;
 pub mod server;
+
+pub use reply::flush_batched_replies;
 
 pub use codec::BlockSizeConstraints;
 pub use device::{BlockDevice, BlockError, BlockRequest, Completion, DeviceCounters, FileDevice, MemDevice};

@@ -1,24 +1,26 @@
 //! The NBD server loop over TCP or Unix sockets, with std threads.
 //!
 //! Per connection: one thread reads and validates requests and submits them to the
-//! device; one thread writes replies in completion order (NBD allows out-of-order
-//! replies). A per-connection budget of requests and bytes in flight bounds memory: when
+//! device; replies go out in completion order (NBD allows out-of-order replies), written
+//! by the thread that completes the request when the socket takes them at once, by the
+//! connection's writer thread otherwise (see `reply`). A per-connection budget of requests and bytes in flight bounds memory: when
 //! it is used up the reader stops reading the socket, so TCP flow control pushes back on
 //! the client.
 
 use crate::codec::{
-    check_request, decode_request_header, encode_error_reply, encode_ok_reply, encode_read_reply_header,
-    Command, Decision, ExportInfo, Negotiation, NegotiationOutcome, Session, TransmissionContext,
+    check_request, decode_request_header, Command, Decision, ExportInfo, Negotiation, NegotiationOutcome,
+    Session, TransmissionContext,
 };
 use crate::device::{BlockDevice, BlockError, BlockRequest};
 use crate::proto::*;
+use crate::reply::{Pending, Replies, ReplyBody};
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -167,7 +169,6 @@ pub fn serve_unix(listener: UnixListener, exports: Vec<Export>, opts: ServerOpti
 
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 const READ_BUFFER_BYTES: usize = 256 * 1024;
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 const DISCARD_CHUNK_BYTES: usize = 64 * 1024;
 
 impl Server {
@@ -291,6 +292,12 @@ enum Stream {
 }
 
 impl Stream {
+    fn into_owned_fd(self) -> std::os::fd::OwnedFd {
+        match self {
+            Stream::Tcp(s) => s.into(),
+            Stream::Unix(s) => s.into(),
+        }
+    }
     fn try_clone(&self) -> io::Result<Stream> {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
@@ -430,19 +437,6 @@ impl Budget {
     }
 }
 
-enum ReplyBody {
-    Ok,
-    Read { offset_bytes: u64, data: Vec<u8> },
-    Error { errno: u32, message: Cow<'static, str> },
-}
-
-struct Reply {
-    handle: u64,
-    /// Bytes to give back to the connection's budget once the reply is written.
-    budget_bytes: usize,
-    body: ReplyBody,
-}
-
 fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer: Stream) -> io::Result<()> {
     let export = &shared.exports[session.export_index];
     let info = &shared.infos[session.export_index];
@@ -459,11 +453,14 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
         max_requests: shared.opts.max_in_flight_requests.max(1),
         max_bytes: shared.opts.max_in_flight_bytes.max(1),
     });
-    let (tx, rx) = mpsc::channel::<Reply>();
-    let writer_thread = thread::Builder::new().name("nbd-reply".into()).spawn({
+    let release = {
         let budget = Arc::clone(&budget);
-        let structured = session.structured_replies;
-        move || write_replies(writer, rx, &budget, structured)
+        Box::new(move |bytes| budget.release(bytes))
+    };
+    let replies = Replies::new(writer.into_owned_fd(), session.structured_replies, release);
+    let writer_thread = thread::Builder::new().name("nbd-reply".into()).spawn({
+        let replies = Arc::clone(&replies);
+        move || replies.run_writer()
     })?;
 
     let mut header = [0u8; REQUEST_HEADER_BYTES];
@@ -493,7 +490,7 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
                 }
                 budget.acquire(0);
                 let body = ReplyBody::Error { errno, message: Cow::Borrowed(message) };
-                let _ = tx.send(Reply { handle: header.handle, budget_bytes: 0, body });
+                replies.pending(header.handle, 0).reply(body);
                 continue;
             }
             Decision::Execute(Command::Disconnect) => break Ok(()),
@@ -508,13 +505,15 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
                 // Take the budget before reading the payload: a full budget stops the
                 // socket being read at all.
                 budget.acquire(len_bytes as usize);
-                let mut data = vec![0u8; len_bytes as usize];
-                if let Err(e) = reader.read_exact(&mut data) {
-                    budget.release(len_bytes as usize);
-                    break if e.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e) };
-                }
+                let data = match read_payload(&mut reader, len_bytes as usize) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        budget.release(len_bytes as usize);
+                        break if e.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e) };
+                    }
+                };
                 let request = BlockRequest::Write { offset_bytes, data, fua };
-                submit(&*device, request, handle, len_bytes as usize, None, &tx);
+                submit(&*device, request, replies.pending(handle, len_bytes as usize), None);
                 continue;
             }
             Command::Flush => (BlockRequest::Flush, 0, None),
@@ -532,11 +531,11 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
             Command::Disconnect => break Ok(()),
         };
         budget.acquire(budget_bytes);
-        submit(&*device, request, handle, budget_bytes, read_offset, &tx);
+        submit(&*device, request, replies.pending(handle, budget_bytes), read_offset);
     };
-    // The writer ends once every in-flight completion has dropped its sender, so joining
-    // it waits for the device to finish what was submitted.
-    drop(tx);
+    // The writer ends once every submitted request has been answered, so joining it waits
+    // for the device to finish what was submitted.
+    replies.reader_done();
     let _ = writer_thread.join();
     result
 }
@@ -553,14 +552,16 @@ fn discard(reader: &mut impl Read, len_bytes: u32) -> io::Result<()> {
     Ok(())
 }
 
-fn submit(
-    device: &dyn BlockDevice,
-    request: BlockRequest,
-    handle: u64,
-    budget_bytes: usize,
-    read_offset: Option<u64>,
-    tx: &mpsc::Sender<Reply>,
-) {
+/// A write's payload.
+fn read_payload(reader: &mut impl Read, len_bytes: usize) -> io::Result<Vec<u8>> {
+    // Zero-filled first: safe Rust cannot hand uninitialised memory to `Read`, and a
+    // `read_to_end` on this chained reader would zero it too, in growing small reads.
+    let mut data = vec![0u8; len_bytes];
+    reader.read_exact(&mut data)?;
+    Ok(data)
+}
+
+fn submit(device: &dyn BlockDevice, request: BlockRequest, pending: Pending, read_offset: Option<u64>) {
     let expected_len = match &request {
         BlockRequest::Read { len_bytes, .. } => *len_bytes as usize,
         _ => 0,
@@ -574,7 +575,6 @@ fn submit(
         BlockRequest::Write { data, .. } => data.is_empty(),
         BlockRequest::Flush => false,
     };
-    let tx = tx.clone();
     let done = move |result: Result<Vec<u8>, BlockError>| {
         let body = match (result, read_offset) {
             (Ok(data), Some(offset_bytes)) if data.len() == expected_len => {
@@ -588,8 +588,7 @@ fn submit(
             (Err(BlockError::NotSupported), None) if advisory => ReplyBody::Ok,
             (Err(e), _) => ReplyBody::Error { errno: e.errno(), message: Cow::Owned(e.to_string()) },
         };
-        // The connection may be gone; the budget is then moot too.
-        let _ = tx.send(Reply { handle, budget_bytes, body });
+        pending.reply(body);
     };
     if empty {
         // Zero-length requests are legal no-ops; the device never sees them.
@@ -597,61 +596,4 @@ fn submit(
         return;
     }
     device.submit(request, Box::new(done));
-}
-
-fn write_replies(stream: Stream, rx: mpsc::Receiver<Reply>, budget: &Budget, structured: bool) {
-    let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, stream);
-    let mut header = Vec::with_capacity(64);
-    let mut failed = false;
-    loop {
-        let reply = match rx.try_recv() {
-            Ok(r) => r,
-            Err(mpsc::TryRecvError::Empty) => {
-                // Flush only when nothing else is ready: batches replies under load,
-                // answers at once when idle.
-                if !failed && out.flush().is_err() {
-                    failed = true;
-                    let _ = out.get_ref().shutdown(Shutdown::Both);
-                }
-                match rx.recv() {
-                    Ok(r) => r,
-                    Err(_) => break,
-                }
-            }
-            Err(mpsc::TryRecvError::Disconnected) => break,
-        };
-        if !failed {
-            header.clear();
-            let payload: &[u8] = match &reply.body {
-                ReplyBody::Ok => {
-                    encode_ok_reply(&mut header, structured, reply.handle);
-                    &[]
-                }
-                ReplyBody::Read { offset_bytes, data } => {
-                    encode_read_reply_header(
-                        &mut header,
-                        structured,
-                        reply.handle,
-                        *offset_bytes,
-                        data.len() as u32,
-                    );
-                    data
-                }
-                ReplyBody::Error { errno, message } => {
-                    encode_error_reply(&mut header, structured, reply.handle, *errno, message);
-                    &[]
-                }
-            };
-            if out.write_all(&header).and_then(|_| out.write_all(payload)).is_err() {
-                // The client is gone or stuck; keep draining completions so the reader
-                // and the device are not blocked, but write nothing more.
-                failed = true;
-                let _ = out.get_ref().shutdown(Shutdown::Both);
-            }
-        }
-        budget.release(reply.budget_bytes);
-    }
-    if !failed {
-        let _ = out.flush();
-    }
 }

@@ -69,26 +69,22 @@ pub struct Member {
     /// conservative `DIRECT_ALIGN_BYTES` where the kernel does not say). A read whose result
     /// buffer happens to be this aligned is read straight into it, with no bounce buffer.
     dio_mem_align: u64,
-    /// The member lives in memory (tmpfs): every I/O is a copy by the CPU that never
-    /// waits, so io_uring is told to hand it to a worker at once (`IOSQE_ASYNC`). Without
-    /// that, its worker pool adds workers only when one blocks, which a tmpfs copy never
-    /// does, and all the array's I/O runs on one worker, one core.
-    in_memory: bool,
+    /// The file lives in memory (tmpfs): its I/O is a copy to or from the page cache that
+    /// never waits for a device, so the executor may do small I/O inline (see
+    /// [`ExecutorOptions::inline_memory_io`]), and io_uring is told to hand the rest to a
+    /// worker at once (`IOSQE_ASYNC`): its pool adds workers only when one blocks, which a
+    /// tmpfs copy never does, so otherwise all of it runs on one worker, one core.
+    memory_backed: bool,
 }
 
-/// Is this open file on tmpfs?
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Whether an open file lives on tmpfs (memory, possibly swap; never a block device).
 fn on_tmpfs(f: &File) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
     // SAFETY: fstatfs on an open descriptor writes only into `fs`.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::fstatfs(f.as_raw_fd(), &mut fs) };
     rc == 0 && fs.f_type as i64 == TMPFS_MAGIC
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn on_tmpfs(_f: &File) -> bool {
-    false
 }
 
 /// `stx_dio_mem_align` of an open file, if the kernel and file system report it. tmpfs
@@ -148,8 +144,8 @@ impl Member {
             .and_then(dio_mem_align)
             .filter(|a| a.is_power_of_two() && *a <= DIRECT_ALIGN_BYTES)
             .unwrap_or(DIRECT_ALIGN_BYTES);
-        let in_memory = on_tmpfs(&buffered);
-        Ok(Member { path, buffered, direct, size_bytes, dio_mem_align, in_memory })
+        let memory_backed = on_tmpfs(&buffered);
+        Ok(Member { path, buffered, direct, size_bytes, dio_mem_align, memory_backed })
     }
 
     /// The same member on duplicated descriptors.
@@ -160,7 +156,7 @@ impl Member {
             direct: self.direct.as_ref().map(File::try_clone).transpose()?,
             size_bytes: self.size_bytes,
             dio_mem_align: self.dio_mem_align,
-            in_memory: self.in_memory,
+            memory_backed: self.memory_backed,
         })
     }
 
@@ -172,6 +168,10 @@ impl Member {
     }
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
+    }
+    /// On tmpfs: I/O is a memory copy (see [`ExecutorOptions::inline_memory_io`]).
+    pub fn is_memory_backed(&self) -> bool {
+        self.memory_backed
     }
 
     /// The descriptor for an I/O and whether it is the O_DIRECT one.
@@ -235,6 +235,9 @@ pub enum BackendKind {
     ThreadPool,
 }
 
+/// See [`ExecutorOptions::inline_memory_io_max_bytes`].
+pub const DEFAULT_INLINE_MEMORY_IO_MAX_BYTES: usize = 64 * 1024;
+
 #[derive(Clone, Debug)]
 pub struct ExecutorOptions {
     pub backend: BackendChoice,
@@ -243,6 +246,14 @@ pub struct ExecutorOptions {
     /// Worker threads of the fallback pool.
     pub pool_threads: usize,
     pub log: bool,
+    /// Reads and writes of memory-backed members (tmpfs) up to this many bytes, and their
+    /// flushes, are done with plain syscalls inside `submit` instead of through the
+    /// backend (0: never). Such I/O is a page-cache copy that never waits for a device, and
+    /// io_uring cannot complete it without blocking, so it hands every one to an io-wq
+    /// worker thread: for small I/O the two context switches cost more than the copy.
+    /// Larger copies stay with the backend, whose workers copy in parallel with this
+    /// thread. The result is ready at the next `poll`.
+    pub inline_memory_io_max_bytes: usize,
 }
 
 impl Default for ExecutorOptions {
@@ -252,6 +263,7 @@ impl Default for ExecutorOptions {
             queue_depth_per_member: 32,
             pool_threads: 8,
             log: true,
+            inline_memory_io_max_bytes: DEFAULT_INLINE_MEMORY_IO_MAX_BYTES,
         }
     }
 }
@@ -309,7 +321,7 @@ struct Slot {
     len_bytes: usize,
     buf: IoBuf,
     done_bytes: usize,
-    /// Queue to a worker at once (see `Member::in_memory`).
+    /// Queue to a worker at once (see `Member::memory_backed`: I/O too large to run inline).
     force_async: bool,
 }
 
@@ -387,6 +399,9 @@ pub struct Executor {
     ready: Vec<MemberIoCompletion>,
     aligned_pool: Vec<AlignedBuf>,
     in_flight: usize,
+    inline_max_bytes: usize,
+    /// Scratch list of finished slots for `collect`.
+    finished: Vec<(Slot, Result<(), MemberIoError>)>,
     /// Member sets replaced by `replace_member`, kept so descriptors that I/O already in
     /// flight uses stay open until the executor is dropped.
     retired: Vec<Arc<MemberSet>>,
@@ -428,6 +443,8 @@ impl Executor {
             ready: Vec::new(),
             aligned_pool: Vec::new(),
             in_flight: 0,
+            inline_max_bytes: opts.inline_memory_io_max_bytes,
+            finished: Vec::new(),
             retired: Vec::new(),
         })
     }
@@ -487,6 +504,17 @@ impl Executor {
             return;
         }
         let q = &mut self.queues[io.member];
+        // Inline only behind an empty wait queue, so I/Os still start in submission order.
+        let small = io.op == MemberIoOp::Flush || io.len_bytes <= self.inline_max_bytes as u64;
+        if self.inline_max_bytes > 0
+            && small
+            && q.waiting.is_empty()
+            && self.members.member(io.member).memory_backed
+        {
+            let done = run_inline(self.members.member(io.member), io);
+            self.ready.push(done);
+            return;
+        }
         if q.in_flight >= self.queue_depth {
             q.waiting.push_back(io);
             return;
@@ -541,7 +569,7 @@ impl Executor {
             len_bytes: len,
             buf,
             done_bytes: 0,
-            force_async: member.in_memory,
+            force_async: member.memory_backed,
         };
         match &mut self.backend {
             Backend::Uring(u) => u.push(slot),
@@ -562,14 +590,15 @@ impl Executor {
 
     fn collect(&mut self, out: &mut Vec<MemberIoCompletion>, timeout: Option<Duration>) -> usize {
         let before = out.len();
-        let mut finished: Vec<(Slot, Result<(), MemberIoError>)> = Vec::new();
+        // Reused between calls: one allocation less per poll on the hot path.
+        let mut finished = std::mem::take(&mut self.finished);
         let timeout = if self.ready.is_empty() { timeout } else { Some(Duration::ZERO) };
         match &mut self.backend {
             Backend::Uring(u) => u.reap(&mut finished, timeout),
             Backend::Pool(p) => p.reap(&mut finished, timeout),
         }
         out.append(&mut self.ready);
-        for (slot, result) in finished {
+        for (slot, result) in finished.drain(..) {
             let member = slot.member;
             out.push(finish_slot(slot, result, &mut self.aligned_pool));
             let q = &mut self.queues[member];
@@ -579,6 +608,7 @@ impl Executor {
                 self.start(next);
             }
         }
+        self.finished = finished;
         // Flush newly started I/Os to the kernel now rather than at the next wait.
         if let Backend::Uring(u) = &mut self.backend {
             u.submit_pending();
@@ -587,6 +617,32 @@ impl Executor {
         self.in_flight -= n;
         n
     }
+}
+
+/// One I/O of a memory-backed member, done now on this thread through the buffered
+/// descriptor (on tmpfs the direct one reaches the same pages, so the two agree), straight
+/// into the result vector or from the engine's buffer: no bounce buffer, no copy.
+fn run_inline(member: &Member, io: MemberIo) -> MemberIoCompletion {
+    let fd = member.buffered.as_raw_fd();
+    let len = io.len_bytes as usize;
+    let result = match io.op {
+        MemberIoOp::Read => {
+            let mut v: Vec<u8> = Vec::with_capacity(len);
+            // SAFETY: v has capacity len; sync_io fills all of it or fails.
+            unsafe { pool::sync_io(fd, io.op, io.offset_bytes, v.as_mut_ptr(), len) }.map(|()| {
+                // SAFETY: all len bytes were written by pread.
+                unsafe { v.set_len(len) };
+                v
+            })
+        }
+        // SAFETY: pwrite only reads the buffer, which `io.data` keeps alive (len checked
+        // against data.len() by `submit`). Flush touches no buffer.
+        MemberIoOp::Write | MemberIoOp::Flush => {
+            unsafe { pool::sync_io(fd, io.op, io.offset_bytes, io.data.as_ptr() as *mut u8, len) }
+                .map(|()| Vec::new())
+        }
+    };
+    MemberIoCompletion { id: io.id, result }
 }
 
 impl Drop for Executor {

@@ -67,10 +67,28 @@ fn errno() -> i32 {
 }
 
 fn run(job: &Job) -> Result<(), MemberIoError> {
-    if job.op == MemberIoOp::Flush {
+    // SAFETY: the job's buffer is owned by the executor's slot, unmoved and untouched by
+    // anyone else until the job is reaped.
+    unsafe { sync_io(job.fd, job.op, job.offset_bytes, job.ptr as *mut u8, job.len_bytes) }
+}
+
+/// One member I/O as plain syscalls on the calling thread: pread/pwrite until done,
+/// fdatasync for a flush. Shared by the pool's workers and the executor's inline path.
+///
+/// # Safety
+/// `ptr` must be valid for `len_bytes` (writable for reads) for the whole call, and `fd`
+/// must stay open.
+pub(super) unsafe fn sync_io(
+    fd: RawFd,
+    op: MemberIoOp,
+    offset_bytes: u64,
+    ptr: *mut u8,
+    len_bytes: usize,
+) -> Result<(), MemberIoError> {
+    if op == MemberIoOp::Flush {
         loop {
-            // SAFETY: fd stays open while the executor (and its MemberSet) lives.
-            if unsafe { libc::fdatasync(job.fd) } == 0 {
+            // SAFETY: plain syscall on a descriptor the caller keeps open.
+            if unsafe { libc::fdatasync(fd) } == 0 {
                 return Ok(());
             }
             let e = errno();
@@ -80,16 +98,16 @@ fn run(job: &Job) -> Result<(), MemberIoError> {
         }
     }
     let mut done = 0usize;
-    while done < job.len_bytes {
-        let ptr = (job.ptr + done) as *mut libc::c_void;
-        let n = job.len_bytes - done;
-        let off = (job.offset_bytes + done as u64) as libc::off_t;
-        // SAFETY: the buffer is valid for len_bytes and not touched by anyone else until
-        // the job is reaped.
+    while done < len_bytes {
+        // SAFETY: done < len_bytes, inside the caller's buffer.
+        let p = unsafe { ptr.add(done) }.cast::<libc::c_void>();
+        let n = len_bytes - done;
+        let off = (offset_bytes + done as u64) as libc::off_t;
+        // SAFETY: the caller guarantees the buffer is valid for len_bytes.
         let r = unsafe {
-            match job.op {
-                MemberIoOp::Read => libc::pread(job.fd, ptr, n, off),
-                _ => libc::pwrite(job.fd, ptr, n, off),
+            match op {
+                MemberIoOp::Read => libc::pread(fd, p, n, off),
+                _ => libc::pwrite(fd, p, n, off),
             }
         };
         if r < 0 {

@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail, Context};
 use uraid_core::meta::{feature, Superblock, SuperblockVersion, MAX_SECTOR};
 use uraid_core::{Engine, EngineEvent, Geometry, MemberState, Request, SyncKind, SyncStatus};
 use uraid_io::real::{Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
-use uraid_io::runtime::{ArrayRuntime, RuntimeHandle, RuntimeOptions};
+use uraid_io::runtime::{ArrayRuntime, RoundHook, RuntimeHandle, RuntimeOptions};
 
 use super::assembly::Assembled;
 use super::detail::{self, DetailInput, SlotView};
@@ -148,8 +148,13 @@ impl RunningArray {
             bitmap,
             read_only,
         ));
-        let runtime = ArrayRuntime::start(engine, executor, &RuntimeOptions::default())
-            .context("starting the array thread")?;
+        // The array thread completes NBD requests in rounds; it sends each round's replies
+        // to a connection in one syscall.
+        let opts = RuntimeOptions {
+            round_end: Some(RoundHook(Arc::new(uraid_nbd::flush_batched_replies))),
+            ..RuntimeOptions::default()
+        };
+        let runtime = ArrayRuntime::start(engine, executor, &opts).context("starting the array thread")?;
         let handle = runtime.handle();
         let device =
             Arc::new(ArrayDevice::new(handle.clone(), meta.clone(), geometry.array_bytes(), read_only));
