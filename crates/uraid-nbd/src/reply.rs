@@ -145,23 +145,8 @@ fn send_parts(fd: &OwnedFd, header: &[u8], payload: &[u8], sent: usize, flags: i
         libc::iovec { iov_base: h.as_ptr() as *mut libc::c_void, iov_len: h.len() },
         libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() },
     ];
-    let (iov_ptr, iov_len) =
-        if h.is_empty() { (&mut iov[1] as *mut libc::iovec, 1) } else { (iov.as_mut_ptr(), 2) };
-    // SAFETY: a zeroed msghdr is valid; it points at iovecs over live slices.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov_ptr;
-    msg.msg_iovlen = iov_len;
-    loop {
-        // SAFETY: sendmsg reads the buffers described by `msg`, all alive for this call.
-        let r = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, flags | libc::MSG_NOSIGNAL) };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    let parts = if h.is_empty() { &mut iov[1..] } else { &mut iov[..] };
+    send_iov(fd, parts, flags)
 }
 
 /// `sendmsg` of `iov`; never raises SIGPIPE.
