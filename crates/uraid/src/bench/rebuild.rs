@@ -190,7 +190,7 @@ pub fn run(args: RebuildArgs) -> anyhow::Result<()> {
         let row = |name: &str, m: &Measured, mbps: f64| {
             println!("{name:<44} {:>9.2} {mbps:>14.0} {:>12.2}", m.seconds, m.cpu_seconds)
         };
-        row("rebuild one member (reads 5, writes 1)", &rebuild, mbps);
+        row("rebuild one member (reads 4 of 5, writes 1)", &rebuild, mbps);
         row("peer: read the 5 survivors sequentially", &peer, peer_mbps);
         let per_run: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
         println!("ratio (peer time / rebuild time): {ratio:.2} (per run: {})", per_run.join(" "));
