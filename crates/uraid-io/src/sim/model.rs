@@ -249,6 +249,20 @@ impl HddModel {
         seek
     }
 
+    /// `positioning_after_seek` given where the head is in its turn at the start time,
+    /// `(t_ns + spindle_phase_ns) % rotation_ns`: the same figure without a division.
+    fn positioning_after_seek_from(&self, seek: f64, target_angle: f64, turn_at_t: u64) -> f64 {
+        let mut turn = turn_at_t + seek as u64;
+        while turn >= self.rotation_ns {
+            turn -= self.rotation_ns;
+        }
+        let mut wait = target_angle - turn as f64 / self.rotation_ns as f64;
+        if wait < 0.0 {
+            wait += 1.0;
+        }
+        seek + wait * self.rotation_ns as f64
+    }
+
     /// `positioning_ns` given its seek part: adds the rotational wait (never negative).
     fn positioning_after_seek(&self, seek: f64, target_angle: f64, t_ns: u64) -> f64 {
         let arrive = t_ns + seek as u64;
@@ -416,6 +430,8 @@ impl DiskModel for HddModel {
             let mut best = f64::INFINITY;
             // A read can only hit a segment if it starts in [start, max(filled end, stream
             // limit)]; computing those once per call spares `classify` for most commands.
+            // Sorted by start with a running maximum of the ends, a command's test is one
+            // binary search instead of a pass over every segment.
             let mut ranges = std::mem::take(&mut self.hit_ranges);
             ranges.clear();
             ranges.extend(self.segments.iter().map(|s| {
@@ -427,9 +443,19 @@ impl DiskModel for HddModel {
                 }
                 (s.start, hi)
             }));
+            ranges.sort_unstable_by_key(|&(lo, _)| lo);
+            let mut reach = 0;
+            for r in ranges.iter_mut() {
+                reach = reach.max(r.1);
+                r.1 = reach;
+            }
+            // Where the head is in its turn at `t` (positions after a seek add to it).
+            let turn_at_t = (t + self.spindle_phase_ns) % self.rotation_ns;
             for (i, io) in queued.iter().enumerate() {
-                let maybe_hit = io.op != MemberIoOp::Read
-                    || ranges.iter().any(|&(lo, hi)| io.offset_bytes >= lo && io.offset_bytes <= hi);
+                let maybe_hit = io.op != MemberIoOp::Read || {
+                    let below = ranges.partition_point(|&(lo, _)| lo <= io.offset_bytes);
+                    below > 0 && ranges[below - 1].1 >= io.offset_bytes
+                };
                 let access = if maybe_hit { self.classify(io, now_ns).0 } else { Access::Mechanical };
                 let cost = match access {
                     Access::Buffer | Access::Stream => 0.0,
@@ -442,7 +468,7 @@ impl DiskModel for HddModel {
                         if seek >= best {
                             continue;
                         }
-                        self.positioning_after_seek(seek, angle, t)
+                        self.positioning_after_seek_from(seek, angle, turn_at_t)
                     }
                 };
                 if cost < best {
