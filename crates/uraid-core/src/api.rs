@@ -155,7 +155,7 @@ impl IoBytes {
     /// otherwise `self` unchanged. Lets a buffer travel engine -> executor -> engine with no
     /// copy and no fresh allocation (see [`MemberIo::data`] for reads).
     pub fn try_into_unique_vec(self) -> Result<Vec<u8>, IoBytes> {
-        if self.start != 0 || self.len != self.buf.len() {
+        if !self.is_whole() {
             return Err(self);
         }
         let (start, len) = (self.start, self.len);
@@ -163,14 +163,7 @@ impl IoBytes {
     }
     /// The bytes as an owned vector (no copy when this view is the whole, unshared buffer).
     pub fn into_vec(self) -> Vec<u8> {
-        if self.start == 0 && self.len == self.buf.len() {
-            match std::sync::Arc::try_unwrap(self.buf) {
-                Ok(v) => v,
-                Err(shared) => shared[..].to_vec(),
-            }
-        } else {
-            self.buf[self.start..self.start + self.len].to_vec()
-        }
+        self.try_into_unique_vec().unwrap_or_else(|shared| shared[..].to_vec())
     }
 }
 

@@ -266,11 +266,16 @@ impl StripeCache {
 
     fn mark(&mut self, key: u64) {
         if let Some(st) = self.heads.get_mut(&key) {
-            if !st.queued {
-                st.queued = true;
-                self.dirty.push_back(key);
-            }
+            queue_head(&mut self.dirty, key, st);
         }
+    }
+}
+
+/// Put head `key` on the dirty queue unless it is there already.
+fn queue_head(dirty: &mut VecDeque<u64>, key: u64, st: &mut Stripe) {
+    if !st.queued {
+        st.queued = true;
+        dirty.push_back(key);
     }
 }
 
@@ -1391,11 +1396,11 @@ impl Engine {
                 }
                 // A write batch waits for all its reads: while others are in flight, and no
                 // reader or sync could use these rows alone, the head has nothing to do yet.
-                let st = self.cache.heads.get(&key).expect("head");
+                let st = self.cache.heads.get_mut(&key).expect("head");
                 let waiting_on_more =
                     st.reading.iter().any(|&r| r != 0) && st.readers.is_empty() && st.sync.is_none();
                 if gone || !waiting_on_more {
-                    self.cache.mark(key);
+                    queue_head(&mut self.cache.dirty, key, st);
                 }
                 if gone {
                     self.fail_member(member, self.now_ns);

@@ -411,21 +411,34 @@ mod tests {
         (handle, error, data)
     }
 
+    /// Replies on `server` whose released budget is summed into the returned counter (`+ 1`
+    /// per release when `count_releases`, as the budget counts requests as well as bytes).
+    fn counting_replies(server: UnixStream, count_releases: bool) -> (Arc<Replies>, Arc<AtomicUsize>) {
+        let released = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&released);
+        let extra = usize::from(count_releases);
+        let replies = Replies::new(
+            server.into(),
+            false,
+            Box::new(move |b| {
+                r.fetch_add(b + extra, Ordering::SeqCst);
+            }),
+        );
+        (replies, released)
+    }
+
+    fn spawn_writer(replies: &Arc<Replies>) -> std::thread::JoinHandle<()> {
+        let replies = Arc::clone(replies);
+        std::thread::spawn(move || replies.run_writer())
+    }
+
     /// A client that stops reading must not block the thread completing requests (the
     /// array's only thread): replies the socket cannot take go to the writer thread, in
     /// order, whole; small and large payloads mixed, so some are cut mid-reply.
     #[test]
     fn completing_thread_never_blocks_and_framing_survives_backlog() {
         let (server, mut client) = UnixStream::pair().unwrap();
-        let released = Arc::new(AtomicUsize::new(0));
-        let r = Arc::clone(&released);
-        let replies = Replies::new(
-            server.into(),
-            false,
-            Box::new(move |b| {
-                r.fetch_add(b, Ordering::SeqCst);
-            }),
-        );
+        let (replies, released) = counting_replies(server, false);
         let sizes = |i: u64| if i % 7 == 0 { 200_000 } else { 4096 };
         let count = 600u64; // ~20 MB: far more than a socket buffer
         let start = Instant::now();
@@ -436,10 +449,7 @@ mod tests {
             replies.pending(i, data.len()).reply(ReplyBody::Read { offset_bytes: 0, data });
         }
         assert!(start.elapsed() < Duration::from_secs(5), "replying blocked on a client that does not read");
-        let writer = std::thread::spawn({
-            let replies = Arc::clone(&replies);
-            move || replies.run_writer()
-        });
+        let writer = spawn_writer(&replies);
         for i in 0..count {
             let (handle, error, data) = read_reply(&mut client, sizes(i));
             assert_eq!((handle, error), (i, 0));
@@ -455,11 +465,8 @@ mod tests {
     #[test]
     fn dropped_request_answers_eio() {
         let (server, mut client) = UnixStream::pair().unwrap();
-        let replies = Replies::new(server.into(), false, Box::new(|_| {}));
-        let writer = std::thread::spawn({
-            let replies = Arc::clone(&replies);
-            move || replies.run_writer()
-        });
+        let (replies, _) = counting_replies(server, false);
+        let writer = spawn_writer(&replies);
         drop(replies.pending(42, 0));
         assert_eq!(read_reply(&mut client, 0), (42, EIO, vec![]));
         replies.reader_done();
@@ -471,19 +478,8 @@ mod tests {
     #[test]
     fn batched_replies_go_out_at_flush_and_keep_the_connection_open() {
         let (server, mut client) = UnixStream::pair().unwrap();
-        let released = Arc::new(AtomicUsize::new(0));
-        let r = Arc::clone(&released);
-        let replies = Replies::new(
-            server.into(),
-            false,
-            Box::new(move |b| {
-                r.fetch_add(b + 1, Ordering::SeqCst);
-            }),
-        );
-        let writer = std::thread::spawn({
-            let replies = Arc::clone(&replies);
-            move || replies.run_writer()
-        });
+        let (replies, released) = counting_replies(server, true);
+        let writer = spawn_writer(&replies);
         let pending: Vec<Pending> = (0..3).map(|i| replies.pending(i, 4096)).collect();
         let (replied_tx, replied) = std::sync::mpsc::channel();
         let batcher = std::thread::spawn({

@@ -215,8 +215,9 @@ impl HddModel {
         }
     }
 
-    fn angle_at(&self, t_ns: u64) -> f64 {
-        ((t_ns + self.spindle_phase_ns) % self.rotation_ns) as f64 / self.rotation_ns as f64
+    /// Where the head is in its turn at `t_ns`, in ns since the index mark.
+    fn turn_at(&self, t_ns: u64) -> u64 {
+        (t_ns + self.spindle_phase_ns) % self.rotation_ns
     }
 
     /// Media transfer time for a range, integrating across zone boundaries.
@@ -237,7 +238,7 @@ impl HddModel {
     fn positioning_ns(&self, offset_bytes: u64, t_ns: u64, write: bool) -> f64 {
         let (cyl, target_angle) = self.locate(offset_bytes);
         let seek = self.seek_to_ns(cyl, write);
-        self.positioning_after_seek(seek, target_angle, t_ns)
+        self.positioning_after_seek(seek, target_angle, self.turn_at(t_ns))
     }
 
     /// The seek part of `positioning_ns` (write settle included).
@@ -249,24 +250,15 @@ impl HddModel {
         seek
     }
 
-    /// `positioning_after_seek` given where the head is in its turn at the start time,
-    /// `(t_ns + spindle_phase_ns) % rotation_ns`: the same figure without a division.
-    fn positioning_after_seek_from(&self, seek: f64, target_angle: f64, turn_at_t: u64) -> f64 {
+    /// `positioning_ns` given its seek part and `turn_at` the start time: adds the
+    /// rotational wait (never negative). The turn is reduced by subtraction, so weighing
+    /// many commands from one start costs one division, not one each.
+    fn positioning_after_seek(&self, seek: f64, target_angle: f64, turn_at_t: u64) -> f64 {
         let mut turn = turn_at_t + seek as u64;
         while turn >= self.rotation_ns {
             turn -= self.rotation_ns;
         }
         let mut wait = target_angle - turn as f64 / self.rotation_ns as f64;
-        if wait < 0.0 {
-            wait += 1.0;
-        }
-        seek + wait * self.rotation_ns as f64
-    }
-
-    /// `positioning_ns` given its seek part: adds the rotational wait (never negative).
-    fn positioning_after_seek(&self, seek: f64, target_angle: f64, t_ns: u64) -> f64 {
-        let arrive = t_ns + seek as u64;
-        let mut wait = target_angle - self.angle_at(arrive);
         if wait < 0.0 {
             wait += 1.0;
         }
@@ -450,7 +442,7 @@ impl DiskModel for HddModel {
                 r.1 = reach;
             }
             // Where the head is in its turn at `t` (positions after a seek add to it).
-            let turn_at_t = (t + self.spindle_phase_ns) % self.rotation_ns;
+            let turn_at_t = self.turn_at(t);
             for (i, io) in queued.iter().enumerate() {
                 let maybe_hit = io.op != MemberIoOp::Read || {
                     let below = ranges.partition_point(|&(lo, _)| lo <= io.offset_bytes);
@@ -468,7 +460,7 @@ impl DiskModel for HddModel {
                         if seek >= best {
                             continue;
                         }
-                        self.positioning_after_seek_from(seek, angle, turn_at_t)
+                        self.positioning_after_seek(seek, angle, turn_at_t)
                     }
                 };
                 if cost < best {

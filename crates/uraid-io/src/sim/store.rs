@@ -236,17 +236,10 @@ impl MemberStore {
         // Built page by page rather than zeroed and then overwritten: reads are most of the
         // simulator's data traffic.
         let mut buf = Vec::with_capacity(len_bytes as usize);
-        let end = offset_bytes + len_bytes;
-        let mut pos = offset_bytes;
-        while pos < end {
-            let (page, in_page) = (pos / PAGE_BYTES, (pos % PAGE_BYTES) as usize);
-            let n = (PAGE_BYTES as usize - in_page).min((end - pos) as usize);
-            match self.pages.get(&page) {
-                Some(&p) => buf.extend_from_slice(&self.arena.page(p)[in_page..in_page + n]),
-                None => buf.resize(buf.len() + n, 0),
-            }
-            pos += n as u64;
-        }
+        self.for_each_piece(offset_bytes, len_bytes as usize, |piece, n| match piece {
+            Some(bytes) => buf.extend_from_slice(bytes),
+            None => buf.resize(buf.len() + n, 0),
+        });
         Ok(buf)
     }
 
@@ -259,15 +252,25 @@ impl MemberStore {
 
     fn read_raw(&self, offset_bytes: u64, buf: &mut [u8]) {
         let mut done = 0usize;
-        while done < buf.len() {
-            let pos = offset_bytes + done as u64;
-            let page = pos / PAGE_BYTES;
-            let in_page = (pos % PAGE_BYTES) as usize;
-            let n = (PAGE_BYTES as usize - in_page).min(buf.len() - done);
-            match self.pages.get(&page) {
-                Some(&p) => buf[done..done + n].copy_from_slice(&self.arena.page(p)[in_page..in_page + n]),
+        self.for_each_piece(offset_bytes, buf.len(), |piece, n| {
+            match piece {
+                Some(bytes) => buf[done..done + n].copy_from_slice(bytes),
                 None => buf[done..done + n].fill(0),
             }
+            done += n;
+        });
+    }
+
+    /// The stored bytes of `[offset_bytes, offset_bytes + len)` in order, a page at most at
+    /// a time: `(Some(bytes), n)` where a page is resident, `(None, n)` for `n` unwritten
+    /// (zero) bytes.
+    fn for_each_piece(&self, offset_bytes: u64, len: usize, mut f: impl FnMut(Option<&[u8]>, usize)) {
+        let mut done = 0usize;
+        while done < len {
+            let pos = offset_bytes + done as u64;
+            let (page, in_page) = (pos / PAGE_BYTES, (pos % PAGE_BYTES) as usize);
+            let n = (PAGE_BYTES as usize - in_page).min(len - done);
+            f(self.pages.get(&page).map(|&p| &self.arena.page(p)[in_page..in_page + n]), n);
             done += n;
         }
     }
