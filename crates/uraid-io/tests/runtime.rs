@@ -180,3 +180,61 @@ fn dropping_the_runtime_shuts_it_down() {
     assert_eq!(rx.recv().unwrap().result, Ok(vec![]), "in-flight work finished before the thread stopped");
     let _ = std::fs::remove_file(&paths[0]);
 }
+
+/// A small request submitted while the runtime thread sleeps runs on the submitting thread:
+/// tmpfs I/O inline, the callback before `submit` returns. A large one goes to the runtime
+/// thread.
+#[test]
+fn small_requests_run_on_the_submitting_thread() {
+    let dir = PathBuf::from("/dev/shm");
+    assert!(dir.is_dir(), "this test needs tmpfs at /dev/shm");
+    let path = dir.join(format!("uraid-rt-submitter-{}", std::process::id()));
+    std::fs::File::create(&path).unwrap().set_len(4 << 20).unwrap();
+    let set = MemberSet::open(std::slice::from_ref(&path), &OpenOptions { log: false, ..Default::default() })
+        .unwrap();
+    assert!(set.member(0).is_memory_backed(), "/dev/shm is not tmpfs");
+    let ex = Executor::new(set, &ExecutorOptions { log: false, ..Default::default() }).unwrap();
+    let rt = ArrayRuntime::start(MirrorEngine::new(1, 4 << 20, 0), ex, &RuntimeOptions::default()).unwrap();
+    let me = std::thread::current().id();
+    let ran_on = |req: Request| {
+        let (tx, rx) = mpsc::channel();
+        rt.submit(req, Box::new(move |c| tx.send((std::thread::current().id(), c)).unwrap())).unwrap();
+        let inline = rx.try_recv().ok();
+        let (thread, c) = inline.unwrap_or_else(|| rx.recv().unwrap());
+        (thread, c.result)
+    };
+    // Let the runtime thread fall asleep first.
+    std::thread::sleep(Duration::from_millis(50));
+    let (thread, result) = ran_on(Request::write(1, 8192, vec![5; 4096]));
+    assert_eq!(result, Ok(vec![]));
+    assert_eq!(thread, me, "a 4 KiB write to tmpfs ran on the submitting thread");
+    let (thread, result) = ran_on(Request::read(2, 8192, 4096));
+    assert_eq!((thread, result), (me, Ok(vec![5; 4096])));
+    let big = uraid_io::runtime::DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES as usize * 2;
+    let (thread, result) = ran_on(Request::write(3, 0, vec![6; big]));
+    assert_eq!(result, Ok(vec![]));
+    assert_ne!(thread, me, "a large request goes to the runtime thread");
+    drop(rt);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A submitter's round on a disk file leaves the I/O to the sleeping runtime thread and
+/// must wake it: without the wake-up each request would wait for the runtime's 1 s
+/// safety timeout.
+#[test]
+fn a_submitter_round_wakes_the_runtime_for_device_io() {
+    let paths = files("wake", 1, 1 << 20);
+    let set = MemberSet::open(&paths, &OpenOptions { log: false, ..Default::default() }).unwrap();
+    assert!(!set.member(0).is_memory_backed(), "the test needs a member on a disk file system");
+    let ex = Executor::new(set, &ExecutorOptions { log: false, ..Default::default() }).unwrap();
+    let rt = ArrayRuntime::start(MirrorEngine::new(1, 1 << 20, 0), ex, &RuntimeOptions::default()).unwrap();
+    let t0 = std::time::Instant::now();
+    for i in 0..20u64 {
+        std::thread::sleep(Duration::from_millis(5));
+        let c = rt.submit_wait(Request::write(i, i * 4096, vec![i as u8; 4096])).unwrap();
+        assert_eq!(c.result, Ok(vec![]));
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10), "20 writes took {:?}", t0.elapsed());
+    drop(rt);
+    let _ = std::fs::remove_file(&paths[0]);
+}

@@ -264,6 +264,46 @@ fn in_flight_requests_and_bytes_are_bounded() {
     }
 }
 
+/// A device that answers inside `submit` makes its replies on the connection thread,
+/// which holds them back to send a burst's replies together; it must send them before it
+/// waits for budget, which only those replies give back.
+#[test]
+fn replies_held_by_the_connection_thread_go_out_before_it_waits_for_budget() {
+    let (dev, export) = mem_export(1 << 20);
+    let opts = ServerOptions { max_in_flight_requests: 2, ..Default::default() };
+    let server = TestServer::start(vec![export], opts);
+    let mut c = RawClient::connect(server.addr, false);
+    // All twenty in one burst: the server finds the third in its buffer with two replies
+    // held and the budget used up.
+    let mut burst = Vec::new();
+    for i in 0..20u64 {
+        let header = uraid_nbd::codec::RequestHeader {
+            flags: 0,
+            command: CMD_WRITE,
+            handle: i,
+            offset_bytes: i * 512,
+            len_bytes: 512,
+        };
+        uraid_nbd::codec::encode_request_header(&mut burst, &header);
+        burst.extend(pattern(i, 512));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        c.stream.write_all(&burst).unwrap();
+        let handles: Vec<u64> = (0..20).map(|_| c.simple_reply()).map(|r| r.handle).collect();
+        let _ = tx.send(handles);
+    });
+    let Ok(mut handles) = rx.recv_timeout(Duration::from_secs(20)) else {
+        // The connection is stuck; stopping the server would wait for it forever.
+        std::mem::forget(server);
+        panic!("no replies in 20 s: the connection thread waits for budget its held replies would free");
+    };
+    handles.sort_unstable();
+    assert_eq!(handles, (0..20).collect::<Vec<_>>());
+    assert_eq!(dev.snapshot()[19 * 512..20 * 512], pattern(19, 512)[..]);
+}
+
 #[test]
 fn shutdown_finishes_in_flight_requests_then_returns() {
     let dev = Arc::new(GatedDevice::new(1 << 20));

@@ -281,6 +281,28 @@ enum WakerInner {
     Pool(Arc<pool::Shared>),
 }
 
+/// Blocks the executor's owner until completions may be ready, without holding the
+/// executor: other threads may run guest rounds meanwhile. Arm it with
+/// [`Executor::prepare_sleep`]; afterwards collect with [`Executor::poll`].
+pub struct Sleeper {
+    inner: SleeperInner,
+}
+
+enum SleeperInner {
+    Uring(std::os::fd::RawFd),
+    Pool(Arc<pool::Shared>),
+}
+
+impl Sleeper {
+    /// Returns when a completion or a wake-up is ready, or `timeout` passed.
+    pub fn sleep(&self, timeout: Duration) {
+        match &self.inner {
+            SleeperInner::Uring(fd) => uring::wait_for_completion(*fd, timeout),
+            SleeperInner::Pool(s) => s.wait_for_completion(timeout),
+        }
+    }
+}
+
 impl Waker {
     pub fn wake(&self) {
         match &self.inner {
@@ -405,6 +427,11 @@ pub struct Executor {
     /// Member sets replaced by `replace_member`, kept so descriptors that I/O already in
     /// flight uses stay open until the executor is dropped.
     retired: Vec<Arc<MemberSet>>,
+    /// Another thread is using the executor for a moment (see [`Executor::set_guest`]).
+    guest: bool,
+    /// I/Os a guest could not run inline, waiting for the owner's next
+    /// [`Executor::start_deferred`].
+    deferred: Vec<MemberIo>,
 }
 
 static URING_FALLBACK_LOGGED: Once = Once::new();
@@ -446,6 +473,8 @@ impl Executor {
             inline_max_bytes: opts.inline_memory_io_max_bytes,
             finished: Vec::new(),
             retired: Vec::new(),
+            guest: false,
+            deferred: Vec::new(),
         })
     }
 
@@ -491,6 +520,36 @@ impl Executor {
     /// Queue a member I/O. Never blocks and never fails: problems come back as completions.
     pub fn submit(&mut self, io: MemberIo) {
         self.in_flight += 1;
+        self.route(io);
+    }
+
+    /// While `guest` is set, the executor is used by a thread other than its owner (a
+    /// client running an engine round itself, see the runtime): I/O that completes inline
+    /// (small I/O of memory-backed members) still runs now, everything else waits in a list
+    /// for the owner's [`Executor::start_deferred`], and `poll` returns inline completions
+    /// only. So only the owner ever touches the io_uring ring: a ring has one submitter
+    /// (completion task work runs on it), and one reaper (the owner sleeps in the ring
+    /// without holding the executor, and must not lose the wake-up a guest would reap).
+    pub fn set_guest(&mut self, guest: bool) {
+        self.guest = guest;
+    }
+
+    /// I/Os a guest left for the owner.
+    pub fn has_deferred(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
+    /// Starts the I/Os guests left for the owner, in their order (the owner's call only).
+    pub fn start_deferred(&mut self) {
+        if self.guest {
+            return;
+        }
+        for io in std::mem::take(&mut self.deferred) {
+            self.route(io);
+        }
+    }
+
+    fn route(&mut self, io: MemberIo) {
         let malformed = match io.op {
             MemberIoOp::Write => io.data.len() as u64 != io.len_bytes,
             _ => false,
@@ -509,10 +568,15 @@ impl Executor {
         if self.inline_max_bytes > 0
             && small
             && q.waiting.is_empty()
+            && self.deferred.is_empty()
             && self.members.member(io.member).memory_backed
         {
             let done = run_inline(self.members.member(io.member), io);
             self.ready.push(done);
+            return;
+        }
+        if self.guest {
+            self.deferred.push(io);
             return;
         }
         if q.in_flight >= self.queue_depth {
@@ -577,6 +641,20 @@ impl Executor {
         }
     }
 
+    /// Gets ready for the owner to sleep in a [`Sleeper`] without holding the executor:
+    /// arms the wake-up and hands queued I/O to the kernel. `None` when there is no need to
+    /// sleep: completions are ready already (collect them with `poll`).
+    pub fn prepare_sleep(&mut self) -> Option<Sleeper> {
+        if !self.ready.is_empty() || !self.deferred.is_empty() {
+            return None;
+        }
+        let inner = match &mut self.backend {
+            Backend::Uring(u) => SleeperInner::Uring(u.prepare_sleep()?),
+            Backend::Pool(p) => SleeperInner::Pool(p.shared()),
+        };
+        Some(Sleeper { inner })
+    }
+
     /// Completed member I/Os, without blocking. Returns how many were appended.
     pub fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) -> usize {
         self.collect(out, Some(Duration::ZERO))
@@ -590,6 +668,12 @@ impl Executor {
 
     fn collect(&mut self, out: &mut Vec<MemberIoCompletion>, timeout: Option<Duration>) -> usize {
         let before = out.len();
+        if self.guest {
+            out.append(&mut self.ready);
+            let n = out.len() - before;
+            self.in_flight -= n;
+            return n;
+        }
         // Reused between calls: one allocation less per poll on the hot path.
         let mut finished = std::mem::take(&mut self.finished);
         let timeout = if self.ready.is_empty() { timeout } else { Some(Duration::ZERO) };

@@ -51,6 +51,13 @@ impl Shared {
         lock(&self.done).woken = true;
         self.done_cv.notify_all();
     }
+
+    /// Blocks until a job finished or a wake-up came (both stay for the next `reap`), or
+    /// `timeout` passed.
+    pub fn wait_for_completion(&self, timeout: Duration) {
+        let done = lock(&self.done);
+        let _ = self.done_cv.wait_timeout_while(done, timeout, |d| d.list.is_empty() && !d.woken);
+    }
 }
 
 pub struct PoolBackend {

@@ -149,6 +149,16 @@ impl UringBackend {
         }
     }
 
+    /// Arms the wake-up and submits what is queued, for a sleep in
+    /// [`wait_for_completion`] on another borrow of the ring; `None` when completions are
+    /// waiting already.
+    pub fn prepare_sleep(&mut self) -> Option<std::os::fd::RawFd> {
+        self.arm_eventfd();
+        self.submit_pending();
+        let fd = self.ring.as_raw_fd();
+        self.ring.completion().is_empty().then_some(fd)
+    }
+
     pub fn reap(&mut self, finished: &mut Vec<(Slot, Result<(), MemberIoError>)>, timeout: Option<Duration>) {
         let may_block = timeout != Some(Duration::ZERO);
         if may_block {
@@ -238,5 +248,39 @@ impl UringBackend {
                 }
             }
         }
+    }
+}
+
+/// Blocks until the ring at `ring_fd` has a completion or `timeout` passes, like
+/// `submit_and_wait(1)` with a timeout but submitting nothing: callable while another
+/// thread owns the ring's queues (the kernel keeps the waiting side to itself).
+pub fn wait_for_completion(ring_fd: std::os::fd::RawFd, timeout: Duration) {
+    const IORING_ENTER_GETEVENTS: u32 = 1;
+    const IORING_ENTER_EXT_ARG: u32 = 8;
+    #[repr(C)]
+    struct GeteventsArg {
+        sigmask: u64,
+        sigmask_sz: u32,
+        pad: u32,
+        ts: u64,
+    }
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    let arg = GeteventsArg { sigmask: 0, sigmask_sz: 0, pad: 0, ts: &ts as *const libc::timespec as u64 };
+    // SAFETY: io_uring_enter with to_submit 0 reads only `arg` and `ts`, both live for the
+    // call; EXT_ARG (checked at ring creation) makes `arg` an io_uring_getevents_arg.
+    // ETIME, EINTR and the like are ordinary wake-ups; the owner collects afterwards.
+    unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_enter,
+            ring_fd,
+            0u32,
+            1u32,
+            IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG,
+            &arg as *const GeteventsArg,
+            std::mem::size_of::<GeteventsArg>(),
+        );
     }
 }
