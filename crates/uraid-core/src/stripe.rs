@@ -517,31 +517,51 @@ impl Engine {
 
     pub(crate) fn stripe_read(&mut self, id: RequestId, sector: u64, len: u64) {
         let optimal = self.members.iter().all(|m| matches!(m.state, crate::config::MemberState::InSync));
-        let in_one_chunk = sector / self.geo.chunk_sectors == (sector + len - 1) / self.geo.chunk_sectors;
         // md since 4.1 bypasses only on an optimal array (seed 001); the old behaviour, bypass
         // whenever the target member can serve the read, stays available to measure.
         let allowed = optimal || self.tun.degraded_read_bypass;
-        if self.tun.aligned_read_bypass && allowed && in_one_chunk {
-            let (key, ..) = self.head_key(sector);
-            let (key_end, ..) = self.head_key(sector + len - 1);
-            let (ext, _) = self.geo.map_sector(sector);
-            let target_ok = self.members[ext.member].readable(ext.member_sector + len - 1);
-            // A cached head may be bypassed only while nothing is queued or being written in it:
-            // then the member holds what the cache holds.
-            let quiet = |k: u64| {
-                self.cache.heads.get(&k).is_none_or(|h| {
-                    h.batch.is_none() && h.sync.is_none() && h.towrite_mask.iter().all(|&m| m == 0)
-                })
-            };
-            if target_ok && (key..=key_end).all(quiet) {
-                self.stats.aligned_read_bypass += 1;
-                self.reqs.get_mut(&id).expect("request").parts += 1;
-                let ctx = IoCtx::BypassRead { req: id, array_sector: sector, len_sectors: len, dest_off: 0 };
-                self.issue_io(ext.member, MemberIoOp::Read, ext.member_sector, len, IoBytes::new(), ctx);
-                return;
-            }
+        if !(self.tun.aligned_read_bypass && allowed) {
+            self.stripe_read_via_cache(id, sector, len, 0);
+            return;
         }
-        self.stripe_read_via_cache(id, sector, len, 0);
+        // md's chunk_aligned_read splits a read at chunk boundaries and sends each piece
+        // straight to its member when it can; a piece it cannot goes through the cache.
+        let chunk = self.geo.chunk_sectors;
+        let end = sector + len;
+        let mut pos = sector;
+        while pos < end {
+            let n = ((pos / chunk + 1) * chunk).min(end) - pos;
+            let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
+            if !self.bypass_read(id, pos, n, dest_off) {
+                self.stripe_read_via_cache(id, pos, n, dest_off);
+            }
+            pos += n;
+        }
+    }
+
+    /// Reads `len` sectors inside one chunk straight from the member holding them (md's
+    /// raid5_read_one_chunk), if that member can serve them and the cache holds nothing
+    /// newer for them. Returns whether it did.
+    fn bypass_read(&mut self, id: RequestId, sector: u64, len: u64, dest_off: usize) -> bool {
+        let (key, ..) = self.head_key(sector);
+        let (key_end, ..) = self.head_key(sector + len - 1);
+        let (ext, _) = self.geo.map_sector(sector);
+        let target_ok = self.members[ext.member].readable(ext.member_sector + len - 1);
+        // A cached head may be bypassed only while nothing is queued or being written in it:
+        // then the member holds what the cache holds.
+        let quiet = |k: u64| {
+            self.cache.heads.get(&k).is_none_or(|h| {
+                h.batch.is_none() && h.sync.is_none() && h.towrite_mask.iter().all(|&m| m == 0)
+            })
+        };
+        if !target_ok || !(key..=key_end).all(quiet) {
+            return false;
+        }
+        self.stats.aligned_read_bypass += 1;
+        self.reqs.get_mut(&id).expect("request").parts += 1;
+        let ctx = IoCtx::BypassRead { req: id, array_sector: sector, len_sectors: len, dest_off };
+        self.issue_io(ext.member, MemberIoOp::Read, ext.member_sector, len, IoBytes::new(), ctx);
+        true
     }
 
     fn stripe_read_via_cache(&mut self, id: RequestId, sector: u64, len: u64, dest_base: usize) {
