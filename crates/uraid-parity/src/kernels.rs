@@ -6,6 +6,38 @@
 use crate::x86::{Avx2, Avx512, GfniAvx, GfniAvx512};
 use crate::{reference, vector, vector::Swar};
 
+/// `data` with its length known at compile time (it must be `N`), so that the loops over
+/// the blocks inlined below unroll and every block gets load instructions of its own.
+#[inline(always)]
+fn fixed<'a, 'b, const N: usize>(data: &'a [&'b [u8]]) -> &'a [&'b [u8]] {
+    let blocks: &'a [&'b [u8]; N] = data.try_into().expect("block count checked by the caller");
+    blocks
+}
+
+/// Evaluates `$body` with `$data` rebound to a fixed-length slice for the block counts
+/// arrays commonly have (2..=16), and as it is for the rest.
+///
+/// Why: a loop that reads every block through the same load instruction shows the CPU's
+/// per-instruction stride prefetcher one block's distance as the stride, and it fetches
+/// lines nobody reads. Unrolled, each instruction walks one block sequentially, which the
+/// prefetcher follows. Measured (AMD Zen 5, 8+2 gen_syndrome): in cache at 64 KiB with the
+/// blocks 320 bytes off a power-of-two spacing, 185 against 126 GB/s; out of cache at
+/// 4 KiB, 0.60 against 0.53 of the streaming-read bandwidth.
+macro_rules! with_fixed_count {
+    ($data:ident, $body:expr) => {
+        with_fixed_count!(@counts $data, $body, 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    };
+    (@counts $data:ident, $body:expr, $($n:literal)*) => {
+        match $data.len() {
+            $($n => {
+                let $data = fixed::<$n>($data);
+                $body
+            })*
+            _ => $body,
+        }
+    };
+}
+
 macro_rules! kernel_entries {
     ($name:ident, [$($attr:meta),*], $V:ty, $U:literal) => {
         pub(crate) mod $name {
@@ -14,7 +46,7 @@ macro_rules! kernel_entries {
             $(#[$attr])*
             pub(crate) unsafe fn gen_syndrome(data: &[&[u8]], p: &mut [u8], q: &mut [u8], stream: bool) {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr(), q.as_ptr()], 0);
-                let from = vector::gen_syndrome::<$V, $U>(data, p, q, 0, stream);
+                let from = with_fixed_count!(data, vector::gen_syndrome::<$V, $U>(data, p, q, 0, stream));
                 let from = vector::gen_syndrome::<$V, 1>(data, p, q, from, false);
                 let from = vector::gen_syndrome::<Swar, 1>(data, p, q, from, false);
                 reference::gen_syndrome_from(data, p, q, from);
@@ -23,7 +55,7 @@ macro_rules! kernel_entries {
             $(#[$attr])*
             pub(crate) unsafe fn xor_gen(data: &[&[u8]], p: &mut [u8], stream: bool) {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr()], 0);
-                let from = vector::xor_gen::<$V, $U>(data, p, 0, stream);
+                let from = with_fixed_count!(data, vector::xor_gen::<$V, $U>(data, p, 0, stream));
                 let from = vector::xor_gen::<$V, 1>(data, p, from, false);
                 let from = vector::xor_gen::<Swar, 1>(data, p, from, false);
                 reference::xor_gen_from(data, p, from);
