@@ -6,15 +6,47 @@
 use crate::x86::{Avx2, Avx512, GfniAvx, GfniAvx512};
 use crate::{reference, vector, vector::Swar};
 
+/// `data` with its length known at compile time (it must be `N`), so that the loops over
+/// the blocks inlined below unroll and every block gets load instructions of its own.
+#[inline(always)]
+fn fixed<'a, 'b, const N: usize>(data: &'a [&'b [u8]]) -> &'a [&'b [u8]] {
+    let blocks: &'a [&'b [u8]; N] = data.try_into().expect("block count checked by the caller");
+    blocks
+}
+
+/// Evaluates `$body` with `$data` rebound to a fixed-length slice for the block counts
+/// arrays commonly have (2..=16), and as it is for the rest.
+///
+/// Why: a loop that reads every block through the same load instruction shows the CPU's
+/// per-instruction stride prefetcher one block's distance as the stride, and it fetches
+/// lines nobody reads. Unrolled, each instruction walks one block sequentially, which the
+/// prefetcher follows. Measured (AMD Zen 5, 8+2 gen_syndrome): in cache at 64 KiB with the
+/// blocks 320 bytes off a power-of-two spacing, 185 against 126 GB/s; out of cache at
+/// 4 KiB, 0.60 against 0.53 of the streaming-read bandwidth.
+macro_rules! with_fixed_count {
+    ($data:ident, $body:expr) => {
+        with_fixed_count!(@counts $data, $body, 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    };
+    (@counts $data:ident, $body:expr, $($n:literal)*) => {
+        match $data.len() {
+            $($n => {
+                let $data = fixed::<$n>($data);
+                $body
+            })*
+            _ => $body,
+        }
+    };
+}
+
 macro_rules! kernel_entries {
-    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal) => {
+    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal, $XOR_U:literal) => {
         pub(crate) mod $name {
             use super::*;
 
             $(#[$attr])*
             pub(crate) unsafe fn gen_syndrome(data: &[&[u8]], p: &mut [u8], q: &mut [u8], stream: bool) {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr(), q.as_ptr()], 0);
-                let from = vector::gen_syndrome::<$V, $U>(data, p, q, 0, stream);
+                let from = with_fixed_count!(data, vector::gen_syndrome::<$V, $U>(data, p, q, 0, stream));
                 let from = vector::gen_syndrome::<$V, 1>(data, p, q, from, false);
                 let from = vector::gen_syndrome::<Swar, 1>(data, p, q, from, false);
                 reference::gen_syndrome_from(data, p, q, from);
@@ -23,7 +55,7 @@ macro_rules! kernel_entries {
             $(#[$attr])*
             pub(crate) unsafe fn xor_gen(data: &[&[u8]], p: &mut [u8], stream: bool) {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr()], 0);
-                let from = vector::xor_gen::<$V, $U>(data, p, 0, stream);
+                let from = with_fixed_count!(data, vector::xor_gen::<$V, $XOR_U>(data, p, 0, stream));
                 let from = vector::xor_gen::<$V, 1>(data, p, from, false);
                 let from = vector::xor_gen::<Swar, 1>(data, p, from, false);
                 reference::xor_gen_from(data, p, from);
@@ -103,12 +135,16 @@ macro_rules! kernel_entries {
     };
 }
 
-kernel_entries!(scalar, [], Swar, 4);
+// The last figure is xor_gen's unroll. With 64-byte vectors two per block per round beat
+// four in cache at 64 KiB (8+2 xor_gen, AMD Zen 5, gfni-avx512: 0.91-1.02x ISA-L against
+// 0.79-0.84x; 4 KiB 1.32-1.40x against 1.43-1.45x). Why is not established; at 64 KiB
+// XOR is bound by how fast L2 refills L1, not by arithmetic.
+kernel_entries!(scalar, [], Swar, 4, 4);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4);
+kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4, 4);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4);
+kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4, 2);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4);
+kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4, 2);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4);
+kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4, 4);
