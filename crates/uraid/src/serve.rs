@@ -51,6 +51,12 @@ pub struct ServeArgs {
     /// Stripe heads in the stripe cache (raid4/5/6).
     #[arg(long = "stripe-cache-size", default_value_t = 256)]
     pub stripe_cache_size: usize,
+    /// Requests up to this size (K/M suffixes) run on their connection's thread when the
+    /// array thread is idle, with no hand-off between threads; 0 hands every request to
+    /// the array thread. Larger requests always go to the array thread, so their engine
+    /// work overlaps with reading the next request.
+    #[arg(long = "inline-request-max", default_value = "64K", value_parser = crate::size_arg::parse_size_bytes)]
+    pub inline_request_max_bytes: u64,
     /// Member files or block devices, in any order.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
@@ -115,7 +121,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     // brought back by rebuilding it from the others once the array runs.
     let stale: Vec<PathBuf> =
         assembled.plan.stale.iter().map(|s| assembled.members[s.member].path.clone()).collect();
-    let array = RunningArray::start(assembled, args.read_only)?;
+    let array = RunningArray::start(assembled, args.read_only, args.inline_request_max_bytes)?;
     if !args.read_only {
         for path in stale {
             match array.add(&path.display().to_string()) {

@@ -82,7 +82,12 @@ fn absent_member() -> anyhow::Result<Member> {
 }
 
 impl RunningArray {
-    pub fn start(a: Assembled, read_only: bool) -> anyhow::Result<Arc<RunningArray>> {
+    /// `inline_request_max_bytes`: see `RuntimeOptions::run_on_submitter_max_bytes`.
+    pub fn start(
+        a: Assembled,
+        read_only: bool,
+        inline_request_max_bytes: u64,
+    ) -> anyhow::Result<Arc<RunningArray>> {
         let Assembled { members, superblocks, plan, mut config, slot_member, resync } = a;
         config.read_only = read_only;
         // A member failure is written to the superblocks before anything more is acknowledged.
@@ -152,6 +157,7 @@ impl RunningArray {
         // to a connection in one syscall.
         let opts = RuntimeOptions {
             round_end: Some(RoundHook(Arc::new(uraid_nbd::flush_batched_replies))),
+            run_on_submitter_max_bytes: inline_request_max_bytes,
             ..RuntimeOptions::default()
         };
         let runtime = ArrayRuntime::start(engine, executor, &opts).context("starting the array thread")?;
