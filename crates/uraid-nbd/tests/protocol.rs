@@ -217,17 +217,7 @@ fn in_flight_requests_and_bytes_are_bounded() {
     let writer = std::thread::spawn(move || {
         use std::io::Write;
         for i in 0..64u64 {
-            let mut buf = Vec::new();
-            let header = uraid_nbd::codec::RequestHeader {
-                flags: 0,
-                command: CMD_WRITE,
-                handle: i,
-                offset_bytes: i * 65536,
-                len_bytes: 65536,
-            };
-            uraid_nbd::codec::encode_request_header(&mut buf, &header);
-            buf.extend(pattern(i, 65536));
-            sender.write_all(&buf).unwrap();
+            sender.write_all(&write_request(i, i * 65536, &pattern(i, 65536))).unwrap();
         }
     });
     dev.wait_held(8);
@@ -275,18 +265,7 @@ fn replies_held_by_the_connection_thread_go_out_before_it_waits_for_budget() {
     let mut c = RawClient::connect(server.addr, false);
     // All twenty in one burst: the server finds the third in its buffer with two replies
     // held and the budget used up.
-    let mut burst = Vec::new();
-    for i in 0..20u64 {
-        let header = uraid_nbd::codec::RequestHeader {
-            flags: 0,
-            command: CMD_WRITE,
-            handle: i,
-            offset_bytes: i * 512,
-            len_bytes: 512,
-        };
-        uraid_nbd::codec::encode_request_header(&mut burst, &header);
-        burst.extend(pattern(i, 512));
-    }
+    let burst: Vec<u8> = (0..20u64).flat_map(|i| write_request(i, i * 512, &pattern(i, 512))).collect();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::io::Write;

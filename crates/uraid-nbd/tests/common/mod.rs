@@ -80,6 +80,18 @@ pub fn mem_export(size_bytes: usize) -> (Arc<uraid_nbd::MemDevice>, Export) {
     (Arc::clone(&dev), Export::new("", dev))
 }
 
+/// A write request with its payload as it goes on the wire, for clients that pipeline.
+pub fn write_request(handle: u64, offset_bytes: u64, payload: &[u8]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let len_bytes = payload.len() as u32;
+    encode_request_header(
+        &mut buf,
+        &RequestHeader { flags: 0, command: CMD_WRITE, handle, offset_bytes, len_bytes },
+    );
+    buf.extend_from_slice(payload);
+    buf
+}
+
 /// A deliberately simple, blocking NBD client.
 pub struct RawClient {
     pub stream: TcpStream,
