@@ -58,32 +58,90 @@ pub(crate) struct ReqState {
     pub write_seq: Option<u64>,
     /// FUA writes: member flushes still outstanding after the data landed.
     pub fua_flushes: Option<u32>,
+    /// Read: byte ranges `[start, end)` that `deliver` wrote into `buf`'s spare capacity
+    /// while `buf` is still empty; see `deliver`.
+    pub gathered: Vec<(usize, usize)>,
 }
 
 impl ReqState {
-    /// The read buffer, allocated (zeroed) the first time a part lands in it.
+    /// The read buffer as a whole: allocated zeroed the first time a part lands in it, or
+    /// completed from what `deliver` gathered (the gaps zeroed).
     pub fn read_target(&mut self) -> &mut [u8] {
-        if self.buf.len() as u64 != self.len_bytes {
-            self.buf = vec![0u8; self.len_bytes as usize];
+        let total = self.len_bytes as usize;
+        if self.buf.len() != total {
+            self.buf.clear();
+            self.buf.reserve_exact(total);
+            let mut pos = 0;
+            for &(start, end) in covered(&mut self.gathered) {
+                self.buf.spare_capacity_mut()[pos..start].fill(std::mem::MaybeUninit::new(0));
+                pos = end;
+            }
+            self.buf.spare_capacity_mut()[pos..total].fill(std::mem::MaybeUninit::new(0));
+            // SAFETY: every byte below `total` is either gathered (written by `deliver`)
+            // or was just zeroed.
+            unsafe { self.buf.set_len(total) };
+            self.gathered.clear();
         }
         &mut self.buf
     }
 
     /// Put a member read's data at `dest_off`; a read that is one member I/O keeps its buffer.
+    /// The pieces of a read made of several member reads (a read across chunks, a RAID0
+    /// stripe) land in the buffer's spare capacity and are not zeroed first: the pieces
+    /// cover it all, and zeroing 1 MiB before copying 1 MiB over it cost as much as the copy.
     pub fn deliver(&mut self, dest_off: usize, mut data: Vec<u8>, len: usize) {
-        if dest_off == 0 && len as u64 == self.len_bytes && self.buf.is_empty() && data.len() >= len {
+        let total = self.len_bytes as usize;
+        if dest_off == 0 && len == total && self.buf.is_empty() && data.len() >= len {
             data.truncate(len);
             self.buf = data;
             return;
         }
-        let n = len.min(data.len());
-        self.read_target()[dest_off..dest_off + n].copy_from_slice(&data[..n]);
+        let n = len.min(data.len()).min(total.saturating_sub(dest_off));
+        if self.buf.len() == total {
+            self.buf[dest_off..dest_off + n].copy_from_slice(&data[..n]);
+            return;
+        }
+        if self.gathered.is_empty() {
+            self.buf.clear();
+            self.buf.reserve_exact(total);
+        }
+        let spare = &mut self.buf.spare_capacity_mut()[dest_off..dest_off + n];
+        // SAFETY: `spare` is n bytes of this vector's capacity, disjoint from `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), spare.as_mut_ptr().cast::<u8>(), n) };
+        self.gathered.push((dest_off, dest_off + n));
+        if covered(&mut self.gathered) == [(0, total)] {
+            // SAFETY: the gathered ranges cover every byte below `total`.
+            unsafe { self.buf.set_len(total) };
+            self.gathered.clear();
+        }
+    }
+
+    /// A finished read's data.
+    pub fn into_read_data(mut self) -> Vec<u8> {
+        if !self.gathered.is_empty() {
+            self.read_target();
+        }
+        self.buf
     }
 
     /// The write payload as a shared buffer (taken out of `buf` the first time).
     pub fn shared_payload(&mut self) -> std::sync::Arc<Vec<u8>> {
         self.shared.get_or_insert_with(|| std::sync::Arc::new(std::mem::take(&mut self.buf))).clone()
     }
+}
+
+/// `ranges` sorted and merged into their union (touching ranges join).
+fn covered(ranges: &mut Vec<(usize, usize)>) -> &[(usize, usize)] {
+    ranges.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+    for &(s, e) in ranges.iter() {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    *ranges = merged;
+    ranges
 }
 
 struct FlushWait {
@@ -295,6 +353,7 @@ impl Engine {
                 error: None,
                 write_seq,
                 fua_flushes: None,
+                gathered: Vec::new(),
             },
         );
         if req.len_bytes > 0 {
@@ -618,17 +677,18 @@ impl Engine {
 
     fn finish_request(&mut self, id: RequestId) {
         let Some(r) = self.reqs.remove(&id) else { return };
-        if let Some(seq) = r.write_seq {
+        let write_seq = r.write_seq;
+        if let Some(seq) = write_seq {
             self.inflight_writes.remove(&seq);
         }
         let result = match r.error {
             Some(e) => Err(e),
-            None if r.op == RequestOp::Read => Ok(r.buf),
+            None if r.op == RequestOp::Read => Ok(r.into_read_data()),
             None => Ok(Vec::new()),
         };
         self.out_done.push_back(RequestCompletion { id, result });
         self.direct_write_ranges.remove(&id);
-        if r.write_seq.is_some() {
+        if write_seq.is_some() {
             self.progress_flushes();
         }
     }
@@ -696,5 +756,67 @@ impl Engine {
         } else {
             self.direct_io_done(ctx, member, result);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_state(len: usize) -> ReqState {
+        ReqState {
+            op: RequestOp::Read,
+            fua: false,
+            buf: Vec::new(),
+            len_bytes: len as u64,
+            shared: None,
+            parts: 0,
+            error: None,
+            write_seq: None,
+            fua_flushes: None,
+            gathered: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn pieces_delivered_in_any_order_make_the_whole_read() {
+        let want: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let mut r = read_state(4096);
+        r.deliver(3072, want[3072..].to_vec(), 1024);
+        r.deliver(0, want[..1024].to_vec(), 1024);
+        assert!(r.buf.is_empty(), "not whole yet");
+        r.deliver(1024, want[1024..3072].to_vec(), 2048);
+        assert_eq!(r.buf, want, "whole once the pieces cover it");
+        assert!(r.gathered.is_empty());
+    }
+
+    #[test]
+    fn a_cache_copy_between_pieces_keeps_them_and_zeroes_only_the_gaps() {
+        let mut r = read_state(3000);
+        r.deliver(2000, vec![7; 1000], 1000);
+        r.deliver(0, vec![5; 500], 500);
+        // The cache path needs the whole buffer: gathered bytes stay, the gap is zeroed.
+        let whole = r.read_target();
+        assert_eq!(&whole[..500], &[5; 500][..]);
+        assert_eq!(&whole[500..2000], &[0; 1500][..]);
+        assert_eq!(&whole[2000..], &[7; 1000][..]);
+        whole[500..2000].fill(9);
+        r.deliver(0, vec![6; 500], 500);
+        let mut want = vec![6u8; 500];
+        want.extend([9; 1500]);
+        want.extend([7; 1000]);
+        assert_eq!(r.into_read_data(), want);
+    }
+
+    #[test]
+    fn a_read_finished_with_gaps_has_them_zeroed() {
+        let mut r = read_state(100);
+        r.deliver(50, vec![1; 50], 50);
+        r.deliver(60, vec![2; 10], 10);
+        let mut want = vec![0u8; 50];
+        want.extend([1; 10]);
+        want.extend([2; 10]);
+        want.extend([1; 30]);
+        assert_eq!(r.into_read_data(), want);
     }
 }
