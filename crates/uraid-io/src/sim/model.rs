@@ -224,6 +224,9 @@ impl Best {
 pub struct HddModel {
     p: HddProfile,
     zones: Vec<Zone>,
+    /// The zone `zone` found last: most lookups fall in it again (a member smaller than a
+    /// zone never leaves it).
+    last_zone: std::cell::Cell<usize>,
     rotation_ns: u64,
     spindle_phase_ns: u64,
     /// Short seeks: a + b*sqrt(d); long: c + e*d (ns, d in cylinders).
@@ -249,6 +252,8 @@ pub struct HddModel {
     next_unadded_seq: u64,
     /// Picks so far (marks what one pick has weighed).
     picks: u64,
+    /// Which of the pick's two scans ended the last pick.
+    angle_scan_ends_first: bool,
     /// Whether the pick may stop before weighing every command: the cylinder never falls
     /// as the offset rises, no seek is negative, and the seek time never falls by more
     /// than `seek_slack_ns` as the distance grows.
@@ -303,6 +308,7 @@ impl HddModel {
         let seek_c = t3 - seek_e * boundary;
         HddModel {
             zones,
+            last_zone: std::cell::Cell::new(0),
             rotation_ns,
             spindle_phase_ns: spindle_phase_ns % rotation_ns.max(1),
             seek_a,
@@ -320,6 +326,7 @@ impl HddModel {
             candidates: CandidateSet::default(),
             next_unadded_seq: 0,
             picks: 0,
+            angle_scan_ends_first: true,
             prune: false,
             seek_slack_ns: 0.0,
             p,
@@ -352,8 +359,14 @@ impl HddModel {
     }
 
     fn zone(&self, offset_bytes: u64) -> &Zone {
-        let i = self.zones.partition_point(|z| z.end_bytes <= offset_bytes);
-        &self.zones[i.min(self.zones.len() - 1)]
+        // Zones are contiguous, so one holding the offset is the one the search finds.
+        let last = &self.zones[self.last_zone.get()];
+        if last.start_bytes <= offset_bytes && offset_bytes < last.end_bytes {
+            return last;
+        }
+        let i = self.zones.partition_point(|z| z.end_bytes <= offset_bytes).min(self.zones.len() - 1);
+        self.last_zone.set(i);
+        &self.zones[i]
     }
 
     /// Cylinder and angular position (fraction of a turn) of a byte.
@@ -470,6 +483,11 @@ impl HddModel {
     /// order; this one weighs the few the head can reach in time (see `best_candidate`).
     /// Also returns the picked command's `locate`, when known.
     fn pick(&mut self, queued: &[QueuedIo], now_ns: u64, reorder: bool) -> (usize, Option<(f64, f64)>) {
+        if queued.len() == 1 && self.candidates.len() == 0 {
+            // Nothing to choose from and nothing kept: keeping this one would only be undone.
+            self.next_unadded_seq = queued[0].seq.wrapping_add(1);
+            return (0, None);
+        }
         if self.sync_candidates(queued) {
             let slot = if reorder { self.best_candidate(now_ns) } else { self.slot_of(queued[0].seq) };
             if let Some(slot) = slot {
@@ -643,13 +661,15 @@ impl HddModel {
         let first = set.by_angle.partition_point(|e| e.angle_ns < from_ns);
         let mut angle_steps = 0;
         // Which scan ends first depends on whether seeks or rotation dominate the costs
-        // (narrow or wide spread of cylinders): taking turns costs at most twice the
-        // shorter one.
-        let mut angle_turn = true;
+        // (wide or narrow spread of cylinders), which changes slowly: the scan that ended
+        // the last pick takes three steps to the other's one.
+        let mut step = 0u32;
         loop {
-            angle_turn = !angle_turn;
+            step += 1;
+            let angle_turn = self.angle_scan_ends_first != step.is_multiple_of(4);
             let slot = if angle_turn {
                 if angle_steps == n {
+                    self.angle_scan_ends_first = true;
                     break;
                 }
                 let e = set.by_angle[(first + angle_steps) % n];
@@ -659,6 +679,7 @@ impl HddModel {
                     ahead += rotation;
                 }
                 if ahead - ANGLE_SLACK_NS > best.cost {
+                    self.angle_scan_ends_first = true;
                     break;
                 }
                 e.slot
@@ -667,6 +688,7 @@ impl HddModel {
                 let up = if above < n { set.by_offset[above].cylinder - head } else { f64::INFINITY };
                 let (slot, distance) = if down <= up {
                     if below == 0 {
+                        self.angle_scan_ends_first = false;
                         break;
                     }
                     below -= 1;
@@ -676,6 +698,7 @@ impl HddModel {
                     (set.by_offset[above - 1].slot, up)
                 };
                 if self.seek_ns(distance) - self.seek_slack_ns > best.cost {
+                    self.angle_scan_ends_first = false;
                     break;
                 }
                 slot
