@@ -445,8 +445,10 @@ impl Executor {
             BackendChoice::ThreadPool => {
                 Backend::Pool(pool::PoolBackend::new(members.clone(), opts.pool_threads))
             }
-            BackendChoice::IoUring => Backend::Uring(Box::new(uring::UringBackend::new(entries)?)),
-            BackendChoice::Auto => match uring::UringBackend::new(entries) {
+            BackendChoice::IoUring => {
+                Backend::Uring(Box::new(uring::UringBackend::new(entries, queue_depth * members.len())?))
+            }
+            BackendChoice::Auto => match uring::UringBackend::new(entries, queue_depth * members.len()) {
                 Ok(u) => Backend::Uring(Box::new(u)),
                 Err(e) => {
                     if opts.log {
@@ -602,12 +604,15 @@ impl Executor {
             (MemberIoOp::Read, false) => IoBuf::Plain(read_target(io.data)),
             (MemberIoOp::Read, true) => {
                 // Straight into the result when its memory suits O_DIRECT here (tmpfs, for
-                // one, takes any 16-byte-aligned buffer); a bounce buffer otherwise.
-                let v = read_target(io.data);
-                if (v.as_ptr() as usize as u64).is_multiple_of(member.dio_mem_align) {
-                    IoBuf::Plain(v)
-                } else {
-                    IoBuf::Aligned(take_aligned(&mut self.aligned_pool, len))
+                // one, takes any 16-byte-aligned buffer); a bounce buffer otherwise. Without
+                // a spare buffer from the engine, a fresh vector is only worth allocating
+                // where the allocator's usual 16-byte alignment may suffice.
+                let v = (!io.data.is_empty() || member.dio_mem_align <= 16).then(|| read_target(io.data));
+                match v {
+                    Some(v) if (v.as_ptr() as usize as u64).is_multiple_of(member.dio_mem_align) => {
+                        IoBuf::Plain(v)
+                    }
+                    _ => IoBuf::Aligned(take_aligned(&mut self.aligned_pool, len)),
                 }
             }
             (MemberIoOp::Write, false) => IoBuf::Shared(io.data),

@@ -124,6 +124,11 @@ struct Member {
     queue_depth: usize,
     reorders: bool,
     queue: VecDeque<Pending>,
+    /// `queue` as the model sees it, entry for entry: handed to it as a slice, so a start
+    /// copies nothing.
+    queued: Vec<QueuedIo>,
+    /// Flushes in `queue`: with none, nothing cuts the model's slice short.
+    flushes_queued: usize,
     active: Vec<Option<Active>>,
     active_count: usize,
     failed: bool,
@@ -131,6 +136,8 @@ struct Member {
     completed_ios: u64,
     stats: SimMemberStats,
     last_account_ns: u64,
+    /// Commands submitted so far: the next one's `QueuedIo::seq`.
+    submitted: u64,
 }
 
 impl Member {
@@ -216,7 +223,6 @@ pub struct SimDisks {
     fired: Vec<FaultRecord>,
     power_lost_at: Option<u64>,
     total_completed: u64,
-    scratch: Vec<QueuedIo>,
     in_flight: usize,
 }
 
@@ -243,6 +249,8 @@ impl SimDisks {
                 active: (0..model.channels()).map(|_| None).collect(),
                 model,
                 queue: VecDeque::new(),
+                queued: Vec::new(),
+                flushes_queued: 0,
                 active_count: 0,
                 failed: false,
                 latency_percent: 100,
@@ -252,6 +260,7 @@ impl SimDisks {
                     ..Default::default()
                 },
                 last_account_ns: 0,
+                submitted: 0,
             });
         }
         Ok(SimDisks {
@@ -266,7 +275,6 @@ impl SimDisks {
             fired: Vec::new(),
             power_lost_at: None,
             total_completed: 0,
-            scratch: Vec::new(),
             in_flight: 0,
         })
     }
@@ -376,7 +384,16 @@ impl SimDisks {
         let member = io.member;
         let m = &mut self.members[member];
         m.account(now);
+        m.queued.push(QueuedIo {
+            op: io.op,
+            offset_bytes: io.offset_bytes,
+            len_bytes: io.len_bytes,
+            arrival_ns: now,
+            seq: m.submitted,
+        });
+        m.flushes_queued += usize::from(io.op == MemberIoOp::Flush);
         m.queue.push_back(Pending { io, arrival_ns: now });
+        m.submitted += 1;
         let depth = m.depth() as u64;
         m.stats.max_queue_depth = m.stats.max_queue_depth.max(depth);
         self.try_start(member);
@@ -397,30 +414,18 @@ impl SimDisks {
             if front_is_flush && m.active_count > 0 {
                 return;
             }
-            self.scratch.clear();
-            if front_is_flush || !m.reorders {
-                let p = &m.queue[0];
-                self.scratch.push(QueuedIo {
-                    op: p.io.op,
-                    offset_bytes: p.io.offset_bytes,
-                    len_bytes: p.io.len_bytes,
-                    arrival_ns: p.arrival_ns,
-                });
+            let offered = if front_is_flush || !m.reorders {
+                1
             } else {
-                let room = m.queue_depth.saturating_sub(m.active_count).max(1);
-                for p in m.queue.iter().take(room) {
-                    if p.io.op == MemberIoOp::Flush {
-                        break;
-                    }
-                    self.scratch.push(QueuedIo {
-                        op: p.io.op,
-                        offset_bytes: p.io.offset_bytes,
-                        len_bytes: p.io.len_bytes,
-                        arrival_ns: p.arrival_ns,
-                    });
-                }
-            }
-            let (pick, service_ns) = m.model.start(&self.scratch, now);
+                let room = m.queue_depth.saturating_sub(m.active_count).max(1).min(m.queued.len());
+                let flush = if m.flushes_queued > 0 {
+                    m.queued[..room].iter().position(|q| q.op == MemberIoOp::Flush)
+                } else {
+                    None
+                };
+                flush.unwrap_or(room)
+            };
+            let (pick, service_ns) = m.model.start(&m.queued[..offered], now);
             let service_ns = if m.latency_percent == 100 {
                 service_ns
             } else {
@@ -428,6 +433,8 @@ impl SimDisks {
             };
             m.account(now);
             let Some(p) = m.queue.remove(pick) else { return };
+            m.queued.remove(pick);
+            m.flushes_queued -= usize::from(p.io.op == MemberIoOp::Flush);
             let flush_mark = m.store.flush_mark();
             m.active[channel] = Some(Active { io: p.io, arrival_ns: p.arrival_ns, flush_mark });
             m.active_count += 1;
@@ -607,6 +614,8 @@ impl SimDisks {
                         a.io.op,
                     ));
                 }
+                m.queued.clear();
+                m.flushes_queued = 0;
                 for p in m.queue.drain(..) {
                     doomed.push((
                         MemberIoCompletion { id: p.io.id, result: Err(MemberIoError::Gone) },
@@ -667,6 +676,8 @@ impl SimDisks {
                 .collect();
             reports.push(m.store.power_loss(policy, rng, &in_flight));
             m.queue.clear();
+            m.queued.clear();
+            m.flushes_queued = 0;
             m.active_count = 0;
             m.model.power_cycle();
         }

@@ -16,6 +16,10 @@ pub struct QueuedIo {
     pub offset_bytes: u64,
     pub len_bytes: u64,
     pub arrival_ns: u64,
+    /// Arrival number on this device, rising with every command submitted to it. A model
+    /// may keep its own view of the queue from one `start` to the next by it; one that
+    /// finds its view disagreeing with `queued` rebuilds it.
+    pub seq: u64,
 }
 
 pub trait DiskModel: Send {
@@ -25,8 +29,10 @@ pub trait DiskModel: Send {
     fn queue_depth(&self) -> usize;
     /// Whether `start` may pick other than the oldest command; if not, callers pass one.
     fn reorders(&self) -> bool;
-    /// Start one of `queued` (oldest first, never empty; a `Flush` only ever alone) at
-    /// `now_ns`: its index and its service time in ns.
+    /// Start one of `queued` (oldest first, so `seq` rising; never empty; a `Flush` only
+    /// ever alone) at `now_ns`: its index and its service time in ns. `queued` is the
+    /// device's queue from its front: the commands not picked stay and are passed again,
+    /// and new ones join at the back.
     fn start(&mut self, queued: &[QueuedIo], now_ns: u64) -> (usize, u64);
     /// The power went away: buffers are empty, the head is wherever it stopped.
     fn power_cycle(&mut self);
@@ -86,10 +92,141 @@ enum Access {
     Mechanical,
 }
 
+/// A queued command as the pick sees it. Its place on the platters is worked out once,
+/// when it joins the queue, not at every pick it waits through.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    io: QueuedIo,
+    cylinder: f64,
+    angle: f64,
+    /// `angle` in ns of a turn past the index mark.
+    angle_ns: f64,
+    /// The pick that last weighed it (see `HddModel::picks`).
+    weighed_by: u64,
+}
+
+/// The commands the device holds, in two orders the pick scans: by offset (so by
+/// cylinder, see `HddModel::prune`) and by angle. The orders carry their keys, so a
+/// search over them reads one small array.
+#[derive(Default)]
+struct CandidateSet {
+    slots: Vec<Candidate>,
+    free: Vec<u32>,
+    /// By (offset, seq).
+    by_offset: Vec<ByOffset>,
+    /// By (angle_ns, seq).
+    by_angle: Vec<ByAngle>,
+    /// Commands per MiB of offset (taken modulo the array's length): a range that covers
+    /// only empty ones holds no command, which spares its search.
+    per_mib: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ByOffset {
+    offset_bytes: u64,
+    cylinder: f64,
+    slot: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ByAngle {
+    angle_ns: f64,
+    slot: u32,
+}
+
+const PER_MIB_BUCKETS: u64 = 256;
+
+impl CandidateSet {
+    fn len(&self) -> usize {
+        self.by_offset.len()
+    }
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.free.clear();
+        self.by_offset.clear();
+        self.by_angle.clear();
+        self.per_mib.clear();
+    }
+    fn bucket(offset_bytes: u64) -> usize {
+        ((offset_bytes >> 20) % PER_MIB_BUCKETS) as usize
+    }
+    /// Whether some command may start in `[lo, hi]` (false: certainly none does).
+    fn may_hold(&self, lo: u64, hi: u64) -> bool {
+        if self.per_mib.is_empty() || (hi >> 20) - (lo >> 20) >= PER_MIB_BUCKETS - 1 {
+            return true;
+        }
+        ((lo >> 20)..=(hi >> 20)).any(|mib| self.per_mib[Self::bucket(mib << 20)] != 0)
+    }
+    fn seq(&self, slot: u32) -> u64 {
+        self.slots[slot as usize].io.seq
+    }
+    fn insert(&mut self, c: Candidate) {
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize] = c;
+                s
+            }
+            None => {
+                self.slots.push(c);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let (offset, seq) = (c.io.offset_bytes, c.io.seq);
+        let at = self.by_offset.partition_point(|e| {
+            e.offset_bytes < offset || (e.offset_bytes == offset && self.seq(e.slot) < seq)
+        });
+        self.by_offset.insert(at, ByOffset { offset_bytes: offset, cylinder: c.cylinder, slot });
+        let at = self.by_angle.partition_point(|e| {
+            e.angle_ns < c.angle_ns || (e.angle_ns == c.angle_ns && self.seq(e.slot) < seq)
+        });
+        self.by_angle.insert(at, ByAngle { angle_ns: c.angle_ns, slot });
+        if self.per_mib.is_empty() {
+            self.per_mib = vec![0; PER_MIB_BUCKETS as usize];
+        }
+        self.per_mib[Self::bucket(offset)] += 1;
+    }
+    fn remove(&mut self, slot: u32) {
+        if let Some(at) = self.by_offset.iter().position(|e| e.slot == slot) {
+            self.by_offset.remove(at);
+        }
+        if let Some(at) = self.by_angle.iter().position(|e| e.slot == slot) {
+            self.by_angle.remove(at);
+        }
+        self.per_mib[Self::bucket(self.slots[slot as usize].io.offset_bytes)] -= 1;
+        self.free.push(slot);
+    }
+    fn retain_seq_up_to(&mut self, last_seq: u64) {
+        let gone: Vec<u32> =
+            self.by_offset.iter().map(|e| e.slot).filter(|&s| self.seq(s) > last_seq).collect();
+        for s in gone {
+            self.remove(s);
+        }
+    }
+}
+
+/// The pick's best so far: lowest cost, then oldest (what a scan in queue order keeps).
+#[derive(Clone, Copy, Debug)]
+struct Best {
+    cost: f64,
+    seq: u64,
+    slot: u32,
+}
+
+impl Best {
+    fn offer(&mut self, cost: f64, seq: u64, slot: u32) {
+        if cost < self.cost || (cost == self.cost && seq < self.seq) {
+            *self = Best { cost, seq, slot };
+        }
+    }
+}
+
 /// Hard disk after Ruemmler & Wilkes 1994 (see the profile fields).
 pub struct HddModel {
     p: HddProfile,
     zones: Vec<Zone>,
+    /// The zone `zone` found last: most lookups fall in it again (a member smaller than a
+    /// zone never leaves it).
+    last_zone: std::cell::Cell<usize>,
     rotation_ns: u64,
     spindle_phase_ns: u64,
     /// Short seeks: a + b*sqrt(d); long: c + e*d (ns, d in cylinders).
@@ -106,11 +243,22 @@ pub struct HddModel {
     last_was_write: bool,
     /// Most recently used first.
     segments: Vec<Segment>,
-    /// Scratch for `start`: per segment, the byte range a read must start in to possibly
+    /// Scratch for `pick_by_full_scan`: per segment, the byte range a read must start in to possibly
     /// hit it (a superset of `classify`'s hits, so misses skip the exact test).
     hit_ranges: Vec<(u64, u64)>,
-    /// `locate` results by offset (256 slots, direct-mapped; u64::MAX = empty).
-    locate_memo: Box<[(u64, f64, f64); 256]>,
+    /// The commands `start` was last given, less the one it picked.
+    candidates: CandidateSet,
+    /// Every command with a lower seq has been put into `candidates` (or picked).
+    next_unadded_seq: u64,
+    /// Picks so far (marks what one pick has weighed).
+    picks: u64,
+    /// Which of the pick's two scans ended the last pick.
+    angle_scan_ends_first: bool,
+    /// Whether the pick may stop before weighing every command: the cylinder never falls
+    /// as the offset rises, no seek is negative, and the seek time never falls by more
+    /// than `seek_slack_ns` as the distance grows.
+    prune: bool,
+    seek_slack_ns: f64,
 }
 
 impl HddModel {
@@ -160,6 +308,7 @@ impl HddModel {
         let seek_c = t3 - seek_e * boundary;
         HddModel {
             zones,
+            last_zone: std::cell::Cell::new(0),
             rotation_ns,
             spindle_phase_ns: spindle_phase_ns % rotation_ns.max(1),
             seek_a,
@@ -174,26 +323,50 @@ impl HddModel {
             last_was_write: false,
             segments: Vec::new(),
             hit_ranges: Vec::new(),
-            locate_memo: Box::new([(u64::MAX, 0.0, 0.0); 256]),
+            candidates: CandidateSet::default(),
+            next_unadded_seq: 0,
+            picks: 0,
+            angle_scan_ends_first: true,
+            prune: false,
+            seek_slack_ns: 0.0,
             p,
         }
+        .with_pruning_checked()
+    }
+
+    /// Sets `prune` and `seek_slack_ns` from the profile's curves. Within a zone the
+    /// cylinder is a floor of a rising quotient and each seek piece is a rising function,
+    /// so only the joints can go wrong: zone boundaries, the jump to the linear piece, and
+    /// the step from no seek to the shortest one.
+    fn with_pruning_checked(mut self) -> Self {
+        let cylinders_rise = self
+            .zones
+            .iter()
+            .filter(|z| z.start_bytes > 0 && z.start_bytes < self.p.capacity_bytes)
+            .all(|z| self.locate(z.start_bytes - 1).0 <= self.locate(z.start_bytes).0);
+        let b = self.seek_boundary_cylinders;
+        let short_at_boundary = self.seek_a + self.seek_b * b.sqrt();
+        let long_at_boundary = self.seek_c + self.seek_e * b;
+        let shortest = self.seek_a + self.seek_b * 0.5f64.sqrt();
+        let pieces_rise =
+            self.seek_b >= 0.0 && self.seek_e >= 0.0 && shortest >= 0.0 && long_at_boundary >= 0.0;
+        let jump = (short_at_boundary - long_at_boundary).max(0.0);
+        self.prune = cylinders_rise && pieces_rise && jump.is_finite();
+        // Twice the jump and a nanosecond besides: room for the rounding of the bound
+        // itself, at no cost worth measuring next to millisecond positioning times.
+        self.seek_slack_ns = 2.0 * jump + 1.0;
+        self
     }
 
     fn zone(&self, offset_bytes: u64) -> &Zone {
-        let i = self.zones.partition_point(|z| z.end_bytes <= offset_bytes);
-        &self.zones[i.min(self.zones.len() - 1)]
-    }
-
-    /// `locate`, remembered for recently asked offsets.
-    fn locate_memo(&mut self, offset_bytes: u64) -> (f64, f64) {
-        let i = ((offset_bytes >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize;
-        let e = self.locate_memo[i];
-        if e.0 == offset_bytes {
-            return (e.1, e.2);
+        // Zones are contiguous, so one holding the offset is the one the search finds.
+        let last = &self.zones[self.last_zone.get()];
+        if last.start_bytes <= offset_bytes && offset_bytes < last.end_bytes {
+            return last;
         }
-        let (cyl, angle) = self.locate(offset_bytes);
-        self.locate_memo[i] = (offset_bytes, cyl, angle);
-        (cyl, angle)
+        let i = self.zones.partition_point(|z| z.end_bytes <= offset_bytes).min(self.zones.len() - 1);
+        self.last_zone.set(i);
+        &self.zones[i]
     }
 
     /// Cylinder and angular position (fraction of a turn) of a byte.
@@ -234,14 +407,7 @@ impl HddModel {
         t
     }
 
-    /// Seek plus rotational wait from the head's state at `t_ns` to the start of `offset_bytes`.
-    fn positioning_ns(&self, offset_bytes: u64, t_ns: u64, write: bool) -> f64 {
-        let (cyl, target_angle) = self.locate(offset_bytes);
-        let seek = self.seek_to_ns(cyl, write);
-        self.positioning_after_seek(seek, target_angle, self.turn_at(t_ns))
-    }
-
-    /// The seek part of `positioning_ns` (write settle included).
+    /// Seek time from the head to cylinder `cyl` (write settle included).
     fn seek_to_ns(&self, cyl: f64, write: bool) -> f64 {
         let mut seek = self.seek_ns((cyl - self.head_cylinder).abs());
         if write {
@@ -250,9 +416,9 @@ impl HddModel {
         seek
     }
 
-    /// `positioning_ns` given its seek part and `turn_at` the start time: adds the
-    /// rotational wait (never negative). The turn is reduced by subtraction, so weighing
-    /// many commands from one start costs one division, not one each.
+    /// Seek plus rotational wait (never negative), given the seek and `turn_at` the start
+    /// time. The turn is reduced by subtraction, so weighing many commands from one start
+    /// costs one division, not one each.
     fn positioning_after_seek(&self, seek: f64, target_angle: f64, turn_at_t: u64) -> f64 {
         let mut turn = turn_at_t + seek as u64;
         while turn >= self.rotation_ns {
@@ -312,7 +478,284 @@ impl HddModel {
         }
     }
 
-    fn service(&mut self, io: &QueuedIo, now_ns: u64) -> u64 {
+    /// Which of `queued` goes next: shortest positioning time first when `reorder`, else
+    /// the oldest. Same choice as `pick_by_full_scan`, which weighs every command in queue
+    /// order; this one weighs the few the head can reach in time (see `best_candidate`).
+    /// Also returns the picked command's `locate`, when known.
+    fn pick(&mut self, queued: &[QueuedIo], now_ns: u64, reorder: bool) -> (usize, Option<(f64, f64)>) {
+        if queued.len() == 1 && self.candidates.len() == 0 {
+            // Nothing to choose from and nothing kept: keeping this one would only be undone.
+            self.next_unadded_seq = queued[0].seq.wrapping_add(1);
+            return (0, None);
+        }
+        if self.sync_candidates(queued) {
+            let slot = if reorder { self.best_candidate(now_ns) } else { self.slot_of(queued[0].seq) };
+            if let Some(slot) = slot {
+                let c = self.candidates.slots[slot as usize];
+                let i = queued.partition_point(|q| q.seq < c.io.seq);
+                if queued.get(i).is_some_and(|q| q.seq == c.io.seq) {
+                    self.candidates.remove(slot);
+                    return (i, Some((c.cylinder, c.angle)));
+                }
+            }
+        }
+        // `queued` is not the queue the candidates were kept for: start over.
+        self.candidates.clear();
+        self.next_unadded_seq = 0;
+        (if reorder { self.pick_by_full_scan(queued, now_ns) } else { 0 }, None)
+    }
+
+    fn slot_of(&self, seq: u64) -> Option<u32> {
+        self.candidates.by_offset.iter().map(|e| e.slot).find(|&s| self.candidates.seq(s) == seq)
+    }
+
+    /// Brings `candidates` in line with `queued`: drops what fell off its back (a flush
+    /// now cuts it shorter), adds what joined. False if they then disagree in number.
+    fn sync_candidates(&mut self, queued: &[QueuedIo]) -> bool {
+        let last_seq = queued[queued.len() - 1].seq;
+        if last_seq < self.next_unadded_seq {
+            self.candidates.retain_seq_up_to(last_seq);
+        }
+        let new_from =
+            queued.len() - queued.iter().rev().take_while(|q| q.seq >= self.next_unadded_seq).count();
+        for q in &queued[new_from..] {
+            let (cylinder, angle) = self.locate(q.offset_bytes);
+            self.candidates.insert(Candidate {
+                io: *q,
+                cylinder,
+                angle,
+                angle_ns: angle * self.rotation_ns as f64,
+                weighed_by: 0,
+            });
+        }
+        self.next_unadded_seq = last_seq.wrapping_add(1);
+        self.candidates.len() == queued.len()
+    }
+
+    /// Per segment, the byte range a read must start in to possibly hit it (a superset of
+    /// `classify`'s hits), sorted by start with each end raised to the running maximum, so
+    /// whether an offset is in any of them is decided by the last range starting at or
+    /// below it.
+    fn fill_hit_ranges(&mut self, now_ns: u64) {
+        let mut ranges = std::mem::take(&mut self.hit_ranges);
+        ranges.clear();
+        ranges.extend(self.segments.iter().map(|s| {
+            let mut hi = s.filled_end(now_ns);
+            if let Some(st) = s.streaming {
+                if now_ns < self.stream_stop_ns(s) {
+                    hi = hi.max(st.limit);
+                }
+            }
+            (s.start, hi)
+        }));
+        ranges.sort_unstable_by_key(|&(lo, _)| lo);
+        let mut reach = 0;
+        for r in ranges.iter_mut() {
+            reach = reach.max(r.1);
+            r.1 = reach;
+        }
+        self.hit_ranges = ranges;
+    }
+
+    /// What the pick weighs: no time for a command the buffer or a stream serves, else seek
+    /// plus rotational wait. `seek_ns` is `seek_ns` of the distance from the head.
+    fn cost(
+        &self,
+        io: &QueuedIo,
+        maybe_hit: bool,
+        seek_ns: f64,
+        angle: f64,
+        now_ns: u64,
+        turn_at_t: u64,
+    ) -> f64 {
+        let access = if maybe_hit { self.classify(io, now_ns).0 } else { Access::Mechanical };
+        match access {
+            Access::Buffer | Access::Stream => 0.0,
+            Access::Mechanical => {
+                let settle = if io.op == MemberIoOp::Write { self.p.write_settle_ns as f64 } else { 0.0 };
+                self.positioning_after_seek(seek_ns + settle, angle, turn_at_t)
+            }
+        }
+    }
+
+    /// The candidate of the lowest cost, oldest first among equals.
+    ///
+    /// Commands the buffer or a write stream may serve can cost nothing wherever they are,
+    /// so they are weighed first. Every other cost is at least its seek, and at least the
+    /// time until the platter brings its angle under the head (the rotational wait counts
+    /// from where the seek ends, and the seek takes no negative time). So the rest are
+    /// weighed along two scans, from the nearest cylinder outward and from the head's angle
+    /// onward, and the pick stops once either scan's bound exceeds the best cost found:
+    /// everything not yet weighed costs at least that bound.
+    fn best_candidate(&mut self, now_ns: u64) -> Option<u32> {
+        self.picks += 1;
+        let pick_id = self.picks;
+        let turn_at_t = self.turn_at(now_ns + self.p.command_overhead_ns);
+        let mut set = std::mem::take(&mut self.candidates);
+        let head = self.head_cylinder;
+        let mut best = Best { cost: f64::INFINITY, seq: u64::MAX, slot: u32::MAX };
+        // A read may hit a segment if it starts in [start, max(filled end, live stream's
+        // limit)] (a superset of `classify`'s hits): few segments, each a binary search.
+        for s in &self.segments {
+            let mut hi = s.filled_end(now_ns);
+            if let Some(st) = s.streaming {
+                if now_ns < self.stream_stop_ns(s) {
+                    hi = hi.max(st.limit);
+                }
+            }
+            if hi < s.start || !set.may_hold(s.start, hi) {
+                continue;
+            }
+            let from = set.by_offset.partition_point(|e| e.offset_bytes < s.start);
+            for e in &set.by_offset[from..] {
+                if e.offset_bytes > hi {
+                    break;
+                }
+                let slot = e.slot;
+                let c = &mut set.slots[slot as usize];
+                if c.io.op == MemberIoOp::Read && c.weighed_by != pick_id {
+                    c.weighed_by = pick_id;
+                    let seek = self.seek_ns((c.cylinder - head).abs());
+                    best.offer(self.cost(&c.io, true, seek, c.angle, now_ns, turn_at_t), c.io.seq, slot);
+                }
+            }
+        }
+        if self.p.write_cache && self.last_was_write {
+            let from = set.by_offset.partition_point(|e| e.offset_bytes < self.last_end_bytes);
+            for e in &set.by_offset[from..] {
+                if e.offset_bytes != self.last_end_bytes {
+                    break;
+                }
+                let slot = e.slot;
+                let c = &mut set.slots[slot as usize];
+                if c.io.op == MemberIoOp::Write {
+                    c.weighed_by = pick_id;
+                    let seek = self.seek_ns((c.cylinder - head).abs());
+                    best.offer(self.cost(&c.io, true, seek, c.angle, now_ns, turn_at_t), c.io.seq, slot);
+                }
+            }
+        }
+        // What is not weighed yet neither hits a segment nor continues a write stream.
+        let weigh = |c: &Candidate, seek: f64| self.cost(&c.io, false, seek, c.angle, now_ns, turn_at_t);
+        let n = set.len();
+        if !self.prune {
+            for e in &set.by_offset {
+                let (slot, c) = (e.slot, &set.slots[e.slot as usize]);
+                if c.weighed_by != pick_id {
+                    best.offer(weigh(c, self.seek_ns((c.cylinder - head).abs())), c.io.seq, slot);
+                }
+            }
+            self.candidates = set;
+            return Some(best.slot);
+        }
+        // Cylinder scan: the next candidate is the nearer of the two beside the head.
+        let mut above = set.by_offset.partition_point(|e| e.cylinder < head);
+        let mut below = above;
+        // Angle scan: from the head's angle onward round the turn. `ANGLE_SLACK_NS` keeps
+        // the bounds below the computed costs when a target lies a rounding error behind
+        // the head (its cost may come out as almost nothing or as almost a whole turn) or
+        // the seek ends a rounding error before it (the seek is truncated to whole ns).
+        const ANGLE_SLACK_NS: f64 = 4.0;
+        let rotation = self.rotation_ns as f64;
+        let from_ns = turn_at_t as f64 - ANGLE_SLACK_NS;
+        let first = set.by_angle.partition_point(|e| e.angle_ns < from_ns);
+        let mut angle_steps = 0;
+        // Which scan ends first depends on whether seeks or rotation dominate the costs
+        // (wide or narrow spread of cylinders), which changes slowly: the scan that ended
+        // the last pick takes three steps to the other's one.
+        let mut step = 0u32;
+        loop {
+            step += 1;
+            let angle_turn = self.angle_scan_ends_first != step.is_multiple_of(4);
+            let slot = if angle_turn {
+                if angle_steps == n {
+                    self.angle_scan_ends_first = true;
+                    break;
+                }
+                let e = set.by_angle[(first + angle_steps) % n];
+                angle_steps += 1;
+                let mut ahead = e.angle_ns - from_ns;
+                if ahead < 0.0 {
+                    ahead += rotation;
+                }
+                if ahead - ANGLE_SLACK_NS > best.cost {
+                    self.angle_scan_ends_first = true;
+                    break;
+                }
+                e.slot
+            } else {
+                let down = if below > 0 { head - set.by_offset[below - 1].cylinder } else { f64::INFINITY };
+                let up = if above < n { set.by_offset[above].cylinder - head } else { f64::INFINITY };
+                let (slot, distance) = if down <= up {
+                    if below == 0 {
+                        self.angle_scan_ends_first = false;
+                        break;
+                    }
+                    below -= 1;
+                    (set.by_offset[below].slot, down)
+                } else {
+                    above += 1;
+                    (set.by_offset[above - 1].slot, up)
+                };
+                if self.seek_ns(distance) - self.seek_slack_ns > best.cost {
+                    self.angle_scan_ends_first = false;
+                    break;
+                }
+                slot
+            };
+            let c = &mut set.slots[slot as usize];
+            if c.weighed_by != pick_id {
+                c.weighed_by = pick_id;
+                let seek = self.seek_ns((c.cylinder - head).abs());
+                // Its own bound first, sparing the division for most: the wait counts from
+                // the end of the seek, so a target the head passes while seeking costs a
+                // further turn.
+                let mut ahead = c.angle_ns - from_ns;
+                if ahead < 0.0 {
+                    ahead += rotation;
+                }
+                let by_angle = ahead - ANGLE_SLACK_NS;
+                let bound = if seek >= ahead + ANGLE_SLACK_NS { by_angle + rotation } else { by_angle };
+                if bound.max(seek) <= best.cost {
+                    best.offer(weigh(c, seek), c.io.seq, slot);
+                }
+            }
+        }
+        self.candidates = set;
+        Some(best.slot)
+    }
+
+    /// The plain shortest-positioning-time-first pick: every command weighed in queue
+    /// order, the first of the lowest cost kept. The reference `pick` must agree with.
+    fn pick_by_full_scan(&mut self, queued: &[QueuedIo], now_ns: u64) -> usize {
+        let turn_at_t = self.turn_at(now_ns + self.p.command_overhead_ns);
+        self.fill_hit_ranges(now_ns);
+        let ranges = &self.hit_ranges;
+        let (mut pick, mut best) = (0, f64::INFINITY);
+        for (i, io) in queued.iter().enumerate() {
+            let maybe_hit = io.op != MemberIoOp::Read || {
+                let below = ranges.partition_point(|&(lo, _)| lo <= io.offset_bytes);
+                below > 0 && ranges[below - 1].1 >= io.offset_bytes
+            };
+            let (cyl, angle) = self.locate(io.offset_bytes);
+            let cost = self.cost(
+                io,
+                maybe_hit,
+                self.seek_ns((cyl - self.head_cylinder).abs()),
+                angle,
+                now_ns,
+                turn_at_t,
+            );
+            if cost < best {
+                best = cost;
+                pick = i;
+            }
+        }
+        pick
+    }
+
+    /// `place`: `locate(io.offset_bytes)` if the caller has it.
+    fn service(&mut self, io: &QueuedIo, place: Option<(f64, f64)>, now_ns: u64) -> u64 {
         let overhead = self.p.command_overhead_ns as f64;
         let end = io.offset_bytes + io.len_bytes;
         if io.op == MemberIoOp::Flush {
@@ -331,11 +774,9 @@ impl HddModel {
             }
             Access::Stream => overhead + self.media_ns(io.offset_bytes, io.len_bytes),
             Access::Mechanical => {
-                let pos = self.positioning_ns(
-                    io.offset_bytes,
-                    now_ns + overhead as u64,
-                    io.op == MemberIoOp::Write,
-                );
+                let (cyl, angle) = place.unwrap_or_else(|| self.locate(io.offset_bytes));
+                let seek = self.seek_to_ns(cyl, io.op == MemberIoOp::Write);
+                let pos = self.positioning_after_seek(seek, angle, self.turn_at(now_ns + overhead as u64));
                 overhead + pos + self.media_ns(io.offset_bytes, io.len_bytes)
             }
         };
@@ -414,67 +855,14 @@ impl DiskModel for HddModel {
         self.p.ncq_depth > 1
     }
     fn start(&mut self, queued: &[QueuedIo], now_ns: u64) -> (usize, u64) {
-        let mut pick = 0;
         let starving = queued[0].arrival_ns.saturating_add(self.p.max_queue_wait_ns) <= now_ns;
-        if queued.len() > 1 && !starving {
-            // Shortest positioning time first among the queued commands.
-            let t = now_ns + self.p.command_overhead_ns;
-            let mut best = f64::INFINITY;
-            // A read can only hit a segment if it starts in [start, max(filled end, stream
-            // limit)]; computing those once per call spares `classify` for most commands.
-            // Sorted by start with a running maximum of the ends, a command's test is one
-            // binary search instead of a pass over every segment.
-            let mut ranges = std::mem::take(&mut self.hit_ranges);
-            ranges.clear();
-            ranges.extend(self.segments.iter().map(|s| {
-                let mut hi = s.filled_end(now_ns);
-                if let Some(st) = s.streaming {
-                    if now_ns < self.stream_stop_ns(s) {
-                        hi = hi.max(st.limit);
-                    }
-                }
-                (s.start, hi)
-            }));
-            ranges.sort_unstable_by_key(|&(lo, _)| lo);
-            let mut reach = 0;
-            for r in ranges.iter_mut() {
-                reach = reach.max(r.1);
-                r.1 = reach;
-            }
-            // Where the head is in its turn at `t` (positions after a seek add to it).
-            let turn_at_t = self.turn_at(t);
-            for (i, io) in queued.iter().enumerate() {
-                let maybe_hit = io.op != MemberIoOp::Read || {
-                    let below = ranges.partition_point(|&(lo, _)| lo <= io.offset_bytes);
-                    below > 0 && ranges[below - 1].1 >= io.offset_bytes
-                };
-                let access = if maybe_hit { self.classify(io, now_ns).0 } else { Access::Mechanical };
-                let cost = match access {
-                    Access::Buffer | Access::Stream => 0.0,
-                    Access::Mechanical => {
-                        // Same arithmetic as `positioning_ns`, with the position memoised (a
-                        // queued command is weighed at every start until it runs) and the
-                        // rotational wait skipped when the seek alone cannot beat the best.
-                        let (cyl, angle) = self.locate_memo(io.offset_bytes);
-                        let seek = self.seek_to_ns(cyl, io.op == MemberIoOp::Write);
-                        if seek >= best {
-                            continue;
-                        }
-                        self.positioning_after_seek(seek, angle, turn_at_t)
-                    }
-                };
-                if cost < best {
-                    best = cost;
-                    pick = i;
-                }
-            }
-            self.hit_ranges = ranges;
-        }
-        let service = self.service(&queued[pick], now_ns);
+        let (pick, place) = self.pick(queued, now_ns, queued.len() > 1 && !starving);
+        let service = self.service(&queued[pick], place, now_ns);
         (pick, service)
     }
     fn power_cycle(&mut self) {
         self.segments.clear();
+        self.candidates.clear();
         self.last_end_bytes = u64::MAX;
         self.last_was_write = false;
     }
@@ -534,6 +922,66 @@ mod tests {
         match DiskProfile::builtin("hdd-7200-2009").unwrap() {
             DiskProfile::Hdd(p) => HddModel::new(p, 0),
             _ => unreachable!(),
+        }
+    }
+
+    /// Runs `steps` starts on two models of `profile`, one picking as `start` does and
+    /// one by the full scan, over a queue kept at a wandering depth with random and
+    /// sequential reads and writes in the first `span_bytes` of the disk. Returns the picks
+    /// that were not the oldest (so a caller can check the workload reorders at all).
+    fn compare_picks(profile: &str, span_bytes: u64, seed: u64, steps: usize) -> usize {
+        let p = match DiskProfile::builtin(profile).unwrap() {
+            DiskProfile::Hdd(p) => p,
+            _ => unreachable!(),
+        };
+        let span_bytes = span_bytes.min(p.capacity_bytes);
+        let max_wait = p.max_queue_wait_ns;
+        let mut fast = HddModel::new(p.clone(), seed.wrapping_mul(7919));
+        let mut full = HddModel::new(p, seed.wrapping_mul(7919));
+        let mut rng = crate::sim::Rng::new(seed);
+        let (mut queue, mut seq, mut now) = (Vec::<QueuedIo>::new(), 0u64, 0u64);
+        let mut cursors = [0u64, span_bytes / 3, span_bytes / 2];
+        let mut reordered = 0;
+        for step in 0..steps {
+            let depth = 1 + (step / 97 % 32);
+            while queue.len() < depth {
+                let len = [512u64, 4096, 4096, 65536][rng.below(4) as usize];
+                let write = rng.below(3) == 0;
+                let offset = if rng.below(2) == 0 {
+                    let c = &mut cursors[rng.below(3) as usize];
+                    if *c + len > span_bytes {
+                        *c = 0;
+                    }
+                    *c += len;
+                    *c - len
+                } else {
+                    rng.below((span_bytes - len) / 512) * 512
+                };
+                let op = if write { MemberIoOp::Write } else { MemberIoOp::Read };
+                queue.push(QueuedIo { op, offset_bytes: offset, len_bytes: len, arrival_ns: now, seq });
+                seq += 1;
+            }
+            let (i, t) = fast.start(&queue, now);
+            let starving = queue[0].arrival_ns.saturating_add(max_wait) <= now;
+            let j = if queue.len() > 1 && !starving { full.pick_by_full_scan(&queue, now) } else { 0 };
+            let u = full.service(&queue[j], None, now);
+            assert_eq!((i, t), (j, u), "step {step}: depth {}", queue.len());
+            reordered += usize::from(i != 0);
+            queue.remove(i);
+            now += t;
+        }
+        reordered
+    }
+
+    #[test]
+    fn pick_agrees_with_the_full_scan() {
+        for seed in 1..=3 {
+            for (profile, span) in
+                [("hdd-7200-2009", 64 << 20), ("hdd-7200-2009", u64::MAX), ("hdd-7200-2014", 1 << 40)]
+            {
+                let reordered = compare_picks(profile, span, seed, 6000);
+                assert!(reordered > 1000, "{profile} {span}: only {reordered} picks were not the oldest");
+            }
         }
     }
 

@@ -233,14 +233,18 @@ impl MemberStore {
         if self.has_bad_sector(offset_bytes, len_bytes) {
             return Err(MemberIoError::Io);
         }
-        // Built page by page rather than zeroed and then overwritten: reads are most of the
-        // simulator's data traffic.
-        let mut buf = Vec::with_capacity(len_bytes as usize);
-        self.for_each_piece(offset_bytes, len_bytes as usize, |piece, n| match piece {
+        Ok(self.read_vec(offset_bytes, len_bytes as usize))
+    }
+
+    /// The stored bytes as a new vector, built page by page rather than zeroed and then
+    /// overwritten: reads and write pre-images are most of the simulator's data traffic.
+    fn read_vec(&self, offset_bytes: u64, len: usize) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(len);
+        self.for_each_piece(offset_bytes, len, |piece, n| match piece {
             Some(bytes) => buf.extend_from_slice(bytes),
             None => buf.resize(buf.len() + n, 0),
         });
-        Ok(buf)
+        buf
     }
 
     /// The stored bytes, ignoring latent errors: for checkers and crash images.
@@ -316,8 +320,7 @@ impl MemberStore {
             self.write_raw(offset_bytes, &data);
             return Ok(());
         }
-        let mut pre_image = vec![0u8; data.len()];
-        self.read_raw(offset_bytes, &mut pre_image);
+        let pre_image = self.read_vec(offset_bytes, data.len());
         self.write_raw(offset_bytes, &data);
         self.volatile_bytes += data.len() as u64;
         self.volatile.push_back(VolatileWrite { seq: self.next_seq, offset_bytes, data, pre_image });
