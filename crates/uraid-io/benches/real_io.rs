@@ -1,9 +1,9 @@
 //! Real executor vs fio (io_uring engine, O_DIRECT) on the same file in the same run:
 //! 4 KiB random read and write at QD32, 1 MiB sequential read and write at QD8, on tmpfs
 //! (/dev/shm) and on the work disk. `cargo bench -p uraid-io --bench real_io [-- --secs N]
-//! [--rounds N]`: each row runs fio and the executor in turn, `--rounds` times (default
-//! 3), and shows the median of each, so a burst of other load on the machine does not
-//! decide a row.
+//! [--rounds N]`: each row runs fio and the executor in turn (the first to go alternating),
+//! `--rounds` times (default 3), and shows the median of each, so a burst of other load on
+//! the machine does not decide a row.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -63,13 +63,20 @@ fn main() {
         ] {
             let (mut peers, mut ourss) = (Vec::new(), Vec::new());
             let mut failed = None;
-            for _ in 0..rounds {
-                if let Ok(p) = fio(&path, file_bytes, pattern, qd, d) {
-                    peers.push(p);
-                }
-                match real_executor(&path, file_bytes, pattern, qd, d, BackendChoice::IoUring) {
-                    Ok(o) => ourss.push(o),
-                    Err(e) => failed = Some(e),
+            for round in 0..rounds {
+                // Who goes first alternates: on the work disk the host's cache and the
+                // file's fresh layout favour whichever reads first.
+                for ours_turn in [round % 2 == 1, round % 2 == 0] {
+                    if !ours_turn {
+                        if let Ok(p) = fio(&path, file_bytes, pattern, qd, d) {
+                            peers.push(p);
+                        }
+                        continue;
+                    }
+                    match real_executor(&path, file_bytes, pattern, qd, d, BackendChoice::IoUring) {
+                        Ok(o) => ourss.push(o),
+                        Err(e) => failed = Some(e),
+                    }
                 }
             }
             let peer = median(peers);
