@@ -5,7 +5,8 @@ use uraid_io::bench::sim_speed;
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let n = if quick { 200_000 } else { 2_000_000 };
+    // The size `uraid bench sim` uses: within the simulated members' page pool (1 GiB).
+    let n = if quick { 200_000 } else { 400_000 };
     // Untimed warm-up of the same size, as `uraid bench sim` does: simulated members'
     // pages are recycled within the process (see `sim::store`), so without it the first
     // rows would time the kernel handing over gigabytes of fresh pages, not the simulator.

@@ -106,11 +106,22 @@ impl PageArena {
             let pages = if slab < GROWING_SLABS { FIRST_SLAB_PAGES << slab } else { MAX_SLAB_PAGES };
             let v = vec![0u8; pages * PAGE_BYTES as usize];
             #[cfg(target_os = "linux")]
-            // SAFETY: advice on memory this vector owns; populating keeps its zero contents.
-            unsafe {
-                let (ptr, len) = (v.as_ptr() as *mut libc::c_void, v.len());
-                libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
-                libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE);
+            {
+                // madvise takes whole pages only (EINVAL otherwise), and the allocator's
+                // header puts the vector 16 bytes past a page boundary: advise the pages
+                // inside it. (Unaligned, neither call ever took effect, and every page
+                // was faulted in one by one when first written.)
+                let start = (v.as_ptr() as usize).next_multiple_of(PAGE_BYTES as usize);
+                let end = (v.as_ptr() as usize + v.len()) / PAGE_BYTES as usize * PAGE_BYTES as usize;
+                if end > start {
+                    // SAFETY: advice on whole pages inside memory this vector owns; populating
+                    // keeps its zero contents.
+                    unsafe {
+                        let (ptr, len) = (start as *mut libc::c_void, end - start);
+                        libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
+                        libc::madvise(ptr, len, libc::MADV_POPULATE_WRITE);
+                    }
+                }
             }
             self.slabs.push(v);
             self.recycled.push(false);
