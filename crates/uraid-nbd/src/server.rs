@@ -436,17 +436,17 @@ struct Budget {
 
 impl Budget {
     fn acquire(&self, bytes: usize) {
+        let full = |st: &(usize, usize, bool)| {
+            st.0 > 0 && (st.0 >= self.max_requests || st.1 + bytes > self.max_bytes)
+        };
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while st.0 > 0 && (st.0 >= self.max_requests || st.1 + bytes > self.max_bytes) {
-            if !st.2 {
-                // Replies this thread holds back release budget: send them before waiting.
-                drop(st);
-                crate::reply::flush_batched_replies();
-                st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                if !(st.0 > 0 && (st.0 >= self.max_requests || st.1 + bytes > self.max_bytes)) {
-                    break;
-                }
-            }
+        if full(&st) {
+            // Replies this thread holds back release budget: send them before waiting.
+            drop(st);
+            crate::reply::flush_batched_replies();
+            st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        }
+        while full(&st) {
             st.2 = true;
             st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
