@@ -4,7 +4,8 @@
 //!   (or a pread/pwrite thread pool where io_uring is unavailable), O_DIRECT where the file
 //!   system allows it.
 //! - [`runtime::ArrayRuntime`]: a thread owning an engine and the real executor, fed
-//!   requests with completion callbacks (what `uraid serve` puts behind NBD).
+//!   requests with completion callbacks (what `uraid serve` puts behind NBD); a small
+//!   request runs on the submitting thread when that thread finds the engine free.
 //! - [`sim`]: virtual clock, disk models, fault injection, [`sim::SimArray`].
 //! - [`engine::ArrayEngine`]: the engine interface both drivers use; [`testing`] has a
 //!   tiny mirror engine that implements it for tests.
