@@ -413,8 +413,7 @@ impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
                 let dead = guard.take();
                 drop(guard);
                 drop(dead);
-                self.wake.sleeping.store(true, Ordering::SeqCst);
-                self.wake.wake();
+                self.wake.waker.wake();
                 return Ok(());
             }
         };

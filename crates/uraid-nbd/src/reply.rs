@@ -201,8 +201,9 @@ impl Replies {
         self.wake.notify_all();
     }
 
-    fn encode(&self, out: &mut Vec<u8>, handle: u64, body: &ReplyBody) {
-        match body {
+    /// Encodes the reply's header into `header`; returns its payload.
+    fn encode(&self, out: &mut Vec<u8>, handle: u64, body: ReplyBody) -> Vec<u8> {
+        match &body {
             ReplyBody::Ok => encode_ok_reply(out, self.structured, handle),
             ReplyBody::Read { offset_bytes, data } => {
                 encode_read_reply_header(out, self.structured, handle, *offset_bytes, data.len() as u32)
@@ -210,6 +211,10 @@ impl Replies {
             ReplyBody::Error { errno, message } => {
                 encode_error_reply(out, self.structured, handle, *errno, message)
             }
+        }
+        match body {
+            ReplyBody::Read { data, .. } => data,
+            _ => Vec::new(),
         }
     }
 
@@ -233,11 +238,7 @@ impl Replies {
         let batching = BATCH.with(|b| b.borrow().is_some());
         if batching {
             let mut header = Vec::with_capacity(32);
-            self.encode(&mut header, handle, &body);
-            let payload = match body {
-                ReplyBody::Read { data, .. } => data,
-                _ => Vec::new(),
-            };
+            let payload = self.encode(&mut header, handle, body);
             st.batch.push(Queued { header, payload, sent: 0, budget_bytes });
             if !std::mem::replace(&mut st.in_batch, true) {
                 drop(st);
@@ -247,11 +248,7 @@ impl Replies {
         }
         let mut header = std::mem::take(&mut st.scratch);
         header.clear();
-        self.encode(&mut header, handle, &body);
-        let payload = match body {
-            ReplyBody::Read { data, .. } => data,
-            _ => Vec::new(),
-        };
+        let payload = self.encode(&mut header, handle, body);
         let mut sent = 0;
         if !st.writer_busy && st.queue.is_empty() {
             // Under the lock, so no other thread writes to the socket meanwhile; the call

@@ -3,9 +3,9 @@
 //! Per connection: one thread reads and validates requests and submits them to the
 //! device; replies go out in completion order (NBD allows out-of-order replies), written
 //! by the thread that completes the request when the socket takes them at once, by the
-//! connection's writer thread otherwise (see `reply`). A per-connection budget of requests and bytes in flight bounds memory: when
-//! it is used up the reader stops reading the socket, so TCP flow control pushes back on
-//! the client.
+//! connection's writer thread otherwise (see `reply`). A per-connection budget of requests
+//! and bytes in flight bounds memory: when it is used up the reader stops reading the
+//! socket, so TCP flow control pushes back on the client.
 
 use crate::codec::{
     check_request, decode_request_header, Command, Decision, ExportInfo, Negotiation, NegotiationOutcome,

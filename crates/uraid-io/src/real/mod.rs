@@ -71,7 +71,7 @@ pub struct Member {
     dio_mem_align: u64,
     /// The file lives in memory (tmpfs): its I/O is a copy to or from the page cache that
     /// never waits for a device, so the executor may do small I/O inline (see
-    /// [`ExecutorOptions::inline_memory_io`]), and io_uring is told to hand the rest to a
+    /// [`ExecutorOptions::inline_memory_io_max_bytes`]), and io_uring is told to hand the rest to a
     /// worker at once (`IOSQE_ASYNC`): its pool adds workers only when one blocks, which a
     /// tmpfs copy never does, so otherwise all of it runs on one worker, one core.
     memory_backed: bool,
@@ -169,7 +169,7 @@ impl Member {
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
     }
-    /// On tmpfs: I/O is a memory copy (see [`ExecutorOptions::inline_memory_io`]).
+    /// On tmpfs: I/O is a memory copy (see [`ExecutorOptions::inline_memory_io_max_bytes`]).
     pub fn is_memory_backed(&self) -> bool {
         self.memory_backed
     }
@@ -593,12 +593,7 @@ impl Executor {
         let member = self.members.member(io.member);
         let (fd, direct) = member.fd_for(io.op, io.offset_bytes, io.len_bytes);
         let len = io.len_bytes as usize;
-        // A read fills the spare buffer the engine handed over, if it did (no allocation, no
-        // fresh pages to fault in); its old contents are overwritten before anyone sees them.
-        let read_target = |data: uraid_core::IoBytes| match data.try_into_unique_vec() {
-            Ok(v) if v.capacity() >= len => v,
-            _ => Vec::with_capacity(len),
-        };
+        let read_target = |data| read_target(data, len);
         let buf = match (io.op, direct) {
             (MemberIoOp::Flush, _) => IoBuf::None,
             (MemberIoOp::Read, false) => IoBuf::Plain(read_target(io.data)),
@@ -708,6 +703,19 @@ impl Executor {
     }
 }
 
+/// A read's result vector: the spare buffer the engine handed over, if it did and it is
+/// big enough (no allocation, no fresh pages to fault in; its old contents are overwritten
+/// before anyone sees them), else a fresh one. Capacity at least `len`, length unset.
+fn read_target(data: uraid_core::IoBytes, len: usize) -> Vec<u8> {
+    match data.try_into_unique_vec() {
+        Ok(mut v) if v.capacity() >= len => {
+            v.clear();
+            v
+        }
+        _ => Vec::with_capacity(len),
+    }
+}
+
 /// One I/O of a memory-backed member, done now on this thread through the buffered
 /// descriptor (on tmpfs the direct one reaches the same pages, so the two agree), straight
 /// into the result vector or from the engine's buffer: no bounce buffer, no copy.
@@ -716,7 +724,7 @@ fn run_inline(member: &Member, io: MemberIo) -> MemberIoCompletion {
     let len = io.len_bytes as usize;
     let result = match io.op {
         MemberIoOp::Read => {
-            let mut v: Vec<u8> = Vec::with_capacity(len);
+            let mut v = read_target(io.data, len);
             // SAFETY: v has capacity len; sync_io fills all of it or fails.
             unsafe { pool::sync_io(fd, io.op, io.offset_bytes, v.as_mut_ptr(), len) }.map(|()| {
                 // SAFETY: all len bytes were written by pread.
@@ -725,7 +733,7 @@ fn run_inline(member: &Member, io: MemberIo) -> MemberIoCompletion {
             })
         }
         // SAFETY: pwrite only reads the buffer, which `io.data` keeps alive (len checked
-        // against data.len() by `submit`). Flush touches no buffer.
+        // against data.len() by `route`). Flush touches no buffer.
         MemberIoOp::Write | MemberIoOp::Flush => {
             unsafe { pool::sync_io(fd, io.op, io.offset_bytes, io.data.as_ptr() as *mut u8, len) }
                 .map(|()| Vec::new())
