@@ -133,14 +133,14 @@ impl ReqState {
 /// `ranges` sorted and merged into their union (touching ranges join).
 fn covered(ranges: &mut Vec<(usize, usize)>) -> &[(usize, usize)] {
     ranges.sort_unstable();
-    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
-    for &(s, e) in ranges.iter() {
-        match merged.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => merged.push((s, e)),
+    // In place: `next` joins `prev` when it starts inside or right after it.
+    ranges.dedup_by(|next, prev| {
+        let joins = next.0 <= prev.1;
+        if joins {
+            prev.1 = prev.1.max(next.1);
         }
-    }
-    *ranges = merged;
+        joins
+    });
     ranges
 }
 

@@ -7,7 +7,6 @@ use crate::api::MemberIoId;
 pub(crate) struct InflightIos<T> {
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
-    len: usize,
 }
 
 struct Slot<T> {
@@ -17,7 +16,7 @@ struct Slot<T> {
 
 impl<T> Default for InflightIos<T> {
     fn default() -> Self {
-        InflightIos { slots: Vec::new(), free: Vec::new(), len: 0 }
+        InflightIos { slots: Vec::new(), free: Vec::new() }
     }
 }
 
@@ -35,7 +34,6 @@ impl<T> InflightIos<T> {
         // Generation 0 is never handed out, so no id is 0 and ids start above 2^32.
         slot.generation = slot.generation.wrapping_add(1).max(1);
         slot.value = Some(value);
-        self.len += 1;
         (u64::from(slot.generation) << 32) | u64::from(index)
     }
 
@@ -48,12 +46,12 @@ impl<T> InflightIos<T> {
         }
         let value = slot.value.take()?;
         self.free.push(index);
-        self.len -= 1;
         Some(value)
     }
 
+    /// Every slot ever made is either free or holds a value.
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.free.len() == self.slots.len()
     }
 
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> {

@@ -226,8 +226,14 @@ impl Engine {
     /// the units that arrived; that takes at most an eighth of the stripe cache, leaving
     /// the rest to requests, but never fewer than 8 heads (or one unit).
     fn sync_window_units(&self, unit_sectors: u64) -> usize {
-        let heads = (self.tun.stripe_cache_size / 8).clamp(8, 32) as u64;
+        let heads = self.sync_cache_share_heads().clamp(8, 32);
         (heads * self.cache_head_sectors() / unit_sectors).max(1) as usize
+    }
+
+    /// Stripe heads background sync may hold at once: an eighth of the stripe cache, the
+    /// rest left to requests.
+    pub(crate) fn sync_cache_share_heads(&self) -> u64 {
+        self.tun.stripe_cache_size as u64 / 8
     }
 
     /// Start whatever background units pacing and windows allow.

@@ -45,8 +45,8 @@ fn a_read_of_rows_being_written_sees_the_new_data() {
         let new = pattern(write_len, 2);
         let writes = issue_and_hold(&mut d, Request::write(2, 0, new.clone()));
         assert!(writes.iter().any(|io| io.op == MemberIoOp::Write), "the batch is writing");
-        // 8 KiB inside the first chunk: the head is busy, so the read goes through the cache.
-        let reads = issue_and_hold(&mut d, Request::read(3, 0, 4096.min(write_len as u64)));
+        // 4 KiB inside the first chunk: the head is busy, so the read goes through the cache.
+        let reads = issue_and_hold(&mut d, Request::read(3, 0, 4096));
         complete(&mut d, reads);
         complete(&mut d, writes);
         d.run_until_idle();

@@ -164,6 +164,9 @@ mod tests {
         blocks_cold(&[&buf], PROBE_EVERY_BYTES / 2);
         let left = STATE.with(|c| c.get().budget);
         assert_eq!(left, PROBE_EVERY_BYTES / 2);
+        // A second call within the budget does not probe again (a probe would refill it).
+        blocks_cold(&[&buf], PROBE_EVERY_BYTES / 4);
+        assert_eq!(STATE.with(|c| c.get().budget), PROBE_EVERY_BYTES / 4);
         blocks_cold(&[&buf], PROBE_EVERY_BYTES);
         assert_eq!(STATE.with(|c| c.get().budget), 0);
     }

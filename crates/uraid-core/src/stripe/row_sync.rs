@@ -58,7 +58,7 @@ impl Engine {
     /// `MAX_ROW_HEADS` of them and an eighth of the stripe cache (always inside one chunk,
     /// so inside one stripe).
     pub(crate) fn stripe_sync_unit_sectors(&self) -> u64 {
-        let cache_share = (self.tun.stripe_cache_size as u64 / 8).max(1);
+        let cache_share = self.sync_cache_share_heads().max(1);
         let per_chunk = self.cache.heads_per_chunk;
         // A divisor of the heads per chunk, so units tile chunks and never straddle two.
         let mut heads = per_chunk.min(MAX_ROW_HEADS).min(cache_share).max(1);
@@ -140,17 +140,20 @@ impl Engine {
 
     /// A head's per-head sync finished (ok = its writes landed).
     pub(crate) fn head_sync_done(&mut self, unit: u64, ok: bool) {
-        if let Some(hl) = self.cache.heads_left.get_mut(&unit) {
-            hl.left -= 1;
-            hl.ok &= ok;
-            if hl.left > 0 {
-                return;
+        // A unit handed to the per-head path is done with its last head.
+        let ok = match self.cache.heads_left.get_mut(&unit) {
+            Some(hl) => {
+                hl.left -= 1;
+                hl.ok &= ok;
+                if hl.left > 0 {
+                    return;
+                }
+                let ok = hl.ok;
+                self.cache.heads_left.remove(&unit);
+                ok
             }
-            let ok = hl.ok;
-            self.cache.heads_left.remove(&unit);
-            self.sync_unit_done(unit, ok);
-            return;
-        }
+            None => ok,
+        };
         self.sync_unit_done(unit, ok);
     }
 
