@@ -61,26 +61,31 @@ fn main() {
             (Pattern::SeqRead1m, 8),
             (Pattern::SeqWrite1m, 8),
         ] {
-            let (mut peers, mut ourss) = (Vec::new(), Vec::new());
+            let (mut peers, mut ours_runs) = (Vec::new(), Vec::new());
             let mut failed = None;
             for round in 0..rounds {
+                let mut peer = || {
+                    if let Ok(p) = fio(&path, file_bytes, pattern, qd, d) {
+                        peers.push(p);
+                    }
+                };
+                let mut ours =
+                    || match real_executor(&path, file_bytes, pattern, qd, d, BackendChoice::IoUring) {
+                        Ok(o) => ours_runs.push(o),
+                        Err(e) => failed = Some(e),
+                    };
                 // Who goes first alternates: on the work disk the host's cache and the
                 // file's fresh layout favour whichever reads first.
-                for ours_turn in [round % 2 == 1, round % 2 == 0] {
-                    if !ours_turn {
-                        if let Ok(p) = fio(&path, file_bytes, pattern, qd, d) {
-                            peers.push(p);
-                        }
-                        continue;
-                    }
-                    match real_executor(&path, file_bytes, pattern, qd, d, BackendChoice::IoUring) {
-                        Ok(o) => ourss.push(o),
-                        Err(e) => failed = Some(e),
-                    }
+                if round % 2 == 0 {
+                    peer();
+                    ours();
+                } else {
+                    ours();
+                    peer();
                 }
             }
             let peer = median(peers);
-            let ours = match (failed, median(ourss)) {
+            let ours = match (failed, median(ours_runs)) {
                 (Some(e), _) => Err(e),
                 (None, Some(o)) => Ok(o),
                 (None, None) => Err(std::io::Error::other("no runs")),

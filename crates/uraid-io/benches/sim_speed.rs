@@ -7,10 +7,7 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     // The size `uraid bench sim` uses: within the simulated members' page pool (1 GiB).
     let n = if quick { 200_000 } else { 400_000 };
-    // Untimed warm-up of the same size, as `uraid bench sim` does: simulated members'
-    // pages are recycled within the process (see `sim::store`), so without it the first
-    // rows would time the kernel handing over gigabytes of fresh pages, not the simulator.
-    sim_speed("nvme", 8, 32, n);
+    uraid_io::bench::warm_up_sim(n);
     for (profile, members, qd) in
         [("nvme", 8, 32), ("ssd-sata", 8, 32), ("hdd-7200-2009", 8, 32), ("hdd-7200-2009", 8, 1)]
     {

@@ -25,6 +25,14 @@ impl SimSpeed {
     }
 }
 
+/// One untimed run of `total_ios` before timed `sim_speed` rows: a process running
+/// experiments makes many simulated members and recycles their memory from one to the
+/// next (see `sim::store`), so without it the first rows would time the kernel handing
+/// over fresh pages, not the simulator.
+pub fn warm_up_sim(total_ios: u64) {
+    sim_speed("nvme", 8, 32, total_ios);
+}
+
 /// Simulated member I/Os per second of real time on this thread: `members` members of
 /// `profile`, each kept at queue depth `qd` with 4 KiB random I/O (70% reads, 30% writes,
 /// a flush every 256 I/Os per member), for `total_ios` I/Os.

@@ -937,6 +937,7 @@ mod tests {
         let span_bytes = span_bytes.min(p.capacity_bytes);
         let max_wait = p.max_queue_wait_ns;
         let mut fast = HddModel::new(p.clone(), seed.wrapping_mul(7919));
+        assert!(fast.prune, "{profile}: the pick compared must be the bounded search");
         let mut full = HddModel::new(p, seed.wrapping_mul(7919));
         let mut rng = crate::sim::Rng::new(seed);
         let (mut queue, mut seq, mut now) = (Vec::<QueuedIo>::new(), 0u64, 0u64);

@@ -20,17 +20,7 @@ pub struct EngineArgs {
 pub fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
     let scale = args.scale.clamp(0.01, 10.0);
     let runs = args.runs.clamp(1, 99);
-    let mut rows = Vec::new();
-    for workload in [uraid_io::engine_bench::randwrite_4k, uraid_io::engine_bench::seqwrite_1m] {
-        let mut all: Vec<_> = (0..runs).map(|_| workload(scale)).collect();
-        // The figure the target is about: engine time (lower is better) or the ratio.
-        all.sort_by(|a, b| {
-            let key =
-                |r: &uraid_io::engine_bench::EngineBenchRow| r.ratio.map_or(r.engine_ns_per_request, |x| -x);
-            key(a).total_cmp(&key(b))
-        });
-        rows.push(all.swap_remove(runs / 2));
-    }
+    let rows = uraid_io::engine_bench::run(scale, runs);
     if args.json {
         let v: Vec<serde_json::Value> = rows
             .iter()
@@ -82,10 +72,7 @@ const TARGET_IOS_PER_S: f64 = 1_000_000.0;
 
 pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
-    // Untimed warm-up: a process running experiments makes many simulated members, and
-    // their memory is recycled from one to the next (see `sim::store`); without this the
-    // first row alone would pay for taking that memory from the kernel.
-    uraid_io::bench::sim_speed("nvme", 8, 32, 400_000);
+    uraid_io::bench::warm_up_sim(400_000);
     for (profile, qd) in [("nvme", 32usize), ("ssd-sata", 32), ("hdd-7200-2009", 1), ("hdd-7200-2009", 32)] {
         let s = uraid_io::bench::sim_speed(profile, 8, qd, 400_000);
         rows.push((format!("disks only, {profile}, qd {qd}"), s.member_ios, s.real_seconds));
