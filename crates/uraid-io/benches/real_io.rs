@@ -8,13 +8,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use uraid_io::bench::{fio, real_executor, IoRate, Pattern};
+use uraid_io::bench::{fio, median_by, real_executor, IoRate, Pattern};
 use uraid_io::real::BackendChoice;
 
 /// The run with the median IOPS.
-fn median(mut runs: Vec<IoRate>) -> Option<IoRate> {
-    runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
-    runs.get(runs.len() / 2).copied()
+fn median(runs: Vec<IoRate>) -> Option<IoRate> {
+    median_by(runs, |r| r.iops)
 }
 
 fn main() {

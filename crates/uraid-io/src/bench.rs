@@ -25,6 +25,15 @@ impl SimSpeed {
     }
 }
 
+/// The run in the middle when ordered by `key` (the upper middle of an even count);
+/// `None` for no runs. The benchmarks report this run rather than an average, so every
+/// figure of a row comes from one real run.
+pub fn median_by<T>(mut runs: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let mid = runs.len() / 2;
+    (mid < runs.len()).then(|| runs.swap_remove(mid))
+}
+
 /// One untimed run of `total_ios` before timed `sim_speed` rows: a process running
 /// experiments makes many simulated members and recycles their memory from one to the
 /// next (see `sim::store`), so without it the first rows would time the kernel handing

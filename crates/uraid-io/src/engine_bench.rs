@@ -232,9 +232,8 @@ pub fn run(scale: f64, runs: usize) -> Vec<EngineBenchRow> {
     workloads
         .into_iter()
         .map(|workload| {
-            let mut all: Vec<EngineBenchRow> = (0..runs.max(1)).map(|_| workload(scale)).collect();
-            all.sort_by(|a, b| a.target_figure().total_cmp(&b.target_figure()));
-            all.swap_remove(all.len() / 2)
+            let all: Vec<EngineBenchRow> = (0..runs.max(1)).map(|_| workload(scale)).collect();
+            crate::bench::median_by(all, EngineBenchRow::target_figure).expect("at least one run")
         })
         .collect()
 }

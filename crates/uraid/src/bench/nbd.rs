@@ -258,9 +258,8 @@ fn fio(
 }
 
 /// The run with the median IOPS.
-fn median(mut runs: Vec<Measured>) -> Measured {
-    runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
-    runs.swap_remove(runs.len() / 2)
+fn median(runs: Vec<Measured>) -> Measured {
+    uraid_io::bench::median_by(runs, |m| m.iops).expect("at least one run")
 }
 
 /// The data offset of a member, from `uraid examine`.

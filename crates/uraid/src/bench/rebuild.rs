@@ -212,9 +212,8 @@ fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Measured> {
 }
 
 /// The run with the median wall-clock time.
-fn median(mut runs: Vec<Measured>) -> Measured {
-    runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
-    runs[runs.len() / 2]
+fn median(runs: Vec<Measured>) -> Measured {
+    uraid_io::bench::median_by(runs, |m| m.seconds).expect("at least one run")
 }
 
 /// User plus system time of the whole process so far.
