@@ -39,14 +39,18 @@ macro_rules! with_fixed_count {
 }
 
 macro_rules! kernel_entries {
-    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal, $XOR_U:literal) => {
+    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal, $HOT_U:literal, $XOR_U:literal) => {
         pub(crate) mod $name {
             use super::*;
 
             $(#[$attr])*
             pub(crate) unsafe fn gen_syndrome(data: &[&[u8]], p: &mut [u8], q: &mut [u8], stream: bool) {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr(), q.as_ptr()], 0);
-                let from = with_fixed_count!(data, vector::gen_syndrome::<$V, $U>(data, p, q, 0, stream));
+                let from = if stream {
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U>(data, p, q, 0, true))
+                } else {
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $HOT_U>(data, p, q, 0, false))
+                };
                 let from = vector::gen_syndrome::<$V, 1>(data, p, q, from, false);
                 let from = vector::gen_syndrome::<Swar, 1>(data, p, q, from, false);
                 reference::gen_syndrome_from(data, p, q, from);
@@ -55,7 +59,11 @@ macro_rules! kernel_entries {
             $(#[$attr])*
             pub(crate) unsafe fn xor_gen(data: &[&[u8]], p: &mut [u8], stream: bool) {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr()], 0);
-                let from = with_fixed_count!(data, vector::xor_gen::<$V, $XOR_U>(data, p, 0, stream));
+                let from = if stream {
+                    with_fixed_count!(data, vector::xor_gen::<$V, $U>(data, p, 0, true))
+                } else {
+                    with_fixed_count!(data, vector::xor_gen::<$V, $XOR_U>(data, p, 0, false))
+                };
                 let from = vector::xor_gen::<$V, 1>(data, p, from, false);
                 let from = vector::xor_gen::<Swar, 1>(data, p, from, false);
                 reference::xor_gen_from(data, p, from);
@@ -108,10 +116,11 @@ macro_rules! kernel_entries {
             }
 
             $(#[$attr])*
-            pub(crate) unsafe fn recover_q(data: &[&[u8]], lost: usize, q: &[u8], out: &mut [u8]) {
-                let from = vector::recover_q::<$V, $U>(data, lost, q, out, 0);
-                let from = vector::recover_q::<$V, 1>(data, lost, q, out, from);
-                let from = vector::recover_q::<Swar, 1>(data, lost, q, out, from);
+            pub(crate) unsafe fn recover_q(data: &[&[u8]], lost: usize, q: &[u8], out: &mut [u8], stream: bool) {
+                let stream = stream && vector::can_stream::<$V>(&[out.as_ptr()], 0);
+                let from = vector::recover_q::<$V, $U>(data, lost, q, out, 0, stream);
+                let from = vector::recover_q::<$V, 1>(data, lost, q, out, from, false);
+                let from = vector::recover_q::<Swar, 1>(data, lost, q, out, from, false);
                 reference::recover_q_from(data, lost, q, out, from);
             }
 
@@ -125,26 +134,37 @@ macro_rules! kernel_entries {
                 q: &[u8],
                 out_a: &mut [u8],
                 out_b: &mut [u8],
+                stream: bool,
             ) {
-                let from = vector::recover_2data::<$V, $U>(data, lost_a, lost_b, p, q, out_a, out_b, 0);
-                let from = vector::recover_2data::<$V, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from);
-                let from = vector::recover_2data::<Swar, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from);
+                let stream = stream && vector::can_stream::<$V>(&[out_a.as_ptr(), out_b.as_ptr()], 0);
+                let from = vector::recover_2data::<$V, $U>(data, lost_a, lost_b, p, q, out_a, out_b, 0, stream);
+                let from = vector::recover_2data::<$V, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
+                let from = vector::recover_2data::<Swar, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
                 reference::recover_2data_from(data, lost_a, lost_b, p, q, out_a, out_b, from);
             }
         }
     };
 }
 
-// The last figure is xor_gen's unroll. With 64-byte vectors two per block per round beat
-// four in cache at 64 KiB (8+2 xor_gen, AMD Zen 5, gfni-avx512: 0.91-1.02x ISA-L against
-// 0.79-0.84x; 4 KiB 1.32-1.40x against 1.43-1.45x). Why is not established; at 64 KiB
-// XOR is bound by how fast L2 refills L1, not by arithmetic.
-kernel_entries!(scalar, [], Swar, 4, 4);
+// Vectors per block per round: `$U` for every loop that streams its output and for the
+// other operations, `$HOT_U` for gen_syndrome with cached stores, `$XOR_U` for xor_gen
+// with cached stores. Streaming and cached stores want different rounds (AMD Zen 5, 8+2,
+// `uraid bench parity`):
+// - gen_syndrome, 64-byte vectors: eight per round in cache, 4 KiB 280-296 GB/s against
+//   255 with four and 64 KiB level with four; out of cache four, 4 KiB 0.84 of the
+//   streaming read against 0.80 with eight and 0.66 with two. avx512bw in cache, eight
+//   against four: 0.82 against 0.62x ISA-L at 4 KiB, 0.96 against 0.76x at 64 KiB. The
+//   256-bit kernels showed no difference between four and eight.
+// - xor_gen, 64-byte vectors: two in cache beat four at 64 KiB (0.91-1.02x ISA-L against
+//   0.79-0.84x; 4 KiB 1.32-1.40x against 1.43-1.45x); why is not established, at 64 KiB
+//   XOR is bound by how fast L2 refills L1. Out of cache two reached only 0.67 of the
+//   streaming read at 4 KiB, four 0.83.
+kernel_entries!(scalar, [], Swar, 4, 4, 4);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4, 4);
+kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4, 4, 4);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4, 2);
+kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4, 8, 2);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4, 2);
+kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4, 8, 2);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4, 4);
+kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4, 4, 4);

@@ -8,10 +8,16 @@
 //! 3x at 4 KiB and 10-20% at 64 KiB when the stripe is in cache. No block size separates
 //! the two cases; whether the stripe is cached does.
 //!
-//! How: time one load from the middle of two data blocks with the time-stamp counter. A
+//! How: time one load from the last line of two data blocks with the time-stamp counter. A
 //! hit in any cache level costs tens of nanoseconds, a miss to memory well over a hundred
 //! (measured on AMD Zen 5 under KVM: L2 ~10 ns, L3 ~15-50 ns, memory ~140 ns median).
-//! The data blocks, not P and Q: streaming stores evict the parity lines, so a probe of
+//! The last line, not the first or the middle: a caller that walks its stripes in memory
+//! order (a rebuild over member buffers) has the hardware prefetcher running ahead of it
+//! into the start of the next call's blocks. With 4 KiB blocks laid member after member,
+//! the middle line was already in cache on a quarter to a third of the probes, the first
+//! on most of them, the last on none.
+//! Blocks the call reads (data, or P and Q when it recovers), not the ones it writes:
+//! streaming stores evict the written lines, so a probe of
 //! them would keep answering "out of cache" once streaming had begun, even for a stripe
 //! that is otherwise reused in cache (measured: 64 KiB in cache fell to half speed).
 //! The answer is kept per thread and re-measured after every [`PROBE_EVERY_BYTES`] of
@@ -45,7 +51,7 @@ thread_local! {
     static STATE: Cell<State> = const { Cell::new(State { budget: 0, cold: false }) };
 }
 
-/// Whether `blocks` (data blocks the call is about to read) are out of cache, as last
+/// Whether `blocks` (blocks the call is about to read) are out of cache, as last
 /// measured on this thread; `work_bytes` is what the call reads and writes.
 pub(crate) fn blocks_cold(blocks: &[&[u8]], work_bytes: usize) -> bool {
     STATE.with(|cell| {
@@ -62,7 +68,7 @@ pub(crate) fn blocks_cold(blocks: &[&[u8]], work_bytes: usize) -> bool {
     })
 }
 
-/// True if loading the middle line of the blocks missed every cache; None where there is
+/// True if loading the last line of the blocks missed every cache; None where there is
 /// no cycle counter to time it with.
 #[cfg(target_arch = "x86_64")]
 fn probe(blocks: &[&[u8]]) -> Option<bool> {
@@ -80,7 +86,7 @@ fn probe(blocks: &[&[u8]]) -> Option<bool> {
         let mut sink = 0u8;
         // Independent loads: they overlap, so the time is the slowest line's.
         for b in blocks.iter().filter(|b| !b.is_empty()) {
-            sink ^= std::ptr::read_volatile(b[b.len() / 2..].as_ptr());
+            sink ^= std::ptr::read_volatile(b[b.len() - 1..].as_ptr());
         }
         _mm_lfence();
         let end = _rdtsc();

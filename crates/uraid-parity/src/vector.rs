@@ -333,6 +333,7 @@ pub(crate) unsafe fn recover_q<V: Vector, const U: usize>(
     q: &[u8],
     out: &mut [u8],
     from: usize,
+    stream: bool,
 ) -> usize {
     let end = range_end::<V, U>(from, out.len());
     let unscale = V::mul_table(crate::gf::inv(crate::gf::pow_g(lost)));
@@ -344,8 +345,11 @@ pub(crate) unsafe fn recover_q<V: Vector, const U: usize>(
         for u in 0..U {
             qo[u] = qo[u].xor(qv[u]).mul(unscale);
         }
-        st(qo, op, off, false);
+        st(qo, op, off, stream);
         off += V::BYTES * U;
+    }
+    if stream {
+        V::stream_fence();
     }
     end
 }
@@ -362,6 +366,7 @@ pub(crate) unsafe fn recover_2data<V: Vector, const U: usize>(
     out_a: &mut [u8],
     out_b: &mut [u8],
     from: usize,
+    stream: bool,
 ) -> usize {
     use crate::gf::{inv, mul, pow_g};
     let end = range_end::<V, U>(from, out_a.len());
@@ -380,9 +385,12 @@ pub(crate) unsafe fn recover_2data<V: Vector, const U: usize>(
             qxy[u] = da;
             pxy[u] = pxy[u].xor(da);
         }
-        st(qxy, ap, off, false);
-        st(pxy, bp, off, false);
+        st(qxy, ap, off, stream);
+        st(pxy, bp, off, stream);
         off += V::BYTES * U;
+    }
+    if stream {
+        V::stream_fence();
     }
     end
 }

@@ -104,6 +104,18 @@ fn large_blocks_use_streaming_stores_and_still_match() {
             assert!(q[qa..qa + len] == q_ref[..], "{} Q shift {shift}", k.name());
             k.xor_gen(&data, &mut p[pa..pa + len]);
             assert!(p[pa..pa + len] == p_ref[..], "{} xor_gen shift {shift}", k.name());
+            // Recovery writes its output the same way.
+            let (a, b) = (1, 3);
+            let mut holed = data.clone();
+            holed[a] = &[];
+            k.recover_data_from_p(&holed, a, &p_ref, &mut p[pa..pa + len]);
+            assert!(p[pa..pa + len] == *data[a], "{} from P shift {shift}", k.name());
+            k.recover_data_from_q(&holed, a, &q_ref, &mut q[qa..qa + len]);
+            assert!(q[qa..qa + len] == *data[a], "{} from Q shift {shift}", k.name());
+            holed[b] = &[];
+            k.recover_2data(&holed, a, b, &p_ref, &q_ref, &mut p[pa..pa + len], &mut q[qa..qa + len]);
+            assert!(p[pa..pa + len] == *data[a], "{} 2data a shift {shift}", k.name());
+            assert!(q[qa..qa + len] == *data[b], "{} 2data b shift {shift}", k.name());
         }
     }
 }

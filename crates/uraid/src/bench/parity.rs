@@ -39,6 +39,25 @@ pub struct ParityArgs {
     /// Only these block sizes (repeatable; default 4K, 64K and 1M).
     #[arg(long = "block", value_parser = crate::size_arg::parse_size_bytes)]
     blocks: Vec<u64>,
+    /// How the out-of-cache stripes lie in memory: `member` (each member's blocks of
+    /// consecutive stripes side by side, as a resync or rebuild reads them) or `stripe`
+    /// (each stripe's blocks side by side, stripe after stripe).
+    #[arg(long, value_enum, default_value_t = Layout::Member)]
+    layout: Layout,
+}
+
+/// Where block i of stripe s lies in the arena. It decides the out-of-cache rows at small
+/// blocks: the streaming read is fast because each of its streams runs on across 4 KiB
+/// pages, and so do the kernels' streams when members lie member after member. Stripe
+/// after stripe, every stream stops at its 4 KiB block and the next call starts 8 cold ones
+/// (measured on AMD Zen 5: even a plain read of the 8 data blocks of each 4 KiB stripe
+/// reaches only 0.77 of the streaming read, and the streaming read with its pages shuffled
+/// 0.44; gen_syndrome 0.91 member-major against 0.62 stripe-major).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Layout {
+    Member,
+    Stripe,
 }
 
 const BLOCK_SIZES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
@@ -79,19 +98,21 @@ struct Row {
     block_bytes: usize,
     data_blocks: usize,
     cache: &'static str,
+    /// How the out-of-cache stripes lie (see [`Layout`]); null for the in-cache rows.
+    layout: Option<Layout>,
     #[serde(rename = "impl")]
     imp: String,
     gbps: f64,
     peer_gbps: Option<f64>,
     peer_impl: Option<String>,
     ratio: Option<f64>,
-    /// For the out-of-cache rows: the median over runs of the run's GB/s over the
-    /// streaming read measured just before it (1.0 on the stream_read row).
+    /// For the out-of-cache rows: the median over runs of the run's GB/s over the mean of
+    /// the streaming reads measured just before and after it (1.0 on the stream_read row).
     stream_ratio: Option<f64>,
 }
 
-/// Stripes laid out back to back in one 64-byte aligned arena: stripe s holds data
-/// blocks 0..k, then P, then Q, each `block_bytes` long.
+/// Stripes in one 64-byte aligned arena: data blocks 0..k, then P, then Q, each
+/// `block_bytes` long, placed as `layout` says.
 struct Arena {
     buf: Vec<u8>,
     /// 64-byte aligned start inside `buf`, taken once so block pointers never reborrow it.
@@ -99,10 +120,11 @@ struct Arena {
     k: usize,
     block_bytes: usize,
     stripes: usize,
+    layout: Layout,
 }
 
 impl Arena {
-    fn new(k: usize, block_bytes: usize, stripes: usize) -> Arena {
+    fn new(k: usize, block_bytes: usize, stripes: usize, layout: Layout) -> Arena {
         let len = (k + 2) * block_bytes * stripes + 64;
         // Filled with data (not left zero) so every page is really backed by memory.
         let mut buf = vec![0u8; len];
@@ -115,7 +137,7 @@ impl Arena {
         }
         let offset = (64 - buf.as_ptr() as usize % 64) % 64;
         let base = buf[offset..].as_mut_ptr();
-        Arena { buf, base, k, block_bytes, stripes }
+        Arena { buf, base, k, block_bytes, stripes, layout }
     }
 
     fn resize_view(&mut self, block_bytes: usize) {
@@ -132,10 +154,15 @@ impl Arena {
     }
 
     /// Block `i` (k = P, k+1 = Q) of stripe `s`.
-    fn block(&mut self, s: usize, i: usize) -> *mut u8 {
+    fn block(&self, s: usize, i: usize) -> *mut u8 {
         assert!(s < self.stripes && i < self.k + 2);
-        // SAFETY: stripes * (k + 2) * block_bytes fits in `buf` past `base` (see new/resize_view).
-        unsafe { self.base.add((s * (self.k + 2) + i) * self.block_bytes) }
+        let index = match self.layout {
+            Layout::Member => i * self.stripes + s,
+            Layout::Stripe => s * (self.k + 2) + i,
+        };
+        // SAFETY: index < stripes * (k + 2), and that many blocks fit in `buf` past `base`
+        // (see new/resize_view).
+        unsafe { self.base.add(index * self.block_bytes) }
     }
 }
 
@@ -170,70 +197,76 @@ struct Ctx {
 /// Most data blocks `--data-blocks` accepts; keeps the per-call pointer arrays small.
 const MAX_DATA_BLOCKS: usize = 16;
 
-/// One operation on stripe `s` of the arena. No allocation and only small arrays to set
-/// up: at 4 KiB blocks a call takes a few hundred nanoseconds, and either would show.
+/// One operation on stripe `s` of the arena. No allocation, and as few stores as a
+/// caller that already holds its block pointers would make: streaming stores end with a
+/// store fence, and stores right after it wait for the parity to drain to memory
+/// (measured on AMD Zen 5 at 4 KiB blocks out of cache: 64 stores after each call cost
+/// 10% of gen_syndrome's speed). ISA-L's stores are all cached, so it does not care.
 fn exec(ctx: &Ctx, imp: Impl, op: Op, arena: &mut Arena, s: usize) {
+    match imp {
+        Impl::Uraid(kernel) => exec_uraid(kernel, op, arena, s),
+        #[cfg(feature = "isal")]
+        Impl::IsalEc | Impl::IsalRaid => exec_isal(ctx, matches!(imp, Impl::IsalRaid), op, arena, s),
+    }
+    #[cfg(not(feature = "isal"))]
+    let _ = ctx;
+}
+
+fn exec_uraid(kernel: Kernel, op: Op, arena: &Arena, s: usize) {
+    let (k, len) = (arena.k, arena.block_bytes);
+    // SAFETY: every block pointer addresses a distinct `len`-byte block inside the arena,
+    // which outlives this call, so the slices below do not overlap one another. `data`
+    // is read only in its first k entries, each written just before.
+    unsafe {
+        let slice = |i: usize| std::slice::from_raw_parts(arena.block(s, i), len);
+        let slice_mut = |i: usize| std::slice::from_raw_parts_mut(arena.block(s, i), len);
+        let mut data = std::mem::MaybeUninit::<[&[u8]; MAX_DATA_BLOCKS]>::uninit();
+        let entries = data.as_mut_ptr() as *mut &[u8];
+        for i in 0..k {
+            let hole = op == Op::Recover2Data && (i == LOST.0 || i == LOST.1);
+            entries.add(i).write(if hole { &[] } else { slice(i) });
+        }
+        let data = std::slice::from_raw_parts(entries, k);
+        match op {
+            Op::GenSyndrome => kernel.gen_syndrome(data, slice_mut(k), slice_mut(k + 1)),
+            Op::XorGen => kernel.xor_gen(data, slice_mut(k)),
+            Op::RmwUpdate => kernel.rmw_update(1, slice(1), slice(0), slice_mut(k), slice_mut(k + 1)),
+            Op::Recover2Data => {
+                let (out_a, out_b) = (slice_mut(LOST.0), slice_mut(LOST.1));
+                kernel.recover_2data(data, LOST.0, LOST.1, slice(k), slice(k + 1), out_a, out_b);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "isal")]
+fn exec_isal(ctx: &Ctx, raid: bool, op: Op, arena: &Arena, s: usize) {
     let (k, len) = (arena.k, arena.block_bytes);
     let mut ptrs = [std::ptr::null_mut::<u8>(); MAX_DATA_BLOCKS + 2];
     for (i, ptr) in ptrs.iter_mut().enumerate().take(k + 2) {
         *ptr = arena.block(s, i);
     }
     let (p, q) = (ptrs[k], ptrs[k + 1]);
-    #[cfg(not(feature = "isal"))]
-    let _ = ctx;
     // SAFETY: every pointer addresses a distinct `len`-byte block inside the arena, which
-    // outlives this call; the slices below do not overlap one another.
+    // outlives this call.
     unsafe {
-        let slice = |i: usize| std::slice::from_raw_parts(ptrs[i], len);
-        let slice_mut = |ptr: *mut u8| std::slice::from_raw_parts_mut(ptr, len);
-        let mut data = [&[][..]; MAX_DATA_BLOCKS];
-        match imp {
-            Impl::Uraid(kernel) => match op {
-                Op::GenSyndrome => {
-                    for (i, d) in data.iter_mut().enumerate().take(k) {
-                        *d = slice(i);
-                    }
-                    kernel.gen_syndrome(&data[..k], slice_mut(p), slice_mut(q));
-                }
-                Op::XorGen => {
-                    for (i, d) in data.iter_mut().enumerate().take(k) {
-                        *d = slice(i);
-                    }
-                    kernel.xor_gen(&data[..k], slice_mut(p));
-                }
-                Op::RmwUpdate => kernel.rmw_update(1, slice(1), slice(0), slice_mut(p), slice_mut(q)),
-                Op::Recover2Data => {
-                    for (i, d) in data.iter_mut().enumerate().take(k) {
-                        if i != LOST.0 && i != LOST.1 {
-                            *d = slice(i);
-                        }
-                    }
-                    let (out_a, out_b) = (slice_mut(ptrs[LOST.0]), slice_mut(ptrs[LOST.1]));
-                    kernel.recover_2data(&data[..k], LOST.0, LOST.1, slice(k), slice(k + 1), out_a, out_b);
-                }
-            },
-            #[cfg(feature = "isal")]
-            Impl::IsalEc | Impl::IsalRaid => {
-                let raid = matches!(imp, Impl::IsalRaid);
-                match op {
-                    Op::GenSyndrome if raid => ctx.isal.pq_gen(&mut ptrs[..k + 2], len),
-                    Op::GenSyndrome => ctx.isal.ec_gen(&ptrs[..k], p, q, len),
-                    Op::XorGen => ctx.isal.xor_gen(&mut ptrs[..k + 1], len),
-                    Op::RmwUpdate => ctx.isal.update(1, ptrs[1], ptrs[0], p, q, len),
-                    Op::Recover2Data => {
-                        let (a, b) = (ptrs[LOST.0], ptrs[LOST.1]);
-                        // Survivors in decode-matrix row order: other data, P, Q.
-                        let mut survivors = [std::ptr::null_mut::<u8>(); MAX_DATA_BLOCKS];
-                        let mut n = 0;
-                        for (i, ptr) in ptrs.iter().enumerate().take(k + 2) {
-                            if i != LOST.0 && i != LOST.1 {
-                                survivors[n] = *ptr;
-                                n += 1;
-                            }
-                        }
-                        ctx.isal.recover(&ctx.isal_decode, &survivors[..n], a, b, len);
+        match op {
+            Op::GenSyndrome if raid => ctx.isal.pq_gen(&mut ptrs[..k + 2], len),
+            Op::GenSyndrome => ctx.isal.ec_gen(&ptrs[..k], p, q, len),
+            Op::XorGen => ctx.isal.xor_gen(&mut ptrs[..k + 1], len),
+            Op::RmwUpdate => ctx.isal.update(1, ptrs[1], ptrs[0], p, q, len),
+            Op::Recover2Data => {
+                let (a, b) = (ptrs[LOST.0], ptrs[LOST.1]);
+                // Survivors in decode-matrix row order: other data, P, Q.
+                let mut survivors = [std::ptr::null_mut::<u8>(); MAX_DATA_BLOCKS];
+                let mut n = 0;
+                for (i, ptr) in ptrs.iter().enumerate().take(k + 2) {
+                    if i != LOST.0 && i != LOST.1 {
+                        survivors[n] = *ptr;
+                        n += 1;
                     }
                 }
+                ctx.isal.recover(&ctx.isal_decode, &survivors[..n], a, b, len);
             }
         }
     }
@@ -348,15 +381,19 @@ pub fn run(args: ParityArgs) -> anyhow::Result<()> {
     #[cfg(not(feature = "isal"))]
     let peer_note = "none: ISA-L columns need `cargo build --release -p uraid --features isal`".to_string();
     eprintln!(
-        "uraid bench parity: {k} data + 2 parity, single core, median of {} runs; uraid kernel {}; peer {peer_note}",
+        "uraid bench parity: {k} data + 2 parity, single core, median of {} runs; uraid kernel {}; cold stripes {}-major; peer {peer_note}",
         args.runs,
-        kernel.name()
+        kernel.name(),
+        match args.layout {
+            Layout::Member => "member",
+            Layout::Stripe => "stripe",
+        }
     );
 
     // One arena serves every block size: laid out for the largest, re-viewed for the rest.
     let largest_block = BLOCK_SIZES[BLOCK_SIZES.len() - 1];
     let cold_stripes = (args.cold_bytes as usize).div_ceil((k + 2) * largest_block);
-    let mut cold = Arena::new(k, largest_block, cold_stripes);
+    let mut cold = Arena::new(k, largest_block, cold_stripes, args.layout);
     // Memory bandwidth drifts with what else the machine runs, so the read probe runs
     // once next to every cold run; the stream_read row is the median of all of them.
     let mut stream_runs: Vec<f64> = (0..args.runs).map(|_| stream_read_gbps(&cold)).collect();
@@ -375,7 +412,7 @@ pub fn run(args: ParityArgs) -> anyhow::Result<()> {
         .filter(|op| args.ops.is_empty() || args.ops.iter().any(|o| o == op.name()))
         .collect();
     for block_bytes in block_sizes {
-        let mut hot = Arena::new(k, block_bytes, 1);
+        let mut hot = Arena::new(k, block_bytes, 1, args.layout);
         cold.resize_view(block_bytes);
         for &op in &ops {
             for hot_run in [true, false] {
@@ -384,16 +421,19 @@ pub fn run(args: ParityArgs) -> anyhow::Result<()> {
                 let mut ours = Vec::new();
                 let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
                 let bytes = op.bytes_per_call(k, block_bytes) as f64;
-                // Each cold run over the streaming read measured just before it: memory
-                // bandwidth drifts by 2x within one bench on a shared machine, and a ratio
-                // to the whole bench's median read would mostly measure that drift.
+                // Each cold run over the mean of the streaming reads measured just before
+                // and just after it: memory bandwidth drifts by 2x within one bench on a
+                // shared machine, and a ratio to the whole bench's median read would mostly
+                // measure that drift. One read alone still moved the ratio by +-0.03 from
+                // run to run; the two bracket the run.
                 let mut vs_read = Vec::new();
                 for _ in 0..args.runs {
-                    let read_gbps = (!hot_run).then(|| stream_read_gbps(arena));
+                    let read_before = (!hot_run).then(|| stream_read_gbps(arena));
                     let secs = seconds_per_call(&ctx, Impl::Uraid(kernel), op, arena, hot_run);
-                    if let Some(read_gbps) = read_gbps {
-                        stream_runs.push(read_gbps);
-                        vs_read.push(bytes / secs / 1e9 / read_gbps);
+                    if let Some(before) = read_before {
+                        let after = stream_read_gbps(arena);
+                        stream_runs.extend([before, after]);
+                        vs_read.push(bytes / secs / 1e9 / ((before + after) / 2.0));
                     }
                     ours.push(secs);
                     for (i, peer) in peers.iter().enumerate() {
@@ -412,6 +452,7 @@ pub fn run(args: ParityArgs) -> anyhow::Result<()> {
                     block_bytes,
                     data_blocks: k,
                     cache: if hot_run { "hot" } else { "cold" },
+                    layout: (!hot_run).then_some(args.layout),
                     imp: Impl::Uraid(kernel).name(),
                     gbps,
                     peer_gbps: peer.as_ref().map(|p| p.0),
@@ -430,6 +471,7 @@ pub fn run(args: ParityArgs) -> anyhow::Result<()> {
             block_bytes: cold.stripes_bytes().len(),
             data_blocks: k,
             cache: "cold",
+            layout: Some(args.layout),
             imp: format!("read/avx2 x{k} streams"),
             gbps: stream_gbps,
             peer_gbps: None,
@@ -494,5 +536,31 @@ fn print_table(rows: &[Row]) {
             opt(r.stream_ratio, 2),
             r.peer_impl.as_deref().unwrap_or("-")
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_layout_gives_each_block_its_own_bytes_inside_the_arena() {
+        for layout in [Layout::Member, Layout::Stripe] {
+            let mut arena = Arena::new(6, 4096, 5, layout);
+            arena.resize_view(1024);
+            let start = arena.base as usize;
+            let end = start + arena.stripes_bytes().len();
+            let mut blocks: Vec<usize> = (0..arena.stripes)
+                .flat_map(|s| (0..arena.k + 2).map(move |i| (s, i)))
+                .map(|(s, i)| arena.block(s, i) as usize)
+                .collect();
+            assert!(blocks.iter().all(|b| *b >= start && b + 1024 <= end));
+            blocks.sort_unstable();
+            assert!(blocks.windows(2).all(|w| w[1] - w[0] >= 1024), "blocks overlap");
+            assert_eq!(blocks.len(), 20 * 8, "a view of 1 KiB blocks holds four times the stripes");
+        }
+        // Member-major: a member's blocks of consecutive stripes lie side by side.
+        let arena = Arena::new(6, 4096, 5, Layout::Member);
+        assert_eq!(arena.block(1, 3) as usize - arena.block(0, 3) as usize, 4096);
     }
 }
