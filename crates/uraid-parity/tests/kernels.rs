@@ -93,7 +93,13 @@ fn large_blocks_use_streaming_stores_and_still_match() {
     let data = stripe.blocks();
     let (mut p_ref, mut q_ref) = (vec![0u8; len], vec![0u8; len]);
     reference::gen_syndrome(&data, &mut p_ref, &mut q_ref);
+    let (mut pu_ref, mut qu_ref) = (p_ref.clone(), q_ref.clone());
+    reference::rmw_update(2, data[2], data[0], &mut pu_ref, &mut qu_ref);
     for k in kernels_cached() {
+        // The update path prefetches blocks this large.
+        let (mut pu, mut qu) = (p_ref.clone(), q_ref.clone());
+        k.rmw_update(2, data[2], data[0], &mut pu, &mut qu);
+        assert!(pu == pu_ref && qu == qu_ref, "{} rmw_update", k.name());
         for shift in [0usize, 64, 1] {
             let mut p = vec![0u8; len + 128];
             let mut q = vec![0u8; len + 128];
