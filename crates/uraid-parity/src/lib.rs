@@ -171,6 +171,7 @@ impl Kernel {
         ALL_KERNELS.into_iter().find(|k| k.name() == name)
     }
 
+    #[inline]
     pub fn is_available(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -280,6 +281,7 @@ impl Kernel {
     }
 }
 
+#[inline]
 fn check_blocks(data: &[&[u8]], range: std::ops::Range<usize>, len: usize) {
     assert!(data.len() <= MAX_DATA_BLOCKS, "{} data blocks; at most {MAX_DATA_BLOCKS}", data.len());
     for i in range {
@@ -287,6 +289,7 @@ fn check_blocks(data: &[&[u8]], range: std::ops::Range<usize>, len: usize) {
     }
 }
 
+#[inline]
 fn check_blocks_except(data: &[&[u8]], skip_a: usize, skip_b: usize, len: usize) {
     assert!(data.len() <= MAX_DATA_BLOCKS, "{} data blocks; at most {MAX_DATA_BLOCKS}", data.len());
     for (i, d) in data.iter().enumerate() {
