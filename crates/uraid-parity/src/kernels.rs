@@ -39,7 +39,7 @@ macro_rules! with_fixed_count {
 }
 
 macro_rules! kernel_entries {
-    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal, $HOT_U:literal, $XOR_U:literal) => {
+    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal, $HOT_U:literal, $SINGLE_MAX:literal, $XOR_U:literal) => {
         pub(crate) mod $name {
             use super::*;
 
@@ -48,8 +48,10 @@ macro_rules! kernel_entries {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr(), q.as_ptr()], 0);
                 let from = if stream {
                     with_fixed_count!(data, vector::gen_syndrome::<$V, $U>(data, p, q, 0, true))
+                } else if data.len() <= $SINGLE_MAX {
+                    with_fixed_count!(data, vector::gen_syndrome_single::<$V, $HOT_U>(data, p, q, 0))
                 } else {
-                    with_fixed_count!(data, vector::gen_syndrome::<$V, $HOT_U>(data, p, q, 0, false))
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U>(data, p, q, 0, false))
                 };
                 let from = vector::gen_syndrome::<$V, 1>(data, p, q, from, false);
                 let from = vector::gen_syndrome::<Swar, 1>(data, p, q, from, false);
@@ -147,24 +149,30 @@ macro_rules! kernel_entries {
 }
 
 // Vectors per block per round: `$U` for every loop that streams its output and for the
-// other operations, `$HOT_U` for gen_syndrome with cached stores, `$XOR_U` for xor_gen
-// with cached stores. Streaming and cached stores want different rounds (AMD Zen 5, 8+2,
-// `uraid bench parity`):
-// - gen_syndrome, 64-byte vectors: eight per round in cache, 4 KiB 280-296 GB/s against
-//   255 with four and 64 KiB level with four; out of cache four, 4 KiB 0.84 of the
-//   streaming read against 0.80 with eight and 0.66 with two. avx512bw in cache, eight
-//   against four: 0.82 against 0.62x ISA-L at 4 KiB, 0.96 against 0.76x at 64 KiB. The
-//   256-bit kernels showed no difference between four and eight.
+// other operations; `$HOT_U` for gen_syndrome with cached stores and at most
+// `$SINGLE_MAX` data blocks, in one-block steps (`gen_syndrome_single`); `$XOR_U` for
+// xor_gen with cached stores. Measured on AMD Zen 5 with `uraid bench parity`, in cache
+// against ISA-L unless said otherwise:
+// - gen_syndrome, 64-byte vectors, cached: eight vectors in one-block steps. At 8+2,
+//   4 KiB 1.51x and 64 KiB 1.05x, against 1.33-1.41x and 1.00-1.02x for two-block steps
+//   of four or eight. 6..=11 data blocks: 1.03-1.11x at 64 KiB, where two-block steps
+//   fell to 0.59x (6 blocks, eight vectors) or 0.69x (10 blocks, four). Past 11 blocks a
+//   4 KiB stripe no longer fits L1, and two-block steps of four win there (16 blocks at
+//   4 KiB: 1.13-1.19x against 0.94x). avx512bw showed no difference between the two
+//   loops (0.92 and 0.84x at 64 and 4 KiB).
+// - gen_syndrome streaming: two-block steps of four vectors, 4 KiB out of cache 0.84 of
+//   the streaming read against 0.80 with eight and 0.66 with two. The 256-bit kernels
+//   showed no difference between four and eight and keep two-block steps of four.
 // - xor_gen, 64-byte vectors: two in cache beat four at 64 KiB (0.91-1.02x ISA-L against
 //   0.79-0.84x; 4 KiB 1.32-1.40x against 1.43-1.45x); why is not established, at 64 KiB
 //   XOR is bound by how fast L2 refills L1. Out of cache two reached only 0.67 of the
 //   streaming read at 4 KiB, four 0.83.
-kernel_entries!(scalar, [], Swar, 4, 4, 4);
+kernel_entries!(scalar, [], Swar, 4, 4, 0, 4);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4, 4, 4);
+kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4, 4, 0, 4);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4, 8, 2);
+kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4, 8, 11, 2);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4, 8, 2);
+kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4, 8, 11, 2);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4, 4, 4);
+kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4, 4, 0, 4);
