@@ -47,14 +47,14 @@ macro_rules! kernel_entries {
             pub(crate) unsafe fn gen_syndrome(data: &[&[u8]], p: &mut [u8], q: &mut [u8], stream: bool) {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr(), q.as_ptr()], 0);
                 let from = if stream {
-                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U>(data, p, q, 0, true))
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U, true>(data, p, q, 0, true))
                 } else if data.len() <= $SINGLE_MAX {
-                    with_fixed_count!(data, vector::gen_syndrome_single::<$V, $HOT_U>(data, p, q, 0))
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $HOT_U, false>(data, p, q, 0, false))
                 } else {
-                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U>(data, p, q, 0, false))
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U, true>(data, p, q, 0, false))
                 };
-                let from = vector::gen_syndrome::<$V, 1>(data, p, q, from, false);
-                let from = vector::gen_syndrome::<Swar, 1>(data, p, q, from, false);
+                let from = vector::gen_syndrome::<$V, 1, true>(data, p, q, from, false);
+                let from = vector::gen_syndrome::<Swar, 1, true>(data, p, q, from, false);
                 reference::gen_syndrome_from(data, p, q, from);
             }
 
@@ -150,7 +150,7 @@ macro_rules! kernel_entries {
 
 // Vectors per block per round: `$U` for every loop that streams its output and for the
 // other operations; `$HOT_U` for gen_syndrome with cached stores and at most
-// `$SINGLE_MAX` data blocks, in one-block steps (`gen_syndrome_single`); `$XOR_U` for
+// `$SINGLE_MAX` data blocks, in one-block steps; `$XOR_U` for
 // xor_gen with cached stores. Measured on AMD Zen 5 with `uraid bench parity`, in cache
 // against ISA-L unless said otherwise:
 // - gen_syndrome, 64-byte vectors, cached: eight vectors in one-block steps. At 8+2,

@@ -131,8 +131,14 @@ unsafe fn horner_pq<V: Vector, const U: usize>(
 /// gain at 4 KiB: ascending order with a constant multiply per block, software prefetch
 /// of each block's first lines on entry, or 1 KiB ahead in the loop (+0.02 at 4 KiB,
 /// within the noise; 64 KiB fell from 0.84 to 0.73).
+///
+/// `PAIRS`: two blocks per step, so P takes one three-way XOR where the kernel has one;
+/// else one block per step, with fewer vectors live. With two blocks per step and eight
+/// vectors, LLVM reordered the loop for some block counts into one vector's whole Horner
+/// chain after another, and 6+2 at 64 KiB in cache ran at 0.59x ISA-L (0.88 with four
+/// vectors, 1.04 in one-block steps of eight). See kernels.rs for which is used where.
 #[inline(always)]
-pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize>(
+pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize, const PAIRS: bool>(
     data: &[&[u8]],
     p: &mut [u8],
     q: &mut [u8],
@@ -147,8 +153,7 @@ pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize>(
         let mut pv = ld::<V, U>(block(data, top), off);
         let mut qv = pv;
         let mut z = top;
-        // Two blocks per round let P take one three-way XOR where the kernel has one.
-        while z >= 2 {
+        while PAIRS && z >= 2 {
             let d1 = ld::<V, U>(block(data, z - 1), off);
             let d0 = ld::<V, U>(block(data, z - 2), off);
             for u in 0..U {
@@ -157,8 +162,9 @@ pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize>(
             }
             z -= 2;
         }
-        if z == 1 {
-            let d = ld::<V, U>(block(data, 0), off);
+        while z > 0 {
+            z -= 1;
+            let d = ld::<V, U>(block(data, z), off);
             for u in 0..U {
                 pv[u] = pv[u].xor(d[u]);
                 qv[u] = qv[u].mul2_xor(d[u]);
@@ -170,41 +176,6 @@ pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize>(
     }
     if stream {
         V::stream_fence();
-    }
-    end
-}
-
-/// [`gen_syndrome`] with cached stores, one block per step. Fewer live vectors than the
-/// two-block step, which lets the compiler keep the vectors' Horner chains interleaved:
-/// with two blocks per step and eight vectors, LLVM reordered the loop for some block
-/// counts into one vector's whole chain after another, and 6+2 at 64 KiB in cache ran at
-/// 0.59x ISA-L (0.88 with four vectors, 1.04 with this loop).
-#[inline(always)]
-pub(crate) unsafe fn gen_syndrome_single<V: Vector, const U: usize>(
-    data: &[&[u8]],
-    p: &mut [u8],
-    q: &mut [u8],
-    from: usize,
-) -> usize {
-    let end = range_end::<V, U>(from, p.len());
-    let top = data.len() - 1;
-    let (pp, qp) = (p.as_mut_ptr(), q.as_mut_ptr());
-    let mut off = from;
-    while off < end {
-        let mut pv = ld::<V, U>(block(data, top), off);
-        let mut qv = pv;
-        let mut z = top;
-        while z > 0 {
-            z -= 1;
-            let d = ld::<V, U>(block(data, z), off);
-            for u in 0..U {
-                pv[u] = pv[u].xor(d[u]);
-                qv[u] = qv[u].mul2_xor(d[u]);
-            }
-        }
-        st(pv, pp, off, false);
-        st(qv, qp, off, false);
-        off += V::BYTES * U;
     }
     end
 }
