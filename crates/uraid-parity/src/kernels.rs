@@ -150,9 +150,9 @@ macro_rules! kernel_entries {
 
 // Vectors per block per round: `$U` for every loop that streams its output and for the
 // other operations; `$HOT_U` for gen_syndrome with cached stores and at most
-// `$SINGLE_MAX` data blocks, in one-block steps; `$XOR_U` for
-// xor_gen with cached stores. Measured on AMD Zen 5 with `uraid bench parity`, in cache
-// against ISA-L unless said otherwise:
+// `$SINGLE_MAX` data blocks, in one-block steps; `$XOR_U` for xor_gen with cached
+// stores. Measured on AMD Zen 5 with `uraid bench parity`, in cache against ISA-L unless
+// said otherwise:
 // - gen_syndrome, 64-byte vectors, cached: eight vectors in one-block steps. At 8+2,
 //   4 KiB 1.51x and 64 KiB 1.05x, against 1.33-1.41x and 1.00-1.02x for two-block steps
 //   of four or eight. 6..=11 data blocks: 1.03-1.11x at 64 KiB, where two-block steps
