@@ -12,37 +12,35 @@ const MAX_MIRROR_IO_SECTORS: u64 = 2048;
 impl Engine {
     /// Array pieces of [sector, sector+len) that each map contiguously on every copy.
     fn direct_pieces(&self, sector: u64, len: u64) -> Vec<(u64, u64)> {
-        let mut pieces = Vec::new();
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        // raid0: where the last piece's last sector lies on its member.
+        let mut last_sector_at: Option<Extent> = None;
         let mut pos = sector;
         let end = sector + len;
         while pos < end {
-            let room = match self.geo.level {
-                Level::Raid1 => MAX_MIRROR_IO_SECTORS - pos % MAX_MIRROR_IO_SECTORS,
-                _ => self.geo.map_sector(pos).1,
+            let (at, room) = match self.geo.level {
+                Level::Raid1 => (None, MAX_MIRROR_IO_SECTORS - pos % MAX_MIRROR_IO_SECTORS),
+                _ => {
+                    let (ext, room) = self.geo.map_sector(pos);
+                    (Some(ext), room)
+                }
             };
             let n = room.min(end - pos);
+            // raid0: a chunk that continues the previous piece on the same member (a
+            // one-member array, or a zone of one device) joins it, so a large request
+            // there is one member I/O, and a read keeps that I/O's buffer instead of
+            // zero-filling its own and copying every chunk in.
+            let continues = self.geo.level == Level::Raid0
+                && matches!((last_sector_at, at), (Some(a), Some(b))
+                    if a.member == b.member && a.member_sector + 1 == b.member_sector);
             match pieces.last_mut() {
-                // raid0: a chunk that continues the previous piece on the same member (a
-                // one-member array, or a zone of one device) joins it, so a large request
-                // there is one member I/O, and a read keeps that I/O's buffer instead of
-                // zero-filling its own and copying every chunk in.
-                Some((start, len))
-                    if self.geo.level == Level::Raid0 && self.raid0_continues(*start + *len - 1, pos) =>
-                {
-                    *len += n
-                }
+                Some((_, len)) if continues => *len += n,
                 _ => pieces.push((pos, n)),
             }
+            last_sector_at = at.map(|e| Extent { member_sector: e.member_sector + n - 1, ..e });
             pos += n;
         }
         pieces
-    }
-
-    /// raid0: array sector `next` is stored right after array sector `last` on one member.
-    fn raid0_continues(&self, last: u64, next: u64) -> bool {
-        let (a, _) = self.geo.map_sector(last);
-        let (b, _) = self.geo.map_sector(next);
-        a.member == b.member && a.member_sector + 1 == b.member_sector
     }
 
     pub(crate) fn direct_read(&mut self, id: RequestId, sector: u64, len: u64) {
