@@ -48,9 +48,10 @@ macro_rules! kernel_entries {
             $(#[$attr])*
             pub(crate) unsafe fn gen_syndrome(data: &[&[u8]], p: &mut [u8], q: &mut [u8], stream: bool) {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr(), q.as_ptr()], 0);
+                // `$SINGLE_MAX` is 0 for a kernel with no one-block path: that branch folds away.
                 let from = if stream {
                     with_fixed_count!(data, vector::gen_syndrome::<$V, $U, true>(data, p, q, 0, true))
-                } else if data.len() <= $SINGLE_MAX {
+                } else if $SINGLE_MAX > 0 && data.len() <= $SINGLE_MAX {
                     with_fixed_count!(data, vector::gen_syndrome::<$V, $HOT_U, false>(data, p, q, 0, false))
                 } else {
                     with_fixed_count!(data, vector::gen_syndrome::<$V, $U, true>(data, p, q, 0, false))
@@ -156,11 +157,11 @@ macro_rules! kernel_entries {
 // stores. Measured on AMD Zen 5 with `uraid bench parity`, in cache against ISA-L unless
 // said otherwise:
 // - gen_syndrome, 64-byte vectors, cached: eight vectors in one-block steps. At 8+2,
-//   4 KiB 1.51x and 64 KiB 1.05x, against 1.33-1.41x and 1.00-1.02x for two-block steps
-//   of four or eight. 6..=11 data blocks: 1.03-1.11x at 64 KiB, where two-block steps
-//   fell to 0.59x (6 blocks, eight vectors) or 0.69x (10 blocks, four). Past 11 blocks a
-//   4 KiB stripe no longer fits L1, and two-block steps of four win there (16 blocks at
-//   4 KiB: 1.13-1.19x against 0.94x). avx512bw showed no difference between the two
+//   4 KiB 1.51x and 64 KiB 1.05x, against 1.33-1.41x and 0.88-1.02x for two-block steps
+//   of four or eight. 6..=11 data blocks: 1.04-1.11x at 64 KiB, where two-block steps
+//   fell to 0.59x (6 blocks, eight vectors) or 0.69x (10 blocks, four). Past 11 blocks
+//   two-block steps of four win at 4 KiB (12 blocks: 1.30-1.37x against 1.10x; 16
+//   blocks: 1.13-1.19x against 0.94x). avx512bw showed no difference between the two
 //   loops (0.92 and 0.84x at 64 and 4 KiB).
 // - gen_syndrome streaming: two-block steps of four vectors, 4 KiB out of cache 0.84 of
 //   the streaming read against 0.80 with eight and 0.66 with two. The 256-bit kernels

@@ -202,7 +202,7 @@ const MAX_DATA_BLOCKS: usize = 16;
 /// store fence, and stores right after it wait for the parity to drain to memory
 /// (measured on AMD Zen 5 at 4 KiB blocks out of cache: 64 stores after each call cost
 /// 10% of gen_syndrome's speed). ISA-L's stores are all cached, so it does not care.
-fn exec(ctx: &Ctx, imp: Impl, op: Op, arena: &mut Arena, s: usize) {
+fn exec(ctx: &Ctx, imp: Impl, op: Op, arena: &Arena, s: usize) {
     match imp {
         Impl::Uraid(kernel) => exec_uraid(kernel, op, arena, s),
         #[cfg(feature = "isal")]
@@ -274,7 +274,7 @@ fn exec_isal(ctx: &Ctx, raid: bool, op: Op, arena: &Arena, s: usize) {
 
 /// Seconds per call with one stripe reused (hot), or per stripe over the whole arena
 /// once (cold).
-fn seconds_per_call(ctx: &Ctx, imp: Impl, op: Op, arena: &mut Arena, hot: bool) -> f64 {
+fn seconds_per_call(ctx: &Ctx, imp: Impl, op: Op, arena: &Arena, hot: bool) -> f64 {
     if hot {
         exec(ctx, imp, op, arena, 0);
         let started = Instant::now();
@@ -412,11 +412,11 @@ pub fn run(args: ParityArgs) -> anyhow::Result<()> {
         .filter(|op| args.ops.is_empty() || args.ops.iter().any(|o| o == op.name()))
         .collect();
     for block_bytes in block_sizes {
-        let mut hot = Arena::new(k, block_bytes, 1, args.layout);
+        let hot = Arena::new(k, block_bytes, 1, args.layout);
         cold.resize_view(block_bytes);
         for &op in &ops {
             for hot_run in [true, false] {
-                let arena = if hot_run { &mut hot } else { &mut cold };
+                let arena = if hot_run { &hot } else { &cold };
                 let peers: Vec<Impl> = peers_of(op);
                 let mut ours = Vec::new();
                 let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
