@@ -373,10 +373,9 @@ fn run_thread<E: ArrayEngine + 'static>(state: SharedLoop<E>, rx: Receiver<Msg>)
             After::Sleep => {}
         }
         let Some((sleeper, timeout)) = lp.prepare_sleep(&mut inbox) else { continue };
-        let wake = lp.wake.clone();
         drop(guard);
         sleeper.sleep(timeout);
-        wake.sleeping.store(false, Ordering::SeqCst);
+        inbox.wake.sleeping.store(false, Ordering::SeqCst);
         guard = lock_state(&state);
         if let Some(lp) = guard.as_mut() {
             lp.sleep_until_ns = u64::MAX;
@@ -496,6 +495,12 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         self.next_id += 1;
         self.callbacks.insert(id, (req.id, cb));
         req.id = id;
+        self.engine_submit(req, now)
+    }
+
+    /// Gives `req` to the engine, or holds it back while the engine is busy. Returns
+    /// whether the engine took it.
+    fn engine_submit(&mut self, req: Request, now: u64) -> bool {
         match self.engine.submit(req, now) {
             Ok(()) => true,
             Err(SubmitError::Busy(r)) => {
@@ -553,10 +558,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         let mut progress = false;
         let now = self.now_ns();
         if let Some(req) = self.held.take() {
-            match self.engine.submit(req, now) {
-                Ok(()) => progress = true,
-                Err(SubmitError::Busy(r)) => self.held = Some(r),
-            }
+            progress = self.engine_submit(req, now);
         }
         let mut submitted = false;
         while self.held.is_none() {

@@ -203,18 +203,19 @@ impl Replies {
 
     /// Encodes the reply's header into `header`; returns its payload.
     fn encode(&self, out: &mut Vec<u8>, handle: u64, body: ReplyBody) -> Vec<u8> {
-        match &body {
-            ReplyBody::Ok => encode_ok_reply(out, self.structured, handle),
+        match body {
+            ReplyBody::Ok => {
+                encode_ok_reply(out, self.structured, handle);
+                Vec::new()
+            }
             ReplyBody::Read { offset_bytes, data } => {
-                encode_read_reply_header(out, self.structured, handle, *offset_bytes, data.len() as u32)
+                encode_read_reply_header(out, self.structured, handle, offset_bytes, data.len() as u32);
+                data
             }
             ReplyBody::Error { errno, message } => {
-                encode_error_reply(out, self.structured, handle, *errno, message)
+                encode_error_reply(out, self.structured, handle, errno, &message);
+                Vec::new()
             }
-        }
-        match body {
-            ReplyBody::Read { data, .. } => data,
-            _ => Vec::new(),
         }
     }
 

@@ -440,15 +440,16 @@ impl Executor {
     pub fn new(members: MemberSet, opts: &ExecutorOptions) -> io::Result<Executor> {
         let members = Arc::new(members);
         let queue_depth = opts.queue_depth_per_member.max(1);
+        let array_queue_depth = queue_depth * members.len();
         let entries = (queue_depth * members.len().max(1) + 1).next_power_of_two().clamp(8, 4096) as u32;
         let backend = match opts.backend {
             BackendChoice::ThreadPool => {
                 Backend::Pool(pool::PoolBackend::new(members.clone(), opts.pool_threads))
             }
             BackendChoice::IoUring => {
-                Backend::Uring(Box::new(uring::UringBackend::new(entries, queue_depth * members.len())?))
+                Backend::Uring(Box::new(uring::UringBackend::new(entries, array_queue_depth)?))
             }
-            BackendChoice::Auto => match uring::UringBackend::new(entries, queue_depth * members.len()) {
+            BackendChoice::Auto => match uring::UringBackend::new(entries, array_queue_depth) {
                 Ok(u) => Backend::Uring(Box::new(u)),
                 Err(e) => {
                     if opts.log {

@@ -42,8 +42,6 @@ pub struct UringBackend {
     /// Target of the pending eventfd read; boxed so its address is stable.
     eventfd_buf: Box<u64>,
     eventfd_armed: bool,
-    /// Entries pushed to the submission queue and not yet handed to the kernel.
-    unsubmitted: usize,
     /// I/Os pushed and not yet completed (submitted or not).
     outstanding: usize,
     /// While fewer of our I/Os than this are in the kernel, each new one is handed over at
@@ -76,7 +74,6 @@ impl UringBackend {
             eventfd: Arc::new(EventFd::new()?),
             eventfd_buf: Box::new(0),
             eventfd_armed: false,
-            unsubmitted: 0,
             outstanding: 0,
             submit_at_once_below: queue_depth * 3 / 4,
             cqes: Vec::new(),
@@ -105,7 +102,9 @@ impl UringBackend {
         // by one lets the device start on the first while the rest are still being issued,
         // where one batch at the end would start them all only after the last. With enough
         // in the kernel the batch costs the device nothing and saves system calls.
-        if self.outstanding.saturating_sub(self.unsubmitted) < self.submit_at_once_below {
+        // Entries still in the submission queue are not in the kernel yet.
+        let unsubmitted = self.ring.submission().len();
+        if self.outstanding.saturating_sub(unsubmitted) < self.submit_at_once_below {
             self.submit_pending();
         }
     }
@@ -132,11 +131,9 @@ impl UringBackend {
             // SAFETY: every buffer an entry points to lives in `slots` (or eventfd_buf) until
             // its completion is reaped; `drain` waits for all before drop.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
-                self.unsubmitted += 1;
                 return;
             }
             // Submission queue full: hand what is queued to the kernel and retry.
-            self.unsubmitted = 0;
             if let Err(e) = self.ring.submit() {
                 if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EINTR) {
                     // Cannot happen with a healthy ring; do not spin forever on it.
@@ -159,9 +156,8 @@ impl UringBackend {
     }
 
     pub fn submit_pending(&mut self) {
-        if self.unsubmitted > 0 {
+        if !self.ring.submission().is_empty() {
             let _ = self.ring.submit();
-            self.unsubmitted = 0;
         }
     }
 
@@ -192,7 +188,6 @@ impl UringBackend {
             };
             // ETIME (timeout) and EINTR are ordinary wake-ups; completions are read below.
             let _ = r;
-            self.unsubmitted = 0;
         } else {
             self.submit_pending();
         }
@@ -271,32 +266,23 @@ impl UringBackend {
 /// `submit_and_wait(1)` with a timeout but submitting nothing: callable while another
 /// thread owns the ring's queues (the kernel keeps the waiting side to itself).
 pub fn wait_for_completion(ring_fd: std::os::fd::RawFd, timeout: Duration) {
-    const IORING_ENTER_GETEVENTS: u32 = 1;
-    const IORING_ENTER_EXT_ARG: u32 = 8;
-    #[repr(C)]
-    struct GeteventsArg {
-        sigmask: u64,
-        sigmask_sz: u32,
-        pad: u32,
-        ts: u64,
-    }
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    let arg = GeteventsArg { sigmask: 0, sigmask_sz: 0, pad: 0, ts: &ts as *const libc::timespec as u64 };
-    // SAFETY: io_uring_enter with to_submit 0 reads only `arg` and `ts`, both live for the
-    // call; EXT_ARG (checked at ring creation) makes `arg` an io_uring_getevents_arg.
-    // ETIME, EINTR and the like are ordinary wake-ups; the owner collects afterwards.
+    let ts = types::Timespec::from(timeout);
+    let args = types::SubmitArgs::new().timespec(&ts);
+    let flags = io_uring::EnterFlags::GETEVENTS | io_uring::EnterFlags::EXT_ARG;
+    // SAFETY: io_uring_enter with to_submit 0 reads only `args` and `ts`, both live for the
+    // call; EXT_ARG (checked at ring creation) makes `args` an io_uring_getevents_arg
+    // (`SubmitArgs` is that struct, transparently). The raw call, not `Submitter`, because
+    // another thread owns the ring's queues. ETIME, EINTR and the like are ordinary
+    // wake-ups; the owner collects afterwards.
     unsafe {
         libc::syscall(
             libc::SYS_io_uring_enter,
             ring_fd,
             0u32,
             1u32,
-            IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG,
-            &arg as *const GeteventsArg,
-            std::mem::size_of::<GeteventsArg>(),
+            flags.bits(),
+            &args as *const types::SubmitArgs,
+            std::mem::size_of_val(&args),
         );
     }
 }
@@ -328,7 +314,7 @@ mod tests {
                 done_bytes: 0,
                 force_async: false,
             });
-            held.push(u.unsubmitted);
+            held.push(u.ring.submission().len());
         }
         assert_eq!(held, [0, 0, 0, 1, 2]);
         let mut done = Vec::new();
