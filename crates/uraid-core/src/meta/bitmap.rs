@@ -426,8 +426,8 @@ pub struct WriteIntentBitmap {
     idle_passes: Vec<u8>,
     /// Pages with new set bits not yet persisted.
     dirty_pages: BTreeSet<u64>,
-    /// Pages with cleared bits to persist whenever convenient.
-    lazy_pages: BTreeSet<u64>,
+    /// Set bits (kept so an idle array need not scan the bitmap).
+    set_count: u64,
 }
 
 impl WriteIntentBitmap {
@@ -475,8 +475,14 @@ impl WriteIntentBitmap {
             idle_passes: vec![0; n],
             sb,
             dirty_pages: BTreeSet::new(),
-            lazy_pages: BTreeSet::new(),
+            set_count: 0,
         }
+        .with_set_count()
+    }
+
+    fn with_set_count(mut self) -> Self {
+        self.set_count = count_dirty_bits(&self.bits, self.nbits);
+        self
     }
 
     pub fn superblock(&self) -> &BitmapSuper {
@@ -559,6 +565,7 @@ impl WriteIntentBitmap {
             self.idle_passes[i] = 0;
             if !self.is_set(c) {
                 set_bit_le(&mut self.bits, c, true);
+                self.set_count += 1;
                 pages.insert(Self::page_of_chunk(c));
             }
         }
@@ -578,8 +585,12 @@ impl WriteIntentBitmap {
     pub fn pages_written(&mut self, pages: &[BitmapPageWrite]) {
         for p in pages {
             self.dirty_pages.remove(&p.page);
-            self.lazy_pages.remove(&p.page);
         }
+    }
+
+    /// Whether any bit is set (the daemon has work only then).
+    pub fn any_set(&self) -> bool {
+        self.set_count > 0
     }
 
     /// Whether any set bit awaits persistence on this page.
@@ -601,12 +612,16 @@ impl WriteIntentBitmap {
         }
     }
 
-    /// One pass of md's bitmap daemon (every `daemon_sleep` seconds): bits idle for two
-    /// passes and not needed are cleared. Returns the pages to rewrite; they carry no
-    /// ordering requirement. `events` is the array's event count, recorded as
-    /// events_cleared when something was cleared.
-    pub fn daemon_pass(&mut self, events: u64) -> Vec<BitmapPageWrite> {
-        let mut cleared = false;
+    /// One pass of md's bitmap daemon (every `daemon_sleep` seconds): counts idle passes
+    /// and returns the chunks idle for two passes and not needed. Nothing is cleared yet:
+    /// the caller flushes every member first, so the writes those bits covered are durable,
+    /// then calls [`WriteIntentBitmap::clear_flushed`] (md writes cleared bits with a
+    /// preflush).
+    pub fn daemon_pass(&mut self) -> Vec<u64> {
+        let mut candidates = Vec::new();
+        if self.set_count == 0 {
+            return candidates;
+        }
         for c in 0..self.nbits {
             let i = c as usize;
             if !self.is_set(c) || self.pending[i] > 0 || self.needed[i] {
@@ -617,18 +632,38 @@ impl WriteIntentBitmap {
             }
             self.idle_passes[i] = self.idle_passes[i].saturating_add(1);
             if self.idle_passes[i] >= 2 {
-                set_bit_le(&mut self.bits, c, false);
-                self.idle_passes[i] = 0;
-                self.lazy_pages.insert(Self::page_of_chunk(c));
-                cleared = true;
+                candidates.push(c);
             }
         }
-        if cleared {
+        candidates
+    }
+
+    /// After a flush issued after [`WriteIntentBitmap::daemon_pass`] returned `candidates`:
+    /// clears those still idle (a write since then reset their idle count, and its data
+    /// may postdate the flush) and returns the pages to write. `events` is recorded as
+    /// events_cleared when something was cleared.
+    pub fn clear_flushed(&mut self, candidates: &[u64], events: u64) -> Vec<BitmapPageWrite> {
+        let mut pages = BTreeSet::new();
+        for &c in candidates {
+            let i = c as usize;
+            if c >= self.nbits
+                || !self.is_set(c)
+                || self.pending[i] > 0
+                || self.needed[i]
+                || self.idle_passes[i] < 2
+            {
+                continue;
+            }
+            set_bit_le(&mut self.bits, c, false);
+            self.set_count -= 1;
+            self.idle_passes[i] = 0;
+            pages.insert(Self::page_of_chunk(c));
+        }
+        if !pages.is_empty() {
             self.sb.events_cleared = events;
             // events_cleared lives in the header on page 0.
-            self.lazy_pages.insert(0);
+            pages.insert(0);
         }
-        let pages: Vec<u64> = self.lazy_pages.iter().copied().collect();
         pages.into_iter().map(|p| self.page_write(p)).collect()
     }
 

@@ -313,8 +313,20 @@ impl MetaKeeper {
             return Ok(());
         }
         let events = self.lock().events;
+        let candidates = bm.lock().unwrap_or_else(|e| e.into_inner()).daemon_pass();
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        // A bit may only be cleared once the data and parity it covers are durable on
+        // every member (md flushes before writing cleared bits).
+        {
+            let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+            for t in targets.iter() {
+                t.file.sync_data().context("flushing a member before clearing bitmap bits")?;
+            }
+        }
         let mut bm = bm.lock().unwrap_or_else(|e| e.into_inner());
-        let pages = bm.daemon_pass(events);
+        let pages = bm.clear_flushed(&candidates, events);
         for w in &pages {
             let bytes = bm.page_bytes(w);
             self.write_bitmap_page(w, &bytes)?;
