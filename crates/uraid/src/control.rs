@@ -78,7 +78,10 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         "progress" => Ok(array.progress()),
         "fail" => need_arg("fail").and_then(|_| array.fail(arg)),
         "remove" => need_arg("remove").and_then(|_| array.remove(arg)),
-        "add" => need_arg("add").and_then(|_| array.add(arg)),
+        "add" => need_arg("add").and_then(|_| match arg.strip_prefix("--force ") {
+            Some(path) => array.add(path.trim(), true),
+            None => array.add(arg, false),
+        }),
         "set" => match arg.split_once(' ') {
             Some((name, value)) => array.set_tunable(name, value),
             None if arg.is_empty() => array.set_tunable("", ""),
@@ -156,9 +159,20 @@ pub fn run_remove(args: MemberCommandArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(clap::Args, Clone, Debug)]
+pub struct AddArgs {
+    #[command(flatten)]
+    pub member: MemberCommandArgs,
+    /// Overwrite the superblock of a member that belongs to another array.
+    #[arg(long)]
+    pub force: bool,
+}
+
 /// Adds, then shows the rebuild's progress while attached to a terminal.
-pub fn run_add(args: MemberCommandArgs) -> anyhow::Result<()> {
-    print!("{}", request(&args.control, &format!("add {}", abs(&args.member)))?);
+pub fn run_add(add: AddArgs) -> anyhow::Result<()> {
+    let args = add.member;
+    let force = if add.force { "--force " } else { "" };
+    print!("{}", request(&args.control, &format!("add {force}{}", abs(&args.member)))?);
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() {
         return Ok(());

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use uraid_core::geometry::parse_layout;
-use uraid_core::meta::{create_array, format_uuid, CreateParams};
+use uraid_core::meta::{create_array, enough, format_uuid, CreateParams};
 use uraid_core::Level;
 
 use crate::array::member::MemberDev;
@@ -149,7 +149,7 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
                 devs.push(None);
                 continue;
             }
-            let d = MemberDev::open(p, true)?;
+            let d = MemberDev::open_claimed(p)?;
             if let Some(first) = devs.iter().flatten().find(|o| o.identity == d.identity) {
                 bail!("{} and {} are the same device: give each member once", first.name, d.name);
             }
@@ -181,6 +181,17 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
             (0..devs.len()).map(|_| crate::array::random_uuid()).collect::<anyhow::Result<_>>()?;
         params.ctime_seconds = crate::array::now_seconds();
         let created = create_array(&params).map_err(|e| anyhow!("{e}"))?;
+        let first = created.superblocks.iter().flatten().next().expect("create_array returns a member");
+        let present: Vec<bool> = devs.iter().map(Option::is_some).collect();
+        if !enough(first.level, first.raid_disks, first.layout, true, &present) {
+            bail!(
+                "{} of {} members are `missing`: a {} with these members could never start; \
+                 give more members (nothing was written)",
+                present.iter().filter(|p| !**p).count(),
+                args.raid_devices,
+                level_name(level.md_level())
+            );
+        }
 
         for (slot, (dev, sb)) in devs.iter().zip(&created.superblocks).enumerate() {
             let (Some(dev), Some(sb)) = (dev, sb) else { continue };
@@ -199,7 +210,6 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
             }
             dev.sync().with_context(|| format!("{}: fdatasync after slot {slot}", dev.name))?;
         }
-        let first = created.superblocks.iter().flatten().next().expect("create_array returns a member");
         let array_sectors = crate::array::report::array_sectors_of(first);
         let missing = devs.iter().filter(|d| d.is_none()).count();
         let start_note = if args.assume_clean || level.md_level() == 0 {

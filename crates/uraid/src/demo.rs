@@ -60,6 +60,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             rmw_level: 1,
             stripe_cache_size: 256,
             inline_request_max_bytes: uraid_io::runtime::DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES,
+            debug_faults: Vec::new(),
             members: members.iter().filter(|m| m.exists()).cloned().collect(),
         },
         Some(&banner),

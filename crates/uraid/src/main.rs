@@ -44,7 +44,7 @@ enum Command {
     /// Remove a failed member or a spare from a running array (mdadm --remove).
     Remove(control::MemberCommandArgs),
     /// Add a member to a running array: rebuilt into a missing slot, or a hot spare.
-    Add(control::MemberCommandArgs),
+    Add(control::AddArgs),
     /// Change a tunable of a running array (md's sysfs): stripe_cache_size, rmw_level, balance, sync_speed_min/max.
     Set(control::SetArgs),
     /// Benchmarks on this machine, each against a peer measured in the same run.

@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// work overlaps with reading the next request.
     #[arg(long = "inline-request-max", default_value = "64K", value_parser = crate::size_arg::parse_size_bytes)]
     pub inline_request_max_bytes: u64,
+    /// Testing only: fail a member's I/O, `member=SLOT,op=read|write|flush|meta[,after=N][,count=N]`
+    /// (the first N such I/Os succeed, then COUNT fail, or all). Repeatable.
+    #[arg(long = "debug-fault", hide = true)]
+    pub debug_faults: Vec<String>,
     /// Member files or block devices, in any order.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
@@ -67,9 +71,17 @@ enum Listener {
     Unix(UnixListener, PathBuf),
 }
 
-/// Binds a Unix socket, replacing a stale file nobody listens on.
+/// Binds a Unix socket. Only a stale socket nobody listens on is replaced: any other file
+/// at `path` (a member, a document) is refused, never deleted.
 fn bind_unix(path: &Path, what: &str) -> anyhow::Result<UnixListener> {
-    if path.exists() {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!(
+                "{} exists and is not a socket: choose another path for the {what} (nothing was changed)",
+                path.display()
+            );
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             bail!("{what} {} is in use: is this array already served?", path.display());
         }
@@ -77,6 +89,18 @@ fn bind_unix(path: &Path, what: &str) -> anyhow::Result<UnixListener> {
             .with_context(|| format!("removing the stale {what} {}", path.display()))?;
     }
     UnixListener::bind(path).with_context(|| format!("cannot listen on the {what} {}", path.display()))
+}
+
+fn debug_faults(specs: &[String]) -> anyhow::Result<Option<Arc<uraid_io::real::fault::Faults>>> {
+    if specs.is_empty() {
+        return Ok(None);
+    }
+    let rules = specs
+        .iter()
+        .map(|s| uraid_io::real::fault::FaultRule::parse(s).map_err(|e| anyhow::anyhow!("--debug-fault {e}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    eprintln!("uraid: injecting member faults: {}", specs.join("; "));
+    Ok(Some(Arc::new(uraid_io::real::fault::Faults::new(rules))))
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -121,10 +145,11 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     // brought back by rebuilding it from the others once the array runs.
     let stale: Vec<PathBuf> =
         assembled.plan.stale.iter().map(|s| assembled.members[s.member].path.clone()).collect();
-    let array = RunningArray::start(assembled, args.read_only, args.inline_request_max_bytes)?;
+    let faults = debug_faults(&args.debug_faults)?;
+    let array = RunningArray::start(assembled, args.read_only, args.inline_request_max_bytes, faults)?;
     if !args.read_only {
         for path in stale {
-            match array.add(&path.display().to_string()) {
+            match array.add(&path.display().to_string(), false) {
                 Ok(msg) => eprintln!("{}", msg.trim_end()),
                 Err(e) => eprintln!("uraid: the stale member {} was not re-added: {e:#}", path.display()),
             }

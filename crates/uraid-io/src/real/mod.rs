@@ -24,6 +24,7 @@
 //! ```
 
 mod buf;
+pub mod fault;
 mod pool;
 mod uring;
 
@@ -254,6 +255,8 @@ pub struct ExecutorOptions {
     /// Larger copies stay with the backend, whose workers copy in parallel with this
     /// thread. The result is ready at the next `poll`.
     pub inline_memory_io_max_bytes: usize,
+    /// Injected faults (tests of real runs only).
+    pub faults: Option<std::sync::Arc<fault::Faults>>,
 }
 
 impl Default for ExecutorOptions {
@@ -264,6 +267,7 @@ impl Default for ExecutorOptions {
             pool_threads: 8,
             log: true,
             inline_memory_io_max_bytes: DEFAULT_INLINE_MEMORY_IO_MAX_BYTES,
+            faults: None,
         }
     }
 }
@@ -432,6 +436,7 @@ pub struct Executor {
     /// I/Os a guest could not run inline, waiting for the owner's next
     /// [`Executor::start_deferred`].
     deferred: Vec<MemberIo>,
+    faults: Option<std::sync::Arc<fault::Faults>>,
 }
 
 static URING_FALLBACK_LOGGED: Once = Once::new();
@@ -478,6 +483,7 @@ impl Executor {
             retired: Vec::new(),
             guest: false,
             deferred: Vec::new(),
+            faults: opts.faults.clone(),
         })
     }
 
@@ -561,7 +567,7 @@ impl Executor {
             self.ready.push(MemberIoCompletion { id: io.id, result: Err(MemberIoError::Gone) });
             return;
         }
-        if malformed {
+        if malformed || self.injected_fault(&io) {
             self.ready.push(MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) });
             return;
         }
@@ -588,6 +594,16 @@ impl Executor {
         }
         q.in_flight += 1;
         self.start(io);
+    }
+
+    fn injected_fault(&self, io: &MemberIo) -> bool {
+        let Some(f) = &self.faults else { return false };
+        let op = match io.op {
+            MemberIoOp::Read => fault::FaultOp::Read,
+            MemberIoOp::Write => fault::FaultOp::Write,
+            MemberIoOp::Flush => fault::FaultOp::Flush,
+        };
+        f.hit(io.member, op)
     }
 
     fn start(&mut self, io: MemberIo) {

@@ -49,6 +49,40 @@ impl MemberDev {
         Ok(MemberDev { path: path.to_path_buf(), name, file, size_bytes, identity })
     }
 
+    /// Opens `path` for writing and claims it for this process, as md claims its members:
+    /// `O_EXCL` on a block device (which also keeps out the kernel's md and mounts), an
+    /// exclusive `flock` on a file. The claim lasts while the descriptor is open.
+    pub fn open_claimed(path: &Path) -> anyhow::Result<MemberDev> {
+        let mut dev = MemberDev::open(path, true)?;
+        dev.claim()?;
+        Ok(dev)
+    }
+
+    pub fn claim(&mut self) -> anyhow::Result<()> {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let ft = self.file.metadata().with_context(|| format!("{}: cannot stat the member", self.name))?;
+        if ft.file_type().is_block_device() {
+            // O_EXCL on a block device fails with EBUSY while anyone else holds it exclusively;
+            // the exclusive descriptor becomes the working one.
+            self.file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_EXCL)
+                .open(&self.path)
+                .map_err(|e| in_use(&self.name, e, None))?;
+            return Ok(());
+        }
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        let rc = unsafe {
+            libc::flock(std::os::fd::AsRawFd::as_raw_fd(&self.file), libc::LOCK_EX | libc::LOCK_NB)
+        };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            return Err(in_use(&self.name, err, lock_holder(self.identity)));
+        }
+        Ok(())
+    }
+
     pub fn dev_sectors(&self) -> u64 {
         self.size_bytes / 512
     }
@@ -118,7 +152,43 @@ impl MemberDev {
     }
 }
 
-/// Opens every member, refusing one device named twice.
+fn in_use(name: &str, err: std::io::Error, holder: Option<String>) -> anyhow::Error {
+    let busy = matches!(err.raw_os_error(), Some(libc::EWOULDBLOCK) | Some(libc::EBUSY));
+    if !busy {
+        return anyhow::anyhow!("{name}: cannot claim the member: {err}");
+    }
+    let by = holder.map(|h| format!(" by {h}")).unwrap_or_default();
+    anyhow::anyhow!(
+        "{name} is in use{by}: another `uraid serve`, the kernel's md or a mount holds it; stop that first \
+         (nothing was written)"
+    )
+}
+
+/// The process holding a flock on the file with `identity`, from /proc/locks: "pid N (command)".
+fn lock_holder(identity: (u64, u64)) -> Option<String> {
+    let (dev, ino) = identity;
+    let want = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let pid = locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+            .then(|| f.get(4).map(|p| p.to_string()))?
+    })?;
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .map(|c| {
+            c.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    Some(if cmd.is_empty() { format!("pid {pid}") } else { format!("pid {pid} ({cmd})") })
+}
+
+/// Opens every member, refusing one device named twice; `writable` also claims each one
+/// (see [`MemberDev::open_claimed`]).
 pub fn open_members(paths: &[PathBuf], writable: bool) -> anyhow::Result<Vec<MemberDev>> {
     let mut out: Vec<MemberDev> = Vec::new();
     for p in paths {
@@ -131,6 +201,11 @@ pub fn open_members(paths: &[PathBuf], writable: bool) -> anyhow::Result<Vec<Mem
             );
         }
         out.push(m);
+    }
+    if writable {
+        for m in &mut out {
+            m.claim()?;
+        }
     }
     Ok(out)
 }

@@ -6,13 +6,13 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use anyhow::Context;
 use uraid_core::meta::{
     array_range_to_sync_range, feature, role, BitmapPageWrite, Superblock, WriteIntentBitmap, MAX_DEV_LIMIT,
     MAX_SECTOR,
 };
+use uraid_io::real::fault::{FaultOp, Faults};
 
 /// What one member is to the array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,13 +60,20 @@ pub struct SbState {
 struct BitmapTarget {
     file: File,
     offset_bytes: u64,
+    identity: (u64, u64),
+    slot: Option<usize>,
 }
+
+/// Tells the engine that a member failed under a metadata write (md_error).
+pub type MemberFailed = Box<dyn Fn(usize) + Send + Sync>;
 
 pub struct MetaKeeper {
     pub state: Mutex<SbState>,
     bitmap: Option<Mutex<WriteIntentBitmap>>,
     bitmap_offset_sectors: i32,
     targets: Mutex<Vec<BitmapTarget>>,
+    member_failed: OnceLock<MemberFailed>,
+    faults: OnceLock<Arc<Faults>>,
     dirty: AtomicBool,
     writes_in_flight: AtomicU64,
     /// Bumped by every write; the idle check compares it across passes.
@@ -100,6 +107,8 @@ impl MetaKeeper {
             bitmap: bitmap.map(|(b, _)| Mutex::new(b)),
             bitmap_offset_sectors,
             targets: Mutex::new(Vec::new()),
+            member_failed: OnceLock::new(),
+            faults: OnceLock::new(),
             dirty: AtomicBool::new(dirty),
             writes_in_flight: AtomicU64::new(0),
             write_generation: AtomicU64::new(0),
@@ -112,6 +121,27 @@ impl MetaKeeper {
         keeper.refresh_targets(&st);
         drop(st);
         keeper
+    }
+
+    /// Where a failed superblock, bitmap or flush write on a member is reported, as md's
+    /// md_error: the member is failed instead of the client's write.
+    pub fn on_member_failed(&self, f: MemberFailed) {
+        let _ = self.member_failed.set(f);
+    }
+
+    /// Injected faults of `op=meta` rules (tests of real runs).
+    pub fn set_faults(&self, faults: Arc<Faults>) {
+        let _ = self.faults.set(faults);
+    }
+
+    /// Whether an injected fault fails this metadata write on the member in `slot`.
+    fn injected(&self, slot: Option<usize>) -> std::io::Result<()> {
+        match (self.faults.get(), slot) {
+            (Some(f), Some(slot)) if f.hit(slot, FaultOp::Meta) => {
+                Err(std::io::Error::other("injected metadata write fault"))
+            }
+            _ => Ok(()),
+        }
     }
 
     pub fn lock(&self) -> std::sync::MutexGuard<'_, SbState> {
@@ -134,17 +164,38 @@ impl MetaKeeper {
                 d.file.try_clone(),
                 d.sb.super_offset.checked_add_signed(i64::from(self.bitmap_offset_sectors)),
             ) {
-                t.push(BitmapTarget { file, offset_bytes: at * 512 });
+                let slot = match d.role {
+                    DevRole::Active { slot, .. } => Some(slot),
+                    _ => None,
+                };
+                t.push(BitmapTarget { file, offset_bytes: at * 512, identity: d.identity, slot });
             }
         }
     }
 
     /// events++, then every working member's bitmap header and superblock, each synced.
-    /// `clean` decides resync_offset.
+    /// `clean` decides resync_offset. A member whose write fails is failed (md_error) and
+    /// the others are written again with it recorded as faulty; only an array with no
+    /// working member left is an error.
     pub fn write_all(&self, st: &mut SbState, clean: bool) -> anyhow::Result<()> {
         if self.read_only {
             return Ok(());
         }
+        loop {
+            let failed = self.write_all_once(st, clean);
+            self.refresh_targets(st);
+            if failed.is_empty() {
+                return Ok(());
+            }
+            self.fail_members(st, &failed);
+            if !st.devs.iter().any(|d| d.working()) {
+                anyhow::bail!("the superblock write failed on every member");
+            }
+        }
+    }
+
+    /// One pass of [`MetaKeeper::write_all`]; returns the members whose write failed.
+    fn write_all_once(&self, st: &mut SbState, clean: bool) -> Vec<(u64, u64)> {
         st.events += 1;
         let max_dev = st
             .devs
@@ -165,15 +216,17 @@ impl MetaKeeper {
             }
         }
         let now = super::now_seconds();
+        let mut bitmap_failed = Vec::new();
         if let Some(bm) = &self.bitmap {
             let mut bm = bm.lock().unwrap_or_else(|e| e.into_inner());
             bm.superblock_mut().events = st.events;
             let page0 = bm.page_write(0);
             let bytes = bm.page_bytes(&page0);
             drop(bm);
-            self.write_bitmap_page(&page0, &bytes)?;
+            bitmap_failed = self.write_bitmap_page(&page0, &bytes);
         }
-        for d in st.devs.iter_mut().filter(|d| d.working()) {
+        let mut failed = bitmap_failed.clone();
+        for d in st.devs.iter_mut().filter(|d| d.working() && !bitmap_failed.contains(&d.identity)) {
             let sb = &mut d.sb;
             sb.events = st.events;
             sb.utime = now;
@@ -188,24 +241,73 @@ impl MetaKeeper {
                 }
             }
             let bytes = sb.update_csum();
-            d.file
-                .write_all_at(&bytes, sb.super_offset * 512)
-                .and_then(|_| d.file.sync_data())
-                .with_context(|| format!("{}: writing the superblock", d.name))?;
+            let slot = match d.role {
+                DevRole::Active { slot, .. } => Some(slot),
+                _ => None,
+            };
+            let written = self
+                .injected(slot)
+                .and_then(|_| d.file.write_all_at(&bytes, sb.super_offset * 512))
+                .and_then(|_| d.file.sync_data());
+            if let Err(e) = written {
+                eprintln!("uraid: {}: writing the superblock failed ({e}); failing the member", d.name);
+                failed.push(d.identity);
+            }
         }
-        self.refresh_targets(st);
-        Ok(())
+        failed
     }
 
-    fn write_bitmap_page(&self, w: &BitmapPageWrite, bytes: &[u8]) -> anyhow::Result<()> {
-        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
-        for t in targets.iter() {
-            t.file
-                .write_all_at(bytes, t.offset_bytes + w.offset_bytes)
-                .and_then(|_| t.file.sync_data())
-                .context("writing a bitmap page")?;
+    /// md_error for members whose metadata write failed: an active member becomes faulty
+    /// (the engine is told), a spare leaves. The caller writes the superblocks next.
+    fn fail_members(&self, st: &mut SbState, identities: &[(u64, u64)]) {
+        let mut slots = Vec::new();
+        st.devs.retain_mut(|d| {
+            if !identities.contains(&d.identity) {
+                return true;
+            }
+            match d.role {
+                DevRole::Active { slot, .. } => {
+                    d.role = DevRole::Faulty { slot };
+                    slots.push(slot);
+                    true
+                }
+                DevRole::Spare => false,
+                DevRole::Faulty { .. } => true,
+            }
+        });
+        if let Some(tell) = self.member_failed.get() {
+            for slot in slots {
+                tell(slot);
+            }
         }
-        Ok(())
+    }
+
+    /// Writes one bitmap page to every working member; returns those where it failed.
+    fn write_bitmap_page(&self, w: &BitmapPageWrite, bytes: &[u8]) -> Vec<(u64, u64)> {
+        let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failed = Vec::new();
+        for t in targets.iter() {
+            let written = self
+                .injected(t.slot)
+                .and_then(|_| t.file.write_all_at(bytes, t.offset_bytes + w.offset_bytes))
+                .and_then(|_| t.file.sync_data());
+            if let Err(e) = written {
+                eprintln!("uraid: writing a bitmap page failed ({e}); failing the member");
+                failed.push(t.identity);
+            }
+        }
+        failed
+    }
+
+    /// Fails the members a bitmap write failed on and records it in the superblocks.
+    fn bitmap_write_failed(&self, identities: &[(u64, u64)]) -> anyhow::Result<()> {
+        if identities.is_empty() {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        self.fail_members(&mut st, identities);
+        let clean = !self.dirty.load(Ordering::SeqCst) && !st.resync_pending && !st.failed;
+        self.write_all(&mut st, clean)
     }
 
     /// Sync-space range of an array byte range (what the bitmap counts in).
@@ -233,16 +335,23 @@ impl MetaKeeper {
             token.sync = Some((s, l));
             if !gate.pages_to_write.is_empty() && !self.read_only {
                 // Holding the bitmap lock keeps later writers of these pages waiting until
-                // the bits are durable on every member.
+                // the bits are durable on every member; a member that fails the write is
+                // failed, so the bits are durable on every member still working.
+                let mut failed = Vec::new();
                 for w in &gate.pages_to_write {
                     let bytes = bm.page_bytes(w);
-                    if let Err(e) = self.write_bitmap_page(w, &bytes) {
-                        bm.end_write(s, l, false);
-                        self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
-                        return Err(e);
+                    for id in self.write_bitmap_page(w, &bytes) {
+                        if !failed.contains(&id) {
+                            failed.push(id);
+                        }
                     }
                 }
                 bm.pages_written(&gate.pages_to_write);
+                drop(bm);
+                if let Err(e) = self.bitmap_write_failed(&failed) {
+                    self.after_write(WriteToken { sync: token.sync.take() }, false);
+                    return Err(e);
+                }
             }
         }
         Ok(token)
@@ -319,20 +428,26 @@ impl MetaKeeper {
         }
         // A bit may only be cleared once the data and parity it covers are durable on
         // every member (md flushes before writing cleared bits).
-        {
+        let unflushed: Vec<(u64, u64)> = {
             let targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
-            for t in targets.iter() {
-                t.file.sync_data().context("flushing a member before clearing bitmap bits")?;
-            }
+            let flushed = |t: &BitmapTarget| self.injected(t.slot).and_then(|_| t.file.sync_data()).is_ok();
+            targets.iter().filter(|t| !flushed(t)).map(|t| t.identity).collect()
+        };
+        if !unflushed.is_empty() {
+            // Nothing is cleared this pass: the failed member's writes may not be durable.
+            return self.bitmap_write_failed(&unflushed);
         }
         let mut bm = bm.lock().unwrap_or_else(|e| e.into_inner());
         let pages = bm.clear_flushed(&candidates, events);
+        let mut failed = Vec::new();
         for w in &pages {
             let bytes = bm.page_bytes(w);
-            self.write_bitmap_page(w, &bytes)?;
+            failed.extend(self.write_bitmap_page(w, &bytes));
         }
         bm.pages_written(&pages);
-        Ok(())
+        drop(bm);
+        failed.dedup();
+        self.bitmap_write_failed(&failed)
     }
 
     /// A resync or a recovery brought the whole array in sync: no bit is needed any more.

@@ -29,6 +29,8 @@ const CLEAN_AFTER_IDLE: Duration = Duration::from_secs(1);
 const BITMAP_DAEMON_PERIOD: Duration = Duration::from_secs(5);
 const RECOVERY_CHECKPOINT_PERIOD: Duration = Duration::from_secs(3);
 const SPEED_WINDOW: Duration = Duration::from_secs(5);
+/// How often a waiting flush looks whether the engine holds completions for a failure.
+const FLUSH_POLL: Duration = Duration::from_millis(50);
 
 /// What the monitor last saw of the engine.
 #[derive(Clone, Debug, Default)]
@@ -65,6 +67,8 @@ pub struct RunningArray {
     monitor: Mutex<Option<JoinHandle<()>>>,
     /// Per slot: the member path the executor has there.
     slot_paths: Mutex<Vec<Option<String>>>,
+    /// Slots whose recovery finished but whose flush did not: recorded on a later pass.
+    recovery_unrecorded: Mutex<Vec<usize>>,
 }
 
 fn engine_of(e: &mut dyn std::any::Any) -> &mut Engine {
@@ -87,6 +91,7 @@ impl RunningArray {
         a: Assembled,
         read_only: bool,
         inline_request_max_bytes: u64,
+        faults: Option<Arc<uraid_io::real::fault::Faults>>,
     ) -> anyhow::Result<Arc<RunningArray>> {
         let Assembled { members, superblocks, plan, mut config, slot_member, resync } = a;
         config.read_only = read_only;
@@ -115,7 +120,8 @@ impl RunningArray {
                 None => exec_members.push(absent_member()?),
             }
         }
-        let executor = Executor::new(MemberSet::from_members(exec_members), &ExecutorOptions::default())
+        let exec_opts = ExecutorOptions { faults: faults.clone(), ..ExecutorOptions::default() };
+        let executor = Executor::new(MemberSet::from_members(exec_members), &exec_opts)
             .context("starting the I/O executor")?;
 
         let mut devs = Vec::new();
@@ -162,6 +168,13 @@ impl RunningArray {
         };
         let runtime = ArrayRuntime::start(engine, executor, &opts).context("starting the array thread")?;
         let handle = runtime.handle();
+        if let Some(f) = faults {
+            meta.set_faults(f);
+        }
+        let to_engine = handle.clone();
+        meta.on_member_failed(Box::new(move |slot| {
+            let _ = to_engine.fail_member(slot);
+        }));
         let device =
             Arc::new(ArrayDevice::new(handle.clone(), meta.clone(), geometry.array_bytes(), read_only));
         let states: Vec<MemberState> = config.members.iter().map(|m| m.state).collect();
@@ -179,6 +192,7 @@ impl RunningArray {
             stop: AtomicBool::new(false),
             monitor: Mutex::new(None),
             slot_paths: Mutex::new(slot_paths),
+            recovery_unrecorded: Mutex::new(Vec::new()),
         });
         arr.poll(|_, _, _| Ok(()))?;
         let me = arr.clone();
@@ -241,12 +255,21 @@ impl RunningArray {
         let degraded = states.iter().filter(|s| !matches!(s, MemberState::InSync)).count();
         self.device.degraded.store(degraded, Ordering::SeqCst);
         let failure_recorded = events.iter().any(|ev| matches!(ev, EngineEvent::MemberFaulty(_)));
+        // Every event is handled even when one fails, and held completions are always
+        // released: a superblock write that failed everywhere must not hang the clients.
+        let mut first_err = None;
         for ev in events {
-            self.on_event(ev, &states)?;
+            if let Err(e) = self.on_event(ev, &states) {
+                eprintln!("uraid: {}: {e:#}", self.name);
+                first_err.get_or_insert(e);
+            }
         }
         if failure_recorded {
             // The superblocks now say so: the held completions may go.
             self.handle.control(|e, _, _| engine_of(e).metadata_committed()).map_err(|e| anyhow!("{e}"))?;
+        }
+        if let Some(e) = first_err {
+            return Err(e);
         }
         result.map_err(anyhow::Error::msg)
     }
@@ -266,7 +289,12 @@ impl RunningArray {
             }
             EngineEvent::RecoveryDone(slot) => {
                 eprintln!("uraid: {}: recovery of slot {slot} done", self.name);
-                self.flush();
+                if !self.flush() {
+                    // Left recorded as recovering from its last checkpoint: the next start
+                    // finishes the recovery instead of trusting unflushed writes.
+                    self.recovery_unrecorded.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
+                    return Ok(());
+                }
                 self.meta.update(|st| {
                     for d in st.devs.iter_mut() {
                         if let DevRole::Active { slot: s, recovering } = &mut d.role {
@@ -302,8 +330,32 @@ impl RunningArray {
         Ok(())
     }
 
+    /// A flush of everything written so far. Gives up (false) rather than wait while the
+    /// engine holds completions for a member failure: only the monitor's next poll, which
+    /// may be this caller, records it and releases them.
     fn flush(&self) -> bool {
-        self.handle.submit_wait(Request::flush(0)).map(|c| c.result.is_ok()).unwrap_or(false)
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sent = self.handle.submit(
+            Request::flush(0),
+            Box::new(move |c| {
+                let _ = tx.send(c.result.is_ok());
+            }),
+        );
+        if sent.is_err() {
+            return false;
+        }
+        loop {
+            match rx.recv_timeout(FLUSH_POLL) {
+                Ok(ok) => return ok,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return false,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let held = self.handle.control(|e, _, _| engine_of(e).metadata_pending());
+                    if !matches!(held, Ok(false)) {
+                        return false;
+                    }
+                }
+            }
+        }
     }
 
     /// A hot spare replaces the member that failed in `slot`.
@@ -406,6 +458,14 @@ impl RunningArray {
     /// Records how far a recovery got, after a flush made that much durable.
     fn checkpoint_recovery(&self) -> anyhow::Result<()> {
         let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let unrecorded =
+            std::mem::take(&mut *self.recovery_unrecorded.lock().unwrap_or_else(|e| e.into_inner()));
+        for slot in unrecorded {
+            let states = self.snapshot().states;
+            if matches!(states.get(slot), Some(MemberState::InSync)) {
+                self.on_event(EngineEvent::RecoveryDone(slot), &states)?;
+            }
+        }
         let Some(sync) = self.snapshot().sync else { return Ok(()) };
         let SyncKind::Recovery { member: slot } = sync.kind else { return Ok(()) };
         if !self.flush() {
@@ -579,7 +639,7 @@ impl RunningArray {
             (st.devs[i].role, st.devs[i].name.clone())
         };
         let DevRole::Active { slot, .. } = role else {
-            bail!("{name} is not active in the array ({role:?}); nothing to fail");
+            bail!("{name} is not active in the array ({}); nothing to fail", role_text(role));
         };
         self.poll(move |e, _, now| {
             e.fail_member(slot, now);
@@ -607,20 +667,35 @@ impl RunningArray {
         Ok(format!("uraid: hot removed {name} from {}\n", self.name))
     }
 
-    /// mdadm --add: rebuild into a missing or failed slot, or become a hot spare.
-    pub fn add(&self, what: &str) -> anyhow::Result<String> {
+    /// mdadm --add: rebuild into a missing or failed slot, or become a hot spare. Every
+    /// refusal comes before the first write. `force` lets a member of another array be
+    /// overwritten.
+    pub fn add(&self, what: &str, force: bool) -> anyhow::Result<String> {
         if self.read_only {
             bail!("the array is served read-only: members cannot be added");
         }
-        let path = PathBuf::from(what);
-        let dev = MemberDev::open(&path, true)?;
         let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
-        let (reference, taken_slots) = {
+        if self.snapshot().failed {
+            bail!(
+                "{} has failed (more members lost than {} survives): a new member cannot be \
+                 rebuilt from it; nothing was written",
+                self.name,
+                level_name(self.geometry.level.md_level())
+            );
+        }
+        if self.geometry.level.md_level() == 0 {
+            bail!("raid0 has no redundancy to rebuild a member from; nothing was written");
+        }
+        let path = PathBuf::from(what);
+        let mut dev = MemberDev::open(&path, true)?;
+        let (reference, taken_slots, returning) = {
             let st = self.meta.lock();
+            let mut returning = false;
             if let Some(d) = st.devs.iter().find(|d| d.identity == dev.identity) {
                 if !matches!(d.role, DevRole::Faulty { .. }) {
-                    bail!("{} is already in the array as {:?}", d.name, d.role);
+                    bail!("{} is already in the array ({})", d.name, role_text(d.role));
                 }
+                returning = true;
             }
             let taken: Vec<usize> = st
                 .devs
@@ -630,21 +705,42 @@ impl RunningArray {
                     _ => None,
                 })
                 .collect();
-            (st.devs[0].sb.clone(), taken)
+            (st.devs[0].sb.clone(), taken, returning)
         };
-        // The failed member given back: it leaves as faulty and comes back as new.
-        self.meta.update(|st| {
-            st.devs.retain(|d| d.identity != dev.identity || !matches!(d.role, DevRole::Faulty { .. }))
-        })?;
+        if let (Ok(sb), _) = dev.read_metadata() {
+            if sb.set_uuid != reference.set_uuid && !force {
+                bail!(
+                    "{} holds the superblock of another array ({}, {}): adding it would overwrite \
+                     that array's member; use `uraid add --force` if that is what you want \
+                     (nothing was written)",
+                    dev.name,
+                    uraid_core::meta::format_uuid(&sb.set_uuid),
+                    sb.name()
+                );
+            }
+        }
+        // Our own failed member is claimed by this process already (its old descriptor).
+        if !returning {
+            dev.claim()?;
+        }
         let states = self.snapshot().states;
         let slot = (0..states.len()).find(|&s| {
             matches!(states[s], MemberState::Missing | MemberState::Faulty) && !taken_slots.contains(&s)
         });
         let dev_number = {
             let st = self.meta.lock();
-            (0u32..).find(|n| !st.devs.iter().any(|d| d.sb.dev_number == *n)).unwrap_or(0)
+            let others = st.devs.iter().filter(|d| d.identity != dev.identity);
+            let used: Vec<u32> = others.map(|d| d.sb.dev_number).collect();
+            (0u32..).find(|n| !used.contains(n)).unwrap_or(0)
         };
         let sb = new_member_superblock(&reference, &dev, dev_number, self.used_dev_sectors)?;
+        if returning {
+            // The failed member given back: it leaves as faulty and comes back as new.
+            self.meta.update(|st| {
+                st.devs.retain(|d| d.identity != dev.identity || !matches!(d.role, DevRole::Faulty { .. }))
+            })?;
+            dev.claim()?;
+        }
         // Its own metadata first (recovering from 0, or spare), so a crash leaves it
         // recognisable; the array's superblocks follow.
         let role = match slot {
@@ -844,6 +940,16 @@ impl RunningArray {
             ),
             None => "idle\n".to_string(),
         }
+    }
+}
+
+/// A member's role as mdadm --detail words it.
+fn role_text(role: DevRole) -> String {
+    match role {
+        DevRole::Active { slot, recovering: false } => format!("active in slot {slot}"),
+        DevRole::Active { slot, recovering: true } => format!("rebuilding into slot {slot}"),
+        DevRole::Spare => "a spare".to_string(),
+        DevRole::Faulty { slot } => format!("faulty in slot {slot}"),
     }
 }
 

@@ -1,0 +1,101 @@
+//! Member faults injected into real runs, for the tests that fail real member I/O under
+//! load (`uraid serve --debug-fault`): a rule fails one member's reads, writes, flushes or
+//! metadata writes after a number of them went through, as dm-flakey or the error target
+//! would. See docs/reliability.md.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The kind of member I/O a rule fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultOp {
+    Read,
+    Write,
+    Flush,
+    /// Superblock and bitmap writes (and their syncs), which bypass the executor.
+    Meta,
+}
+
+#[derive(Debug)]
+pub struct FaultRule {
+    pub member: usize,
+    pub op: FaultOp,
+    /// This many matching I/Os succeed first.
+    pub after: u64,
+    /// Then this many fail (None: every later one).
+    pub count: Option<u64>,
+    seen: AtomicU64,
+}
+
+impl FaultRule {
+    /// `member=N,op=read|write|flush|meta[,after=N][,count=N]`.
+    pub fn parse(spec: &str) -> Result<FaultRule, String> {
+        let mut member = None;
+        let mut op = None;
+        let mut after = 0;
+        let mut count = None;
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) =
+                part.split_once('=').ok_or_else(|| format!("{part:?}: expected key=value in {spec:?}"))?;
+            let number = || value.parse::<u64>().map_err(|_| format!("{key}={value}: not a number"));
+            match key {
+                "member" => member = Some(number()? as usize),
+                "op" => {
+                    op = Some(match value {
+                        "read" => FaultOp::Read,
+                        "write" => FaultOp::Write,
+                        "flush" => FaultOp::Flush,
+                        "meta" => FaultOp::Meta,
+                        other => return Err(format!("op={other}: use read, write, flush or meta")),
+                    })
+                }
+                "after" => after = number()?,
+                "count" => count = Some(number()?),
+                other => return Err(format!("{other:?}: a fault rule takes member, op, after and count")),
+            }
+        }
+        Ok(FaultRule {
+            member: member.ok_or_else(|| format!("{spec:?}: member=N is required"))?,
+            op: op.ok_or_else(|| format!("{spec:?}: op=read|write|flush|meta is required"))?,
+            after,
+            count,
+            seen: AtomicU64::new(0),
+        })
+    }
+}
+
+/// The rules of one run, shared by the executor and the metadata writer.
+#[derive(Debug, Default)]
+pub struct Faults {
+    rules: Vec<FaultRule>,
+}
+
+impl Faults {
+    pub fn new(rules: Vec<FaultRule>) -> Faults {
+        Faults { rules }
+    }
+
+    /// Counts one I/O of `op` on `member`; true when a rule fails it.
+    pub fn hit(&self, member: usize, op: FaultOp) -> bool {
+        let mut fail = false;
+        for r in self.rules.iter().filter(|r| r.member == member && r.op == op) {
+            let n = r.seen.fetch_add(1, Ordering::SeqCst);
+            fail |= n >= r.after && r.count.is_none_or(|c| n < r.after + c);
+        }
+        fail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_fails_after_its_count_and_for_its_window() {
+        let f = Faults::new(vec![FaultRule::parse("member=2,op=write,after=2,count=1").unwrap()]);
+        let got: Vec<bool> = (0..5).map(|_| f.hit(2, FaultOp::Write)).collect();
+        assert_eq!(got, [false, false, true, false, false]);
+        assert!(!f.hit(1, FaultOp::Write) && !f.hit(2, FaultOp::Read));
+        assert!(FaultRule::parse("member=1,op=trim").is_err());
+        assert!(FaultRule::parse("op=read").is_err());
+    }
+}

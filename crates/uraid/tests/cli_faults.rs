@@ -1,0 +1,132 @@
+//! Real member faults under `uraid serve` (`--debug-fault`): a failed superblock, bitmap or
+//! flush write fails that member as md does; clients see no error while redundancy lasts,
+//! and nothing hangs (docs/reliability.md).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn create(dir: &TempDir, level: &str, n: usize, extra: &[&str]) -> Vec<PathBuf> {
+    let members: Vec<PathBuf> = (0..n).map(|i| dir.path(&format!("m{i}"))).collect();
+    let count = n.to_string();
+    let mut args =
+        vec!["create", "--level", level, "--raid-devices", &count, "--size", "16M", "--assume-clean"];
+    args.extend_from_slice(extra);
+    args.extend(paths(&members));
+    ok(uraid(&args), "uraid create");
+    members
+}
+
+/// Runs a command, failing the test if it takes longer than `limit` (a hang).
+fn bounded(cmd: &str, args: &[&str], limit: Duration) -> std::process::Output {
+    let mut child = Command::new(cmd)
+        .args(args)
+        .env("URAID_PARITY_QUIET", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("{cmd} {args:?} hung for {limit:?}:\n{}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn status(s: &Served) -> String {
+    let c = s.control.display().to_string();
+    let o = bounded(URAID, &["status", "--control", &c], Duration::from_secs(10));
+    assert!(o.status.success(), "uraid status: {}", text(&o));
+    text(&o)
+}
+
+/// Waits until `status` shows `want` (e.g. "[U_U]"), at most 15 s.
+fn wait_status(s: &Served, want: &str) -> String {
+    let t0 = Instant::now();
+    loop {
+        let st = status(s);
+        if st.contains(want) {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "status never showed {want}:\n{st}\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn pattern_file(dir: &TempDir, len: usize, seed: u8) -> PathBuf {
+    let p = dir.path(&format!("pattern-{seed}"));
+    let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    std::fs::write(&p, data).unwrap();
+    p
+}
+
+/// nbdcopy without --flush: the data reaches the array, no flush follows from the client.
+fn copy_in(src: &Path, url: &str) {
+    let o = bounded("nbdcopy", &[src.to_str().unwrap(), url], Duration::from_secs(30));
+    assert!(o.status.success(), "nbdcopy in: {}", text(&o));
+}
+
+fn read_back(dir: &TempDir, url: &str, len: usize) -> Vec<u8> {
+    let out = dir.path("readback");
+    let _ = std::fs::remove_file(&out);
+    let o = bounded("nbdcopy", &[url, out.to_str().unwrap()], Duration::from_secs(30));
+    assert!(o.status.success(), "nbdcopy out: {}", text(&o));
+    std::fs::read(&out).unwrap()[..len].to_vec()
+}
+
+#[test]
+fn a_failing_superblock_and_bitmap_write_fails_the_member_not_the_client() {
+    let dir = TempDir::new("metafault");
+    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "metafault"]);
+    let served = Served::start(&dir, &members, &["--debug-fault", "member=1,op=meta"]);
+    let src = pattern_file(&dir, 1 << 20, 3);
+    copy_in(&src, &served.url);
+    wait_status(&served, "[U_U]");
+    assert_eq!(read_back(&dir, &served.url, 1 << 20), std::fs::read(&src).unwrap());
+    served.stop();
+    // The others recorded the failure: the next start leaves member 1 out and the data stays.
+    let again = Served::start(&dir, &members, &["--run"]);
+    assert_eq!(read_back(&dir, &again.url, 1 << 20), std::fs::read(&src).unwrap());
+    again.stop();
+}
+
+#[test]
+fn a_member_flush_failing_under_the_clean_marking_flush_does_not_hang() {
+    let dir = TempDir::new("flushfault");
+    let members = create(&dir, "5", 3, &["--bitmap", "none", "--name", "flushfault"]);
+    let served = Served::start(&dir, &members, &["--debug-fault", "member=2,op=flush"]);
+    let src = pattern_file(&dir, 1 << 20, 5);
+    // No client flush: the first flush is the one the array issues before marking clean.
+    copy_in(&src, &served.url);
+    wait_status(&served, "[UU_]");
+    assert_eq!(read_back(&dir, &served.url, 1 << 20), std::fs::read(&src).unwrap());
+    let stopped = Instant::now();
+    served.stop();
+    assert!(stopped.elapsed() < Duration::from_secs(15), "stopping took {:?}", stopped.elapsed());
+}
+
+#[test]
+fn a_data_write_error_fails_the_member_and_writes_go_on() {
+    let dir = TempDir::new("writefault");
+    let members = create(&dir, "6", 4, &["--bitmap", "internal", "--name", "writefault"]);
+    let served = Served::start(&dir, &members, &["--debug-fault", "member=3,op=write,after=20"]);
+    let src = pattern_file(&dir, 4 << 20, 9);
+    copy_in(&src, &served.url);
+    wait_status(&served, "[UUU_]");
+    assert_eq!(read_back(&dir, &served.url, 4 << 20), std::fs::read(&src).unwrap());
+    served.stop();
+}

@@ -1,0 +1,201 @@
+//! Commands that must refuse instead of destroying data: each refusal leaves the sha256 of
+//! every file involved unchanged (docs/reliability.md).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+fn create(dir: &TempDir, level: &str, names: &[&str], extra: &[&str]) -> Vec<PathBuf> {
+    let members: Vec<PathBuf> = names.iter().map(|n| dir.path(n)).collect();
+    let n = names.len().to_string();
+    let mut args = vec!["create", "--level", level, "--raid-devices", &n, "--size", "8M", "--assume-clean"];
+    args.extend_from_slice(extra);
+    args.extend(paths(&members));
+    ok(uraid(&args), "uraid create");
+    members
+}
+
+fn hashes(files: &[PathBuf]) -> Vec<String> {
+    files.iter().map(|p| sha256_file(p)).collect()
+}
+
+/// Runs `uraid serve` expecting it to refuse at once; returns what it printed. A server
+/// that starts instead is killed and fails the test.
+fn serve_refused(args: &[&str]) -> String {
+    let mut child = Command::new(URAID)
+        .arg("serve")
+        .args(args)
+        .env("URAID_PARITY_QUIET", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("uraid serve started instead of refusing:\n{}", text(&o));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success(), "uraid serve should have refused:\n{}", text(&o));
+    text(&o)
+}
+
+#[test]
+fn a_socket_path_that_is_a_member_or_a_file_is_refused_and_kept() {
+    let dir = TempDir::new("sockpath");
+    let members = create(&dir, "1", &["z0", "z1"], &["--name", "sockpath"]);
+    let victim = dir.path("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let mut watched = members.clone();
+    watched.push(victim.clone());
+    let before = hashes(&watched);
+    let z0 = members[0].to_str().unwrap();
+    let z1 = members[1].to_str().unwrap();
+    let ctl = dir.path("c.sock");
+
+    // The NBD socket named as one of the members.
+    let t = serve_refused(&["--run", "--unix", z1, "--control", ctl.to_str().unwrap(), z0, z1]);
+    assert!(t.contains("is not a socket"), "{t}");
+    // The control socket named as a plain file.
+    let t = serve_refused(&[
+        "--unix",
+        dir.path("n.sock").to_str().unwrap(),
+        "--control",
+        victim.to_str().unwrap(),
+        z0,
+        z1,
+    ]);
+    assert!(t.contains("is not a socket"), "{t}");
+    assert_eq!(hashes(&watched), before, "a refused serve changed a file");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+#[test]
+fn a_second_server_of_the_same_members_is_refused_naming_the_holder() {
+    let dir = TempDir::new("twice");
+    let members = create(&dir, "5", &["a0", "a1", "a2"], &["--name", "twice"]);
+    let served = Served::start(&dir, &members, &[]);
+    let other = TempDir::new("twice-b");
+    let mut args: Vec<String> = vec![
+        "--unix".into(),
+        other.path("n.sock").display().to_string(),
+        "--control".into(),
+        other.path("c.sock").display().to_string(),
+    ];
+    args.extend(members.iter().map(|p| p.display().to_string()));
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t = serve_refused(&a);
+    assert!(t.contains("is in use"), "{t}");
+    let pid = served.child.as_ref().unwrap().id();
+    assert!(t.contains(&format!("pid {pid}")), "the message should name the holder, pid {pid}: {t}");
+    // create --force over a served member is refused too.
+    let o = uraid(&[
+        "create",
+        "--level",
+        "1",
+        "--raid-devices",
+        "2",
+        "--force",
+        members[0].to_str().unwrap(),
+        "missing",
+    ]);
+    assert!(!o.status.success() && text(&o).contains("is in use"), "{}", text(&o));
+    served.stop();
+}
+
+#[test]
+fn add_refuses_a_member_of_another_array_and_one_held_by_another_server() {
+    let dir = TempDir::new("addforeign");
+    let mine = create(&dir, "1", &["m0", "m1"], &["--name", "mine"]);
+    let theirs = create(&dir, "1", &["t0", "t1"], &["--name", "theirs"]);
+    // Serve ours degraded (m1 left out), so `add` has a slot to fill.
+    let served = Served::start(&dir, &mine[..1], &["--run"]);
+    let before = hashes(&theirs);
+    let c = served.control.display().to_string();
+    let o = uraid(&["add", theirs[0].to_str().unwrap(), "--control", &c]);
+    assert!(!o.status.success() && text(&o).contains("another array"), "{}", text(&o));
+    assert_eq!(hashes(&theirs), before, "a refused add wrote to the other array's member");
+
+    // Served by another process: refused even with --force.
+    let other_dir = TempDir::new("addforeign-b");
+    let theirs_served = Served::start(&other_dir, &theirs, &[]);
+    let o = uraid(&["add", "--force", theirs[1].to_str().unwrap(), "--control", &c]);
+    assert!(!o.status.success() && text(&o).contains("is in use"), "{}", text(&o));
+    theirs_served.stop();
+    let before = hashes(&theirs);
+    // With --force and nobody holding it, it is the user's choice.
+    let o = uraid(&["add", "--force", theirs[1].to_str().unwrap(), "--control", &c]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_ne!(hashes(&theirs)[1], before[1]);
+    served.stop();
+}
+
+#[test]
+fn add_to_a_failed_array_is_refused_before_writing() {
+    let dir = TempDir::new("addfailed");
+    let members = create(&dir, "1", &["f0", "f1"], &["--name", "failed"]);
+    let spare = dir.path("spare");
+    std::fs::write(&spare, vec![0u8; 8 << 20]).unwrap();
+    let served = Served::start(&dir, &members, &[]);
+    served.ctl("fail", Some(&members[0]));
+    served.ctl("fail", Some(&members[1]));
+    let before = sha256_file(&spare);
+    let o = uraid(&["add", spare.to_str().unwrap(), "--control", &served.control.display().to_string()]);
+    assert!(!o.status.success() && text(&o).contains("has failed"), "{}", text(&o));
+    assert_eq!(sha256_file(&spare), before, "a refused add wrote to the new member");
+    drop(served);
+}
+
+#[test]
+fn create_refuses_a_shape_that_could_never_start() {
+    let dir = TempDir::new("nostart");
+    let q2 = dir.path("q2");
+    std::fs::write(&q2, vec![7u8; 8 << 20]).unwrap();
+    let before = sha256_file(&q2);
+    let o =
+        uraid(&["create", "--level", "5", "--raid-devices", "3", "missing", "missing", q2.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("could never start"), "{}", text(&o));
+    assert_eq!(sha256_file(&q2), before);
+    // A raid10 near-2 with both copies of one half missing.
+    let files: Vec<PathBuf> = (0..2).map(|i| dir.path(&format!("r{i}"))).collect();
+    for f in &files {
+        std::fs::write(f, vec![1u8; 8 << 20]).unwrap();
+    }
+    let before = hashes(&files);
+    let o = uraid(&[
+        "create",
+        "--level",
+        "10",
+        "--raid-devices",
+        "4",
+        files[0].to_str().unwrap(),
+        files[1].to_str().unwrap(),
+        "missing",
+        "missing",
+    ]);
+    assert!(!o.status.success() && text(&o).contains("could never start"), "{}", text(&o));
+    assert_eq!(hashes(&files), before);
+    // One missing of three is a degraded raid5 that starts with --run.
+    ok(
+        uraid(&[
+            "create",
+            "--level",
+            "5",
+            "--raid-devices",
+            "3",
+            "--force",
+            files[0].to_str().unwrap(),
+            "missing",
+            q2.to_str().unwrap(),
+        ]),
+        "a degraded raid5",
+    );
+}
