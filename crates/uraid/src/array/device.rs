@@ -3,8 +3,9 @@
 //!
 //! The engine takes 512-byte aligned requests only; NBD clients may send any byte range,
 //! so unaligned reads are widened and unaligned writes become read-modify-write of the
-//! edge sectors. Two such read-modify-writes touching the same sector are serialized, or
-//! the second would write back the first one's sector without its bytes.
+//! edge sectors. Such a read-modify-write is ordered against every overlapping write
+//! (see [`SectorLocks`]): a write landing between its read and its write-back would
+//! otherwise be overwritten with the sector's older bytes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -17,16 +18,63 @@ use super::meta::MetaKeeper;
 
 const SECTOR: u64 = 512;
 
-/// Sector ranges `[start, end)` under read-modify-write, and their release signal.
-type RmwLocks = (Mutex<Vec<(u64, u64)>>, Condvar);
+/// Sector spans `[start, end)` of writes in flight. A read-modify-write waits for every
+/// overlapping write and holds its span alone; a whole-sector write waits only for an
+/// overlapping read-modify-write, so whole-sector writes still run side by side.
+#[derive(Default)]
+pub struct SectorLocks {
+    held: Mutex<SectorSpans>,
+    released: Condvar,
+}
+
+#[derive(Default)]
+struct SectorSpans {
+    rmw: Vec<(u64, u64)>,
+    writes: Vec<(u64, u64)>,
+    waiting: usize,
+}
+
+fn overlaps(spans: &[(u64, u64)], span: (u64, u64)) -> bool {
+    spans.iter().any(|&(s, e)| s < span.1 && span.0 < e)
+}
+
+impl SectorLocks {
+    /// Blocks until `span` may be written; `rmw` for a read-modify-write.
+    pub fn lock(&self, span: (u64, u64), rmw: bool) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        while overlaps(&held.rmw, span) || rmw && overlaps(&held.writes, span) {
+            held.waiting += 1;
+            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
+            held.waiting -= 1;
+        }
+        if rmw { &mut held.rmw } else { &mut held.writes }.push(span);
+    }
+
+    pub fn unlock(&self, span: (u64, u64), rmw: bool) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let list = if rmw { &mut held.rmw } else { &mut held.writes };
+        if let Some(i) = list.iter().position(|&h| h == span) {
+            list.swap_remove(i);
+        }
+        let waiters = held.waiting > 0;
+        drop(held);
+        if waiters {
+            self.released.notify_all();
+        }
+    }
+}
+
+type WriteBack = (Request, Box<dyn FnOnce(Result<Vec<u8>, RequestError>) + Send>);
 
 pub struct ArrayDevice {
     handle: RuntimeHandle,
     meta: Arc<MetaKeeper>,
     size_bytes: u64,
     read_only: bool,
-    /// Sector ranges `[start, end)` under read-modify-write.
-    rmw: Arc<RmwLocks>,
+    locks: Arc<SectorLocks>,
+    /// Submits read-modify-write write-backs: their read completes on the runtime thread,
+    /// which must not block on its own full channel.
+    write_back: Mutex<std::sync::mpsc::Sender<WriteBack>>,
     /// Slots not in sync, kept by the monitor; a write while degraded keeps its bits.
     pub degraded: Arc<AtomicUsize>,
 }
@@ -47,11 +95,12 @@ impl ArrayDevice {
         read_only: bool,
     ) -> ArrayDevice {
         ArrayDevice {
-            handle,
+            handle: handle.clone(),
             meta,
             size_bytes,
             read_only,
-            rmw: Arc::new((Mutex::new(Vec::new()), Condvar::new())),
+            locks: Arc::new(SectorLocks::default()),
+            write_back: Mutex::new(spawn_write_back(handle.clone())),
             degraded: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -88,6 +137,15 @@ impl ArrayDevice {
             done(r.map(|_| Vec::new()).map_err(to_block_error));
         };
         let aligned = offset.is_multiple_of(SECTOR) && len.is_multiple_of(SECTOR);
+        let start = offset / SECTOR * SECTOR;
+        let end = (offset + len).div_ceil(SECTOR) * SECTOR;
+        let span = (start / SECTOR, end / SECTOR);
+        self.locks.lock(span, !aligned);
+        let locks = self.locks.clone();
+        let finish = move |r: Result<Vec<u8>, RequestError>| {
+            locks.unlock(span, !aligned);
+            finish(r);
+        };
         if aligned {
             let mut req = match data {
                 Some(d) => Request::write(0, offset, d),
@@ -96,34 +154,10 @@ impl ArrayDevice {
             req.fua = fua;
             return self.send(req, finish);
         }
-        // Read-modify-write of the whole sector span, serialized against other RMWs.
-        let start = offset / SECTOR * SECTOR;
-        let end = (offset + len).div_ceil(SECTOR) * SECTOR;
-        let span = (start / SECTOR, end / SECTOR);
-        {
-            let (lock, cv) = &*self.rmw;
-            let mut held = lock.lock().unwrap_or_else(|e| e.into_inner());
-            while held.iter().any(|&(s, e)| s < span.1 && span.0 < e) {
-                held = cv.wait(held).unwrap_or_else(|e| e.into_inner());
-            }
-            held.push(span);
-        }
-        let rmw = self.rmw.clone();
-        let release = move || {
-            let (lock, cv) = &*rmw;
-            let mut held = lock.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = held.iter().position(|&h| h == span) {
-                held.swap_remove(i);
-            }
-            cv.notify_all();
-        };
-        let handle = self.handle.clone();
+        let write_back = self.write_back.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let patch_at = (offset - start) as usize;
         self.send(Request::read(0, start, end - start), move |r| match r {
-            Err(e) => {
-                release();
-                finish(Err(e));
-            }
+            Err(e) => finish(Err(e)),
             Ok(mut buf) => {
                 match data {
                     Some(d) => buf[patch_at..patch_at + d.len()].copy_from_slice(&d),
@@ -131,17 +165,27 @@ impl ArrayDevice {
                 }
                 let mut req = Request::write(0, start, buf);
                 req.fua = fua;
-                // Runs on the runtime thread: submit must not wait for the channel, which
-                // only that thread drains, so hand the write to a short-lived thread.
-                std::thread::spawn(move || {
-                    submit_or_fail(&handle, req, move |r| {
-                        release();
-                        finish(r);
-                    })
-                });
+                if let Err(std::sync::mpsc::SendError((_, finish))) = write_back.send((req, Box::new(finish)))
+                {
+                    finish(Err(RequestError::ArrayFailed));
+                }
             }
         });
     }
+}
+
+/// The thread that submits read-modify-write write-backs, in order; it ends with the device.
+fn spawn_write_back(handle: RuntimeHandle) -> std::sync::mpsc::Sender<WriteBack> {
+    let (tx, rx) = std::sync::mpsc::channel::<WriteBack>();
+    let spawned = std::thread::Builder::new().name("uraid-rmw".into()).spawn(move || {
+        for (req, done) in rx {
+            submit_or_fail(&handle, req, done);
+        }
+    });
+    if spawned.is_err() {
+        eprintln!("uraid: cannot start the read-modify-write thread; unaligned writes will fail");
+    }
+    tx
 }
 
 /// Submits to the runtime; if it has stopped, `done` still runs (with ArrayFailed), so no
@@ -209,7 +253,11 @@ impl BlockDevice for ArrayDevice {
                 let meta = self.meta.clone();
                 let mut req = Request::trim(0, start, end - start);
                 req.fua = fua;
+                let span = (start / SECTOR, end / SECTOR);
+                self.locks.lock(span, false);
+                let locks = self.locks.clone();
                 self.send(req, move |r| {
+                    locks.unlock(span, false);
                     meta.after_write(token, false);
                     done(r.map(|_| Vec::new()).map_err(to_block_error))
                 });
@@ -262,5 +310,45 @@ impl ArrayDevice {
                 }),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// `lock` in another thread; returns a receiver that fires once it got the span.
+    fn lock_in_thread(
+        locks: &Arc<SectorLocks>,
+        span: (u64, u64),
+        rmw: bool,
+    ) -> std::sync::mpsc::Receiver<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let locks = locks.clone();
+        std::thread::spawn(move || {
+            locks.lock(span, rmw);
+            let _ = tx.send(());
+        });
+        rx
+    }
+
+    #[test]
+    fn a_read_modify_write_waits_for_overlapping_writes_and_they_for_it() {
+        let locks = Arc::new(SectorLocks::default());
+        locks.lock((0, 8), false);
+        locks.lock((4, 12), false); // whole-sector writes overlap freely
+        let rmw = lock_in_thread(&locks, (7, 8), true);
+        assert!(rmw.recv_timeout(Duration::from_millis(100)).is_err(), "the RMW ran beside a write");
+        locks.unlock((0, 8), false);
+        assert!(rmw.recv_timeout(Duration::from_millis(100)).is_err(), "the RMW ran beside a write");
+        locks.unlock((4, 12), false);
+        rmw.recv_timeout(Duration::from_secs(5)).expect("the RMW was never woken");
+        let write = lock_in_thread(&locks, (7, 9), false);
+        assert!(write.recv_timeout(Duration::from_millis(100)).is_err(), "a write ran beside the RMW");
+        let apart = lock_in_thread(&locks, (8, 9), false);
+        apart.recv_timeout(Duration::from_secs(5)).expect("a write outside the RMW's span waited");
+        locks.unlock((7, 8), true);
+        write.recv_timeout(Duration::from_secs(5)).expect("the write was never woken");
     }
 }
