@@ -391,7 +391,7 @@ impl Engine {
                 SyncKind::Resync => (copies.len() > 1, 0),
             };
             if needs_write {
-                match choose_copy(Balance::Prefer, &self.members, &copies, exclude, &mut self.rr_next) {
+                match choose_copy(Balance::Prefer, &self.members, &copies, n, exclude, &mut self.rr_next) {
                     Some(i) => reads.push((copies[i], pos, n)),
                     None => return UnitStart::Unreadable,
                 }
