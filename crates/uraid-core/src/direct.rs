@@ -60,8 +60,14 @@ impl Engine {
         let mut copies = Vec::new();
         for (pos, n) in pieces {
             self.geo.copies(pos, &mut copies);
-            let balance =
-                if self.tun.balance == Balance::Split { Balance::RoundRobin } else { self.tun.balance };
+            let balance = if self.unsynced(pos, pos + n) {
+                // Not resynced yet: copies may differ, so always the copy the resync copies from.
+                Balance::Prefer
+            } else if self.tun.balance == Balance::Split {
+                Balance::RoundRobin
+            } else {
+                self.tun.balance
+            };
             let Some(i) = choose_copy(balance, &self.members, &copies, n, 0, &mut self.rr_next) else {
                 self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
                 continue;

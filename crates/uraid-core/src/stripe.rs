@@ -991,6 +991,12 @@ impl Engine {
             }
             rcw_cost += need.count_ones() as u64;
         }
+        // Parity not resynced yet may not match the data: rebuild it from the data (md's
+        // handle_stripe_dirtying past recovery_cp), unless a member must be rebuilt for that.
+        let head_end = st.base_sector + self.cache.head_sectors;
+        if !rcw_needs_rebuild && self.unsynced(st.base_sector, head_end) {
+            return WriteMode::ReconstructWrite;
+        }
         let prefer_rmw = match self.tun.rmw_level {
             0 => false,
             1 => rmw_cost < rcw_cost,

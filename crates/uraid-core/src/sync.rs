@@ -148,6 +148,22 @@ impl Engine {
             || !self.resync_held.is_empty()
     }
 
+    /// Does a resync still owe any of the job sectors [start, end) (member sectors; array
+    /// sectors on raid10)? md's "at or past recovery_cp": mirrors read the first in-sync
+    /// copy there, raid4/5/6 never read-modify-write.
+    pub(crate) fn unsynced(&self, start: u64, end: u64) -> bool {
+        let hit = |r: &[(u64, u64)]| r.iter().any(|&(a, b)| a < end && start < b);
+        if let Some(j) = self.sync.as_ref().filter(|j| j.kind == SyncKind::Resync) {
+            let active = j.active.range(..end).next_back().is_some_and(|&a| a + j.unit_sectors > start);
+            if active || j.todo.iter().any(|&(a, b)| a < end && start < b) {
+                return true;
+            }
+        }
+        let queued =
+            self.sync_queue.iter().any(|(k, r)| *k == SyncKind::Resync && r.as_ref().is_none_or(|r| hit(r)));
+        queued || hit(&self.resync_held)
+    }
+
     /// Queue a resync, merged with one already queued (so one `ResyncDone` covers both).
     fn queue_resync(&mut self, ranges: Option<SectorRanges>, front: bool) {
         if let Some((_, queued)) = self.sync_queue.iter_mut().find(|(k, _)| *k == SyncKind::Resync) {

@@ -1,5 +1,6 @@
 //! Resync of an unclean array (md's recovery_cp): a resync asked for while the array is
-//! degraded is kept and runs, and one stopped by a member failure resumes.
+//! degraded is kept and runs, one stopped by a member failure resumes, and until a region
+//! is resynced mirrors read one copy there and raid4/5/6 never read-modify-write it.
 
 mod common;
 
@@ -197,5 +198,72 @@ fn a_resync_stopped_by_a_member_failure_resumes() {
         let in_sync: Vec<usize> =
             if level.has_parity() { (0..n).collect() } else { (0..n).filter(|&m| m != victim).collect() };
         assert_consistent(&g, &d.members, &in_sync, &ctx);
+    }
+}
+
+/// Submit one request and complete member I/Os in order, without letting time pass (the
+/// paced resync makes no progress beyond what is in flight).
+fn run_frozen(d: &mut Driver, req: Request) -> Result<Vec<u8>, RequestError> {
+    let id = req.id;
+    d.engine.submit(req, d.now_ns).unwrap();
+    d.engine.unplug(d.now_ns);
+    for _ in 0..10_000 {
+        while let Some(io) = d.engine.pop_member_io() {
+            d.pending.push(io);
+        }
+        for io in std::mem::take(&mut d.pending) {
+            let c = d.members.perform(io);
+            d.engine.complete_member_io(c, d.now_ns);
+        }
+        while let Some(c) = d.engine.pop_completion() {
+            if c.id == id {
+                return c.result;
+            }
+            d.done.push(c);
+        }
+    }
+    panic!("request {id} never completed");
+}
+
+/// Before the resync reaches a region, a mirror's copies may differ: every read there
+/// comes from the same copy (md's read_balance past recovery_cp), whatever the balance.
+#[test]
+fn mirrors_read_one_copy_where_the_resync_has_not_been() {
+    for balance in [mirror::Balance::RoundRobin, mirror::Balance::Load, mirror::Balance::Split] {
+        let g = geo(Level::Raid1, 2, 0);
+        let (mut members, model) = written(&g, 11);
+        tear(&g, &mut members, &[1], &mut Rng(12));
+        let mut c = config(g.clone(), DATA_OFFSET);
+        c.tunables.balance = balance;
+        let mut d = Driver::new(Engine::new(c).unwrap(), members, 13);
+        d.engine.set_sync_speed(1, 1);
+        d.engine.start_resync(None, 0);
+        // Far past the first resync unit.
+        let (off, len) = (3072 * 512, 256 * 512);
+        for id in 1..=4 {
+            let got = run_frozen(&mut d, Request::read(id, off, len)).expect("read");
+            assert!(got == model[off as usize..(off + len) as usize], "{balance:?}: read {id} differs");
+        }
+        assert!(d.engine.resync_owed());
+    }
+}
+
+/// Before the resync reaches a stripe its parity may not match the data: a partial write
+/// there rebuilds parity from the data (reconstruct-write), never read-modify-write.
+#[test]
+fn no_read_modify_write_where_the_resync_has_not_been() {
+    for (level, n) in [(Level::Raid5, 6), (Level::Raid6, 7)] {
+        let g = geo(level, n, algorithm::LEFT_SYMMETRIC);
+        let (members, _) = written(&g, 21);
+        let mut d = Driver::new(Engine::new(config(g.clone(), DATA_OFFSET)).unwrap(), members, 22);
+        // Resynced already: one sector is a read-modify-write.
+        let far = 3000 * (n as u64 - level.parity_disks() as u64) * 512;
+        run_frozen(&mut d, Request::write(1, far, vec![1; 512])).expect("write");
+        assert_eq!((d.engine.stats().rmw_writes, d.engine.stats().rcw_writes), (1, 0), "{level:?}");
+        d.engine.set_sync_speed(1, 1);
+        d.engine.start_resync(None, 0);
+        d.engine.reset_stats();
+        run_frozen(&mut d, Request::write(2, far + 4096, vec![2; 512])).expect("write");
+        assert_eq!((d.engine.stats().rmw_writes, d.engine.stats().rcw_writes), (0, 1), "{level:?}");
     }
 }
