@@ -60,9 +60,15 @@ impl Engine {
         let mut copies = Vec::new();
         for (pos, n) in pieces {
             self.geo.copies(pos, &mut copies);
-            let balance =
-                if self.tun.balance == Balance::Split { Balance::RoundRobin } else { self.tun.balance };
-            let Some(i) = choose_copy(balance, &self.members, &copies, 0, &mut self.rr_next) else {
+            let balance = if self.unsynced(pos, pos + n) {
+                // Not resynced yet: copies may differ, so always the copy the resync copies from.
+                Balance::Prefer
+            } else if self.tun.balance == Balance::Split {
+                Balance::RoundRobin
+            } else {
+                self.tun.balance
+            };
+            let Some(i) = choose_copy(balance, &self.members, &copies, n, 0, &mut self.rr_next) else {
                 self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
                 continue;
             };
@@ -152,7 +158,14 @@ impl Engine {
                     let errored = if e == MemberIoError::Io { errored | bit(member) } else { errored };
                     let mut copies = Vec::new();
                     self.geo.copies(array_sector, &mut copies);
-                    match choose_copy(Balance::Prefer, &self.members, &copies, tried, &mut self.rr_next) {
+                    match choose_copy(
+                        Balance::Prefer,
+                        &self.members,
+                        &copies,
+                        len_sectors,
+                        tried,
+                        &mut self.rr_next,
+                    ) {
                         Some(i) if !self.failed => {
                             let c = copies[i];
                             let ctx = IoCtx::DirectRead {

@@ -175,6 +175,9 @@ pub struct Engine {
     pub(crate) rr_next: usize,
     pub(crate) sync: Option<SyncJob>,
     pub(crate) sync_queue: VecDeque<(SyncKind, Option<SectorRanges>)>,
+    /// Resync ranges a job stopped short on (unreadable data): still owed, retried by the
+    /// next `start_resync`.
+    pub(crate) resync_held: SectorRanges,
     pub(crate) events: VecDeque<EngineEvent>,
     pub(crate) direct_sync: Option<DirectUnit>,
     /// raid1/10 writes waiting for the sync unit they overlap: (request, sector, len, zero).
@@ -239,6 +242,7 @@ impl Engine {
             rr_next: 0,
             sync: None,
             sync_queue: VecDeque::new(),
+            resync_held: Vec::new(),
             events: VecDeque::new(),
             direct_sync: None,
             blocked_writes: Vec::new(),
@@ -529,9 +533,10 @@ impl Engine {
         self.reqs.is_empty() && self.ios.is_empty() && self.out_ios.is_empty() && self.flushes.is_empty()
     }
 
-    /// Is a resync or recovery running or queued?
+    /// Is a resync or recovery running, or queued and able to start? (A resync waiting for
+    /// a degraded array's recovery is not; see `resync_owed`.)
     pub fn sync_active(&self) -> bool {
-        self.sync.is_some() || !self.sync_queue.is_empty()
+        self.sync.is_some() || self.sync_queue.iter().any(|(k, _)| self.sync_may_start(*k))
     }
 
     /// Requests accepted and not yet completed.

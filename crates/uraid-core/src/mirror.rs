@@ -43,18 +43,23 @@ pub const SPLIT_SLICE_BYTES: u64 = 128 * 1024;
 /// a seek is a seek).
 const NEAR_SECTORS: u64 = 8 * 1024;
 
-/// Pick which copy serves a read. `copies` are the candidates; `exclude` a bit mask of
-/// candidate members already tried. Returns an index into `copies`.
+/// Pick which copy serves a read of `len_sectors` from each copy's start. `copies` are the
+/// candidates; `exclude` a bit mask of candidate members already tried. Returns an index
+/// into `copies`.
 pub(crate) fn choose_copy(
     balance: Balance,
     members: &[MemberRt],
     copies: &[Extent],
+    len_sectors: u64,
     exclude: u128,
     rr_next: &mut usize,
 ) -> Option<usize> {
+    // The whole piece must be readable: a recovering member's last sector decides (a piece
+    // straddling its recovery_offset would be served partly from unrebuilt sectors).
     let usable = |i: &usize| {
         let e = &copies[*i];
-        (e.member >= 128 || exclude & (1u128 << e.member) == 0) && members[e.member].readable(e.member_sector)
+        (e.member >= 128 || exclude & (1u128 << e.member) == 0)
+            && members[e.member].readable(e.member_sector + len_sectors.max(1) - 1)
     };
     let candidates: Vec<usize> = (0..copies.len()).filter(usable).collect();
     if candidates.is_empty() {

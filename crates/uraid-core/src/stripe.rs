@@ -991,6 +991,12 @@ impl Engine {
             }
             rcw_cost += need.count_ones() as u64;
         }
+        // Parity not resynced yet may not match the data: rebuild it from the data (md's
+        // handle_stripe_dirtying past recovery_cp), unless a member must be rebuilt for that.
+        let head_end = st.base_sector + self.cache.head_sectors;
+        if !rcw_needs_rebuild && self.unsynced(st.base_sector, head_end) {
+            return WriteMode::ReconstructWrite;
+        }
         let prefer_rmw = match self.tun.rmw_level {
             0 => false,
             1 => rmw_cost < rcw_cost,
@@ -1127,6 +1133,8 @@ impl Engine {
             if rws == 0 || !self.members[m].writable() {
                 continue;
             }
+            // A write remaps latent sectors: rows that failed to read are readable again.
+            st.bad[m] &= !rws;
             for (r0, n) in runs(rws) {
                 let data = st.cache[m].as_ref().expect("written rows cached").view(bytes(r0, n));
                 writes += 1;
@@ -1339,6 +1347,7 @@ impl Engine {
                 continue;
             }
             let data = st.cache[m].as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
+            st.bad[m] = 0; // the whole head is rewritten
             writes += 1;
             st.inflight += 1;
             let n = self.cache.head_sectors;
@@ -1387,6 +1396,7 @@ impl Engine {
                 let gone = matches!(result, Err(MemberIoError::Gone));
                 let (r0, n) = runs(rws).next().expect("a fill reads one run of rows");
                 let read_rg = bytes(r0, n);
+                let mut retry = None;
                 match result {
                     Ok(data) if st.valid[member] == 0 && data.len() == read_rg.len() => {
                         // Read into a slot holding nothing valid: the read's buffer is adopted
@@ -1411,8 +1421,26 @@ impl Engine {
                         st.cache[member] = slot;
                         st.valid[member] |= fresh;
                     }
+                    // Only the failing sectors may be rebuilt (from parity a resync may not
+                    // have reached yet): the halves are read again until they are found.
+                    Err(MemberIoError::Io)
+                        if n > 1 && self.members[member].readable(st.base_sector + r0 + n - 1) =>
+                    {
+                        retry = Some((r0, n));
+                    }
                     Err(MemberIoError::Io) => st.bad[member] |= rws,
                     Err(MemberIoError::Gone) => {}
+                }
+                if let Some((r0, n)) = retry {
+                    let half = n / 2;
+                    for (a, len) in [(r0, half), (r0 + half, n - half)] {
+                        let st = self.cache.heads.get_mut(&key).expect("head");
+                        st.reading[member] |= rows(a, a + len);
+                        st.inflight += 1;
+                        let base = st.base_sector;
+                        let ctx = IoCtx::Fill { key, rows: rows(a, a + len) };
+                        self.issue_io(member, MemberIoOp::Read, base + a, len, IoBytes::new(), ctx);
+                    }
                 }
                 // A write batch waits for all its reads: while others are in flight, and no
                 // reader or sync could use these rows alone, the head has nothing to do yet.

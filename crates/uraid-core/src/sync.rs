@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use crate::api::*;
 use crate::config::MemberState;
-use crate::engine::Engine;
+use crate::engine::{Engine, SectorRanges};
 use crate::geometry::Level;
 use crate::mirror::{choose_copy, Balance};
 use crate::stripe::IoCtx;
@@ -120,14 +120,111 @@ impl Engine {
     }
 
     /// Resync the given member-sector ranges (a bitmap's dirty regions), or everything.
+    /// On raid4/5/6 a resync waits while the array is degraded and runs once recovery is
+    /// done (md keeps recovery_cp); raid1/10 resync among their in-sync copies while two
+    /// of each remain. See `resync_owed`.
     pub fn start_resync(&mut self, ranges: Option<Vec<(u64, u64)>>, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         if self.geo.level == Level::Raid0 {
             self.events.push_back(EngineEvent::ResyncDone);
             return;
         }
-        self.sync_queue.push_back((SyncKind::Resync, ranges));
+        // Ranges an earlier resync stopped short on are tried again.
+        let held = std::mem::take(&mut self.resync_held);
+        let ranges = ranges.map(|mut r| {
+            r.extend(held);
+            r
+        });
+        self.queue_resync(ranges, false);
         self.pump_sync();
+    }
+
+    /// Does the array still owe a resync: one running, queued, waiting for recovery to end,
+    /// or stopped short by unreadable data? While it does, a finished recovery does not make
+    /// the array in sync: the caller must keep the write-intent bits (and md's resync_offset).
+    pub fn resync_owed(&self) -> bool {
+        self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Resync)
+            || self.sync_queue.iter().any(|(k, _)| *k == SyncKind::Resync)
+            || !self.resync_held.is_empty()
+    }
+
+    /// Does a resync still owe any of the job sectors [start, end) (member sectors; array
+    /// sectors on raid10)? md's "at or past recovery_cp": mirrors read the first in-sync
+    /// copy there, raid4/5/6 never read-modify-write.
+    pub(crate) fn unsynced(&self, start: u64, end: u64) -> bool {
+        let hit = |r: &[(u64, u64)]| r.iter().any(|&(a, b)| a < end && start < b);
+        if let Some(j) = self.sync.as_ref().filter(|j| j.kind == SyncKind::Resync) {
+            let active = j.active.range(..end).next_back().is_some_and(|&a| a + j.unit_sectors > start);
+            if active || j.todo.iter().any(|&(a, b)| a < end && start < b) {
+                return true;
+            }
+        }
+        let queued =
+            self.sync_queue.iter().any(|(k, r)| *k == SyncKind::Resync && r.as_ref().is_none_or(|r| hit(r)));
+        queued || hit(&self.resync_held)
+    }
+
+    /// Queue a resync, merged with one already queued (so one `ResyncDone` covers both).
+    fn queue_resync(&mut self, ranges: Option<SectorRanges>, front: bool) {
+        if let Some((_, queued)) = self.sync_queue.iter_mut().find(|(k, _)| *k == SyncKind::Resync) {
+            *queued = match (queued.take(), ranges) {
+                (Some(mut a), Some(b)) => {
+                    a.extend(b);
+                    Some(merge_ranges(a))
+                }
+                _ => None,
+            };
+            return;
+        }
+        let entry = (SyncKind::Resync, ranges.map(merge_ranges));
+        if front {
+            self.sync_queue.push_front(entry);
+        } else {
+            self.sync_queue.push_back(entry);
+        }
+    }
+
+    /// May a resync run now? raid4/5/6 need every member in sync; mirrors two in-sync copies
+    /// of every block.
+    fn resync_may_run(&self) -> bool {
+        let not_in_sync = self.members.iter().filter(|m| m.state != MemberState::InSync).count();
+        if self.geo.level.has_parity() {
+            return not_in_sync == 0;
+        }
+        let mut copies = Vec::new();
+        self.geo.copies(0, &mut copies);
+        not_in_sync + 2 <= copies.len()
+    }
+
+    /// Can a queued job of this kind start now?
+    pub(crate) fn sync_may_start(&self, kind: SyncKind) -> bool {
+        kind != SyncKind::Resync || self.resync_may_run()
+    }
+
+    /// What a job has not finished: its units in flight and the ranges still to start.
+    fn remaining(job: &SyncJob) -> SectorRanges {
+        let mut r: SectorRanges = job.active.iter().map(|&a| (a, a + job.unit_sectors)).collect();
+        r.extend(job.todo.iter().copied());
+        merge_ranges(r)
+    }
+
+    /// A job stopped short. A resync's remaining ranges stay owed: queued again (first)
+    /// after a member failure, held otherwise (unreadable data would stop it again).
+    fn sync_aborted(&mut self, job: SyncJob, member_failed: bool) {
+        self.events.push_back(EngineEvent::SyncAborted(job.kind));
+        if job.kind != SyncKind::Resync {
+            return;
+        }
+        let rest = Self::remaining(&job);
+        if rest.is_empty() {
+            return;
+        }
+        if member_failed {
+            self.queue_resync(Some(rest), true);
+        } else {
+            self.resync_held.extend(rest);
+            self.resync_held = merge_ranges(std::mem::take(&mut self.resync_held));
+        }
     }
 
     pub fn sync_status(&self) -> Option<SyncStatus> {
@@ -204,10 +301,6 @@ impl Engine {
                 }
             }
         }
-        if kind == SyncKind::Resync && self.is_degraded() {
-            // md cannot resync without full redundancy: recovery rewrites parity anyway.
-            return None;
-        }
         Some(SyncJob {
             kind,
             todo,
@@ -247,7 +340,13 @@ impl Engine {
         }
         loop {
             if self.sync.is_none() {
-                let Some((kind, ranges)) = self.sync_queue.pop_front() else { return };
+                // A resync that may not run yet stays queued; a recovery queued after it goes first.
+                let may_resync = self.resync_may_run();
+                let Some(i) = self.sync_queue.iter().position(|(k, _)| *k != SyncKind::Resync || may_resync)
+                else {
+                    return;
+                };
+                let (kind, ranges) = self.sync_queue.remove(i).expect("queued job");
                 match self.begin_job(kind, ranges) {
                     Some(j) => self.sync = Some(j),
                     None => continue,
@@ -287,7 +386,7 @@ impl Engine {
                 UnitStart::Nothing => job.done_sectors += end - a,
                 UnitStart::Unreadable => {
                     let job = self.sync.take().expect("job");
-                    self.events.push_back(EngineEvent::SyncAborted(job.kind));
+                    self.sync_aborted(job, false);
                     continue;
                 }
             }
@@ -309,14 +408,15 @@ impl Engine {
     /// A unit starting at `start` finished (ok = its writes landed).
     pub(crate) fn sync_unit_done(&mut self, start: u64, ok: bool) {
         let Some(job) = self.sync.as_mut() else { return };
-        if !job.active.remove(&start) {
+        if !job.active.contains(&start) {
             return;
         }
         if !ok {
             let job = self.sync.take().expect("job");
-            self.events.push_back(EngineEvent::SyncAborted(job.kind));
+            self.sync_aborted(job, false);
             return;
         }
+        job.active.remove(&start);
         job.done_sectors += job.unit_sectors;
         self.update_recovery_offset();
         self.pump_sync();
@@ -352,7 +452,11 @@ impl Engine {
                     self.events.push_back(EngineEvent::RecoveryDone(member));
                 }
             }
-            SyncKind::Resync => self.events.push_back(EngineEvent::ResyncDone),
+            SyncKind::Resync => {
+                if !self.resync_owed() {
+                    self.events.push_back(EngineEvent::ResyncDone);
+                }
+            }
         }
     }
 
@@ -364,7 +468,7 @@ impl Engine {
             .is_some_and(|j| j.kind == SyncKind::Recovery { member } || j.kind == SyncKind::Resync)
         {
             let job = self.sync.take().expect("job");
-            self.events.push_back(EngineEvent::SyncAborted(job.kind));
+            self.sync_aborted(job, true);
         }
         self.sync_queue.retain(|(k, _)| *k != SyncKind::Recovery { member });
     }
@@ -388,10 +492,13 @@ impl Engine {
                 SyncKind::Recovery { member } => {
                     (copies.iter().any(|c| c.member == member), crate::direct::bit(member))
                 }
-                SyncKind::Resync => (copies.len() > 1, 0),
+                // Only where two copies take writes (a degraded mirror has pieces with one).
+                SyncKind::Resync => {
+                    (copies.iter().filter(|c| self.members[c.member].writable()).count() > 1, 0)
+                }
             };
             if needs_write {
-                match choose_copy(Balance::Prefer, &self.members, &copies, exclude, &mut self.rr_next) {
+                match choose_copy(Balance::Prefer, &self.members, &copies, n, exclude, &mut self.rr_next) {
                     Some(i) => reads.push((copies[i], pos, n)),
                     None => return UnitStart::Unreadable,
                 }
@@ -485,4 +592,18 @@ impl Engine {
     pub(crate) fn direct_write_blocked(&self, sector: u64, len: u64) -> bool {
         self.direct_sync.as_ref().is_some_and(|u| u.start < sector + len && sector < u.end)
     }
+}
+
+/// `ranges` sorted, with overlapping and touching ranges joined.
+fn merge_ranges(mut ranges: SectorRanges) -> SectorRanges {
+    ranges.retain(|&(a, b)| a < b);
+    ranges.sort_unstable();
+    let mut out: SectorRanges = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
 }

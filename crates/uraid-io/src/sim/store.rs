@@ -420,6 +420,11 @@ impl MemberStore {
         self.bad_sectors.insert(new_start, new_end);
     }
 
+    /// The sectors that fail reads, as `[start, end)` ranges of 512-byte member sectors.
+    pub fn latent_error_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.bad_sectors.iter().map(|(&s, &e)| (s, e))
+    }
+
     pub fn latent_error_sectors(&self) -> u64 {
         self.bad_sectors.iter().map(|(s, e)| e - s).sum()
     }
