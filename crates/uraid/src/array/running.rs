@@ -221,7 +221,7 @@ impl RunningArray {
         &self,
         action: impl FnOnce(&mut Engine, &mut Executor, u64) -> Result<(), String> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let (result, events, states, sync, failed) = self
+        let (result, events, states, sync, failed, resync_owed) = self
             .handle
             .control(move |e, ex, now| {
                 let e = engine_of(e);
@@ -230,7 +230,7 @@ impl RunningArray {
                 while let Some(ev) = e.pop_event() {
                     events.push(ev);
                 }
-                (r, events, e.member_states(), e.sync_status(), e.is_failed())
+                (r, events, e.member_states(), e.sync_status(), e.is_failed(), e.resync_owed())
             })
             .map_err(|e| anyhow!("{e}"))?;
         {
@@ -259,7 +259,7 @@ impl RunningArray {
         // released: a superblock write that failed everywhere must not hang the clients.
         let mut first_err = None;
         for ev in events {
-            if let Err(e) = self.on_event(ev, &states) {
+            if let Err(e) = self.on_event(ev, &states, resync_owed) {
                 eprintln!("uraid: {}: {e:#}", self.name);
                 first_err.get_or_insert(e);
             }
@@ -274,7 +274,9 @@ impl RunningArray {
         result.map_err(anyhow::Error::msg)
     }
 
-    fn on_event(&self, ev: EngineEvent, states: &[MemberState]) -> anyhow::Result<()> {
+    /// `resync_owed`: the engine still owes a resync (see `Engine::resync_owed`), so a
+    /// finished recovery does not bring the array in sync and its bitmap bits stay.
+    fn on_event(&self, ev: EngineEvent, states: &[MemberState], resync_owed: bool) -> anyhow::Result<()> {
         match ev {
             EngineEvent::MemberFaulty(slot) => {
                 eprintln!("uraid: {}: member in slot {slot} failed; the array runs degraded", self.name);
@@ -304,14 +306,17 @@ impl RunningArray {
                         }
                     }
                 })?;
-                if states.iter().all(|s| matches!(s, MemberState::InSync)) {
+                if states.iter().all(|s| matches!(s, MemberState::InSync)) && !resync_owed {
                     self.meta.bitmap_all_synced();
                 }
             }
             EngineEvent::ResyncDone => {
                 eprintln!("uraid: {}: resync done", self.name);
                 self.meta.lock().resync_pending = false;
-                self.meta.bitmap_all_synced();
+                // A degraded mirror resyncs its in-sync copies; the bits stay for the rebuild.
+                if states.iter().all(|s| matches!(s, MemberState::InSync)) {
+                    self.meta.bitmap_all_synced();
+                }
             }
             EngineEvent::SyncAborted(kind) => {
                 eprintln!("uraid: {}: {kind:?} stopped short (a source or its target failed)", self.name);
@@ -461,9 +466,12 @@ impl RunningArray {
         let unrecorded =
             std::mem::take(&mut *self.recovery_unrecorded.lock().unwrap_or_else(|e| e.into_inner()));
         for slot in unrecorded {
-            let states = self.snapshot().states;
+            let (states, owed) = self
+                .handle
+                .control(|e, _, _| (engine_of(e).member_states(), engine_of(e).resync_owed()))
+                .map_err(|e| anyhow!("{e}"))?;
             if matches!(states.get(slot), Some(MemberState::InSync)) {
-                self.on_event(EngineEvent::RecoveryDone(slot), &states)?;
+                self.on_event(EngineEvent::RecoveryDone(slot), &states, owed)?;
             }
         }
         let Some(sync) = self.snapshot().sync else { return Ok(()) };
