@@ -16,3 +16,25 @@ if [ ${#need[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+
+# Real Linux md in a qemu VM (../shared/tools/mdvm), the oracle for what uraid leaves on
+# disk. Debian 12's qemu-system-x86 conflicts with qemu-utils from bookworm-backports, so
+# it comes from backports too when that is where qemu-utils came from.
+MDVM_TOOLS="$(cd "$(dirname "$0")/../.." && pwd)/shared/tools/mdvm"
+MDVM_BUILD="${MDVM_BUILD:-${XDG_CACHE_HOME:-$HOME/.cache}/mdvm}"
+if [ ! -s "$MDVM_BUILD/initramfs.cpio.gz" ] || [ ! -s "$MDVM_BUILD/vmlinuz" ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: the md VM is not built ($MDVM_BUILD); run as root" >&2
+    exit 1
+  fi
+  if ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    if dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null | grep -q bpo; then
+      grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/ \
+        || echo "deb http://deb.debian.org/debian bookworm-backports main" > /etc/apt/sources.list.d/backports.list
+      apt-get update -qq
+      apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
+    fi
+  fi
+  MDVM_BUILD="$MDVM_BUILD" bash "$MDVM_TOOLS/build-vm" >/dev/null
+fi

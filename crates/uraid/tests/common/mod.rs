@@ -184,3 +184,36 @@ pub fn qemu_io(url: &str, cmds: &[String]) -> String {
     );
     t
 }
+
+/// What real Linux md makes of member images (read-only: a qemu snapshot), through
+/// `../shared/tools/mdvm`: the sha256 of the assembled array and `mismatch_cnt` after
+/// md's own `check`. The VM is built by scripts/install-deps.sh; a missing VM fails.
+pub struct MdView {
+    pub sha256: String,
+    pub mismatch_cnt: u64,
+}
+
+pub fn md_check(images: &[PathBuf]) -> MdView {
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/mdvm");
+    let run = tools.join("run-in-md-vm");
+    let script = tools.join("examples/verify-assemble.sh");
+    let mut args: Vec<String> = vec!["--ro".into(), script.display().to_string()];
+    args.extend(images.iter().map(|p| p.display().to_string()));
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = tool(run.to_str().unwrap(), &a);
+    let out = text(&o);
+    let after = |marker: &str| -> Option<String> {
+        let mut lines = out.lines().skip_while(|l| l.trim() != marker);
+        lines.next()?;
+        lines.next().map(|l| l.trim().to_string())
+    };
+    let sha256 = after("=== sha256").unwrap_or_else(|| panic!("md did not assemble the array:\n{out}"));
+    let mismatch_cnt = after("=== mismatch_cnt")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("md's check gave no mismatch_cnt:\n{out}"));
+    MdView { sha256, mismatch_cnt }
+}
+
+pub fn sha256_bytes(data: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(data))
+}
