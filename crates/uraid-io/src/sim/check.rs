@@ -586,12 +586,12 @@ mod tests {
         }
     }
 
-    /// The CI seed set: every level, with faults and a power cycle each.
+    /// The CI seed set: every level, 50 seeds each, with faults and a power cycle each.
     #[test]
     fn ci_seeds_pass_on_every_level() {
         let mut failures = Vec::new();
         for level in [Level::Raid0, Level::Raid1, Level::Raid10, Level::Raid4, Level::Raid5, Level::Raid6] {
-            for seed in 1..=6 {
+            for seed in 1..=50 {
                 let r = run_sim(&spec(seed, level));
                 if !r.ok {
                     failures.push(format!("{}: {:?}", r.reproduce, r.failure));
