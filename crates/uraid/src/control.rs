@@ -98,8 +98,14 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
     };
 }
 
-/// Where `uraid serve` puts its control socket unless told: next to the first member.
-pub fn default_socket_path(first_member: &Path, array_name: &str) -> std::path::PathBuf {
+/// Where `uraid serve` puts its control socket unless told: next to the first member,
+/// named after the array and the start of its uuid, so two arrays in one folder (both
+/// named after it by default) get two sockets.
+pub fn default_socket_path(
+    first_member: &Path,
+    array_name: &str,
+    array_uuid: &[u8; 16],
+) -> std::path::PathBuf {
     let dir = std::path::absolute(first_member)
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
@@ -109,7 +115,8 @@ pub fn default_socket_path(first_member: &Path, array_name: &str) -> std::path::
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
         .collect();
-    dir.join(format!(".uraid-{}.sock", if clean.is_empty() { "array" } else { &clean }))
+    let uuid: String = array_uuid[..4].iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!(".uraid-{}-{uuid}.sock", if clean.is_empty() { "array" } else { &clean }))
 }
 
 #[derive(clap::Args, Clone, Debug)]

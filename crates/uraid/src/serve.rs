@@ -39,7 +39,8 @@ pub struct ServeArgs {
     /// md's sync_speed_max: rebuild/resync ceiling, KiB/s.
     #[arg(long = "sync-speed-max", default_value_t = 200_000)]
     pub sync_speed_max_kib: u64,
-    /// Control socket path (default: .uraid-NAME.sock next to the first member).
+    /// Control socket path (default: .uraid-NAME-UUID8.sock next to the first member, NAME
+    /// the array's name, UUID8 the first 8 hex digits of its uuid).
     #[arg(long)]
     pub control: Option<PathBuf>,
     /// Mirror read balancing (raid1/raid10): load, load-time, round-robin, split, prefer.
@@ -128,10 +129,9 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     for w in &assembled.plan.warnings {
         eprintln!("uraid: {w}");
     }
-    let control_path = args
-        .control
-        .clone()
-        .unwrap_or_else(|| crate::control::default_socket_path(&args.members[0], &assembled.plan.name));
+    let control_path = args.control.clone().unwrap_or_else(|| {
+        crate::control::default_socket_path(&args.members[0], &assembled.plan.name, &assembled.plan.uuid)
+    });
     // Bind everything before starting the array, so a busy port writes nothing.
     let listener = match &args.unix {
         Some(p) => Listener::Unix(bind_unix(p, "NBD socket")?, p.clone()),

@@ -199,3 +199,48 @@ fn create_refuses_a_shape_that_could_never_start() {
         "a degraded raid5",
     );
 }
+
+#[test]
+fn two_arrays_in_one_folder_get_two_control_sockets() {
+    let dir = TempDir::new("twoarrays");
+    let a = create(&dir, "1", &["a0", "a1"], &[]);
+    let b = create(&dir, "1", &["b0", "b1"], &[]);
+    let mut children = Vec::new();
+    let mut sockets = Vec::new();
+    for (tag, members) in [("a", &a), ("b", &b)] {
+        let log = dir.path(&format!("{tag}.log"));
+        let mut args =
+            vec!["serve".to_string(), "--unix".into(), dir.path(&format!("{tag}.nbd")).display().to_string()];
+        args.extend(members.iter().map(|p| p.display().to_string()));
+        let child = Command::new(URAID)
+            .args(&args)
+            .env("URAID_PARITY_QUIET", "1")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        children.push(child);
+        let t0 = std::time::Instant::now();
+        let sock = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(line) = text.lines().find_map(|l| l.strip_prefix("uraid: control socket ")) {
+                break PathBuf::from(line.trim());
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(20)
+                    && children.last_mut().unwrap().try_wait().unwrap().is_none(),
+                "array {tag} did not start:\n{text}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        sockets.push(sock);
+    }
+    assert_ne!(sockets[0], sockets[1], "both arrays got the same default control socket");
+    for (sock, members) in sockets.iter().zip([&a, &b]) {
+        let st = ok(uraid(&["status", "--control", sock.to_str().unwrap()]), "uraid status");
+        assert!(st.contains(members[0].to_str().unwrap()), "{st}");
+    }
+    for mut c in children {
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        assert!(c.wait().unwrap().success());
+    }
+}
