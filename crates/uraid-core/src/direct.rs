@@ -142,6 +142,9 @@ impl Engine {
     ) {
         match ctx {
             IoCtx::SyncRead { .. } | IoCtx::SyncWrite => self.direct_sync_io_done(ctx, member, result),
+            IoCtx::ScrubDirectRead { .. } | IoCtx::ScrubDirectWrite => {
+                self.direct_scrub_io_done(ctx, member, result)
+            }
             IoCtx::DirectRead { req, array_sector, len_sectors, dest_off, tried, errored } => match result {
                 Ok(data) => {
                     self.rewrite_bad_copies(req, array_sector, len_sectors, errored, &data);

@@ -188,6 +188,10 @@ pub struct Engine {
     pub(crate) planted_skip_rmw_parity: bool,
     /// A member failed and the caller has not yet committed that to the metadata.
     metadata_pending: bool,
+    /// md's mismatch_cnt (sectors): kept after a check/repair, reset when one starts.
+    pub(crate) mismatch_cnt_sectors: u64,
+    /// md's last_sync_action: the name of the last job started ("none" before any).
+    pub(crate) last_sync_action: &'static str,
 }
 
 impl Engine {
@@ -249,6 +253,8 @@ impl Engine {
             direct_write_ranges: DetMap::default(),
             planted_skip_rmw_parity: false,
             metadata_pending: false,
+            mismatch_cnt_sectors: 0,
+            last_sync_action: "none",
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();

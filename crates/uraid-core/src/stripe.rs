@@ -22,6 +22,7 @@ use crate::geometry::{Geometry, StripeMap};
 use crate::sectors::{rows, runs, span, SectorMask};
 
 mod row_sync;
+mod scrub;
 
 /// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
 /// pre-reading.
@@ -95,6 +96,20 @@ pub(crate) enum IoCtx {
     RowSyncWrite {
         unit: u64,
     },
+    /// raid4/5/6 check/repair of a row unit (see `stripe::scrub`): every member's range,
+    /// then the rewritten pages.
+    ScrubStripeRead {
+        unit: u64,
+    },
+    ScrubStripeWrite {
+        unit: u64,
+    },
+    /// raid1/10 check/repair (see `scrub`): copy `copy` of piece `piece`, then a rewrite.
+    ScrubDirectRead {
+        piece: u32,
+        copy: u32,
+    },
+    ScrubDirectWrite,
 }
 
 /// Background work on one stripe head.
@@ -221,6 +236,8 @@ pub(crate) struct StripeCache {
     rows: DetMap<u64, row_sync::RowUnit>,
     /// Job units handed to per-head syncs, by unit start.
     heads_left: DetMap<u64, row_sync::HeadsLeft>,
+    /// Check/repair units of the running scrub, by unit start (member sector).
+    scrubs: DetMap<u64, scrub::ScrubUnit>,
     /// Row units' read buffers for reuse; a zeroed row for syndrome gaps (DDF layouts).
     row_pool: Vec<Vec<u8>>,
     row_zero: Vec<u8>,
@@ -254,6 +271,7 @@ impl StripeCache {
             running: false,
             rows: DetMap::default(),
             heads_left: DetMap::default(),
+            scrubs: DetMap::default(),
             row_pool: Vec::new(),
             row_zero: Vec::new(),
         }
@@ -1314,6 +1332,12 @@ impl Engine {
                     Ensure::Ready => vec![member],
                 }
             }
+            // Scrub units always claim their heads as a row (see `stripe::scrub`).
+            crate::sync::SyncKind::Scrub(_) => {
+                st.sync = None;
+                self.head_sync_done(unit, false);
+                return;
+            }
             crate::sync::SyncKind::Resync => {
                 let mut ready = true;
                 for &m in &st.map.data_members.clone() {
@@ -1497,6 +1521,8 @@ impl Engine {
             }
             IoCtx::RowSyncRead { unit } => self.row_read_done(unit, member, result),
             IoCtx::RowSyncWrite { unit } => self.row_write_done(unit, member, result),
+            IoCtx::ScrubStripeRead { unit } => self.scrub_read_done(unit, member, result),
+            IoCtx::ScrubStripeWrite { unit } => self.scrub_write_done(unit, member, result),
             IoCtx::Rewrite { key, rows: rws, .. } => {
                 if let Some(st) = self.cache.heads.get_mut(&key) {
                     st.inflight -= 1;

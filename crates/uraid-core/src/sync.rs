@@ -13,6 +13,7 @@ use crate::config::MemberState;
 use crate::engine::{Engine, SectorRanges};
 use crate::geometry::Level;
 use crate::mirror::{choose_copy, Balance};
+use crate::scrub::ScrubKind;
 use crate::stripe::IoCtx;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +22,9 @@ pub enum SyncKind {
     Recovery { member: usize },
     /// Rewrite redundancy (parity, mirror copies) from the data.
     Resync,
+    /// md's `check` / `repair` (see `scrub`): read everything, count mismatches, and on
+    /// repair rewrite what is inconsistent.
+    Scrub(ScrubKind),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,13 +46,19 @@ pub enum EngineEvent {
     RecoveryStarted(usize),
     RecoveryDone(usize),
     ResyncDone,
-    /// A background job stopped short (its target failed, or data was unreadable).
+    /// A background job stopped short (its target failed, data was unreadable, or a
+    /// scrub was stopped by `stop_scrub`, md's `idle`).
     SyncAborted(SyncKind),
+    /// A check or repair ran to the end; `mismatch_cnt_sectors` is md's mismatch_cnt.
+    ScrubDone {
+        kind: ScrubKind,
+        mismatch_cnt_sectors: u64,
+    },
     ArrayFailed,
 }
 
 /// raid1/10 work unit, in array sectors.
-const DIRECT_UNIT_SECTORS: u64 = 2048;
+pub(crate) const DIRECT_UNIT_SECTORS: u64 = 2048;
 
 pub(crate) struct SyncJob {
     pub kind: SyncKind,
@@ -80,6 +90,8 @@ pub(crate) struct DirectUnit {
     pub end: u64,
     pub pending: u32,
     pub failed: bool,
+    /// A check/repair unit's copies and their reads (see `scrub`).
+    pub scrub: Option<Box<crate::scrub::DirectScrub>>,
 }
 
 impl Engine {
@@ -210,7 +222,7 @@ impl Engine {
 
     /// A job stopped short. A resync's remaining ranges stay owed: queued again (first)
     /// after a member failure, held otherwise (unreadable data would stop it again).
-    fn sync_aborted(&mut self, job: SyncJob, member_failed: bool) {
+    pub(crate) fn sync_aborted(&mut self, job: SyncJob, member_failed: bool) {
         self.events.push_back(EngineEvent::SyncAborted(job.kind));
         if job.kind != SyncKind::Resync {
             return;
@@ -234,11 +246,11 @@ impl Engine {
                 MemberState::Recovering { recovery_offset_sectors } => recovery_offset_sectors,
                 _ => 0,
             },
-            SyncKind::Resync => 0,
+            SyncKind::Resync | SyncKind::Scrub(_) => 0,
         };
         let resync_offset_sectors = match j.kind {
             SyncKind::Resync => self.lowest_unsynced(j),
-            SyncKind::Recovery { .. } => 0,
+            SyncKind::Recovery { .. } | SyncKind::Scrub(_) => 0,
         };
         Some(SyncStatus {
             kind: j.kind,
@@ -291,6 +303,11 @@ impl Engine {
                 total += b - a;
             }
         }
+        if matches!(kind, SyncKind::Scrub(_)) && !self.scrub_may_run() {
+            self.events.push_back(EngineEvent::SyncAborted(kind));
+            return None;
+        }
+        self.last_sync_action = crate::scrub::action_name(kind);
         if let SyncKind::Recovery { member } = kind {
             if !matches!(self.members[member].state, MemberState::Recovering { .. }) {
                 return None;
@@ -457,16 +474,20 @@ impl Engine {
                     self.events.push_back(EngineEvent::ResyncDone);
                 }
             }
+            SyncKind::Scrub(kind) => {
+                self.events.push_back(EngineEvent::ScrubDone {
+                    kind,
+                    mismatch_cnt_sectors: self.mismatch_cnt_sectors,
+                });
+            }
         }
     }
 
     /// The member being rebuilt failed, or the array did: stop the job.
     pub(crate) fn sync_member_failed(&mut self, member: usize) {
-        if self
-            .sync
-            .as_ref()
-            .is_some_and(|j| j.kind == SyncKind::Recovery { member } || j.kind == SyncKind::Resync)
-        {
+        if self.sync.as_ref().is_some_and(|j| {
+            j.kind == SyncKind::Recovery { member } || matches!(j.kind, SyncKind::Resync | SyncKind::Scrub(_))
+        }) {
             let job = self.sync.take().expect("job");
             self.sync_aborted(job, true);
         }
@@ -481,6 +502,9 @@ impl Engine {
             return UnitStart::Busy;
         }
         let kind = self.sync.as_ref().expect("job").kind;
+        if let SyncKind::Scrub(scrub) = kind {
+            return self.start_direct_scrub(start, end, scrub);
+        }
         let mut copies = Vec::new();
         let mut pos = start;
         let mut reads = Vec::new();
@@ -496,6 +520,7 @@ impl Engine {
                 SyncKind::Resync => {
                     (copies.iter().filter(|c| self.members[c.member].writable()).count() > 1, 0)
                 }
+                SyncKind::Scrub(_) => unreachable!("scrub units start in start_direct_scrub"),
             };
             if needs_write {
                 match choose_copy(Balance::Prefer, &self.members, &copies, n, exclude, &mut self.rr_next) {
@@ -508,7 +533,8 @@ impl Engine {
         if reads.is_empty() {
             return UnitStart::Nothing;
         }
-        self.direct_sync = Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false });
+        self.direct_sync =
+            Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false, scrub: None });
         for (src, pos, n) in reads {
             let ctx = IoCtx::SyncRead { array_sector: pos, len_sectors: n };
             self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx);
@@ -534,7 +560,7 @@ impl Engine {
                             let target = match kind {
                                 Some(SyncKind::Recovery { member: r }) => c.member == r,
                                 Some(SyncKind::Resync) => c.member != member,
-                                None => false,
+                                Some(SyncKind::Scrub(_)) | None => false,
                             };
                             if target && self.members[c.member].writable() {
                                 if let Some(u) = self.direct_sync.as_mut() {
@@ -572,7 +598,7 @@ impl Engine {
         }
     }
 
-    fn direct_sync_part_done(&mut self) {
+    pub(crate) fn direct_sync_part_done(&mut self) {
         let Some(u) = self.direct_sync.as_mut() else { return };
         u.pending -= 1;
         if u.pending > 0 {

@@ -96,6 +96,9 @@ impl Engine {
                     .then_some(member)
             }
             SyncKind::Resync => None,
+            // A scrub unit claims its heads like a row unit: no batch starts on them until
+            // its reads are compared and its rewrites have landed (md's sync barrier).
+            SyncKind::Scrub(_) => Some(usize::MAX),
         };
         for (i, &key) in keys.iter().enumerate() {
             let own_head = !self.cache.heads.contains_key(&key);
@@ -117,6 +120,7 @@ impl Engine {
             self.cache.mark(key);
         }
         match row {
+            Some(usize::MAX) => self.new_scrub_unit(start, keys),
             Some(target) => {
                 let unit = RowUnit {
                     target,
@@ -160,6 +164,9 @@ impl Engine {
     /// Called by the head handler for a head claimed by a row unit that has no batch in
     /// flight: once all of the unit's heads are so, the unit reads its survivors.
     pub(super) fn row_head_ready(&mut self, unit: u64) {
+        if self.cache.scrubs.contains_key(&unit) {
+            return self.scrub_head_ready(unit);
+        }
         let Some(u) = self.cache.rows.get_mut(&unit) else { return };
         u.heads_ready += 1;
         if u.heads_ready < u.heads.len() {
@@ -192,6 +199,9 @@ impl Engine {
     /// completions).
     pub(super) fn row_head_failed(&mut self, key: u64, st: &mut super::Stripe) {
         let Some(unit) = st.sync.as_ref().map(|s| s.unit) else { return };
+        if self.cache.scrubs.contains_key(&unit) {
+            return self.scrub_head_failed(key, st);
+        }
         let Some(u) = self.cache.rows.get_mut(&unit) else { return };
         if u.started {
             return;
@@ -208,14 +218,14 @@ impl Engine {
     }
 
     /// A recycled row buffer of `len` bytes (its contents are overwritten by the read).
-    fn row_buf(&mut self, len: usize) -> Vec<u8> {
+    pub(super) fn row_buf(&mut self, len: usize) -> Vec<u8> {
         match self.cache.row_pool.pop() {
             Some(v) if v.len() == len => v,
             _ => vec![0; len],
         }
     }
 
-    fn recycle_row_buf(&mut self, v: Vec<u8>) {
+    pub(super) fn recycle_row_buf(&mut self, v: Vec<u8>) {
         if self.cache.row_pool.len() < 4 * self.geo.raid_disks * 4 {
             self.cache.row_pool.push(v);
         }

@@ -1,0 +1,257 @@
+//! md's scrub: `echo check|repair|idle > sync_action`, `mismatch_cnt`, `last_sync_action`.
+//!
+//! A scrub is a background job beside resync and recovery (`SyncKind::Scrub`): it shares
+//! their queue, their barrier against requests' writes and their `sync_speed_min/max`
+//! pacing. raid4/5/6 units are in `stripe::scrub`; raid1/10 units are here.
+//!
+//! raid1/10 count as md does: per sync bio (`r1_bio` / `r10_bio`) and per copy that
+//! differs from the first copy, the bio's sectors (raid1.c `process_checks`, raid10.c
+//! `sync_request_write`: `atomic64_add(r1_bio->sectors, &mddev->resync_mismatches)`).
+//! A sync bio holds RESYNC_PAGES (64 KiB, 128 sectors) from where the previous one ended,
+//! so bios tile the array in 128-sector windows from sector 0; raid10 also cuts them at
+//! chunk ends when it has more members than near copies (raid10_sync_request), so its
+//! window is min(128, chunk) sectors then. md also cuts at bitmap-chunk ends; bitmap
+//! chunks are powers of two of at least 64 KiB in practice (mdadm's default is 64 MiB),
+//! so that cut changes nothing and is not modelled.
+
+use crate::api::*;
+use crate::config::MemberState;
+use crate::engine::Engine;
+use crate::geometry::{Extent, Level};
+use crate::stripe::IoCtx;
+use crate::sync::{DirectUnit, EngineEvent, SyncKind, UnitStart};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScrubKind {
+    /// Read and compare everything, change nothing (md's `check`).
+    Check,
+    /// As check, and rewrite what is inconsistent (md's `repair`).
+    Repair,
+}
+
+impl ScrubKind {
+    /// md's sync_action word.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScrubKind::Check => "check",
+            ScrubKind::Repair => "repair",
+        }
+    }
+}
+
+/// md's sync_action / last_sync_action word for a job.
+pub fn action_name(kind: SyncKind) -> &'static str {
+    match kind {
+        SyncKind::Recovery { .. } => "recover",
+        SyncKind::Resync => "resync",
+        SyncKind::Scrub(k) => k.name(),
+    }
+}
+
+/// md's RESYNC_PAGES in sectors: the largest raid1/10 sync bio.
+const RESYNC_BIO_SECTORS: u64 = 128;
+
+/// A raid1/10 scrub unit: its pieces (each contiguous on every copy) and every copy's read.
+pub(crate) struct DirectScrub {
+    kind: ScrubKind,
+    /// (array sector, sectors, copies in md's order).
+    pieces: Vec<(u64, u64, Vec<Extent>)>,
+    /// bufs[piece][copy].
+    bufs: Vec<Vec<Option<Vec<u8>>>>,
+    compared: bool,
+}
+
+impl Engine {
+    /// Start md's `check` or `repair`. Refused, as md refuses it, on raid0, on a failed or
+    /// degraded array, and while another job runs or a resync/recovery is owed.
+    pub fn start_scrub(&mut self, kind: ScrubKind, now_ns: TimeNs) -> Result<(), String> {
+        self.now_ns = self.now_ns.max(now_ns);
+        if self.geo.level == Level::Raid0 {
+            return Err("raid0 has no redundancy to check".into());
+        }
+        if self.failed {
+            return Err("the array has failed".into());
+        }
+        if let Some(j) = self.sync.as_ref() {
+            return Err(format!("{} is running; stop it first (idle)", action_name(j.kind)));
+        }
+        if let Some((k, _)) = self.sync_queue.front() {
+            return Err(format!("a {} is owed and runs first", action_name(*k)));
+        }
+        if self.resync_owed() {
+            return Err("a resync is owed and runs first".into());
+        }
+        if !self.scrub_may_run() {
+            return Err(format!("the array is degraded; md does not {} a degraded array", kind.name()));
+        }
+        self.mismatch_cnt_sectors = 0;
+        self.sync_queue.push_back((SyncKind::Scrub(kind), None));
+        self.pump_sync();
+        Ok(())
+    }
+
+    /// md's `idle`: stop a running or queued check/repair. Units in flight finish (their
+    /// rewrites land) but count nothing more. True if there was one to stop.
+    pub fn stop_scrub(&mut self) -> bool {
+        let queued = self.sync_queue.len();
+        self.sync_queue.retain(|(k, _)| !matches!(k, SyncKind::Scrub(_)));
+        let mut stopped = queued != self.sync_queue.len();
+        if let Some(kind) = self.sync.as_ref().map(|j| j.kind).filter(|k| matches!(k, SyncKind::Scrub(_))) {
+            self.sync = None;
+            self.events.push_back(EngineEvent::SyncAborted(kind));
+            stopped = true;
+        }
+        self.pump_sync();
+        stopped
+    }
+
+    /// md's mismatch_cnt, in sectors: what the last (or running) check/repair found.
+    pub fn mismatch_cnt(&self) -> u64 {
+        self.mismatch_cnt_sectors
+    }
+
+    /// md's sync_action: the job running, else one queued that may start, else "idle".
+    pub fn sync_action(&self) -> &'static str {
+        if let Some(j) = self.sync.as_ref() {
+            return action_name(j.kind);
+        }
+        self.sync_queue.iter().find(|(k, _)| self.sync_may_start(*k)).map_or("idle", |(k, _)| action_name(*k))
+    }
+
+    /// md's last_sync_action: the last job started ("none" before any).
+    pub fn last_sync_action(&self) -> &'static str {
+        self.last_sync_action
+    }
+
+    /// Every member in sync and the array alive.
+    pub(crate) fn scrub_may_run(&self) -> bool {
+        !self.failed && self.members.iter().all(|m| m.state == MemberState::InSync)
+    }
+
+    /// md's sync bio window for raid1/10 (see the module comment).
+    fn resync_bio_sectors(&self) -> u64 {
+        let near_copies = (self.geo.layout & 0xff) as usize;
+        if self.geo.level == Level::Raid10 && near_copies < self.geo.raid_disks {
+            RESYNC_BIO_SECTORS.min(self.geo.chunk_sectors)
+        } else {
+            RESYNC_BIO_SECTORS
+        }
+    }
+
+    /// Read every copy of array sectors [start, end); the caller checked the barrier.
+    pub(crate) fn start_direct_scrub(&mut self, start: u64, end: u64, kind: ScrubKind) -> UnitStart {
+        let mut pieces = Vec::new();
+        let mut pos = start;
+        while pos < end {
+            let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
+            let n = room.min(end - pos);
+            let mut copies = Vec::new();
+            self.geo.copies(pos, &mut copies);
+            if copies.iter().any(|c| !self.members[c.member].readable(c.member_sector + n - 1)) {
+                return UnitStart::Unreadable;
+            }
+            pieces.push((pos, n, copies));
+            pos += n;
+        }
+        let reads: u32 = pieces.iter().map(|p| p.2.len() as u32).sum();
+        let bufs = pieces.iter().map(|p| vec![None; p.2.len()]).collect();
+        let ios: Vec<(usize, u64, u64, u32, u32)> = pieces
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, n, copies))| {
+                copies
+                    .iter()
+                    .enumerate()
+                    .map(move |(c, e)| (e.member, e.member_sector, *n, i as u32, c as u32))
+            })
+            .collect();
+        let scrub = Box::new(DirectScrub { kind, pieces, bufs, compared: false });
+        self.direct_sync = Some(DirectUnit { start, end, pending: reads, failed: false, scrub: Some(scrub) });
+        for (member, sector, n, piece, copy) in ios {
+            let ctx = IoCtx::ScrubDirectRead { piece, copy };
+            self.issue_io(member, MemberIoOp::Read, sector, n, IoBytes::new(), ctx);
+        }
+        UnitStart::Started
+    }
+
+    pub(crate) fn direct_scrub_io_done(
+        &mut self,
+        ctx: IoCtx,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
+        let failed = result.is_err();
+        // A read error stops the unit (and the job); only a lost member or a failed write
+        // fails the member.
+        let fail_member =
+            matches!((&ctx, &result), (IoCtx::ScrubDirectWrite, Err(_)) | (_, Err(MemberIoError::Gone)));
+        if let Some(u) = self.direct_sync.as_mut() {
+            u.failed |= failed;
+            if let (IoCtx::ScrubDirectRead { piece, copy }, Ok(data), Some(s)) =
+                (&ctx, result, u.scrub.as_mut())
+            {
+                s.bufs[*piece as usize][*copy as usize] = Some(data);
+            }
+        }
+        if fail_member {
+            self.fail_member(member, self.now_ns);
+        }
+        let compare = self
+            .direct_sync
+            .as_ref()
+            .is_some_and(|u| u.pending == 1 && !u.failed && u.scrub.as_ref().is_some_and(|s| !s.compared));
+        // Only a running scrub counts; a stopped one lets its unit go.
+        let running = matches!(self.sync.as_ref().map(|j| j.kind), Some(SyncKind::Scrub(_)));
+        if compare && running {
+            self.direct_scrub_compare();
+        }
+        self.direct_sync_part_done();
+    }
+
+    /// All copies read: compare each md sync bio window's copies with the first, count,
+    /// and on repair write the first copy over the others (md copies from the first copy
+    /// that read; every copy read here).
+    fn direct_scrub_compare(&mut self) {
+        let w = self.resync_bio_sectors();
+        let u = self.direct_sync.as_mut().expect("unit");
+        let (start, end) = (u.start, u.end);
+        let s = u.scrub.as_mut().expect("scrub unit");
+        s.compared = true;
+        let copies = s.pieces.first().map_or(0, |p| p.2.len());
+        let mut mismatch = 0;
+        let mut writes = Vec::new();
+        let mut wa = start / w * w;
+        while wa < end {
+            let wb = (wa + w).min(end);
+            for c in 1..copies {
+                let mut segs = Vec::new();
+                let mut differs = false;
+                for (i, (pos, n, ext)) in s.pieces.iter().enumerate() {
+                    let (a, b) = ((*pos).max(wa), (pos + n).min(wb));
+                    if a >= b {
+                        continue;
+                    }
+                    let rg = ((a - pos) * SECTOR_BYTES) as usize..((b - pos) * SECTOR_BYTES) as usize;
+                    let first = &s.bufs[i][0].as_ref().expect("read")[rg.clone()];
+                    differs |= first != &s.bufs[i][c].as_ref().expect("read")[rg.clone()];
+                    segs.push((ext[c].member, ext[c].member_sector + (a - pos), b - a, first.to_vec()));
+                }
+                if differs {
+                    mismatch += wb - wa.max(start);
+                    if s.kind == ScrubKind::Repair {
+                        writes.extend(segs);
+                    }
+                }
+            }
+            wa += w;
+        }
+        self.mismatch_cnt_sectors += mismatch;
+        for (member, sector, n, data) in writes {
+            if !self.members[member].writable() {
+                continue;
+            }
+            self.direct_sync.as_mut().expect("unit").pending += 1;
+            self.issue_io(member, MemberIoOp::Write, sector, n, data.into(), IoCtx::ScrubDirectWrite);
+        }
+    }
+}
