@@ -206,47 +206,51 @@ fn check_is_refused_on_a_degraded_array_and_while_a_resync_is_owed() {
     assert!(e.start_scrub(ScrubKind::Check, 0).is_err(), "raid0");
 }
 
-/// Writes during a check wait for the units they overlap and land; the check counts
-/// nothing (a write racing the reads would look like a mismatch), and they read back.
+/// Writes during a check (or repair) wait for the units they overlap and land; the scrub
+/// counts nothing (a write racing the reads would look like a mismatch), and they read back.
 #[test]
 fn writes_during_a_check_land_and_count_no_mismatch() {
-    for (level, n, layout, chunk) in [
-        (Level::Raid5, 4, algorithm::LEFT_SYMMETRIC, 128),
-        (Level::Raid6, 5, algorithm::LEFT_SYMMETRIC, 16),
-        (Level::Raid1, 2, 0, 0),
-        (Level::Raid10, 4, parse_layout(Level::Raid10, "n2").unwrap(), 16),
-    ] {
-        let ctx = format!("{level:?} n={n}");
-        let g = geo(level, n, layout, chunk);
-        let (mut d, mut model) = written(&g, 41);
-        let mut rng = Rng(42);
-        d.engine.start_scrub(ScrubKind::Check, d.now_ns).unwrap();
-        let mut id = 100;
-        let mut steps = 0u64;
-        while d.engine.sync_active() {
-            if steps.is_multiple_of(2) {
-                let len = (1 + rng.below(16)) * 512;
-                let off = rng.below(g.array_bytes() / 512 - 16) * 512;
-                let mut data = vec![0u8; len as usize];
-                rng.fill(&mut data);
-                model[off as usize..(off + len) as usize].copy_from_slice(&data);
-                id += 1;
-                d.submit(Request::write(id, off, data));
-                d.engine.unplug(d.now_ns);
+    for kind in [ScrubKind::Check, ScrubKind::Repair] {
+        for (level, n, layout, chunk) in [
+            (Level::Raid5, 4, algorithm::LEFT_SYMMETRIC, 128),
+            (Level::Raid6, 5, algorithm::LEFT_SYMMETRIC, 16),
+            (Level::Raid1, 2, 0, 0),
+            (Level::Raid10, 4, parse_layout(Level::Raid10, "n2").unwrap(), 16),
+        ] {
+            let ctx = format!("{level:?} n={n} {kind:?}");
+            let g = geo(level, n, layout, chunk);
+            let (mut d, mut model) = written(&g, 41);
+            let mut rng = Rng(42);
+            d.engine.start_scrub(kind, d.now_ns).unwrap();
+            let mut id = 100;
+            let mut steps = 0u64;
+            while d.engine.sync_active() {
+                if steps.is_multiple_of(2) {
+                    let len = (1 + rng.below(16)) * 512;
+                    let off = rng.below(g.array_bytes() / 512 - 16) * 512;
+                    let mut data = vec![0u8; len as usize];
+                    rng.fill(&mut data);
+                    model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                    id += 1;
+                    d.submit(Request::write(id, off, data));
+                    d.engine.unplug(d.now_ns);
+                }
+                d.engine.tick(d.now_ns);
+                d.step();
+                steps += 1;
+                assert!(steps < 1_000_000, "{ctx}: check never finished");
             }
-            d.engine.tick(d.now_ns);
-            d.step();
-            steps += 1;
-            assert!(steps < 1_000_000, "{ctx}: check never finished");
+            d.run_until_idle();
+            assert!(id > 101, "{ctx}: writes were issued during the check");
+            for c in d.done.drain(..) {
+                assert!(c.result.is_ok(), "{ctx}: write {} failed", c.id);
+            }
+            assert_eq!(d.engine.mismatch_cnt(), 0, "{ctx}");
+            let events: Vec<EngineEvent> = std::iter::from_fn(|| d.engine.pop_event()).collect();
+            assert_eq!(events, vec![EngineEvent::ScrubDone { kind, mismatch_cnt_sectors: 0 }], "{ctx}");
+            assert!(read_all(&mut d, 9001) == model, "{ctx}: data after the check");
+            assert_eq!(scrub(&mut d, ScrubKind::Check, &ctx), 0, "{ctx}: a second check");
         }
-        d.run_until_idle();
-        assert!(id > 101, "{ctx}: writes were issued during the check");
-        for c in d.done.drain(..) {
-            assert!(c.result.is_ok(), "{ctx}: write {} failed", c.id);
-        }
-        assert_eq!(d.engine.mismatch_cnt(), 0, "{ctx}");
-        assert!(read_all(&mut d, 9001) == model, "{ctx}: data after the check");
-        assert_eq!(scrub(&mut d, ScrubKind::Check, &ctx), 0, "{ctx}: a second check");
     }
 }
 
