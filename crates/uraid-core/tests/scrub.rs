@@ -42,6 +42,8 @@ fn corrupt(d: &mut Driver, member: usize, sector: u64, sectors: u64) {
 fn scrub(d: &mut Driver, kind: ScrubKind, ctx: &str) -> u64 {
     d.engine.start_scrub(kind, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     assert_eq!(d.engine.sync_action(), kind.name(), "{ctx}");
+    let st = d.engine.sync_status().expect("progress");
+    assert!(st.kind == SyncKind::Scrub(kind) && st.total_sectors > 0, "{ctx}: {st:?}");
     let mut done = None;
     let mut guard = 0;
     while d.engine.sync_active() {
@@ -114,6 +116,19 @@ fn mirrors_count_per_sync_bio_and_copy_and_repair_from_the_first_copy() {
         want += window * (copies.len() as u64 - 1);
         check_then_repair(&mut d, want, &model, &ctx);
     }
+}
+
+/// md's repair copies the first copy that reads: a corrupted first copy wins (that is what
+/// md does; nothing on a mirror says which copy is right).
+#[test]
+fn a_corrupted_first_copy_is_copied_over_the_others() {
+    let g = geo(Level::Raid1, 3, 0, 0);
+    let (mut d, mut model) = written(&g, 61);
+    corrupt(&mut d, 0, 1000, 8);
+    for b in &mut model[1000 * 512..1008 * 512] {
+        *b ^= 0xa5;
+    }
+    check_then_repair(&mut d, 2 * 128, &model, "raid1 first copy");
 }
 
 /// raid4/5: md counts 8 sectors per inconsistent 4 KiB stripe page; repair rewrites parity,
