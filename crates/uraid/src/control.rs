@@ -76,6 +76,7 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         "detail" => Ok(array.detail()),
         "status" => Ok(array.status()),
         "progress" => Ok(array.progress()),
+        "action" => array.action(arg),
         "fail" => need_arg("fail").and_then(|_| array.fail(arg)),
         "remove" => need_arg("remove").and_then(|_| array.remove(arg)),
         "add" => need_arg("add").and_then(|_| match arg.strip_prefix("--force ") {
@@ -88,7 +89,7 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
             None => Err(anyhow::anyhow!("`set` needs a tunable and a value, e.g. `set rmw_level 0`")),
         },
         other => Err(anyhow::anyhow!(
-            "unknown control command {other:?}: use detail, status, progress, fail, remove, add or set"
+            "unknown control command {other:?}: use detail, status, progress, action, fail, remove, add or set"
         )),
     };
     let mut w = stream;
@@ -143,6 +144,23 @@ pub struct SetArgs {
     /// stripe_cache_size, rmw_level, balance, sync_speed_min or sync_speed_max.
     pub tunable: String,
     pub value: String,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ActionArgs {
+    /// check (count inconsistent sectors in mismatch_cnt, change nothing), repair (rewrite
+    /// parity or the other copies; on raid6 a single bad data block is located and
+    /// rewritten), idle (stop a check or repair).
+    pub action: String,
+    /// Control socket of the running `uraid serve`.
+    #[arg(long)]
+    pub control: std::path::PathBuf,
+}
+
+/// md's `echo check > /sys/block/mdX/md/sync_action` (mdadm --action).
+pub fn run_action(args: ActionArgs) -> anyhow::Result<()> {
+    print!("{}", request(&args.control, &format!("action {}", args.action))?);
+    Ok(())
 }
 
 /// Like writing /sys/block/mdX/md/TUNABLE: takes effect at once; prints every tunable.

@@ -39,6 +39,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// /proc/mdstat-like status of a running array (through its control socket).
     Status(control::StatusArgs),
+    /// Scrub a running array: check, repair or idle (md's sync_action, mdadm --action).
+    Action(control::ActionArgs),
     /// Mark a member of a running array faulty (mdadm --fail).
     Fail(control::MemberCommandArgs),
     /// Remove a failed member or a spare from a running array (mdadm --remove).
@@ -81,6 +83,7 @@ fn main() {
         Command::Fail(args) => control::run_fail(args),
         Command::Remove(args) => control::run_remove(args),
         Command::Add(args) => control::run_add(args),
+        Command::Action(args) => control::run_action(args),
         Command::Set(args) => control::run_set(args),
         Command::Bench(args) => bench::run(args),
         Command::Explain(args) => explain::run(args),

@@ -2,7 +2,7 @@
 //! engine's member states).
 
 use uraid_core::meta::{Superblock, MAX_SECTOR};
-use uraid_core::{MemberState, SyncKind, SyncStatus};
+use uraid_core::{MemberState, ScrubKind, SyncKind, SyncStatus};
 
 use super::assembly::Assembled;
 use super::report::{DetailInfo, DeviceRow};
@@ -28,6 +28,16 @@ pub struct DetailInput<'a> {
     pub dirty: bool,
     pub failed: bool,
     pub read_only: bool,
+    /// md's sysfs scrub view of a running array: sync_action, last_sync_action, mismatch_cnt.
+    pub scrub: Option<ScrubView>,
+}
+
+/// What md shows in /sys/block/mdX/md/{sync_action,last_sync_action,mismatch_cnt}.
+#[derive(Clone, Debug)]
+pub struct ScrubView {
+    pub sync_action: String,
+    pub last_sync_action: String,
+    pub mismatch_cnt: u64,
 }
 
 pub fn sync_line(s: &SyncStatus) -> String {
@@ -36,6 +46,9 @@ pub fn sync_line(s: &SyncStatus) -> String {
     match s.kind {
         SyncKind::Recovery { .. } => format!("Rebuild Status : {pct:.0}% complete"),
         SyncKind::Resync => format!("Resync Status : {pct:.0}% complete"),
+        SyncKind::Scrub(k) => {
+            format!("{} Status : {pct:.0}% complete", if k == ScrubKind::Check { "Check" } else { "Repair" })
+        }
     }
 }
 
@@ -51,6 +64,8 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
         state.push(match s.kind {
             SyncKind::Recovery { .. } => "recovering".into(),
             SyncKind::Resync => "resyncing".into(),
+            SyncKind::Scrub(ScrubKind::Check) => "checking".into(),
+            SyncKind::Scrub(ScrubKind::Repair) => "repairing".into(),
         });
     }
     if d.read_only {
@@ -96,6 +111,7 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
         spares: d.spares.len() + count(|s| matches!(s, MemberState::Recovering { .. })),
         rows,
         progress: d.sync.as_ref().map(sync_line),
+        scrub: d.scrub.clone(),
     }
 }
 
@@ -132,5 +148,6 @@ pub fn offline(a: &Assembled) -> DetailInfo {
         dirty: a.plan.resync_offset != MAX_SECTOR,
         failed: false,
         read_only: false,
+        scrub: None,
     })
 }

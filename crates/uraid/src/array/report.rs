@@ -211,6 +211,8 @@ pub struct DetailInfo {
     pub rows: Vec<DeviceRow>,
     /// e.g. "Rebuild Status : 42% complete".
     pub progress: Option<String>,
+    /// Running arrays only.
+    pub scrub: Option<super::detail::ScrubView>,
 }
 
 pub fn detail_text(title: &str, d: &DetailInfo) -> String {
@@ -261,6 +263,11 @@ pub fn detail_text(title: &str, d: &DetailInfo) -> String {
     if let Some(p) = &d.progress {
         let (k, v) = p.split_once(" : ").unwrap_or(("Status", p.as_str()));
         line(k, v.to_string());
+    }
+    if let Some(v) = &d.scrub {
+        line("Sync Action", v.sync_action.clone());
+        line("Last Sync Action", v.last_sync_action.clone());
+        line("Mismatch Count", v.mismatch_cnt.to_string());
     }
     line("Name", sb.name());
     line("UUID", format_uuid(&sb.set_uuid));

@@ -38,6 +38,7 @@ pub struct Snapshot {
     pub states: Vec<MemberState>,
     pub sync: Option<SyncStatus>,
     pub failed: bool,
+    pub scrub: Option<super::detail::ScrubView>,
     samples: VecDeque<(Instant, u64)>,
 }
 
@@ -221,7 +222,7 @@ impl RunningArray {
         &self,
         action: impl FnOnce(&mut Engine, &mut Executor, u64) -> Result<(), String> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let (result, events, states, sync, failed, resync_owed) = self
+        let (result, events, states, sync, failed, resync_owed, scrub) = self
             .handle
             .control(move |e, ex, now| {
                 let e = engine_of(e);
@@ -230,7 +231,12 @@ impl RunningArray {
                 while let Some(ev) = e.pop_event() {
                     events.push(ev);
                 }
-                (r, events, e.member_states(), e.sync_status(), e.is_failed(), e.resync_owed())
+                let scrub = super::detail::ScrubView {
+                    sync_action: e.sync_action().to_string(),
+                    last_sync_action: e.last_sync_action().to_string(),
+                    mismatch_cnt: e.mismatch_cnt(),
+                };
+                (r, events, e.member_states(), e.sync_status(), e.is_failed(), e.resync_owed(), scrub)
             })
             .map_err(|e| anyhow!("{e}"))?;
         {
@@ -251,6 +257,7 @@ impl RunningArray {
             s.states = states.clone();
             s.sync = sync;
             s.failed = failed;
+            s.scrub = Some(scrub);
         }
         let degraded = states.iter().filter(|s| !matches!(s, MemberState::InSync)).count();
         self.device.degraded.store(degraded, Ordering::SeqCst);
@@ -327,6 +334,9 @@ impl RunningArray {
                     self.name
                 );
                 self.meta.update(|st| st.failed = true)?;
+            }
+            EngineEvent::ScrubDone { kind, mismatch_cnt_sectors } => {
+                eprintln!("uraid: {}: {} done, mismatch_cnt {mismatch_cnt_sectors}", self.name, kind.name());
             }
             EngineEvent::RecoveryStarted(slot) => {
                 eprintln!("uraid: {}: recovery of slot {slot} started", self.name);
@@ -639,6 +649,31 @@ impl RunningArray {
         result.map_err(|e| anyhow!(e))
     }
 
+    /// md's sync_action: `check` (count mismatches, change nothing), `repair` (rewrite what
+    /// is inconsistent), `idle` (stop a check or repair).
+    pub fn action(&self, what: &str) -> anyhow::Result<String> {
+        let kind = match what {
+            "check" => Some(uraid_core::ScrubKind::Check),
+            "repair" => Some(uraid_core::ScrubKind::Repair),
+            "idle" => None,
+            other => bail!("unknown action {other:?}: use check, repair or idle"),
+        };
+        if self.read_only && kind == Some(uraid_core::ScrubKind::Repair) {
+            bail!("the array is served read-only: `repair` would write; use `check`");
+        }
+        self.poll(move |e, _, now| match kind {
+            Some(k) => e.start_scrub(k, now),
+            None => {
+                e.stop_scrub();
+                Ok(())
+            }
+        })?;
+        Ok(match kind {
+            Some(k) => format!("uraid: {} started on {}\n", k.name(), self.name),
+            None => format!("uraid: {} is idle\n", self.name),
+        })
+    }
+
     /// mdadm --fail.
     pub fn fail(&self, what: &str) -> anyhow::Result<String> {
         let i = self.find_dev(what)?;
@@ -844,6 +879,7 @@ impl RunningArray {
             dirty: self.meta.is_dirty(),
             failed: snap.failed,
             read_only: self.read_only,
+            scrub: snap.scrub.clone(),
         })
     }
 
@@ -909,10 +945,7 @@ impl RunningArray {
             };
             let filled = ((frac * 20.0) as usize).min(20);
             let bar = format!("[{}>{}]", "=".repeat(filled), ".".repeat(20 - filled));
-            let what = match sync.kind {
-                SyncKind::Recovery { .. } => "recovery",
-                SyncKind::Resync => "resync",
-            };
+            let what = uraid_core::scrub::action_name(sync.kind);
             let (speed, finish) = match snap.sync_speed_sectors() {
                 Some(v) if v > 0.0 => {
                     let left = sync.total_sectors.saturating_sub(sync.done_sectors) as f64 / v;
@@ -937,15 +970,9 @@ impl RunningArray {
     /// `done total` of the running sync, or `idle`: what the CLI's progress bar polls.
     pub fn progress(&self) -> String {
         match self.snapshot().sync {
-            Some(s) => format!(
-                "{} {} {}\n",
-                match s.kind {
-                    SyncKind::Recovery { .. } => "recovery",
-                    SyncKind::Resync => "resync",
-                },
-                s.done_sectors,
-                s.total_sectors
-            ),
+            Some(s) => {
+                format!("{} {} {}\n", uraid_core::scrub::action_name(s.kind), s.done_sectors, s.total_sectors)
+            }
             None => "idle\n".to_string(),
         }
     }
