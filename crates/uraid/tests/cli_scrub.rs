@@ -6,21 +6,21 @@
 mod common;
 
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const MIB: u64 = 1 << 20;
 
-fn data_offset_bytes(member: &PathBuf) -> u64 {
+fn data_offset_bytes(member: &Path) -> u64 {
     let ex = ok(uraid(&["examine", member.to_str().unwrap()]), "uraid examine");
     let v = mdadm_field(&ex, "Data Offset").expect("Data Offset");
     v.split_whitespace().next().unwrap().parse::<u64>().unwrap() * 512
 }
 
 /// Overwrites 4 KiB of `member`'s data area at `offset` (bytes into the data area).
-fn corrupt(member: &PathBuf, offset: u64) {
+fn corrupt(member: &Path, offset: u64) {
     let f = std::fs::OpenOptions::new().write(true).open(member).unwrap();
     f.write_all_at(&[0xc3u8; 4096], data_offset_bytes(member) + offset).unwrap();
 }
