@@ -506,3 +506,48 @@ fn unclean_shutdown_with_and_without_bitmap() {
     let plan = plan_assembly(&with_bitmap, &AssembleOptions::default()).unwrap();
     assert_eq!(plan.resync, ResyncNeed::Bitmap { regions: vec![(0, 30720)] });
 }
+
+#[test]
+fn force_starts_a_dirty_degraded_raid5_and_takes_back_members_only_events_behind() {
+    let base = offered("raid5-4dev-64k-ls", 4);
+    let dirty: Vec<OfferedMember> = base
+        .iter()
+        .cloned()
+        .map(|mut m| {
+            let sb = m.superblock.as_mut().unwrap();
+            sb.resync_offset = 0;
+            sb.update_csum();
+            m
+        })
+        .collect();
+    // Dirty and degraded: refused (md's write hole), and the message names --force.
+    let err = plan_assembly(&dirty[1..], &AssembleOptions { run: true, ..Default::default() }).unwrap_err();
+    assert!(matches!(err, AssemblyError::TooFewMembers { clean: false, .. }), "{err}");
+    assert!(err.to_string().contains("--force"), "{err}");
+    let forced = AssembleOptions { run: true, force: true, ..Default::default() };
+    let plan = plan_assembly(&dirty[1..], &forced).unwrap();
+    assert_eq!(plan.degraded_slots, vec![0]);
+    assert_eq!(plan.resync, ResyncNeed::None, "a forced degraded start is marked clean, as mdadm does");
+    assert_eq!(plan.resync_offset, uraid_core::meta::MAX_SECTOR);
+    assert!(plan.warnings.iter().any(|w| w.contains("write hole")), "{:?}", plan.warnings);
+
+    // Two members two events behind the others: too few current ones to start.
+    let behind: Vec<OfferedMember> = base
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, mut m)| {
+            let sb = m.superblock.as_mut().unwrap();
+            sb.events += if i < 2 { 2 } else { 0 };
+            sb.update_csum();
+            m
+        })
+        .collect();
+    let err = plan_assembly(&behind, &AssembleOptions { run: true, ..Default::default() }).unwrap_err();
+    assert!(err.to_string().contains("--force"), "{err}");
+    let plan = plan_assembly(&behind, &forced).unwrap();
+    let taken = plan.slots.iter().flatten().count();
+    assert_eq!(taken, 3, "force takes back one member, as many as the array needs to start");
+    assert_eq!(plan.stale.len(), 1);
+    assert!(plan.warnings.iter().any(|w| w.starts_with("forced:")), "{:?}", plan.warnings);
+}

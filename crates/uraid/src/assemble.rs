@@ -14,13 +14,17 @@ pub struct AssembleArgs {
     /// Start even when members are missing (degraded).
     #[arg(long, short = 'R')]
     pub run: bool,
+    /// mdadm's --force: a dirty degraded raid4/5/6, or members a few events behind (see
+    /// `uraid serve --force`); nothing is written here either.
+    #[arg(long, short = 'f')]
+    pub force: bool,
     /// Member files or block devices, in any order.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
 }
 
 pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
-    let a = assemble(&args.members, args.run, false)?;
+    let a = assemble(&args.members, args.run, args.force, false)?;
     for w in &a.plan.warnings {
         eprintln!("uraid: {w}");
     }
@@ -51,8 +55,9 @@ pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
         println!("On start: rebuild of {}", rebuilding.join(", "));
     }
     println!(
-        "\nuraid: the array can start: `uraid serve{} <members>` serves it",
-        if args.run { " --run" } else { "" }
+        "\nuraid: the array can start: `uraid serve{}{} <members>` serves it",
+        if args.run { " --run" } else { "" },
+        if args.force { " --force" } else { "" }
     );
     Ok(())
 }

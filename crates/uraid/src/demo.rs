@@ -53,6 +53,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             read_only: false,
             // A member lost between runs should not stop the demo: it runs degraded.
             run: true,
+            force: false,
             sync_speed_min_kib: 1000,
             sync_speed_max_kib: 200_000,
             control: Some(control),

@@ -29,7 +29,7 @@ pub fn run(args: DetailArgs) -> anyhow::Result<()> {
         bail!("give the array's members, or --control PATH for a running array");
     }
     // --run so a degraded array is described too; nothing is written either way.
-    let a = assemble(&args.members, true, false)?;
+    let a = assemble(&args.members, true, false, false)?;
     print!("{}", detail_text(&a.plan.name, &detail::offline(&a)));
     Ok(())
 }

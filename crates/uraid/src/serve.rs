@@ -33,6 +33,11 @@ pub struct ServeArgs {
     /// Start even with members missing (degraded).
     #[arg(long, short = 'R')]
     pub run: bool,
+    /// mdadm's --force: start a dirty degraded raid4/5/6 (stripes being written when it
+    /// stopped may read back wrong) and take back members only a few events behind when
+    /// the array cannot start without them.
+    #[arg(long, short = 'f')]
+    pub force: bool,
     /// md's sync_speed_min: rebuild/resync floor while other I/O runs, KiB/s.
     #[arg(long = "sync-speed-min", default_value_t = 1000)]
     pub sync_speed_min_kib: u64,
@@ -113,7 +118,7 @@ pub type Banner = dyn Fn(&str, &Path) -> String;
 
 /// Serves until a signal; `banner` is printed after the listeners are up (the demo's).
 pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
-    let mut assembled = assemble(&args.members, args.run, !args.read_only)?;
+    let mut assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
     assembled.config.tunables.balance =
         uraid_core::mirror::Balance::parse(&args.balance).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(args.rmw_level <= 2, "--rmw-level must be 0, 1 or 2");

@@ -177,3 +177,37 @@ fn a_member_failed_under_writes_and_rebuilt_passes_md_check() {
         assert_eq!(md.mismatch_cnt, 0, "{level}: md's check found inconsistent stripes after the rebuild");
     }
 }
+
+#[test]
+fn a_dirty_degraded_raid5_starts_only_with_force() {
+    let dir = TempDir::new("dirtydegraded");
+    let members: Vec<PathBuf> = (0..3).map(|i| dir.path(&format!("f{i}"))).collect();
+    let mut args = vec!["create", "--level", "5", "--raid-devices", "3", "--size", "16M", "--assume-clean"];
+    args.extend(paths(&members));
+    ok(uraid(&args), "uraid create");
+    let served = Served::start(&dir, &members, &[]);
+    qemu_io(&served.url, &["write -P 0x6b 0 4M".to_string(), "flush".to_string()]);
+    // Killed right after the writes, before the array is marked clean again.
+    let mut s = served;
+    let mut child = s.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let ex = ok(uraid(&["examine", members[0].to_str().unwrap()]), "uraid examine");
+    assert_eq!(mdadm_field(&ex, "State").as_deref(), Some("active"), "the array should be left dirty:\n{ex}");
+
+    let two = &members[..2];
+    let before: Vec<String> = members.iter().map(|p| sha256_file(p)).collect();
+    let mut a = vec!["serve", "--run", "--unix"];
+    let sock = dir.path("x.sock");
+    a.push(sock.to_str().unwrap());
+    a.extend(paths(two));
+    let o = uraid(&a);
+    assert!(!o.status.success() && text(&o).contains("--force"), "{}", text(&o));
+    assert_eq!(members.iter().map(|p| sha256_file(p)).collect::<Vec<_>>(), before, "a refused start wrote");
+
+    let forced = Served::start(&dir, two, &["--run", "--force"]);
+    assert!(forced.log_text().contains("forced"), "{}", forced.log_text());
+    let data = read_all(&dir, &forced.url, "forced");
+    assert!(data[..4 << 20].iter().all(|&b| b == 0x6b), "the flushed writes did not read back");
+    forced.stop();
+}

@@ -26,6 +26,10 @@ pub struct AssembleOptions {
     pub run: bool,
     /// `--uuid`: the array to assemble; default: that of the first valid member.
     pub uuid: Option<[u8; 16]>,
+    /// mdadm's `--force`: take members whose event count is behind back into their slots
+    /// when the array cannot start without them, and start a dirty degraded raid4/5/6
+    /// (its unsynced stripes may hold wrong data: the write hole), marking it clean.
+    pub force: bool,
 }
 
 /// Why a member was refused (assembly then writes nothing and starts nothing).
@@ -123,10 +127,16 @@ impl fmt::Display for AssemblyError {
                         f,
                         "; the array was not shut down cleanly, so parity may be stale and a \
                          degraded start could return wrong data (md refuses a dirty degraded \
-                         array): find the missing members"
+                         array): find the missing members, or start it anyway with --force \
+                         (mdadm's --assemble --force), accepting that stripes being written \
+                         when it stopped may read back wrong; nothing was written"
                     )
                 } else {
-                    write!(f, ": find the missing members; nothing was written")
+                    write!(
+                        f,
+                        ": find the missing members (or, if members are only a few events \
+                         behind, --force takes them back); nothing was written"
+                    )
                 }
             }
             NeedsRun { in_sync, expected, missing_slots } => write!(
@@ -417,6 +427,8 @@ pub fn plan_assembly(
     let mut slot_events: Vec<u64> = vec![0; n];
     let mut spares = Vec::new();
     let mut stale = Vec::new();
+    // Stale only by their event count: what `force` may take back, (events, slot, member).
+    let mut forcible: Vec<(u64, usize, SlotMember)> = Vec::new();
 
     let bitmap_events_cleared = fresh
         .has(feature::BITMAP_OFFSET)
@@ -466,6 +478,22 @@ pub fn plan_assembly(
             } else {
                 "the array has since removed it from its slot".to_string()
             };
+            if too_old && !disowns_freshest && !dropped_by_freshest {
+                let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
+                forcible.push((
+                    sb.events,
+                    slot as usize,
+                    SlotMember {
+                        member: i,
+                        dev_number: sb.dev_number,
+                        sb_offset_sectors: sb.super_offset,
+                        data_offset_sectors: sb.data_offset,
+                        data_size_sectors: sb.data_size,
+                        recovery_offset_sectors: recovery,
+                        write_mostly: sb.devflags & super::superblock::devflags::WRITE_MOSTLY != 0,
+                    },
+                ));
+            }
             warnings
                 .push(format!("{name} (slot {slot}) is stale ({why}); left out, re-add it to recover it"));
             stale.push(StaleMember {
@@ -514,12 +542,45 @@ pub fn plan_assembly(
         }
     }
 
-    let in_sync: Vec<bool> =
-        slots.iter().map(|s| s.as_ref().is_some_and(|m| m.recovery_offset_sectors.is_none())).collect();
+    let in_sync_of = |slots: &[Option<SlotMember>]| -> Vec<bool> {
+        slots.iter().map(|s| s.as_ref().is_some_and(|m| m.recovery_offset_sectors.is_none())).collect()
+    };
+    let mut in_sync = in_sync_of(&slots);
+    let mut clean = fresh.resync_offset == MAX_SECTOR;
+    let layout_for_enough = fresh.layout;
+    if opts.force && !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync) {
+        // mdadm --force: the freshest of the members that are only behind in events come
+        // back, one at a time, until the array could start.
+        forcible.sort_by_key(|(ev, _, _)| std::cmp::Reverse(*ev));
+        for (ev, slot, m) in forcible {
+            if enough(fresh.level, raid_disks, layout_for_enough, true, &in_sync) {
+                break;
+            }
+            if slots[slot].is_some() {
+                continue;
+            }
+            warnings.push(format!(
+                "forced: {} (events {ev}, the array's {events}) is taken back into slot {slot}; \
+                 writes it missed read back as they were before them",
+                members[m.member].name
+            ));
+            stale.retain(|st: &StaleMember| st.member != m.member);
+            slots[slot] = Some(m);
+            in_sync = in_sync_of(&slots);
+        }
+        if !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync)
+            && enough(fresh.level, raid_disks, layout_for_enough, true, &in_sync)
+        {
+            warnings.push(
+                "forced: the array was not shut down cleanly and starts degraded, marked clean; \
+                 stripes being written when it stopped may read back wrong (the write hole)"
+                    .to_string(),
+            );
+            clean = true;
+        }
+    }
     let in_sync_count = in_sync.iter().filter(|&&b| b).count() as u32;
     let rebuilding = slots.iter().flatten().count() as u32 - in_sync_count;
-    let clean = fresh.resync_offset == MAX_SECTOR;
-    let layout_for_enough = fresh.layout;
     if !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync) {
         return Err(AssemblyError::TooFewMembers {
             level: fresh.level,
@@ -650,7 +711,7 @@ pub fn plan_assembly(
         array_sectors,
         events,
         freshest: fresh_idx,
-        resync_offset: fresh.resync_offset,
+        resync_offset: if clean { MAX_SECTOR } else { fresh.resync_offset },
         resync,
         bitmap,
         spares,

@@ -50,14 +50,15 @@ pub struct Assembled {
     pub resync: StartResync,
 }
 
-/// Opens, checks and plans. `writable` only decides how the files are opened.
-pub fn assemble(paths: &[PathBuf], run: bool, writable: bool) -> anyhow::Result<Assembled> {
+/// Opens, checks and plans. `writable` decides how the files are opened (and claims
+/// them); `force` is mdadm's `--force` (see `AssembleOptions::force`).
+pub fn assemble(paths: &[PathBuf], run: bool, force: bool, writable: bool) -> anyhow::Result<Assembled> {
     if paths.is_empty() {
         bail!("no members given: name the array's member files or devices");
     }
     let members = open_members(paths, writable)?;
     let offered: Vec<_> = members.iter().map(MemberDev::offered).collect();
-    let plan = uraid_core::meta::plan_assembly(&offered, &AssembleOptions { run, uuid: None })
+    let plan = uraid_core::meta::plan_assembly(&offered, &AssembleOptions { run, uuid: None, force })
         .map_err(|e| anyhow!("{e}"))?;
     // plan_assembly refuses any member whose superblock does not parse.
     let superblocks: Vec<Superblock> = offered
