@@ -24,6 +24,8 @@ pub(crate) struct MemberRt {
     /// Member sector just past the last I/O sent (for read balancing).
     pub last_end_sector: u64,
     pub last_dispatch_ns: TimeNs,
+    /// md's write-mostly: read only when no other copy can serve.
+    pub write_mostly: bool,
 }
 
 impl MemberRt {
@@ -225,6 +227,7 @@ impl Engine {
                 inflight: 0,
                 last_end_sector: 0,
                 last_dispatch_ns: 0,
+                write_mostly: false,
             })
             .collect();
         let mut engine = Engine {
@@ -502,6 +505,17 @@ impl Engine {
     }
 
     /// Mark a member faulty (mdadm --fail); the array continues degraded if it can.
+    /// md's write-mostly flag of a mirror member (raid1/raid10): reads avoid it while
+    /// another in-sync copy can serve them; writes go to it as to every copy.
+    pub fn set_write_mostly(&mut self, member: usize, on: bool) -> Result<(), String> {
+        if !matches!(self.geo.level, Level::Raid1 | Level::Raid10) {
+            return Err("write-mostly applies to raid1 and raid10 members only".into());
+        }
+        let m = self.members.get_mut(member).ok_or_else(|| format!("member {member} does not exist"))?;
+        m.write_mostly = on;
+        Ok(())
+    }
+
     pub fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         if member >= self.members.len() || matches!(self.members[member].state, MemberState::Faulty) {

@@ -61,9 +61,14 @@ pub(crate) fn choose_copy(
         (e.member >= 128 || exclude & (1u128 << e.member) == 0)
             && members[e.member].readable(e.member_sector + len_sectors.max(1) - 1)
     };
-    let candidates: Vec<usize> = (0..copies.len()).filter(usable).collect();
+    let mut candidates: Vec<usize> = (0..copies.len()).filter(usable).collect();
     if candidates.is_empty() {
         return None;
+    }
+    // Write-mostly members serve a read only when nothing else can (md's read_balance).
+    let is_wm = |i: &usize| copies[*i].member < members.len() && members[copies[*i].member].write_mostly;
+    if candidates.iter().any(|i| !is_wm(i)) {
+        candidates.retain(|i| !is_wm(i));
     }
     let pick = match balance {
         Balance::Load | Balance::Split => *candidates.iter().min_by_key(|&&i| {

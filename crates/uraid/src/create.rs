@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use uraid_core::geometry::parse_layout;
-use uraid_core::meta::{create_array, enough, format_uuid, CreateParams};
+use uraid_core::meta::{create_array, devflags, enough, format_uuid, CreateParams};
 use uraid_core::Level;
 
 use crate::array::member::MemberDev;
@@ -17,6 +17,7 @@ pub struct CreateArgs {
     /// RAID level: 0, 1, 4, 5, 6, 10 (or raid5, mirror, stripe ...).
     #[arg(long, short = 'l')]
     pub level: String,
+    /// Number of slots (members, `missing` included).
     #[arg(long = "raid-devices", short = 'n')]
     pub raid_devices: u32,
     /// Chunk size; a bare number is KiB as in mdadm (default 512K).
@@ -41,6 +42,13 @@ pub struct CreateArgs {
     /// Overwrite members that already hold an md superblock.
     #[arg(long, short = 'f')]
     pub force: bool,
+    /// raid1/raid10: this member is write-mostly (reads avoid it while another copy can
+    /// serve them: a slow or remote member). Repeatable; md's devflags, kept on disk.
+    #[arg(long = "write-mostly", value_name = "MEMBER")]
+    pub write_mostly: Vec<PathBuf>,
+    /// raid1/raid10: md's failfast flag for this member, kept on disk. Repeatable.
+    #[arg(long = "failfast", value_name = "MEMBER")]
+    pub failfast: Vec<PathBuf>,
     /// Member files or block devices in slot order; `missing` for an absent one.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
@@ -107,6 +115,14 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
     let size_bytes =
         args.size.as_deref().map(|s| parse_kib_default(s).map_err(|e| anyhow!("--size: {e}"))).transpose()?;
 
+    for (flag, list) in [("--write-mostly", &args.write_mostly), ("--failfast", &args.failfast)] {
+        if !list.is_empty() && !matches!(level.md_level(), 1 | 10) {
+            bail!("{flag} applies to raid1 and raid10 members only");
+        }
+        if let Some(p) = list.iter().find(|p| is_missing(p) || !args.members.contains(p)) {
+            bail!("{flag} {}: not one of the members given", p.display());
+        }
+    }
     // Check everything before creating or writing anything.
     let mut to_create: Vec<&PathBuf> = Vec::new();
     for (i, p) in args.members.iter().enumerate() {
@@ -195,6 +211,14 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
 
         for (slot, (dev, sb)) in devs.iter().zip(&created.superblocks).enumerate() {
             let (Some(dev), Some(sb)) = (dev, sb) else { continue };
+            let mut sb = sb.clone();
+            let path = &args.members[slot];
+            if args.write_mostly.contains(path) {
+                sb.devflags |= devflags::WRITE_MOSTLY;
+            }
+            if args.failfast.contains(path) {
+                sb.devflags |= devflags::FAIL_FAST;
+            }
             let sb_at = sb.super_offset * 512;
             let w = |what: &str, off: u64, data: &[u8]| {
                 dev.write_at(off, data).with_context(|| format!("{}: writing the {what}", dev.name))

@@ -36,6 +36,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             size: Some("1G".into()),
             assume_clean: true,
             force: false,
+            write_mostly: Vec::new(),
+            failfast: Vec::new(),
             members: members.clone(),
         })?;
         eprintln!("{summary}");

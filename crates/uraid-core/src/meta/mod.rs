@@ -25,6 +25,6 @@ pub use create::{
     CreateParams, CreatedArray, CreatedBitmap, DEFAULT_CHUNK_KIB,
 };
 pub use superblock::{
-    calc_sb_1_csum, feature, format_uuid, level, parse_uuid, role, Superblock, SuperblockError,
+    calc_sb_1_csum, devflags, feature, format_uuid, level, parse_uuid, role, Superblock, SuperblockError,
     SuperblockVersion, MAX_DEV_LIMIT, MAX_SECTOR, MD_SB_MAGIC, SB_BYTES,
 };

@@ -164,6 +164,16 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
         line("Chunk Size", format!("{}K", sb.chunksize / 2));
     }
     s.push('\n');
+    if sb.devflags != 0 {
+        let mut flags = String::new();
+        if sb.devflags & uraid_core::meta::devflags::WRITE_MOSTLY != 0 {
+            flags.push_str(" write-mostly");
+        }
+        if sb.devflags & uraid_core::meta::devflags::FAIL_FAST != 0 {
+            flags.push_str(" failfast");
+        }
+        let _ = writeln!(s, "         Flags :{flags}");
+    }
     let _ = writeln!(s, "   Device Role : {}", role_text(sb));
     let _ = writeln!(s, "   Array State : {} ('A' == active, '.' == missing)", array_state(sb));
     if let Some(bytes) = bitmap {

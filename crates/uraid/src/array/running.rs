@@ -101,6 +101,11 @@ impl RunningArray {
         let geometry = config.geometry.clone();
         let mut engine =
             Engine::new(config.clone()).map_err(|e| anyhow!("the engine refused the array: {e}"))?;
+        for (slot, m) in plan.slots.iter().enumerate() {
+            if m.as_ref().is_some_and(|m| m.write_mostly) {
+                engine.set_write_mostly(slot, true).map_err(|e| anyhow!("slot {slot}: {e}"))?;
+            }
+        }
         let resync_pending = !matches!(resync, super::assembly::StartResync::None);
         if !read_only {
             if let Some(ranges) = resync.engine_ranges() {
