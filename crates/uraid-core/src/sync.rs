@@ -98,6 +98,20 @@ impl Engine {
     /// Put a replacement into a `Faulty` or `Missing` slot and start rebuilding it
     /// (mdadm --add). `data_offset_bytes` is where data starts on the new member.
     pub fn add_member(&mut self, slot: usize, data_offset_bytes: u64, now_ns: TimeNs) -> Result<(), String> {
+        self.readd_member(slot, data_offset_bytes, None, now_ns)
+    }
+
+    /// md's re-add with a write-intent bitmap: a member that left the array comes back
+    /// into `slot` and only `ranges` (the sync-space regions whose bits were set while it
+    /// was away) are rebuilt; `None` rebuilds it all. raid10's bitmap counts array sectors
+    /// while its recovery walks member sectors, so raid10 always rebuilds in full.
+    pub fn readd_member(
+        &mut self,
+        slot: usize,
+        data_offset_bytes: u64,
+        ranges: Option<Vec<(u64, u64)>>,
+        now_ns: TimeNs,
+    ) -> Result<(), String> {
         self.now_ns = self.now_ns.max(now_ns);
         let m = self.members.get(slot).ok_or_else(|| format!("slot {slot} does not exist"))?;
         if self.failed {
@@ -109,10 +123,20 @@ impl Engine {
         if self.inflight_on(slot) {
             return Err(format!("slot {slot} still has I/O in flight; try again"));
         }
+        let ranges = match ranges {
+            Some(r) if self.geo.level != Level::Raid10 => merge_ranges(r),
+            _ => vec![(0, u64::MAX)],
+        };
         let member = &mut self.members[slot];
         member.data_offset_bytes = data_offset_bytes;
         member.state = MemberState::Recovering { recovery_offset_sectors: 0 };
-        self.queue_recovery(slot, 0);
+        if ranges.is_empty() {
+            // Nothing was written while it was away: it is in sync as it stands.
+            member.state = MemberState::InSync;
+            self.events.push_back(EngineEvent::RecoveryDone(slot));
+            return Ok(());
+        }
+        self.queue_recovery_ranges(slot, ranges);
         Ok(())
     }
 
@@ -122,11 +146,14 @@ impl Engine {
 
     /// Start rebuilding `slot` from `from_sectors` (a resumed recovery passes the checkpoint).
     pub(crate) fn queue_recovery(&mut self, slot: usize, from_sectors: u64) {
+        self.queue_recovery_ranges(slot, vec![(from_sectors, u64::MAX)]);
+    }
+
+    fn queue_recovery_ranges(&mut self, slot: usize, ranges: Vec<(u64, u64)>) {
         if self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Recovery { member: slot }) {
             return;
         }
-        self.sync_queue
-            .push_back((SyncKind::Recovery { member: slot }, Some(vec![(from_sectors, u64::MAX)])));
+        self.sync_queue.push_back((SyncKind::Recovery { member: slot }, Some(ranges)));
         self.events.push_back(EngineEvent::RecoveryStarted(slot));
         self.pump_sync();
     }
