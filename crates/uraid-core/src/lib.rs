@@ -1,6 +1,7 @@
 //! uraid-core: the sans-IO RAID engine. No threads, no syscalls, no clock.
 
 pub mod api;
+pub mod array;
 mod block;
 pub mod config;
 pub mod detmap;

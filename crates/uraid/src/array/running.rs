@@ -292,13 +292,7 @@ impl RunningArray {
         match ev {
             EngineEvent::MemberFaulty(slot) => {
                 eprintln!("uraid: {}: member in slot {slot} failed; the array runs degraded", self.name);
-                self.meta.update(|st| {
-                    for d in st.devs.iter_mut() {
-                        if matches!(d.role, DevRole::Active { slot: s, .. } if s == slot) {
-                            d.role = DevRole::Faulty { slot };
-                        }
-                    }
-                })?;
+                self.meta.update(|st, now| st.core.member_failed(slot, now))?;
                 self.take_spare(slot)?;
             }
             EngineEvent::RecoveryDone(slot) => {
@@ -309,22 +303,14 @@ impl RunningArray {
                     self.recovery_unrecorded.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
                     return Ok(());
                 }
-                self.meta.update(|st| {
-                    for d in st.devs.iter_mut() {
-                        if let DevRole::Active { slot: s, recovering } = &mut d.role {
-                            if *s == slot {
-                                *recovering = false;
-                            }
-                        }
-                    }
-                })?;
+                self.meta.update(|st, now| st.core.recovery_done(slot, now))?;
                 if states.iter().all(|s| matches!(s, MemberState::InSync)) && !resync_owed {
                     self.meta.bitmap_all_synced();
                 }
             }
             EngineEvent::ResyncDone => {
                 eprintln!("uraid: {}: resync done", self.name);
-                self.meta.lock().resync_pending = false;
+                self.meta.lock().core.resync_done();
                 // A degraded mirror resyncs its in-sync copies; the bits stay for the rebuild.
                 if states.iter().all(|s| matches!(s, MemberState::InSync)) {
                     self.meta.bitmap_all_synced();
@@ -338,7 +324,7 @@ impl RunningArray {
                     "uraid: {}: the array has FAILED: more members lost than the level survives",
                     self.name
                 );
-                self.meta.update(|st| st.failed = true)?;
+                self.meta.update(|st, now| st.core.array_failed(now))?;
             }
             EngineEvent::ScrubDone { kind, mismatch_cnt_sectors } => {
                 eprintln!("uraid: {}: {} done, mismatch_cnt {mismatch_cnt_sectors}", self.name, kind.name());
@@ -381,30 +367,16 @@ impl RunningArray {
     /// A hot spare replaces the member that failed in `slot`.
     fn take_spare(&self, slot: usize) -> anyhow::Result<()> {
         let spare = {
-            let st = self.meta.lock();
-            st.devs
-                .iter()
-                .position(|d| d.role == DevRole::Spare)
-                .map(|i| (i, st.devs[i].path.clone(), st.devs[i].name.clone()))
+            let devs = self.meta.lock().devs();
+            devs.into_iter().find(|d| d.role == DevRole::Spare)
         };
-        let Some((_, path, name)) = spare else { return Ok(()) };
-        let data_offset_bytes = self
-            .meta
-            .lock()
-            .devs
-            .iter()
-            .find(|d| d.path == path)
-            .map(|d| d.sb.data_offset * 512)
-            .unwrap_or(0);
+        let Some(spare) = spare else { return Ok(()) };
+        let (key, path, name) = (spare.key, spare.path, spare.name);
+        let data_offset_bytes = spare.sb.data_offset * 512;
         match self.start_recovery_into(slot, &path, data_offset_bytes) {
             Ok(()) => {
                 eprintln!("uraid: {}: hot spare {name} takes slot {slot}", self.name);
-                self.meta.update(|st| {
-                    if let Some(d) = st.devs.iter_mut().find(|d| d.path == path) {
-                        d.role = DevRole::Active { slot, recovering: true };
-                        d.sb.recovery_offset = 0;
-                    }
-                })?;
+                self.meta.update(|st, now| st.core.spare_activated(key, slot, now))?;
                 self.set_slot_path(slot, Some(name));
             }
             Err(e) => eprintln!("uraid: {}: hot spare {name} could not take slot {slot}: {e:#}", self.name),
@@ -495,13 +467,7 @@ impl RunningArray {
             return Ok(());
         }
         let offset = sync.recovery_offset_sectors;
-        self.meta.update(|st| {
-            for d in st.devs.iter_mut() {
-                if d.role == (DevRole::Active { slot, recovering: true }) {
-                    d.sb.recovery_offset = offset;
-                }
-            }
-        })
+        self.meta.update(|st, now| st.core.recovery_checkpoint(slot, offset, now))
     }
 
     /// Stops serving: monitor, runtime (finishing in-flight work and flushing), then the
@@ -543,19 +509,14 @@ impl RunningArray {
             }) = sync
             {
                 if flushed {
-                    let mut st = self.meta.lock();
-                    for d in st.devs.iter_mut() {
-                        if d.role == (DevRole::Active { slot, recovering: true }) {
-                            d.sb.recovery_offset = recovery_offset_sectors;
-                        }
-                    }
+                    self.meta.lock().core.record_recovery_offset(slot, recovery_offset_sectors);
                 }
             }
             // A resync stopped part way: what lies below its position is in sync and
             // flushed, so the next start resyncs from there, not from zero.
             if let Some(SyncStatus { kind: SyncKind::Resync, resync_offset_sectors, .. }) = sync {
                 if flushed && resync_offset_sectors > 0 {
-                    self.meta.lock().resync_checkpoint = Some(resync_offset_sectors);
+                    self.meta.lock().core.record_resync_checkpoint(resync_offset_sectors);
                 }
             }
         }
@@ -571,24 +532,10 @@ impl RunningArray {
     /// Events that arrive while stopping: only metadata, no engine actions.
     fn on_event_offline(&self, ev: EngineEvent, _states: &[MemberState]) -> anyhow::Result<()> {
         match ev {
-            EngineEvent::MemberFaulty(slot) => self.meta.update(|st| {
-                for d in st.devs.iter_mut() {
-                    if matches!(d.role, DevRole::Active { slot: s, .. } if s == slot) {
-                        d.role = DevRole::Faulty { slot };
-                    }
-                }
-            }),
-            EngineEvent::RecoveryDone(slot) => self.meta.update(|st| {
-                for d in st.devs.iter_mut() {
-                    if let DevRole::Active { slot: s, recovering } = &mut d.role {
-                        if *s == slot {
-                            *recovering = false;
-                        }
-                    }
-                }
-            }),
+            EngineEvent::MemberFaulty(slot) => self.meta.update(|st, now| st.core.member_failed(slot, now)),
+            EngineEvent::RecoveryDone(slot) => self.meta.update(|st, now| st.core.recovery_done(slot, now)),
             EngineEvent::ResyncDone => {
-                self.meta.lock().resync_pending = false;
+                self.meta.lock().core.resync_done();
                 Ok(())
             }
             _ => Ok(()),
@@ -599,11 +546,10 @@ impl RunningArray {
 /// Control operations (`uraid fail|remove|add|detail|status` through the socket).
 impl RunningArray {
     fn find_dev(&self, what: &str) -> anyhow::Result<usize> {
-        let st = self.meta.lock();
+        let devs = self.meta.lock().devs();
         let target = std::fs::canonicalize(what).ok();
         let identity = MemberDev::open(Path::new(what), false).ok().map(|m| m.identity);
-        st.devs
-            .iter()
+        devs.iter()
             .position(|d| {
                 d.name == what
                     || target.is_some() && std::fs::canonicalize(&d.path).ok() == target
@@ -683,8 +629,8 @@ impl RunningArray {
     pub fn fail(&self, what: &str) -> anyhow::Result<String> {
         let i = self.find_dev(what)?;
         let (role, name) = {
-            let st = self.meta.lock();
-            (st.devs[i].role, st.devs[i].name.clone())
+            let devs = self.meta.lock().devs();
+            (devs[i].role, devs[i].name.clone())
         };
         let DevRole::Active { slot, .. } = role else {
             bail!("{name} is not active in the array ({}); nothing to fail", role_text(role));
@@ -701,17 +647,16 @@ impl RunningArray {
         let i = self.find_dev(what)?;
         let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         let (role, name) = {
-            let st = self.meta.lock();
-            (st.devs[i].role, st.devs[i].name.clone())
+            let devs = self.meta.lock().devs();
+            (devs[i].role, devs[i].name.clone())
         };
         match role {
             DevRole::Active { .. } => bail!("{name} is active: fail it first (`uraid fail {name}`)"),
             DevRole::Faulty { slot } => self.set_slot_path(slot, None),
             DevRole::Spare => {}
         }
-        self.meta.update(|st| {
-            st.devs.retain(|d| d.name != name);
-        })?;
+        let key = self.meta.lock().devs()[i].key;
+        self.meta.update(|st, now| st.core.member_removed(key, now))?;
         Ok(format!("uraid: hot removed {name} from {}\n", self.name))
     }
 
@@ -737,23 +682,22 @@ impl RunningArray {
         let path = PathBuf::from(what);
         let mut dev = MemberDev::open(&path, true)?;
         let (reference, taken_slots, returning) = {
-            let st = self.meta.lock();
+            let devs = self.meta.lock().devs();
             let mut returning = false;
-            if let Some(d) = st.devs.iter().find(|d| d.identity == dev.identity) {
+            if let Some(d) = devs.iter().find(|d| d.identity == dev.identity) {
                 if !matches!(d.role, DevRole::Faulty { .. }) {
                     bail!("{} is already in the array ({})", d.name, role_text(d.role));
                 }
                 returning = true;
             }
-            let taken: Vec<usize> = st
-                .devs
+            let taken: Vec<usize> = devs
                 .iter()
                 .filter_map(|d| match d.role {
                     DevRole::Active { slot, .. } => Some(slot),
                     _ => None,
                 })
                 .collect();
-            (st.devs[0].sb.clone(), taken, returning)
+            (devs[0].sb.clone(), taken, returning)
         };
         if let (Ok(sb), _) = dev.read_metadata() {
             if sb.set_uuid != reference.set_uuid && !force {
@@ -776,17 +720,23 @@ impl RunningArray {
             matches!(states[s], MemberState::Missing | MemberState::Faulty) && !taken_slots.contains(&s)
         });
         let dev_number = {
-            let st = self.meta.lock();
-            let others = st.devs.iter().filter(|d| d.identity != dev.identity);
+            let devs = self.meta.lock().devs();
+            let others = devs.iter().filter(|d| d.identity != dev.identity);
             let used: Vec<u32> = others.map(|d| d.sb.dev_number).collect();
             (0u32..).find(|n| !used.contains(n)).unwrap_or(0)
         };
         let sb = new_member_superblock(&reference, &dev, dev_number, self.used_dev_sectors)?;
         if returning {
             // The failed member given back: it leaves as faulty and comes back as new.
-            self.meta.update(|st| {
-                st.devs.retain(|d| d.identity != dev.identity || !matches!(d.role, DevRole::Faulty { .. }))
-            })?;
+            let faulty = self
+                .meta
+                .lock()
+                .devs()
+                .into_iter()
+                .find(|d| d.identity == dev.identity && matches!(d.role, DevRole::Faulty { .. }));
+            if let Some(faulty) = faulty {
+                self.meta.update(|st, now| st.core.member_removed(faulty.key, now))?;
+            }
             dev.claim()?;
         }
         // Its own metadata first (recovering from 0, or spare), so a crash leaves it
@@ -805,16 +755,15 @@ impl RunningArray {
             role: DevRole::Spare,
             identity: dev.identity,
         };
-        self.meta.update(|st| st.devs.push(meta_dev))?;
+        self.meta.update(|st, now| st.add_member(meta_dev, now))?;
         let Some(slot) = slot else {
             return Ok(format!("uraid: added {name} to {} as a hot spare\n", self.name));
         };
         self.start_recovery_into(slot, &dev.path, sb.data_offset * 512)?;
-        self.meta.update(|st| {
-            if let Some(d) = st.devs.iter_mut().find(|d| d.identity == dev.identity) {
-                d.role = DevRole::Active { slot, recovering: true };
-            }
-        })?;
+        let key = self.meta.lock().devs().into_iter().find(|d| d.identity == dev.identity).map(|d| d.key);
+        if let Some(key) = key {
+            self.meta.update(|st, now| st.core.spare_activated(key, slot, now))?;
+        }
         self.set_slot_path(slot, Some(name.clone()));
         Ok(format!("uraid: added {name} to {} in slot {slot}; recovery started\n", self.name))
     }
@@ -842,14 +791,14 @@ impl RunningArray {
 
     fn slot_views(&self) -> SlotViews {
         let snap = self.snapshot();
-        let st = self.meta.lock();
+        let devs = self.meta.lock().devs();
         let paths = self.slot_paths.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let slots = snap
             .states
             .iter()
             .enumerate()
             .map(|(slot, state)| {
-                let dev = st.devs.iter().find(|d| match d.role {
+                let dev = devs.iter().find(|d| match d.role {
                     DevRole::Active { slot: s, .. } | DevRole::Faulty { slot: s } => s == slot,
                     DevRole::Spare => false,
                 });
@@ -860,8 +809,7 @@ impl RunningArray {
                 }
             })
             .collect();
-        let spares = st
-            .devs
+        let spares = devs
             .iter()
             .filter(|d| d.role == DevRole::Spare)
             .map(|d| (d.sb.dev_number, d.name.clone()))
@@ -872,7 +820,7 @@ impl RunningArray {
     pub fn detail_info(&self) -> DetailInfo {
         let (slots, spares, others) = self.slot_views();
         let snap = self.snapshot();
-        let sb = self.meta.lock().devs[0].sb.clone();
+        let sb = self.meta.lock().core.members()[0].sb.clone();
         detail::build(&DetailInput {
             sb: &sb,
             array_sectors: self.geometry.array_sectors(),
@@ -896,7 +844,7 @@ impl RunningArray {
     pub fn status(&self) -> String {
         let snap = self.snapshot();
         let (slots, spares, _) = self.slot_views();
-        let sb = self.meta.lock().devs[0].sb.clone();
+        let sb = self.meta.lock().core.members()[0].sb.clone();
         let level = level_name(sb.level);
         let mut s = format!("Personalities : [{level}]\n");
         let mut devs: Vec<String> = slots

@@ -1,0 +1,570 @@
+//! [`ArraySuperblocks`]: the superblock and bitmap upkeep of a running array as a state
+//! machine. Each operation returns the [`MetaRound`] to perform; [`ArraySuperblocks::round_done`]
+//! takes the members that failed it, records them faulty (md_error) and returns the next
+//! round (events + 1) until one succeeds on every working member.
+
+use std::fmt;
+
+use crate::meta::{
+    array_range_to_sync_range, feature, role, BitmapPageWrite, Superblock, WriteIntentBitmap, MAX_DEV_LIMIT,
+    MAX_SECTOR,
+};
+
+/// The caller's name for a member (an index into its own table of files or disks).
+pub type MemberKey = u64;
+
+/// What one member is to the array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevRole {
+    Active {
+        slot: usize,
+        recovering: bool,
+    },
+    Spare,
+    /// Failed and not yet removed: its superblock is no longer written.
+    Faulty {
+        slot: usize,
+    },
+}
+
+impl DevRole {
+    /// Not faulty: its superblock and bitmap are kept up to date.
+    pub fn working(self) -> bool {
+        !matches!(self, DevRole::Faulty { .. })
+    }
+
+    /// The slot of an active member.
+    pub fn active_slot(self) -> Option<usize> {
+        match self {
+            DevRole::Active { slot, .. } => Some(slot),
+            _ => None,
+        }
+    }
+}
+
+/// One member as the array's metadata sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArrayMember {
+    pub key: MemberKey,
+    pub sb: Superblock,
+    pub role: DevRole,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaWriteKind {
+    BitmapPage { page: u64 },
+    Superblock,
+}
+
+/// One member I/O of a metadata round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetaIo {
+    /// Write `bytes` at member byte `offset_bytes`, then flush the member (md writes its
+    /// metadata with FUA/preflush: the next step may rely on it being durable).
+    Write {
+        key: MemberKey,
+        /// The member's slot when active (for fault injection and messages).
+        slot: Option<usize>,
+        what: MetaWriteKind,
+        offset_bytes: u64,
+        bytes: Vec<u8>,
+    },
+    /// Flush the member: everything written to it so far, data included, is durable.
+    Flush { key: MemberKey, slot: Option<usize> },
+}
+
+impl MetaIo {
+    pub fn key(&self) -> MemberKey {
+        match self {
+            MetaIo::Write { key, .. } | MetaIo::Flush { key, .. } => *key,
+        }
+    }
+}
+
+/// What the state machine does when a round completes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum RoundKind {
+    /// Every working member's superblock (after bitmap page 0, which carries events).
+    /// `dirty_after`: the array's clean/dirty state once the round succeeded.
+    Superblocks { clean: bool, dirty_after: Option<bool> },
+    /// Bitmap pages with newly set bits (before a write) or cleared bits.
+    BitmapPages { pages: Vec<BitmapPageWrite> },
+    /// The daemon's flush of every member before the nominated bits may be cleared.
+    DaemonFlush { candidates: Vec<u64> },
+}
+
+/// Member I/Os to perform in order, then hand back to [`ArraySuperblocks::round_done`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaRound {
+    pub ios: Vec<MetaIo>,
+    /// The events count the round's superblocks carry.
+    pub events: u64,
+    kind: RoundKind,
+}
+
+impl MetaRound {
+    /// Performs the round with `io` (true: done and flushed) in order. Once an I/O failed
+    /// on a member, its later I/Os of the round are skipped (its superblock is not written
+    /// over a bitmap that failed). Returns the members that failed.
+    pub fn execute(&self, mut io: impl FnMut(&MetaIo) -> bool) -> Vec<MemberKey> {
+        let mut failed = Vec::new();
+        for op in &self.ios {
+            if failed.contains(&op.key()) {
+                continue;
+            }
+            if !io(op) {
+                failed.push(op.key());
+            }
+        }
+        failed
+    }
+
+    /// Whether the round writes the superblocks (and so advances events).
+    pub fn writes_superblocks(&self) -> bool {
+        matches!(self.kind, RoundKind::Superblocks { .. })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetaError {
+    /// Every member failed its metadata write: nothing records the array any more.
+    NoWorkingMember,
+}
+
+impl fmt::Display for MetaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetaError::NoWorkingMember => write!(f, "the superblock write failed on every member"),
+        }
+    }
+}
+
+impl std::error::Error for MetaError {}
+
+/// What [`ArraySuperblocks::round_done`] decided.
+#[derive(Debug)]
+pub struct RoundOutcome {
+    /// Active slots that failed in this round: the caller fails them in the engine.
+    pub newly_failed_slots: Vec<usize>,
+    /// The next round to perform, none when done, or the array lost every member.
+    pub next: Result<Option<MetaRound>, MetaError>,
+}
+
+/// A write's bitmap range (sync space) and the pages to persist before it is issued.
+#[derive(Debug)]
+pub struct WriteIntent {
+    /// Hand back to [`ArraySuperblocks::end_write`].
+    pub sync_range: Option<(u64, u64)>,
+    pub round: Option<MetaRound>,
+}
+
+/// The superblocks and write-intent bitmap of a running array.
+#[derive(Clone, Debug)]
+pub struct ArraySuperblocks {
+    /// The freshest superblock first: new members copy its fields.
+    members: Vec<ArrayMember>,
+    events: u64,
+    /// Active (md's `in_sync == 0`): written as resync_offset != MAX_SECTOR.
+    dirty: bool,
+    /// A resync is due or running: the array may not be marked clean.
+    resync_pending: bool,
+    /// Where a stopped resync left everything below it in sync and flushed: written as
+    /// resync_offset instead of 0 so the next start resumes there.
+    resync_checkpoint_sectors: Option<u64>,
+    /// More members lost than the level survives.
+    failed: bool,
+    bitmap: Option<WriteIntentBitmap>,
+    bitmap_offset_sectors: i32,
+    level: i32,
+    raid_disks: u32,
+    chunk_sectors: u32,
+}
+
+impl ArraySuperblocks {
+    /// `members` as assembled (freshest superblock first), `bitmap` with its offset from
+    /// the superblock in sectors.
+    pub fn new(
+        members: Vec<ArrayMember>,
+        events: u64,
+        dirty: bool,
+        resync_pending: bool,
+        bitmap: Option<(WriteIntentBitmap, i32)>,
+    ) -> ArraySuperblocks {
+        assert!(!members.is_empty(), "an array has at least one member");
+        let sb = &members[0].sb;
+        let (level, raid_disks, chunk_sectors) = (sb.level, sb.raid_disks, sb.chunksize);
+        let bitmap_offset_sectors = bitmap.as_ref().map_or(0, |(_, o)| *o);
+        ArraySuperblocks {
+            members,
+            events,
+            dirty,
+            resync_pending,
+            resync_checkpoint_sectors: None,
+            failed: false,
+            bitmap: bitmap.map(|(b, _)| b),
+            bitmap_offset_sectors,
+            level,
+            raid_disks,
+            chunk_sectors,
+        }
+    }
+
+    pub fn members(&self) -> &[ArrayMember] {
+        &self.members
+    }
+
+    pub fn member(&self, key: MemberKey) -> Option<&ArrayMember> {
+        self.members.iter().find(|m| m.key == key)
+    }
+
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    pub fn resync_pending(&self) -> bool {
+        self.resync_pending
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
+    pub fn bitmap(&self) -> Option<&WriteIntentBitmap> {
+        self.bitmap.as_ref()
+    }
+
+    /// Whether the superblocks would be written clean now (md's safe mode condition).
+    fn clean_now(&self) -> bool {
+        !self.dirty && !self.resync_pending && !self.failed
+    }
+
+    fn max_dev(&self) -> u32 {
+        self.members
+            .iter()
+            .map(|m| m.sb.dev_number + 1)
+            .max()
+            .unwrap_or(0)
+            .max(self.members[0].sb.max_dev)
+            .min(MAX_DEV_LIMIT)
+    }
+
+    /// Member byte offset of the bitmap area on a member.
+    fn bitmap_offset_bytes(&self, m: &ArrayMember) -> Option<u64> {
+        self.bitmap.as_ref()?;
+        m.sb.super_offset.checked_add_signed(i64::from(self.bitmap_offset_sectors)).map(|s| s * 512)
+    }
+
+    /// Bitmap page writes to every working member, page by page.
+    fn bitmap_page_ios(&self, pages: &[BitmapPageWrite]) -> Vec<MetaIo> {
+        let Some(bm) = &self.bitmap else { return Vec::new() };
+        let mut ios = Vec::new();
+        for w in pages {
+            let bytes = bm.page_bytes(w);
+            for m in self.members.iter().filter(|m| m.role.working()) {
+                if let Some(at) = self.bitmap_offset_bytes(m) {
+                    ios.push(MetaIo::Write {
+                        key: m.key,
+                        slot: m.role.active_slot(),
+                        what: MetaWriteKind::BitmapPage { page: w.page },
+                        offset_bytes: at + w.offset_bytes,
+                        bytes: bytes.clone(),
+                    });
+                }
+            }
+        }
+        ios
+    }
+
+    /// events + 1, then bitmap page 0 (its header carries events) and the superblock of
+    /// every working member. `clean` decides resync_offset.
+    fn superblock_round(&mut self, clean: bool, dirty_after: Option<bool>, now_seconds: u64) -> MetaRound {
+        self.events += 1;
+        let events = self.events;
+        let max_dev = self.max_dev();
+        let mut roles = vec![role::SPARE; max_dev as usize];
+        for m in &self.members {
+            if let Some(r) = roles.get_mut(m.sb.dev_number as usize) {
+                *r = match m.role {
+                    DevRole::Active { slot, .. } => slot as u16,
+                    DevRole::Spare => role::SPARE,
+                    DevRole::Faulty { .. } => role::FAULTY,
+                };
+            }
+        }
+        let mut ios = Vec::new();
+        if let Some(bm) = &mut self.bitmap {
+            bm.superblock_mut().events = events;
+            let page0 = bm.page_write(0);
+            ios = self.bitmap_page_ios(&[page0]);
+        }
+        let resync_offset = if clean { MAX_SECTOR } else { self.resync_checkpoint_sectors.unwrap_or(0) };
+        for m in self.members.iter_mut().filter(|m| m.role.working()) {
+            let sb = &mut m.sb;
+            sb.events = events;
+            sb.utime = now_seconds;
+            sb.resync_offset = resync_offset;
+            sb.max_dev = max_dev;
+            sb.dev_roles = roles.clone();
+            if let DevRole::Active { recovering: true, .. } = m.role {
+                sb.feature_map |= feature::RECOVERY_OFFSET;
+            } else {
+                sb.feature_map &= !feature::RECOVERY_OFFSET;
+                sb.recovery_offset = 0;
+            }
+            ios.push(MetaIo::Write {
+                key: m.key,
+                slot: m.role.active_slot(),
+                what: MetaWriteKind::Superblock,
+                offset_bytes: sb.super_offset * 512,
+                bytes: sb.update_csum().to_vec(),
+            });
+        }
+        MetaRound { ios, events, kind: RoundKind::Superblocks { clean, dirty_after } }
+    }
+
+    /// md_error for members whose metadata I/O failed: an active member becomes faulty,
+    /// a spare leaves. Returns the slots that newly failed.
+    fn fail_members(&mut self, keys: &[MemberKey]) -> Vec<usize> {
+        let mut slots = Vec::new();
+        self.members.retain_mut(|m| {
+            if !keys.contains(&m.key) {
+                return true;
+            }
+            match m.role {
+                DevRole::Active { slot, .. } => {
+                    m.role = DevRole::Faulty { slot };
+                    slots.push(slot);
+                    true
+                }
+                DevRole::Spare => false,
+                DevRole::Faulty { .. } => true,
+            }
+        });
+        slots
+    }
+
+    /// The caller performed `round`; `failed` lists the members where an I/O of it failed.
+    pub fn round_done(&mut self, round: MetaRound, failed: &[MemberKey], now_seconds: u64) -> RoundOutcome {
+        if let (RoundKind::BitmapPages { pages }, Some(bm)) = (&round.kind, &mut self.bitmap) {
+            // Writes gated on these pages may go: the bits are durable on every member
+            // still working (the others are failed just below).
+            bm.pages_written(pages);
+        }
+        if !failed.is_empty() {
+            let newly_failed_slots = self.fail_members(failed);
+            if !self.members.iter().any(|m| m.role.working()) {
+                return RoundOutcome { newly_failed_slots, next: Err(MetaError::NoWorkingMember) };
+            }
+            // Record the failure in the others' superblocks; a daemon pass clears nothing,
+            // as the failed member's writes may not be durable.
+            let (clean, dirty_after) = match round.kind {
+                RoundKind::Superblocks { clean, dirty_after } => (clean, dirty_after),
+                _ => (self.clean_now(), None),
+            };
+            let next = self.superblock_round(clean, dirty_after, now_seconds);
+            return RoundOutcome { newly_failed_slots, next: Ok(Some(next)) };
+        }
+        let next = match round.kind {
+            RoundKind::Superblocks { dirty_after, .. } => {
+                if let Some(d) = dirty_after {
+                    self.dirty = d;
+                }
+                None
+            }
+            RoundKind::BitmapPages { .. } => None,
+            RoundKind::DaemonFlush { candidates } => self.clear_flushed(&candidates),
+        };
+        RoundOutcome { newly_failed_slots: Vec::new(), next: Ok(next) }
+    }
+
+    fn clear_flushed(&mut self, candidates: &[u64]) -> Option<MetaRound> {
+        let events = self.events;
+        let pages = self.bitmap.as_mut()?.clear_flushed(candidates, events);
+        if pages.is_empty() {
+            return None;
+        }
+        let ios = self.bitmap_page_ios(&pages);
+        Some(MetaRound { ios, events, kind: RoundKind::BitmapPages { pages } })
+    }
+
+    /// Before the first write after a clean start or a clean marking: the superblocks say
+    /// dirty (resync_offset 0) before any data changes. None when already dirty.
+    pub fn mark_dirty(&mut self, now_seconds: u64) -> Option<MetaRound> {
+        if self.dirty {
+            return None;
+        }
+        Some(self.superblock_round(false, Some(true), now_seconds))
+    }
+
+    /// md's safe mode, after writes stopped and a flush of every member: the superblocks
+    /// say clean. None when already clean, a resync is owed or the array failed.
+    pub fn mark_clean(&mut self, now_seconds: u64) -> Option<MetaRound> {
+        if !self.dirty || self.resync_pending || self.failed {
+            return None;
+        }
+        Some(self.superblock_round(true, Some(false), now_seconds))
+    }
+
+    /// Shutdown after the final flush: clean unless a resync is owed or the array failed.
+    pub fn stop(&mut self, now_seconds: u64) -> MetaRound {
+        let clean = !self.resync_pending && !self.failed;
+        self.superblock_round(clean, Some(!clean), now_seconds)
+    }
+
+    /// Writes every superblock after a change made outside the transitions below.
+    pub fn write_superblocks(&mut self, now_seconds: u64) -> MetaRound {
+        let clean = self.clean_now();
+        self.superblock_round(clean, None, now_seconds)
+    }
+
+    /// The engine failed the member in `slot` (md_error): recorded as faulty.
+    pub fn member_failed(&mut self, slot: usize, now_seconds: u64) -> MetaRound {
+        for m in &mut self.members {
+            if m.role.active_slot() == Some(slot) {
+                m.role = DevRole::Faulty { slot };
+            }
+        }
+        self.write_superblocks(now_seconds)
+    }
+
+    /// More members lost than the level survives: never marked clean again.
+    pub fn array_failed(&mut self, now_seconds: u64) -> MetaRound {
+        self.failed = true;
+        self.write_superblocks(now_seconds)
+    }
+
+    /// Records how far the recovery into `slot` got, without writing (the next round
+    /// carries it, e.g. the one of [`ArraySuperblocks::stop`]).
+    pub fn record_recovery_offset(&mut self, slot: usize, recovery_offset_sectors: u64) {
+        for m in &mut self.members {
+            if m.role == (DevRole::Active { slot, recovering: true }) {
+                m.sb.recovery_offset = recovery_offset_sectors;
+            }
+        }
+    }
+
+    /// A recovery checkpoint: everything below `recovery_offset_sectors` of `slot` is
+    /// rebuilt and flushed.
+    pub fn recovery_checkpoint(
+        &mut self,
+        slot: usize,
+        recovery_offset_sectors: u64,
+        now_seconds: u64,
+    ) -> MetaRound {
+        self.record_recovery_offset(slot, recovery_offset_sectors);
+        self.write_superblocks(now_seconds)
+    }
+
+    /// The recovery into `slot` finished and was flushed: the member is in sync.
+    pub fn recovery_done(&mut self, slot: usize, now_seconds: u64) -> MetaRound {
+        for m in &mut self.members {
+            if let DevRole::Active { slot: s, recovering } = &mut m.role {
+                if *s == slot {
+                    *recovering = false;
+                }
+            }
+        }
+        self.write_superblocks(now_seconds)
+    }
+
+    /// A spare (or a just added member) takes `slot` and is rebuilt from sector 0.
+    pub fn spare_activated(&mut self, key: MemberKey, slot: usize, now_seconds: u64) -> MetaRound {
+        if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
+            m.role = DevRole::Active { slot, recovering: true };
+            m.sb.recovery_offset = 0;
+        }
+        self.write_superblocks(now_seconds)
+    }
+
+    /// A new member joins (as a spare until [`ArraySuperblocks::spare_activated`]).
+    pub fn member_added(&mut self, member: ArrayMember, now_seconds: u64) -> MetaRound {
+        assert!(self.member(member.key).is_none(), "member keys are unique");
+        self.members.push(member);
+        self.write_superblocks(now_seconds)
+    }
+
+    /// A faulty member or a spare leaves the array's superblocks (mdadm --remove).
+    pub fn member_removed(&mut self, key: MemberKey, now_seconds: u64) -> MetaRound {
+        self.members.retain(|m| m.key != key);
+        self.write_superblocks(now_seconds)
+    }
+
+    /// The resync finished: the array may be marked clean again (no write of its own).
+    pub fn resync_done(&mut self) {
+        self.resync_pending = false;
+    }
+
+    /// A resync stopped at `resync_offset_sectors` with everything below it in sync and
+    /// flushed: written as resync_offset while dirty.
+    pub fn record_resync_checkpoint(&mut self, resync_offset_sectors: u64) {
+        self.resync_checkpoint_sectors = Some(resync_offset_sectors);
+    }
+
+    /// Sync-space range of an array byte range (what the bitmap counts in).
+    fn sync_range(&self, offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
+        let start = offset_bytes / 512;
+        let end = (offset_bytes + len_bytes).div_ceil(512);
+        array_range_to_sync_range(self.level, self.raid_disks, self.chunk_sectors, start, end - start)
+    }
+
+    /// Before a data write of array bytes `[offset, offset + len)`: counts it in the
+    /// bitmap and returns the pages whose new bits must be durable before it is issued.
+    /// Call [`ArraySuperblocks::mark_dirty`] first.
+    pub fn start_write(&mut self, offset_bytes: u64, len_bytes: u64) -> WriteIntent {
+        if self.bitmap.is_none() {
+            return WriteIntent { sync_range: None, round: None };
+        }
+        let (s, l) = self.sync_range(offset_bytes, len_bytes);
+        let Some(bm) = &mut self.bitmap else { unreachable!() };
+        let gate = bm.start_write(s, l);
+        let round = (!gate.pages_to_write.is_empty()).then(|| MetaRound {
+            ios: self.bitmap_page_ios(&gate.pages_to_write),
+            events: self.events,
+            kind: RoundKind::BitmapPages { pages: gate.pages_to_write },
+        });
+        WriteIntent { sync_range: Some((s, l)), round }
+    }
+
+    /// After the data write completed; `reached_all_members` false (an error, or the
+    /// array is degraded) keeps its bits until a resync.
+    pub fn end_write(&mut self, sync_range: Option<(u64, u64)>, reached_all_members: bool) {
+        if let (Some(bm), Some((s, l))) = (&mut self.bitmap, sync_range) {
+            bm.end_write(s, l, reached_all_members);
+        }
+    }
+
+    /// One pass of md's bitmap daemon: nominates bits idle for two passes. The round
+    /// flushes every working member; only when it succeeds everywhere are the bits
+    /// cleared (and the pages holding them written, in the round that follows).
+    pub fn bitmap_daemon(&mut self) -> Option<MetaRound> {
+        let candidates = self.bitmap.as_mut()?.daemon_pass();
+        if candidates.is_empty() {
+            return None;
+        }
+        let ios = self
+            .members
+            .iter()
+            .filter(|m| m.role.working() && self.bitmap_offset_bytes(m).is_some())
+            .map(|m| MetaIo::Flush { key: m.key, slot: m.role.active_slot() })
+            .collect();
+        Some(MetaRound { ios, events: self.events, kind: RoundKind::DaemonFlush { candidates } })
+    }
+
+    /// A resync or a recovery brought the whole array in sync: no bit is needed any more.
+    pub fn bitmap_all_synced(&mut self) {
+        if let Some(bm) = &mut self.bitmap {
+            let total = bm.superblock().sync_size;
+            bm.sync_done(0, total);
+        }
+    }
+
+    /// The bitmap area as it should be on a new member, with its offset from the
+    /// superblock in sectors.
+    pub fn bitmap_area(&self) -> Option<(i32, Vec<u8>)> {
+        Some((self.bitmap_offset_sectors, self.bitmap.as_ref()?.area_bytes()))
+    }
+}
