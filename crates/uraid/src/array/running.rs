@@ -21,7 +21,7 @@ use super::detail::{self, DetailInput, SlotView};
 use super::device::ArrayDevice;
 use super::member::MemberDev;
 use super::meta::{DevRole, MetaDev, MetaKeeper};
-use super::report::{detail_text, level_name, DetailInfo};
+use super::report::{detail_text, human_bytes, level_name, DetailInfo};
 
 const MONITOR_PERIOD: Duration = Duration::from_millis(100);
 /// md's safe_mode_delay is 200 ms; a second keeps superblock writes rare under bursty I/O.
@@ -373,7 +373,7 @@ impl RunningArray {
         let Some(spare) = spare else { return Ok(()) };
         let (key, path, name) = (spare.key, spare.path, spare.name);
         let data_offset_bytes = spare.sb.data_offset * 512;
-        match self.start_recovery_into(slot, &path, data_offset_bytes) {
+        match self.start_recovery_into(slot, &path, data_offset_bytes, None) {
             Ok(()) => {
                 eprintln!("uraid: {}: hot spare {name} takes slot {slot}", self.name);
                 self.meta.update(|st, now| st.core.spare_activated(key, slot, now))?;
@@ -391,14 +391,21 @@ impl RunningArray {
     }
 
     /// Opens `path` for the executor, puts it in `slot` and starts the engine's recovery.
-    fn start_recovery_into(&self, slot: usize, path: &Path, data_offset_bytes: u64) -> anyhow::Result<()> {
+    /// `ranges`: a bitmap re-add's regions (see `Engine::readd_member`); None: all of it.
+    fn start_recovery_into(
+        &self,
+        slot: usize,
+        path: &Path,
+        data_offset_bytes: u64,
+        ranges: Option<Vec<(u64, u64)>>,
+    ) -> anyhow::Result<()> {
         let member = Member::open(path, &exec_open_options(self.read_only))
             .with_context(|| format!("{}: opening for I/O", path.display()))?;
         self.poll_locked(move |e, ex, now| {
             // The engine first: it refuses (slot busy, array failed) before anything changes.
             // Its recovery I/O is pumped only after this closure, so the executor has the
             // new member by then.
-            e.add_member(slot, data_offset_bytes, now)?;
+            e.readd_member(slot, data_offset_bytes, ranges, now)?;
             if let Err(err) = ex.replace_member(slot, member) {
                 e.fail_member(slot, now);
                 return Err(format!("cannot put the member in slot {slot}: {err}"));
@@ -699,7 +706,8 @@ impl RunningArray {
                 .collect();
             (devs[0].sb.clone(), taken, returning)
         };
-        if let (Ok(sb), _) = dev.read_metadata() {
+        let old_sb = dev.read_metadata().0.ok();
+        if let Some(sb) = &old_sb {
             if sb.set_uuid != reference.set_uuid && !force {
                 bail!(
                     "{} holds the superblock of another array ({}, {}): adding it would overwrite \
@@ -759,13 +767,70 @@ impl RunningArray {
         let Some(slot) = slot else {
             return Ok(format!("uraid: added {name} to {} as a hot spare\n", self.name));
         };
-        self.start_recovery_into(slot, &dev.path, sb.data_offset * 512)?;
+        let readd = self.bitmap_readd_ranges(old_sb.as_ref(), &reference, slot, sb.data_offset);
+        self.start_recovery_into(slot, &dev.path, sb.data_offset * 512, readd.as_ref().ok().cloned())?;
         let key = self.meta.lock().devs().into_iter().find(|d| d.identity == dev.identity).map(|d| d.key);
         if let Some(key) = key {
             self.meta.update(|st, now| st.core.spare_activated(key, slot, now))?;
         }
         self.set_slot_path(slot, Some(name.clone()));
-        Ok(format!("uraid: added {name} to {} in slot {slot}; recovery started\n", self.name))
+        Ok(match readd {
+            Ok(ranges) => {
+                let sectors: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+                format!(
+                    "uraid: re-added {name} to {} in slot {slot}: only the {} regions written while \
+                     it was away ({}) are rebuilt, from the write-intent bitmap\n",
+                    self.name,
+                    ranges.len(),
+                    human_bytes(sectors * 512)
+                )
+            }
+            Err(why) => format!(
+                "uraid: added {name} to {} in slot {slot}; full recovery started ({why})\n",
+                self.name
+            ),
+        })
+    }
+
+    /// md's re-add: the sync-space regions a returning member missed, from the bitmap's set
+    /// bits; or why it must be rebuilt in full.
+    fn bitmap_readd_ranges(
+        &self,
+        old: Option<&Superblock>,
+        array: &Superblock,
+        slot: usize,
+        data_offset: u64,
+    ) -> Result<Vec<(u64, u64)>, String> {
+        let old = old.filter(|o| o.set_uuid == array.set_uuid).ok_or("it is new to the array")?;
+        if old.role() as usize != slot || old.data_offset != data_offset {
+            return Err(format!("it was not slot {slot}'s member with this data offset"));
+        }
+        if old.has(uraid_core::meta::feature::RECOVERY_OFFSET) {
+            return Err("it left while it was being rebuilt".into());
+        }
+        if self.geometry.level.md_level() == 10 {
+            return Err("raid10 re-adds are rebuilt in full".into());
+        }
+        let st = self.meta.lock();
+        let bm = st.core.bitmap().ok_or("the array has no write-intent bitmap")?;
+        let cleared = bm.superblock().events_cleared;
+        if old.events < cleared {
+            return Err(format!(
+                "its events {} are older than the bitmap's events_cleared {cleared}: bits were cleared since it left",
+                old.events
+            ));
+        }
+        let cs = bm.chunk_sectors();
+        let size = bm.superblock().sync_size;
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for c in (0..bm.chunks()).filter(|&c| bm.is_set(c)) {
+            let (a, b) = (c * cs, ((c + 1) * cs).min(size));
+            match ranges.last_mut() {
+                Some(last) if last.1 == a => last.1 = b,
+                _ => ranges.push((a, b)),
+            }
+        }
+        Ok(ranges)
     }
 
     fn write_new_member(&self, dev: &MemberDev, sb: &Superblock, role: DevRole) -> anyhow::Result<()> {
