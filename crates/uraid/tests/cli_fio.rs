@@ -154,7 +154,7 @@ fn fio_verify_survives_member_failure_and_rebuild() {
 
     s.ctl("remove", Some(&members[2]));
     let out = s.ctl("add", Some(&members[2]));
-    assert!(out.contains("recovery started"), "{out}");
+    assert!(out.contains("recovery started") || out.contains("re-added"), "{out}");
     let st = wait_in_sync(&s, 6);
     assert!(st.contains("[UUUUUU]"), "{st}");
     let o = spawn_fio(&fio_args(&s.url, &["--verify_only"])).wait();

@@ -138,7 +138,7 @@ fn fail_while_writing_add_back_rebuild_and_verify() {
 
     s.ctl("remove", Some(&members[1]));
     let out = s.ctl("add", Some(&members[1]));
-    assert!(out.contains("recovery started"), "{out}");
+    assert!(out.contains("recovery started") || out.contains("re-added"), "{out}");
     let st = wait_in_sync(&s, 4);
     assert!(st.contains("[UUUU]"), "{st}");
     qemu_io(&s.url, &read_cmds(&p));

@@ -963,7 +963,7 @@ impl RunningArray {
             };
             let filled = ((frac * 20.0) as usize).min(20);
             let bar = format!("[{}>{}]", "=".repeat(filled), ".".repeat(20 - filled));
-            let what = uraid_core::scrub::action_name(sync.kind);
+            let what = mdstat_word(sync.kind);
             let (speed, finish) = match snap.sync_speed_sectors() {
                 Some(v) if v > 0.0 => {
                     let left = sync.total_sectors.saturating_sub(sync.done_sectors) as f64 / v;
@@ -989,10 +989,18 @@ impl RunningArray {
     pub fn progress(&self) -> String {
         match self.snapshot().sync {
             Some(s) => {
-                format!("{} {} {}\n", uraid_core::scrub::action_name(s.kind), s.done_sectors, s.total_sectors)
+                format!("{} {} {}\n", mdstat_word(s.kind), s.done_sectors, s.total_sectors)
             }
             None => "idle\n".to_string(),
         }
+    }
+}
+
+/// How /proc/mdstat names a running sync ("recovery", where sysfs says "recover").
+fn mdstat_word(kind: SyncKind) -> &'static str {
+    match kind {
+        SyncKind::Recovery { .. } => "recovery",
+        other => uraid_core::scrub::action_name(other),
     }
 }
 
