@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         });
     }
     let run = data.first().is_some_and(|b| b & 2 != 0);
-    if let Ok(plan) = plan_assembly(&members, &AssembleOptions { run, uuid: None }) {
+    if let Ok(plan) = plan_assembly(&members, &AssembleOptions { run, uuid: None, force: false }) {
         assert_eq!(plan.slots.len(), plan.raid_disks as usize);
     }
 });

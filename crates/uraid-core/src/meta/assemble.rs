@@ -26,6 +26,9 @@ pub struct AssembleOptions {
     pub run: bool,
     /// `--uuid`: the array to assemble; default: that of the first valid member.
     pub uuid: Option<[u8; 16]>,
+    /// `--force` for a dirty degraded parity array (md's start_dirty_degraded): start it
+    /// although parity may be stale where writes were in flight (the write hole).
+    pub force: bool,
 }
 
 /// Why a member was refused (assembly then writes nothing and starts nothing).
@@ -520,7 +523,7 @@ pub fn plan_assembly(
     let rebuilding = slots.iter().flatten().count() as u32 - in_sync_count;
     let clean = fresh.resync_offset == MAX_SECTOR;
     let layout_for_enough = fresh.layout;
-    if !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync) {
+    if !enough(fresh.level, raid_disks, layout_for_enough, clean || opts.force, &in_sync) {
         return Err(AssemblyError::TooFewMembers {
             level: fresh.level,
             raid_disks,

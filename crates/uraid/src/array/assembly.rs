@@ -57,7 +57,7 @@ pub fn assemble(paths: &[PathBuf], run: bool, writable: bool) -> anyhow::Result<
     }
     let members = open_members(paths, writable)?;
     let offered: Vec<_> = members.iter().map(MemberDev::offered).collect();
-    let plan = uraid_core::meta::plan_assembly(&offered, &AssembleOptions { run, uuid: None })
+    let plan = uraid_core::meta::plan_assembly(&offered, &AssembleOptions { run, uuid: None, force: false })
         .map_err(|e| anyhow!("{e}"))?;
     // plan_assembly refuses any member whose superblock does not parse.
     let superblocks: Vec<Superblock> = offered
