@@ -527,8 +527,7 @@ fn force_starts_a_dirty_degraded_raid5_and_takes_back_members_only_events_behind
     let forced = AssembleOptions { run: true, force: true, ..Default::default() };
     let plan = plan_assembly(&dirty[1..], &forced).unwrap();
     assert_eq!(plan.degraded_slots, vec![0]);
-    assert_eq!(plan.resync, ResyncNeed::None, "a forced degraded start is marked clean, as mdadm does");
-    assert_eq!(plan.resync_offset, uraid_core::meta::MAX_SECTOR);
+    assert_eq!(plan.resync, ResyncNeed::Full { from_sector: 0 }, "the resync stays owed");
     assert!(plan.warnings.iter().any(|w| w.contains("write hole")), "{:?}", plan.warnings);
 
     // Two members two events behind the others: too few current ones to start.

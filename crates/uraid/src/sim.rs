@@ -93,6 +93,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                     "chunk_bytes": r.chunk_bytes, "queue_depth": r.queue_depth, "requests": r.requests,
                     "member_ios": r.member_ios, "trace_hash": r.trace_hash, "faults": r.faults,
                     "power_cycles": r.power_cycles, "write_hole_exposures": r.write_hole_exposures,
+                    "resync_after_power_cycle": r.resync_after_power_cycle,
                     "ok": r.ok, "failure": r.failure, "reproduce": r.reproduce,
                 })
             })

@@ -28,7 +28,8 @@ pub struct AssembleOptions {
     pub uuid: Option<[u8; 16]>,
     /// mdadm's `--force`: take members whose event count is behind back into their slots
     /// when the array cannot start without them, and start a dirty degraded raid4/5/6
-    /// (its unsynced stripes may hold wrong data: the write hole), marking it clean.
+    /// (md's start_dirty_degraded: stripes being written may hold wrong data, the write
+    /// hole); its resync stays owed and runs once the array is whole again.
     pub force: bool,
 }
 
@@ -546,7 +547,8 @@ pub fn plan_assembly(
         slots.iter().map(|s| s.as_ref().is_some_and(|m| m.recovery_offset_sectors.is_none())).collect()
     };
     let mut in_sync = in_sync_of(&slots);
-    let mut clean = fresh.resync_offset == MAX_SECTOR;
+    let clean = fresh.resync_offset == MAX_SECTOR;
+    let mut forced_dirty = false;
     let layout_for_enough = fresh.layout;
     if opts.force && !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync) {
         // mdadm --force: the freshest of the members that are only behind in events come
@@ -572,16 +574,17 @@ pub fn plan_assembly(
             && enough(fresh.level, raid_disks, layout_for_enough, true, &in_sync)
         {
             warnings.push(
-                "forced: the array was not shut down cleanly and starts degraded, marked clean; \
-                 stripes being written when it stopped may read back wrong (the write hole)"
+                "forced: the array was not shut down cleanly and starts degraded (md's \
+                 start_dirty_degraded); stripes being written when it stopped may read back \
+                 wrong (the write hole); the resync runs once the array is whole again"
                     .to_string(),
             );
-            clean = true;
+            forced_dirty = true;
         }
     }
     let in_sync_count = in_sync.iter().filter(|&&b| b).count() as u32;
     let rebuilding = slots.iter().flatten().count() as u32 - in_sync_count;
-    if !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync) {
+    if !enough(fresh.level, raid_disks, layout_for_enough, clean || forced_dirty, &in_sync) {
         return Err(AssemblyError::TooFewMembers {
             level: fresh.level,
             raid_disks,
@@ -711,7 +714,7 @@ pub fn plan_assembly(
         array_sectors,
         events,
         freshest: fresh_idx,
-        resync_offset: if clean { MAX_SECTOR } else { fresh.resync_offset },
+        resync_offset: fresh.resync_offset,
         resync,
         bitmap,
         spares,

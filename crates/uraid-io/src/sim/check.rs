@@ -1,7 +1,9 @@
 //! The random-workload checker behind `uraid sim`: a random workload with random faults
 //! against any level, layout and member count on simulated disks, every read checked
 //! against a reference model, then a power cycle (crash, re-assemble, resync) and a full
-//! check again.
+//! check again. The members carry md superblocks and (three seeds in four) a bitmap,
+//! kept up through member I/Os like under `uraid serve`; the re-assembly reads them back
+//! and resyncs what they say.
 //!
 //! The model keeps, per 512-byte sector, the write id it must read back now (`cur`), the
 //! last value a completed flush made durable (`durable`), and every write since that flush
@@ -15,10 +17,12 @@
 //! as a failure.
 
 use uraid_core::geometry::{algorithm, layout_name, parse_layout};
+use uraid_core::meta::ResyncNeed;
 use uraid_core::*;
 
 use super::array::{RunOutcome, SimArray};
 use super::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
+use super::meta::{assemble_from_disks, create_on_disks, engine_start, PowerLost, SimMeta};
 use super::store::PowerLossPolicy;
 
 const DATA_OFFSET_BYTES: u64 = 1 << 20;
@@ -53,6 +57,9 @@ pub struct SimReport {
     pub faults: Vec<String>,
     pub power_cycles: u32,
     pub write_hole_exposures: u64,
+    /// What the re-assembly after the power cycle resynced: "none", "full from N" or
+    /// "bitmap: R regions, S sectors" (sync space).
+    pub resync_after_power_cycle: String,
     pub ok: bool,
     pub failure: Option<String>,
     pub reproduce: String,
@@ -165,6 +172,7 @@ pub fn run_sim(spec: &SimSpec) -> SimReport {
         faults: Vec::new(),
         power_cycles: 0,
         write_hole_exposures: 0,
+        resync_after_power_cycle: String::new(),
         ok: false,
         failure: None,
         reproduce: String::new(),
@@ -222,6 +230,9 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
             mirror::Balance::Split,
             mirror::Balance::Prefer,
         ]),
+        // As under `uraid serve`: nothing that relied on a member's failure is acknowledged
+        // before the superblocks record it.
+        hold_completions_on_member_failure: true,
         ..Tunables::default()
     };
     let members = vec![MemberConfig { data_offset_bytes: DATA_OFFSET_BYTES, state: MemberState::InSync }; n];
@@ -233,6 +244,12 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let mut disks = SimDisks::new(sims, spec.seed).map_err(|e| e.to_string())?;
+    // Three seeds in four get an internal bitmap with small chunks (so it limits the
+    // resync after the power cycle); decided by the seed, not the rng, which keeps the
+    // workload of each seed as it was.
+    let bitmap_chunk = (level != Level::Raid0 && !spec.seed.is_multiple_of(4)).then_some(64 << 10);
+    let mut meta =
+        create_on_disks(&mut disks, &geo, spec.member_bytes, DATA_OFFSET_BYTES, bitmap_chunk, spec.seed)?;
     // Faults, within what the level survives.
     let redundancy = survivable(level, &geo);
     let mut latent_planted = false;
@@ -281,6 +298,16 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     };
     if let Some(at) = power_loss_at_request {
         report.faults.push(format!("power loss at request {at}"));
+    } else if spec.faults && spec.seed.is_multiple_of(3) {
+        // Or at a member-I/O count, which can fall inside a metadata round (decided by
+        // the seed, not the rng, which keeps each seed's workload as it was).
+        let at = 20 + spec.seed.wrapping_mul(7919) % 1500;
+        disks.schedule(Fault {
+            trigger: FaultTrigger::AfterMemberIos(at),
+            member: 0,
+            kind: FaultKind::PowerLoss(PowerLossPolicy::default()),
+        });
+        report.faults.push(format!("power loss after {at} member I/Os"));
     }
     let size = geo.array_bytes();
     let sectors = size / SECTOR;
@@ -295,6 +322,8 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     let stripe_sectors = (chunk_bytes / SECTOR) * n as u64;
     let mut buf = vec![0u8; SECTOR as usize];
     let mut crashed = None;
+    // Writes handed to the engine with their bitmap range, until they complete.
+    let mut write_ranges: Vec<(u64, (u64, u64))> = Vec::new();
     loop {
         // Top up to the queue depth; flushes wait for an empty queue (barriers).
         while inflight.len() < qd && issued < spec.ops {
@@ -354,8 +383,22 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
                     Request::write_zeroes(id, s0 * SECTOR, len * SECTOR)
                 }
             };
+            if op != RequestOp::Read {
+                // The superblocks say dirty and the bits are durable before the write goes.
+                match meta.before_write(&mut array, s0 * SECTOR, len * SECTOR) {
+                    Ok(Some(range)) => write_ranges.push((id, range)),
+                    Ok(None) => {}
+                    Err(PowerLost(at)) => {
+                        crashed = Some(at);
+                        break;
+                    }
+                }
+            }
             array.submit(req);
             inflight.push((id, s0, s0 + len, op));
+        }
+        if crashed.is_some() {
+            break;
         }
         if inflight.is_empty() && issued >= spec.ops {
             break;
@@ -365,14 +408,39 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
             break;
         }
         let outcome = array.run_until(array.now_ns() + 200_000);
+        let held = array.engine().metadata_pending();
+        let mut barrier_done = false;
         for c in array.take_completions() {
+            let id = c.completion.id;
+            if let Some(pos) = write_ranges.iter().position(|w| w.0 == id) {
+                let (_, range) = write_ranges.swap_remove(pos);
+                let in_sync = array.engine().member_states().iter().all(|s| *s == MemberState::InSync);
+                meta.superblocks.end_write(Some(range), c.completion.result.is_ok() && in_sync);
+            }
+            barrier_done |= inflight.iter().any(|x| x.0 == id && x.3 == RequestOp::Flush);
             settle(&mut model, &mut inflight, c.completion, &mut buf)?;
         }
-        match outcome {
-            RunOutcome::PowerLost { at_ns } => {
-                crashed = Some(at_ns);
-                break;
+        if let RunOutcome::PowerLost { at_ns } = outcome {
+            crashed = Some(at_ns);
+            break;
+        }
+        // Failures recorded in the superblocks (md_error), then the bitmap daemon at the
+        // quiet moment after a flush barrier.
+        let serviced = meta.service_events(&mut array).and_then(|()| {
+            if barrier_done && inflight.is_empty() {
+                meta.bitmap_daemon(&mut array)
+            } else {
+                Ok(())
             }
+        });
+        if let Err(PowerLost(at)) = serviced {
+            crashed = Some(at);
+            break;
+        }
+        if held {
+            continue; // the completions were held for the metadata: look again
+        }
+        match outcome {
             RunOutcome::Stalled => return Err("the engine stalled: work held, nothing asked for".into()),
             RunOutcome::Idle if !inflight.is_empty() => {
                 return Err(format!(
@@ -389,7 +457,10 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     }
     if crashed.is_none() {
         // The whole array must read back as the model says, then the power is cut anyway.
-        verify_all(&mut array, &model, &mut next_id, &mut buf)?;
+        // A power loss while recording failures: the power cycle below checks everything.
+        if meta.service_events(&mut array).is_ok() {
+            verify_all(&mut array, &mut meta, &model, &mut next_id, &mut buf)?;
+        }
     }
     // Power cycle: what was acknowledged before a completed flush must survive.
     let states = array.engine().member_states();
@@ -401,6 +472,7 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         settle(&mut model, &mut inflight, c.completion, &mut buf)?;
     }
     let mut disks = crash.disks;
+    disks.cancel_power_loss();
     // Data sectors still latent at the cut: a resync must rebuild them from parity, which
     // is stale where writes were in flight (md's write hole, with no member lost).
     let latent_at_crash: std::collections::BTreeSet<(usize, u64)> = (0..n)
@@ -433,9 +505,34 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         lost_after_crash = true;
         report.faults.push(format!("member {m} lost after the power cut, before resync"));
     }
-    let mut engine2 =
-        Engine::new(ArrayConfig { members, ..config.clone() }).map_err(|e| format!("re-assembly: {e}"))?;
-    engine2.start_resync(None, disks.now_ns());
+    // Re-assembly from what the members durably hold, as `uraid serve` does: the
+    // superblocks decide who is in, the bitmap (or resync_offset) what is resynced.
+    let plan = assemble_from_disks(&disks).map_err(|e| format!("re-assembly: {e}"))?;
+    if plan.array_sectors != geo.array_sectors() || plan.raid_disks as usize != n {
+        return Err(format!(
+            "re-assembly: the superblocks give {} sectors on {}",
+            plan.array_sectors, plan.raid_disks
+        ));
+    }
+    report.resync_after_power_cycle = match &plan.resync {
+        ResyncNeed::None => "none".into(),
+        ResyncNeed::Full { from_sector } => format!("full from {from_sector}"),
+        ResyncNeed::Bitmap { regions } => {
+            format!("bitmap: {} regions, {} sectors", regions.len(), regions.iter().map(|r| r.1).sum::<u64>())
+        }
+    };
+    let (members2, resync) = engine_start(&plan);
+    for (m, st) in members2.iter().enumerate() {
+        if st.state == MemberState::InSync && members[m].state == MemberState::Missing {
+            return Err(format!("re-assembly took member {m} back in sync although it was lost"));
+        }
+    }
+    let mut config2 = ArrayConfig { members: members2, ..config.clone() };
+    config2.tunables.hold_completions_on_member_failure = false;
+    let mut engine2 = Engine::new(config2).map_err(|e| format!("re-assembly: {e}"))?;
+    if let Some(ranges) = resync {
+        engine2.start_resync(ranges, disks.now_ns());
+    }
     let mut array2 = SimArray::new(engine2, disks);
     match array2.run_until_idle() {
         RunOutcome::Idle => {}
@@ -544,8 +641,9 @@ fn check(model: &Model, s0: u64, s1: u64, data: &[u8], buf: &mut [u8]) -> Result
     Ok(())
 }
 
-fn verify_all<E: crate::ArrayEngine>(
-    array: &mut SimArray<E>,
+fn verify_all(
+    array: &mut SimArray<Engine>,
+    meta: &mut SimMeta,
     model: &Model,
     next_id: &mut u64,
     buf: &mut [u8],
@@ -557,9 +655,21 @@ fn verify_all<E: crate::ArrayEngine>(
         let id = *next_id;
         *next_id += 1;
         array.submit(Request::read(id, off * SECTOR, len * SECTOR));
-        match array.run_until_idle() {
-            RunOutcome::Idle => {}
-            other => return Err(format!("final read-back ended {other:?}")),
+        loop {
+            let outcome = array.run_until_idle();
+            if array.engine().metadata_pending() {
+                // A member failed during the read-back: recorded, then the reads go on.
+                if meta.service_events(array).is_err() {
+                    return Ok(()); // the power cycle that follows checks everything
+                }
+                continue;
+            }
+            match outcome {
+                RunOutcome::Idle => break,
+                // The power cycle that follows checks everything.
+                RunOutcome::PowerLost { .. } => return Ok(()),
+                other => return Err(format!("final read-back ended {other:?}")),
+            }
         }
         let c =
             array.take_completions().into_iter().find(|c| c.completion.id == id).ok_or("final read lost")?;
@@ -609,6 +719,39 @@ mod tests {
         let r = run_sim(&SimSpec { level: None, ops: 2000, ..spec(100064, Level::Raid5) });
         assert!(r.ok, "{}: {:?}", r.reproduce, r.failure);
         assert!(r.write_hole_exposures > 0, "{}: the seed no longer meets the hazard", r.reproduce);
+    }
+
+    /// The superblocks and bitmap written during the run decide the resync after the power
+    /// cycle: with a bitmap only the chunks written since their bits were last cleared,
+    /// without one everything (the array is dirty: writes ran until the cut).
+    #[test]
+    fn the_power_cycle_resyncs_what_the_superblocks_and_bitmap_say() {
+        let mut limited = 0;
+        for seed in 1..=8 {
+            let r = run_sim(&spec(seed, Level::Raid5));
+            assert!(r.ok, "{}: {:?}", r.reproduce, r.failure);
+            if seed.is_multiple_of(4) {
+                assert_eq!(r.resync_after_power_cycle, "full from 0", "{}", r.reproduce);
+            } else {
+                assert!(
+                    r.resync_after_power_cycle.starts_with("bitmap: "),
+                    "{}: {}",
+                    r.reproduce,
+                    r.resync_after_power_cycle
+                );
+                // 15 MiB per member in 64 KiB bitmap chunks: 30720 sectors in all.
+                let sectors: u64 = r
+                    .resync_after_power_cycle
+                    .rsplit(", ")
+                    .next()
+                    .unwrap()
+                    .trim_end_matches(" sectors")
+                    .parse()
+                    .unwrap();
+                limited += usize::from(sectors < 30720);
+            }
+        }
+        assert!(limited > 0, "no seed had its resync limited by the bitmap");
     }
 
     #[test]

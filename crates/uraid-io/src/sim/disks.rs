@@ -337,6 +337,19 @@ impl SimDisks {
         self.power_lost_at.take()
     }
 
+    /// Drops power-loss faults that have not fired (after a power cycle, the next run
+    /// must not lose power again at a count the crashed run did not reach).
+    pub fn cancel_power_loss(&mut self) {
+        for f in self.faults.iter_mut() {
+            if let Some(Fault { kind: FaultKind::PowerLoss(_), trigger, .. }) = *f {
+                if matches!(trigger, FaultTrigger::AfterMemberIos(_)) {
+                    self.count_faults_pending -= 1;
+                }
+                *f = None;
+            }
+        }
+    }
+
     fn push_event(&mut self, at_ns: u64, kind: EventKind) {
         self.seq += 1;
         self.events.push(Reverse(Event { at_ns, seq: self.seq, kind }));

@@ -18,6 +18,9 @@
 //!   heap keyed by (time, sequence)), faults, per-member statistics, the trace hash.
 //! - [`array::SimArray`]: an engine (anything implementing [`crate::ArrayEngine`],
 //!   normally `uraid_core::Engine`) driven against `SimDisks`.
+//! - [`meta`]: md superblocks and bitmap on the simulated members, kept up by the core's
+//!   `uraid_core::array::ArraySuperblocks` through member I/Os, and re-assembly after a
+//!   power cycle by `uraid_core::meta::plan_assembly`.
 //!
 //! # Writing a random-workload checker on top (what `uraid sim` needs)
 //! ```no_run
@@ -73,6 +76,7 @@
 pub mod array;
 pub mod check;
 pub mod disks;
+pub mod meta;
 pub mod model;
 pub mod profile;
 pub mod rng;
