@@ -288,3 +288,29 @@ fn a_failed_daemon_flush_clears_nothing_and_fails_the_member() {
     run_ok(&mut a, retry);
     assert!(a.start_write(64 << 20, 4096).round.is_none());
 }
+
+#[test]
+fn bits_cleared_while_degraded_keep_events_cleared_for_a_re_add() {
+    let mut a = raid5(true);
+    let r = a.mark_dirty(NOW).unwrap();
+    run_ok(&mut a, r);
+    let w = a.start_write(0, 4096);
+    run_ok(&mut a, w.round.unwrap());
+    a.end_write(w.sync_range, true);
+    let cleared_before = a.bitmap().unwrap().superblock().events_cleared;
+    // Member 2 leaves: the array is degraded from here.
+    let r = a.member_failed(2, NOW);
+    run_ok(&mut a, r);
+    assert!(a.bitmap_daemon().is_none());
+    let flush = a.bitmap_daemon().expect("idle for two passes");
+    let out = run(&mut a, flush, &[]);
+    if let Some(clear) = out.next.unwrap() {
+        run_ok(&mut a, clear);
+    }
+    assert!(!a.bitmap().unwrap().is_set(0), "a bit whose write reached every member clears");
+    assert_eq!(
+        a.bitmap().unwrap().superblock().events_cleared,
+        cleared_before,
+        "events_cleared moved while degraded: the member that left could no longer be re-added from the bitmap"
+    );
+}

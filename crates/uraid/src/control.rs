@@ -74,6 +74,7 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
     };
     let reply: anyhow::Result<String> = match verb {
         "detail" => Ok(array.detail()),
+        "detail-json" => Ok(array.detail_json()),
         "status" => Ok(array.status()),
         "progress" => Ok(array.progress()),
         "action" => array.action(arg),

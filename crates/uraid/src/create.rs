@@ -29,6 +29,10 @@ pub struct CreateArgs {
     /// Write-intent bitmap: internal or none.
     #[arg(long, default_value = "none")]
     pub bitmap: String,
+    /// Bytes of array data one bitmap bit covers (mdadm's --bitmap-chunk; a bare number
+    /// is KiB; default: as mdadm chooses from the room and the size).
+    #[arg(long = "bitmap-chunk")]
+    pub bitmap_chunk: Option<String>,
     /// Array name (stored as "homehost:name").
     #[arg(long = "name", short = 'N')]
     pub name: Option<String>,
@@ -189,6 +193,17 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
         params.chunk_kib = chunk_kib;
         params.size_kib = if creating { None } else { size_bytes.map(|b| b / 1024) };
         params.bitmap = bitmap;
+        params.bitmap_chunk_bytes = match &args.bitmap_chunk {
+            None => None,
+            Some(_) if !bitmap => bail!("--bitmap-chunk needs --bitmap internal"),
+            Some(c) => {
+                let b = parse_kib_default(c).map_err(|e| anyhow!("--bitmap-chunk: {e}"))?;
+                if !b.is_power_of_two() || b < 4096 || b > u64::from(u32::MAX) {
+                    bail!("--bitmap-chunk {c}: must be a power of two of at least 4K");
+                }
+                Some(b as u32)
+            }
+        };
         params.assume_clean = args.assume_clean;
         params.homehost = crate::array::homehost();
         params.name = args.name.clone().unwrap_or_else(|| default_name(&args.members));

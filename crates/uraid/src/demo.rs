@@ -32,6 +32,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             chunk: None,
             layout: None,
             bitmap: "internal".into(),
+            bitmap_chunk: None,
             name: Some("demo".into()),
             size: Some("1G".into()),
             assume_clean: true,

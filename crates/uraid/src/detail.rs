@@ -8,20 +8,23 @@ use clap::Args;
 
 use crate::array::assembly::assemble;
 use crate::array::detail;
-use crate::array::report::detail_text;
+use crate::array::report::{detail_json, detail_text};
 
 #[derive(Args, Clone, Debug)]
 pub struct DetailArgs {
     /// Control socket of a running `uraid serve`.
     #[arg(long)]
     pub control: Option<PathBuf>,
+    /// Print JSON (on a running array with each member's I/O counts).
+    #[arg(long)]
+    pub json: bool,
     /// Member files or block devices (offline detail).
     pub members: Vec<PathBuf>,
 }
 
 pub fn run(args: DetailArgs) -> anyhow::Result<()> {
     if let Some(sock) = &args.control {
-        let reply = crate::control::request(sock, "detail")?;
+        let reply = crate::control::request(sock, if args.json { "detail-json" } else { "detail" })?;
         print!("{reply}");
         return Ok(());
     }
@@ -30,6 +33,11 @@ pub fn run(args: DetailArgs) -> anyhow::Result<()> {
     }
     // --run so a degraded array is described too; nothing is written either way.
     let a = assemble(&args.members, true, false, false)?;
-    print!("{}", detail_text(&a.plan.name, &detail::offline(&a)));
+    let info = detail::offline(&a);
+    if args.json {
+        print!("{}", detail_json(&a.plan.name, &info, None));
+    } else {
+        print!("{}", detail_text(&a.plan.name, &info));
+    }
     Ok(())
 }

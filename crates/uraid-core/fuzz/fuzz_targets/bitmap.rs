@@ -26,9 +26,9 @@ fuzz_target!(|data: &[u8]| {
         bm.pages_written(&gate.pages_to_write);
         bm.end_write(start, 8, data[41] & 1 == 1);
         let c = bm.daemon_pass();
-        let _ = bm.clear_flushed(&c, 1);
+        let _ = bm.clear_flushed(&c, Some(1));
         let c = bm.daemon_pass();
-        let _ = bm.clear_flushed(&c, 2);
+        let _ = bm.clear_flushed(&c, Some(2));
         let _ = bm.dirty_regions();
     }
 });

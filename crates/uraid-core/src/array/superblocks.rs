@@ -382,13 +382,20 @@ impl ArraySuperblocks {
     }
 
     fn clear_flushed(&mut self, candidates: &[u64]) -> Option<MetaRound> {
-        let events = self.events;
+        // md moves events_cleared only while every slot has a working member: a member
+        // away keeps its claim on the bits set since it left (its re-add reads them).
+        let whole = (0..self.raid_disks as usize).all(|s| {
+            self.members
+                .iter()
+                .any(|m| matches!(m.role, DevRole::Active { slot, recovering: false } if slot == s))
+        });
+        let events = if whole { Some(self.events) } else { None };
         let pages = self.bitmap.as_mut()?.clear_flushed(candidates, events);
         if pages.is_empty() {
             return None;
         }
         let ios = self.bitmap_page_ios(&pages);
-        Some(MetaRound { ios, events, kind: RoundKind::BitmapPages { pages } })
+        Some(MetaRound { ios, events: self.events, kind: RoundKind::BitmapPages { pages } })
     }
 
     /// Before the first write after a clean start or a clean marking: the superblocks say

@@ -641,8 +641,9 @@ impl WriteIntentBitmap {
     /// After a flush issued after [`WriteIntentBitmap::daemon_pass`] returned `candidates`:
     /// clears those still idle (a write since then reset their idle count, and its data
     /// may postdate the flush) and returns the pages to write. `events` is recorded as
-    /// events_cleared when something was cleared.
-    pub fn clear_flushed(&mut self, candidates: &[u64], events: u64) -> Vec<BitmapPageWrite> {
+    /// events_cleared when something was cleared (None while the array is degraded: md
+    /// keeps events_cleared then, so a member that left can still be re-added from it).
+    pub fn clear_flushed(&mut self, candidates: &[u64], events: Option<u64>) -> Vec<BitmapPageWrite> {
         let mut pages = BTreeSet::new();
         for &c in candidates {
             let i = c as usize;
@@ -659,7 +660,7 @@ impl WriteIntentBitmap {
             self.idle_passes[i] = 0;
             pages.insert(Self::page_of_chunk(c));
         }
-        if !pages.is_empty() {
+        if let (false, Some(events)) = (pages.is_empty(), events) {
             self.sb.events_cleared = events;
             // events_cleared lives in the header on page 0.
             pages.insert(0);

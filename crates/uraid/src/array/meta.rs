@@ -303,6 +303,11 @@ impl MetaKeeper {
     /// Shutdown after the final flush: clean unless a resync is still owed. md writes
     /// the superblocks on every stop, which also records the last recovery checkpoint.
     pub fn mark_stopped(&self) -> anyhow::Result<()> {
+        // md_bitmap_flush: three daemon passes with no wait, so every bit whose writes
+        // reached all members is cleared (after a flush) and the next start begins clean.
+        for _ in 0..3 {
+            self.bitmap_daemon()?;
+        }
         let mut st = self.lock();
         let clean = !st.core.resync_pending() && !st.core.failed();
         let round = st.core.stop(super::now_seconds());

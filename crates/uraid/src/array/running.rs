@@ -905,6 +905,12 @@ impl RunningArray {
         detail_text(&self.name, &self.detail_info())
     }
 
+    /// `detail --json`, with each slot's member I/O counts since the array started.
+    pub fn detail_json(&self) -> String {
+        let stats = self.handle.stats().ok();
+        super::report::detail_json(&self.name, &self.detail_info(), stats.as_ref().map(|s| &s.array))
+    }
+
     /// A /proc/mdstat-like view.
     pub fn status(&self) -> String {
         let snap = self.snapshot();
