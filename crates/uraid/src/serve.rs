@@ -118,6 +118,11 @@ pub type Banner = dyn Fn(&str, &Path) -> String;
 
 /// Serves until a signal; `banner` is printed after the listeners are up (the demo's).
 pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
+    // Before anything can be reached (the control socket, the NBD socket): a SIGTERM that
+    // arrives as soon as a client sees the sockets must stop the array cleanly, not kill it.
+    let mut signals =
+        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+            .context("installing the SIGINT/SIGTERM handlers")?;
     let mut assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
     assembled.config.tunables.balance =
         uraid_core::mirror::Balance::parse(&args.balance).map_err(anyhow::Error::msg)?;
@@ -178,9 +183,6 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
             .spawn(move || crate::control::serve(control_listener, array, stop))?
     };
     let shutdown = server.shutdown_handle();
-    let mut signals =
-        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-            .context("installing the SIGINT/SIGTERM handlers")?;
     let signal_handle = signals.handle();
     let signal_thread = std::thread::Builder::new().name("uraid-signals".into()).spawn(move || {
         if let Some(sig) = signals.forever().next() {

@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -19,28 +18,6 @@ fn create(dir: &TempDir, level: &str, n: usize, extra: &[&str]) -> Vec<PathBuf> 
     args.extend(paths(&members));
     ok(uraid(&args), "uraid create");
     members
-}
-
-/// Runs a command, failing the test if it takes longer than `limit` (a hang).
-fn bounded(cmd: &str, args: &[&str], limit: Duration) -> std::process::Output {
-    let mut child = Command::new(cmd)
-        .args(args)
-        .env("URAID_PARITY_QUIET", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let o = child.wait_with_output().unwrap();
-            panic!("{cmd} {args:?} hung for {limit:?}:\n{}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
 }
 
 fn status(s: &Served) -> String {

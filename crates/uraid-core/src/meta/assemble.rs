@@ -471,6 +471,16 @@ pub fn plan_assembly(
         let dropped_by_freshest = i != fresh_idx
             && sb.events < events
             && fresh.dev_roles.get(sb.dev_number as usize).copied() != Some(r);
+        let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
+        let candidate = SlotMember {
+            member: i,
+            dev_number: sb.dev_number,
+            sb_offset_sectors: sb.super_offset,
+            data_offset_sectors: sb.data_offset,
+            data_size_sectors: sb.data_size,
+            recovery_offset_sectors: recovery,
+            write_mostly: sb.devflags & super::superblock::devflags::WRITE_MOSTLY != 0,
+        };
         if too_old || disowns_freshest || dropped_by_freshest {
             let why = if too_old {
                 format!("events {} behind the array's {events}", sb.events)
@@ -480,20 +490,7 @@ pub fn plan_assembly(
                 "the array has since removed it from its slot".to_string()
             };
             if too_old && !disowns_freshest && !dropped_by_freshest {
-                let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
-                forcible.push((
-                    sb.events,
-                    slot as usize,
-                    SlotMember {
-                        member: i,
-                        dev_number: sb.dev_number,
-                        sb_offset_sectors: sb.super_offset,
-                        data_offset_sectors: sb.data_offset,
-                        data_size_sectors: sb.data_size,
-                        recovery_offset_sectors: recovery,
-                        write_mostly: sb.devflags & super::superblock::devflags::WRITE_MOSTLY != 0,
-                    },
-                ));
+                forcible.push((sb.events, slot as usize, candidate));
             }
             warnings
                 .push(format!("{name} (slot {slot}) is stale ({why}); left out, re-add it to recover it"));
@@ -505,16 +502,6 @@ pub fn plan_assembly(
             });
             continue;
         }
-        let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
-        let candidate = SlotMember {
-            member: i,
-            dev_number: sb.dev_number,
-            sb_offset_sectors: sb.super_offset,
-            data_offset_sectors: sb.data_offset,
-            data_size_sectors: sb.data_size,
-            recovery_offset_sectors: recovery,
-            write_mostly: sb.devflags & super::superblock::devflags::WRITE_MOSTLY != 0,
-        };
         let s = slot as usize;
         match &slots[s] {
             None => {

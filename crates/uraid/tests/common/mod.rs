@@ -217,3 +217,26 @@ pub fn md_check(images: &[PathBuf]) -> MdView {
 pub fn sha256_bytes(data: &[u8]) -> String {
     format!("{:x}", Sha256::digest(data))
 }
+
+/// Runs a command, failing the test if it takes longer than `limit` (a hang, or a server
+/// that started where it should have refused).
+pub fn bounded(cmd: &str, args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(cmd)
+        .args(args)
+        .env("URAID_PARITY_QUIET", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("{cmd} {args:?} still ran after {limit:?}:\n{}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
