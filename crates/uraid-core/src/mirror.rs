@@ -66,7 +66,7 @@ pub(crate) fn choose_copy(
         return None;
     }
     // Write-mostly members serve a read only when nothing else can (md's read_balance).
-    let is_wm = |i: &usize| copies[*i].member < members.len() && members[copies[*i].member].write_mostly;
+    let is_wm = |i: &usize| members[copies[*i].member].write_mostly;
     if candidates.iter().any(|i| !is_wm(i)) {
         candidates.retain(|i| !is_wm(i));
     }

@@ -680,6 +680,12 @@ impl WriteIntentBitmap {
         dirty_regions_of(&bits, self.nbits, self.sb.chunksize, self.sb.sync_size)
     }
 
+    /// Chunks whose bit is set, needed or not, as merged sync-space (start, len) regions:
+    /// what a member that left since `events_cleared` may have missed (md's re-add).
+    pub fn set_regions(&self) -> Vec<(u64, u64)> {
+        dirty_regions_of(&self.bits, self.nbits, self.sb.chunksize, self.sb.sync_size)
+    }
+
     /// Whether a region needs resync (md's `md_bitmap_start_sync`).
     pub fn needs_sync(&self, start_sector: u64, len_sectors: u64) -> bool {
         self.chunks_of(start_sector, len_sectors).any(|c| self.needed[c as usize])

@@ -53,6 +53,22 @@ pub(crate) struct HeadsLeft {
     ok: bool,
 }
 
+/// A claimed head leaves its unit before the unit started (the array failed while it
+/// waited for its batch); true when the unit has no head left.
+pub(super) fn drop_claimed_head(
+    heads: &mut Vec<u64>,
+    heads_ready: &mut usize,
+    key: u64,
+    st: &mut super::Stripe,
+) -> bool {
+    if st.sync.as_ref().is_some_and(|s| s.ready) {
+        *heads_ready -= 1;
+    }
+    heads.retain(|&k| k != key);
+    st.sync = None;
+    heads.is_empty()
+}
+
 impl Engine {
     /// Member sectors of one sync job unit on raid4/5/6: the heads of a chunk row, up to
     /// `MAX_ROW_HEADS` of them and an eighth of the stripe cache (always inside one chunk,
@@ -203,15 +219,7 @@ impl Engine {
             return self.scrub_head_failed(key, st);
         }
         let Some(u) = self.cache.rows.get_mut(&unit) else { return };
-        if u.started {
-            return;
-        }
-        if st.sync.as_ref().is_some_and(|s| s.ready) {
-            u.heads_ready -= 1;
-        }
-        u.heads.retain(|&k| k != key);
-        st.sync = None;
-        if u.heads.is_empty() {
+        if !u.started && drop_claimed_head(&mut u.heads, &mut u.heads_ready, key, st) {
             self.cache.rows.remove(&unit);
             self.sync_unit_done(unit, false);
         }

@@ -82,15 +82,7 @@ impl Engine {
     pub(super) fn scrub_head_failed(&mut self, key: u64, st: &mut super::Stripe) {
         let Some(unit) = st.sync.as_ref().map(|s| s.unit) else { return };
         let Some(u) = self.cache.scrubs.get_mut(&unit) else { return };
-        if u.started {
-            return;
-        }
-        if st.sync.as_ref().is_some_and(|s| s.ready) {
-            u.heads_ready -= 1;
-        }
-        u.heads.retain(|&k| k != key);
-        st.sync = None;
-        if u.heads.is_empty() {
+        if !u.started && super::row_sync::drop_claimed_head(&mut u.heads, &mut u.heads_ready, key, st) {
             self.cache.scrubs.remove(&unit);
             self.sync_unit_done(unit, false);
         }

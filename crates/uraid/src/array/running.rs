@@ -820,16 +820,7 @@ impl RunningArray {
                 old.events
             ));
         }
-        let cs = bm.chunk_sectors();
-        let size = bm.superblock().sync_size;
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        for c in (0..bm.chunks()).filter(|&c| bm.is_set(c)) {
-            let (a, b) = (c * cs, ((c + 1) * cs).min(size));
-            match ranges.last_mut() {
-                Some(last) if last.1 == a => last.1 = b,
-                _ => ranges.push((a, b)),
-            }
-        }
+        let ranges: Vec<(u64, u64)> = bm.set_regions().into_iter().map(|(s, l)| (s, s + l)).collect();
         Ok(ranges)
     }
 
