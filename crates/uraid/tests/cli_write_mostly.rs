@@ -55,11 +55,7 @@ fn md_write_mostly_members_are_read_by_uraid() {
          /dev/vda --write-mostly /dev/vdb && mdadm --stop /dev/md0\n",
     )
     .unwrap();
-    let run =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/mdvm/run-in-md-vm");
-    let mut a = vec![script.to_str().unwrap()];
-    a.extend(paths(&images));
-    let o = tool(run.to_str().unwrap(), &a);
+    let o = md_vm(&script, &images, false);
     assert!(o.status.success(), "md could not create the array:\n{}", text(&o));
     let ex = ok(uraid(&["examine", images[1].to_str().unwrap()]), "uraid examine");
     assert_eq!(mdadm_field(&ex, "Flags").as_deref(), Some("write-mostly"), "{ex}");
