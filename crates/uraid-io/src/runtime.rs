@@ -12,7 +12,13 @@
 //!
 //! Shutdown stops taking requests, finishes everything in flight, then flushes the array
 //! (a `Flush` request through the engine) and reports the flush's result. Requests that
-//! arrive after the shutdown began are answered `ArrayFailed`.
+//! arrive after the shutdown began are answered `ArrayFailed`. `quiesce` does the same
+//! but keeps the thread: control messages and member I/O (the superblocks marked clean
+//! on stop) still go through it until `shutdown`.
+//!
+//! Member I/O that is not the engine's (superblock and bitmap writes, their flushes) goes
+//! through the same executor with `RuntimeHandle::member_io`: queued behind the data the
+//! engine sent the member before it, and completed to its waiter, never to the engine.
 //!
 //! A client may also run a round itself (`RuntimeOptions::run_on_submitter_max_bytes`), as md runs
 //! a bio's mapping in the submitter's context: when the engine's state is free (the
@@ -36,7 +42,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use uraid_core::stats::ArrayStats;
-use uraid_core::{Request, RequestCompletion, RequestError, SubmitError};
+use uraid_core::{
+    IoBytes, MemberIo, MemberIoError, MemberIoId, MemberIoOp, Request, RequestCompletion, RequestError,
+    SubmitError,
+};
 
 use crate::engine::ArrayEngine;
 use crate::real::{BackendKind, Executor, Sleeper, Waker};
@@ -127,8 +136,18 @@ enum Msg {
     FailMember(usize),
     Control(ControlFn),
     Stats(mpsc::Sender<RuntimeStats>),
-    Shutdown(mpsc::Sender<ShutdownReport>),
+    /// A member I/O of the caller's own (its id is the runtime's to choose).
+    MemberIo(MemberIo, mpsc::Sender<Result<(), MemberIoError>>),
+    /// Close to requests and flush; `stop`: end the thread after it.
+    Close {
+        stop: bool,
+        report_to: mpsc::Sender<ShutdownReport>,
+    },
 }
+
+/// Ids of the callers' member I/Os: far above any the engine hands out, so a completion
+/// tells by its id whose it is.
+const OWN_IO_ID_BASE: MemberIoId = 1 << 63;
 
 /// A submitter's way into the engine's state, without knowing the engine's type.
 trait SubmitterRound: Send + Sync {
@@ -227,6 +246,36 @@ impl RuntimeHandle {
         self.send(Msg::Control(f))
     }
 
+    /// Writes `data` at `offset_bytes` of executor member `member` (or flushes it:
+    /// `MemberIoOp::Flush`, empty data) and waits for the result, in order with the member
+    /// I/O the engine issued before. Never call it on the runtime thread (from a request's
+    /// callback, say): that thread would wait for itself.
+    pub fn member_io(
+        &self,
+        member: usize,
+        op: MemberIoOp,
+        offset_bytes: u64,
+        data: Vec<u8>,
+    ) -> Result<Result<(), MemberIoError>, RuntimeError> {
+        let len_bytes = match op {
+            MemberIoOp::Write => data.len() as u64,
+            _ => 0,
+        };
+        let io = MemberIo { id: 0, member, op, offset_bytes, len_bytes, data: IoBytes::from(data) };
+        let (tx, rx) = mpsc::channel();
+        self.send(Msg::MemberIo(io, tx))?;
+        rx.recv().map_err(|_| RuntimeError::Stopped)
+    }
+
+    /// Stops taking requests (they are answered `ArrayFailed`), finishes those in flight
+    /// and flushes the array, like `shutdown`, but the thread stays for control messages
+    /// and [`RuntimeHandle::member_io`] until `shutdown`.
+    pub fn quiesce(&self) -> Result<ShutdownReport, RuntimeError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Msg::Close { stop: false, report_to: tx })?;
+        rx.recv().map_err(|_| RuntimeError::Stopped)
+    }
+
     /// Run `f` on the runtime thread and wait for its result. Keep `f` short: the array
     /// serves nothing while it runs.
     pub fn control<R: Send + 'static>(
@@ -299,7 +348,7 @@ impl ArrayRuntime {
     fn shutdown_inner(&mut self) -> Result<ShutdownReport, RuntimeError> {
         let Some(thread) = self.thread.take() else { return Err(RuntimeError::Stopped) };
         let (tx, rx) = mpsc::channel();
-        let sent = self.handle.send(Msg::Shutdown(tx));
+        let sent = self.handle.send(Msg::Close { stop: true, report_to: tx });
         let report = rx.recv().map_err(|_| RuntimeError::Stopped);
         let _ = thread.join();
         sent?;
@@ -434,7 +483,10 @@ struct Loop<E: ArrayEngine> {
     callbacks: HashMap<u64, (u64, Callback)>,
     next_id: u64,
     held: Option<Request>,
-    shutdown: Option<Option<mpsc::Sender<ShutdownReport>>>,
+    closing: Option<Closing>,
+    /// The callers' own member I/Os in flight: runtime id -> waiter.
+    own_ios: HashMap<MemberIoId, mpsc::Sender<Result<(), MemberIoError>>>,
+    next_own_io_id: MemberIoId,
     flush_id: Option<u64>,
     flush_result: Option<Result<(), RequestError>>,
     requests_completed: u64,
@@ -456,7 +508,9 @@ impl<E: ArrayEngine + 'static> Loop<E> {
             callbacks: HashMap::new(),
             next_id: 1,
             held: None,
-            shutdown: None,
+            closing: None,
+            own_ios: HashMap::new(),
+            next_own_io_id: OWN_IO_ID_BASE,
             flush_id: None,
             flush_result: None,
             requests_completed: 0,
@@ -514,7 +568,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         let mut submitted = false;
         match msg {
             Msg::Request(req, cb) => {
-                if self.shutdown.is_some() {
+                if self.closing.is_some() {
                     call(cb, RequestCompletion { id: req.id, result: Err(RequestError::ArrayFailed) });
                     return false;
                 }
@@ -529,7 +583,13 @@ impl<E: ArrayEngine + 'static> Loop<E> {
             Msg::Stats(tx) => {
                 let _ = tx.send(self.stats());
             }
-            Msg::Shutdown(tx) => self.shutdown = Some(Some(tx)),
+            Msg::MemberIo(mut io, done) => {
+                io.id = self.next_own_io_id;
+                self.next_own_io_id += 1;
+                self.own_ios.insert(io.id, done);
+                self.ex.submit(io);
+            }
+            Msg::Close { stop, report_to } => self.close(stop, Some(report_to)),
         }
         submitted
     }
@@ -540,7 +600,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
     /// runtime must take it through the channel (shutting down, a request already held, or
     /// messages waiting in the channel, which it must not overtake).
     fn submitter_round(&mut self, req: Request, cb: Callback) -> Result<bool, (Request, Callback)> {
-        if self.shutdown.is_some() || self.held.is_some() || self.wake.queued.load(Ordering::SeqCst) > 0 {
+        if self.closing.is_some() || self.held.is_some() || self.wake.queued.load(Ordering::SeqCst) > 0 {
             return Err((req, cb));
         }
         let now = self.now_ns();
@@ -569,8 +629,8 @@ impl<E: ArrayEngine + 'static> Loop<E> {
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
-                    if self.shutdown.is_none() {
-                        self.shutdown = Some(None);
+                    if !self.closing.as_ref().is_some_and(|c| c.stop) {
+                        self.close(true, None);
                     }
                     break;
                 }
@@ -581,7 +641,8 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         }
         progress |= self.pump();
         self.round_end();
-        if self.shutdown.is_some() && self.held.is_none() && self.callbacks.is_empty() {
+        let flush_due = self.closing.as_ref().is_some_and(|c| !c.flushed);
+        if flush_due && self.held.is_none() && self.callbacks.is_empty() && self.own_ios.is_empty() {
             if self.flush_id.is_none() && self.flush_result.is_none() {
                 let id = self.next_id;
                 self.next_id += 1;
@@ -596,7 +657,18 @@ impl<E: ArrayEngine + 'static> Loop<E> {
                 return After::Again;
             }
             if let Some(result) = self.flush_result.take() {
-                return After::Stopped(result);
+                if self.closing.as_ref().is_some_and(|c| c.stop) {
+                    return After::Stopped(result);
+                }
+                // Quiesced: report, and go on serving control messages and member I/O.
+                let report = ShutdownReport { flush: result, stats: self.stats() };
+                if let Some(c) = self.closing.as_mut() {
+                    c.flushed = true;
+                    for tx in c.report_to.drain(..) {
+                        let _ = tx.send(report.clone());
+                    }
+                }
+                return After::Again;
             }
         }
         if progress {
@@ -633,9 +705,24 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         let now = self.now_ns();
         self.member_ios_completed += self.io_done.len() as u64;
         for c in self.io_done.drain(..) {
+            if c.id >= OWN_IO_ID_BASE {
+                if let Some(done) = self.own_ios.remove(&c.id) {
+                    let _ = done.send(c.result.map(|_| ()));
+                }
+                continue;
+            }
             self.engine.complete_member_io(c, now);
         }
         true
+    }
+
+    /// Starts closing (see [`Closing`]); a second call (a shutdown after a quiesce, or
+    /// the channel's end) flushes again, so everything before it is covered too.
+    fn close(&mut self, stop: bool, report_to: Option<mpsc::Sender<ShutdownReport>>) {
+        let c = self.closing.get_or_insert(Closing { stop, flushed: false, report_to: Vec::new() });
+        c.stop |= stop;
+        c.flushed = false;
+        c.report_to.extend(report_to);
     }
 
     fn deliver(&mut self) -> bool {
@@ -675,8 +762,8 @@ impl<E: ArrayEngine + 'static> Loop<E> {
                     self.wake.sleeping.store(false, Ordering::SeqCst);
                     return None;
                 }
-                Err(TryRecvError::Disconnected) if self.shutdown.is_none() => {
-                    self.shutdown = Some(None);
+                Err(TryRecvError::Disconnected) if !self.closing.as_ref().is_some_and(|c| c.stop) => {
+                    self.close(true, None);
                     self.wake.sleeping.store(false, Ordering::SeqCst);
                     return None;
                 }
@@ -708,15 +795,33 @@ impl<E: ArrayEngine + 'static> Loop<E> {
                     let now = self.now_ns();
                     let _ = catch_unwind(AssertUnwindSafe(|| f(&mut self.engine, &mut self.ex, now)));
                 }
-                Msg::FailMember(_) | Msg::Shutdown(_) => {}
+                Msg::Close { report_to, .. } => {
+                    if let Some(c) = self.closing.as_mut() {
+                        c.report_to.push(report_to);
+                    }
+                }
+                // Dropping the waiter's sender tells it the runtime has stopped.
+                Msg::MemberIo(..) | Msg::FailMember(_) => {}
             }
         }
         self.round_end();
         let report = ShutdownReport { flush, stats: self.stats() };
-        if let Some(Some(tx)) = self.shutdown.take() {
-            let _ = tx.send(report);
+        if let Some(c) = self.closing.take() {
+            for tx in c.report_to {
+                let _ = tx.send(report.clone());
+            }
         }
     }
+}
+
+/// The runtime refuses requests from the moment it starts closing.
+struct Closing {
+    /// End the thread once flushed (shutdown); else keep serving control messages and
+    /// member I/O (quiesce).
+    stop: bool,
+    /// The closing flush is done (and reported).
+    flushed: bool,
+    report_to: Vec<mpsc::Sender<ShutdownReport>>,
 }
 
 /// A client's callback that panics must not take the array down with it.

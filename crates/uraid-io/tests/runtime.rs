@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use uraid_core::stats::ArrayStats;
 use uraid_core::{
-    MemberIo, MemberIoCompletion, Request, RequestCompletion, RequestError, SubmitError, TimeNs,
+    MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp, Request, RequestCompletion, RequestError,
+    SubmitError, TimeNs,
 };
 use uraid_io::real::{BackendChoice, Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeError, RuntimeOptions};
@@ -237,4 +238,46 @@ fn a_submitter_round_wakes_the_runtime_for_device_io() {
     }
     drop(rt);
     let _ = std::fs::remove_file(&paths[0]);
+}
+
+/// A caller's own member I/O (a superblock write) goes through the executor to the
+/// member, also to a member attached after the start (a hot spare), and its completion
+/// reaches the caller, not the engine. After `quiesce` requests are refused while member
+/// I/O still runs; `shutdown` then ends the thread and member I/O reports it.
+#[test]
+fn own_member_io_and_quiesce() {
+    for backend in [BackendChoice::IoUring, BackendChoice::ThreadPool] {
+        let paths = files(&format!("own-{backend:?}"), 3, 1 << 20);
+        let opts = OpenOptions { log: false, ..Default::default() };
+        let set = MemberSet::open(&paths[..2], &opts).unwrap();
+        let ex = Executor::new(set, &ExecutorOptions { backend, log: false, ..Default::default() }).unwrap();
+        let rt =
+            ArrayRuntime::start(MirrorEngine::new(2, 1 << 20, 0), ex, &RuntimeOptions::default()).unwrap();
+        let h = rt.handle();
+        let spare = uraid_io::real::Member::open(&paths[2], &opts).unwrap();
+        let spare_index = h.control(move |_, ex, _| ex.attach_member(spare).unwrap()).unwrap();
+        assert_eq!(spare_index, 2);
+        for (member, byte) in [(1usize, 0xa1u8), (spare_index, 0xb2)] {
+            assert_eq!(h.member_io(member, MemberIoOp::Write, 8192, vec![byte; 4096]), Ok(Ok(())));
+            assert_eq!(h.member_io(member, MemberIoOp::Flush, 0, Vec::new()), Ok(Ok(())));
+            let on_disk = std::fs::read(&paths[member]).unwrap();
+            assert_eq!(&on_disk[8192..12288], &[byte; 4096][..], "{backend:?} member {member}");
+        }
+        assert_eq!(
+            h.member_io(7, MemberIoOp::Write, 0, vec![0; 4096]),
+            Ok(Err(MemberIoError::Gone)),
+            "a member index the executor does not have"
+        );
+        let report = h.quiesce().unwrap();
+        assert_eq!(report.flush, Ok(()));
+        let c = h.submit_wait(Request::read(1, 0, 4096)).unwrap();
+        assert_eq!(c.result, Err(RequestError::ArrayFailed), "quiesced: requests refused");
+        assert_eq!(h.member_io(0, MemberIoOp::Write, 0, vec![0xc3; 4096]), Ok(Ok(())));
+        assert_eq!(std::fs::read(&paths[0]).unwrap()[..4096], [0xc3; 4096]);
+        assert_eq!(rt.shutdown().unwrap().flush, Ok(()));
+        assert_eq!(h.member_io(0, MemberIoOp::Flush, 0, Vec::new()), Err(RuntimeError::Stopped));
+        for p in paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }

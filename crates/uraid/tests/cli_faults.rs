@@ -85,11 +85,18 @@ fn a_failing_superblock_and_bitmap_write_fails_the_member_not_the_client() {
 fn a_member_flush_failing_under_the_clean_marking_flush_does_not_hang() {
     let dir = TempDir::new("flushfault");
     let members = create(&dir, "5", 3, &["--bitmap", "none", "--name", "flushfault"]);
-    let served = Served::start(&dir, &members, &["--debug-fault", "member=2,op=flush"]);
+    // The first flush of member 2 is the one under its superblock marked dirty; the
+    // second, the one the array issues before marking clean, fails.
+    let served = Served::start(&dir, &members, &["--debug-fault", "member=2,op=flush,after=1"]);
     let src = pattern_file(&dir, 1 << 20, 5);
-    // No client flush: the first flush is the one the array issues before marking clean.
+    // No client flush: the first flush of the data is the one before marking clean.
     copy_in(&src, &served.url);
     wait_status(&served, "[UU_]");
+    assert!(
+        !served.log_text().contains("failing the member"),
+        "the member failed under a metadata write, not the clean-marking flush:\n{}",
+        served.log_text()
+    );
     assert_eq!(read_back(&dir, &served.url, 1 << 20), std::fs::read(&src).unwrap());
     let stopped = Instant::now();
     served.stop();
@@ -106,4 +113,73 @@ fn a_data_write_error_fails_the_member_and_writes_go_on() {
     wait_status(&served, "[UUU_]");
     assert_eq!(read_back(&dir, &served.url, 4 << 20), std::fs::read(&src).unwrap());
     served.stop();
+}
+
+/// Superblock writes and their flushes are member I/O through the executor, in order
+/// with the data: a member whose flushes fail is failed by the first superblock round
+/// (marking the array dirty), before any client flush.
+#[test]
+fn a_superblock_write_goes_through_the_executor_and_its_failed_flush_fails_the_member() {
+    let dir = TempDir::new("sbflush");
+    let members = create(&dir, "1", 2, &["--bitmap", "none", "--name", "sbflush"]);
+    let served = Served::start(&dir, &members, &["--debug-fault", "member=1,op=flush"]);
+    let src = pattern_file(&dir, 1 << 20, 7);
+    copy_in(&src, &served.url);
+    wait_status(&served, "[U_]");
+    let log = served.log_text();
+    assert!(log.contains("writing the superblock failed"), "{log}");
+    assert_eq!(read_back(&dir, &served.url, 1 << 20), std::fs::read(&src).unwrap());
+    served.stop();
+}
+
+/// A second member fails while a RAID6 rebuilds the first: its writes (or flushes) start
+/// failing the moment the rebuild starts (`when=`: the rule is armed by a file). Nothing
+/// hangs, the member is failed, the rebuild finishes from the rest, clients see no error,
+/// and real md assembles the result to the same bytes with `mismatch_cnt` 0.
+fn second_failure_during_recovery(op: &str) {
+    let dir = TempDir::new(&format!("recfault-{op}"));
+    let members = create(&dir, "6", 4, &["--bitmap", "none", "--name", "recfault"]);
+    let arm = dir.path("arm");
+    let rule = format!("member=3,op={op},when={}", arm.display());
+    let served = Served::start(&dir, &members, &["--debug-fault", &rule]);
+    let before = pattern_file(&dir, 4 << 20, 11);
+    copy_in(&before, &served.url);
+    served.ctl("fail", Some(&members[0]));
+    served.ctl("remove", Some(&members[0]));
+    wait_status(&served, "[_UUU]");
+    std::fs::write(&arm, b"").unwrap();
+    served.ctl("add", Some(&members[0]));
+    // Writes while it rebuilds: they reach member 3 and fail there.
+    let during = pattern_file(&dir, 2 << 20, 13);
+    copy_in(&during, &served.url);
+    let st = wait_status(&served, "[UUU_]");
+    assert!(!st.contains("recovery"), "{st}");
+    let mut want = std::fs::read(&before).unwrap();
+    want[..2 << 20].copy_from_slice(&std::fs::read(&during).unwrap());
+    assert_eq!(read_back(&dir, &served.url, 4 << 20), want);
+    let log = served.stop();
+    assert!(log.contains("slot 3 failed"), "{log}");
+    std::fs::remove_file(&arm).unwrap();
+    // Started again from its superblocks: member 3 stays out, the data stays.
+    let again = Served::start(&dir, &members, &["--run"]);
+    let out = dir.path("whole");
+    let o = bounded("nbdcopy", &[&again.url, out.to_str().unwrap()], Duration::from_secs(30));
+    assert!(o.status.success(), "nbdcopy out: {}", text(&o));
+    again.stop();
+    let whole = std::fs::read(&out).unwrap();
+    assert_eq!(whole[..4 << 20], want[..]);
+    // What md makes of it: the same bytes, and its own check finds nothing to fix.
+    let md = md_check(&members);
+    assert_eq!(md.sha256, sha256_bytes(&whole));
+    assert_eq!(md.mismatch_cnt, 0);
+}
+
+#[test]
+fn a_member_whose_writes_fail_during_recovery_is_failed_and_the_rebuild_finishes() {
+    second_failure_during_recovery("write");
+}
+
+#[test]
+fn a_member_whose_flushes_fail_during_recovery_is_failed_and_the_rebuild_finishes() {
+    second_failure_during_recovery("flush");
 }

@@ -1,8 +1,10 @@
 //! Member faults injected into real runs, for the tests that fail real member I/O under
 //! load (`uraid serve --debug-fault`): a rule fails one member's reads, writes, flushes or
 //! metadata writes after a number of them went through, as dm-flakey or the error target
-//! would. See docs/reliability.md.
+//! would; `when=PATH` arms it only while PATH exists, so a test can fail a member at a
+//! moment of its choosing (in the middle of a recovery, say). See docs/reliability.md.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The kind of member I/O a rule fails.
@@ -23,6 +25,8 @@ pub struct FaultRule {
     pub after: u64,
     /// Then this many fail (None: every later one).
     pub count: Option<u64>,
+    /// The rule counts and fails I/O only while this file exists.
+    pub when: Option<PathBuf>,
     seen: AtomicU64,
 }
 
@@ -33,6 +37,7 @@ impl FaultRule {
         let mut op = None;
         let mut after = 0;
         let mut count = None;
+        let mut when = None;
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) =
                 part.split_once('=').ok_or_else(|| format!("{part:?}: expected key=value in {spec:?}"))?;
@@ -50,7 +55,10 @@ impl FaultRule {
                 }
                 "after" => after = number()?,
                 "count" => count = Some(number()?),
-                other => return Err(format!("{other:?}: a fault rule takes member, op, after and count")),
+                "when" => when = Some(PathBuf::from(value)),
+                other => {
+                    return Err(format!("{other:?}: a fault rule takes member, op, after, count and when"))
+                }
             }
         }
         Ok(FaultRule {
@@ -58,6 +66,7 @@ impl FaultRule {
             op: op.ok_or_else(|| format!("{spec:?}: op=read|write|flush|meta is required"))?,
             after,
             count,
+            when,
             seen: AtomicU64::new(0),
         })
     }
@@ -77,7 +86,8 @@ impl Faults {
     /// Counts one I/O of `op` on `member`; true when a rule fails it.
     pub fn hit(&self, member: usize, op: FaultOp) -> bool {
         let mut fail = false;
-        for r in self.rules.iter().filter(|r| r.member == member && r.op == op) {
+        let armed = |r: &&FaultRule| r.when.as_ref().is_none_or(|p| p.exists());
+        for r in self.rules.iter().filter(|r| r.member == member && r.op == op).filter(armed) {
             let n = r.seen.fetch_add(1, Ordering::SeqCst);
             fail |= n >= r.after && r.count.is_none_or(|c| n < r.after + c);
         }
@@ -97,5 +107,17 @@ mod tests {
         assert!(!f.hit(1, FaultOp::Write) && !f.hit(2, FaultOp::Read));
         assert!(FaultRule::parse("member=1,op=trim").is_err());
         assert!(FaultRule::parse("op=read").is_err());
+    }
+
+    #[test]
+    fn a_rule_with_when_fails_only_while_its_file_exists() {
+        let gate = std::env::temp_dir().join(format!("uraid-fault-gate-{}", std::process::id()));
+        let _ = std::fs::remove_file(&gate);
+        let f = Faults::new(vec![FaultRule::parse(&format!("member=0,op=read,when={}", gate.display())).unwrap()]);
+        assert!(!f.hit(0, FaultOp::Read));
+        std::fs::write(&gate, b"").unwrap();
+        assert!(f.hit(0, FaultOp::Read));
+        std::fs::remove_file(&gate).unwrap();
+        assert!(!f.hit(0, FaultOp::Read));
     }
 }

@@ -514,6 +514,18 @@ impl Executor {
         Ok(())
     }
 
+    /// Adds `member` after the others and returns its index: a member with no slot in
+    /// the array (a hot spare) whose superblock is still written through the executor.
+    /// The engine never addresses it; it stays until the executor is dropped.
+    pub fn attach_member(&mut self, member: Member) -> io::Result<usize> {
+        let mut members = self.members.iter().map(Member::try_clone).collect::<io::Result<Vec<_>>>()?;
+        members.push(member);
+        let old = std::mem::replace(&mut self.members, Arc::new(MemberSet { members }));
+        self.retired.push(old);
+        self.queues.push(MemberQueue { in_flight: 0, waiting: VecDeque::new() });
+        Ok(self.members.len() - 1)
+    }
+
     /// Member I/Os submitted and not yet returned by `poll`/`wait`.
     pub fn in_flight(&self) -> usize {
         self.in_flight

@@ -1,20 +1,23 @@
 //! Superblock and bitmap upkeep while an array runs. The decisions (dirty before the
 //! first write, clean after a flush when writes stop, events and dev_roles, md_error on
 //! a failed metadata write, write-intent bits durable before the writes they cover) are
-//! `uraid_core::array::ArraySuperblocks`; this driver performs its rounds on the member
-//! files with pwrite + fdatasync and keeps the locks and counters threads need.
+//! `uraid_core::array::ArraySuperblocks`; this driver performs its rounds as member I/O
+//! through the array's executor (`RuntimeHandle::member_io`: a write, then a flush of
+//! that member) and keeps the locks and counters threads need.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use anyhow::anyhow;
+use anyhow::{anyhow, bail};
 pub use uraid_core::array::DevRole;
 use uraid_core::array::{ArrayMember, ArraySuperblocks, MemberKey, MetaIo, MetaRound, MetaWriteKind};
 use uraid_core::meta::{Superblock, WriteIntentBitmap};
+use uraid_core::MemberIoOp;
 use uraid_io::real::fault::{FaultOp, Faults};
+use uraid_io::real::Member;
+use uraid_io::runtime::{RuntimeError, RuntimeHandle};
 
 /// A member as assembly hands it to the keeper.
 pub struct MetaDev {
@@ -27,13 +30,17 @@ pub struct MetaDev {
     pub identity: (u64, u64),
 }
 
-/// The file behind a member key of the core state machine.
+/// The file behind a member key of the core state machine. `file` holds the member's
+/// claim (its flock); I/O goes through the executor.
 struct MemberFile {
     key: MemberKey,
     name: String,
     path: PathBuf,
+    #[allow(dead_code)] // held for its claim, closed when the member leaves
     file: File,
     identity: (u64, u64),
+    /// The executor's index for this member while it has no slot (a hot spare).
+    spare_index: Option<usize>,
 }
 
 /// A member as the control paths see it (a copy: the state lock need not be held).
@@ -83,7 +90,7 @@ impl SbState {
     fn track(&mut self, name: String, path: PathBuf, file: File, identity: (u64, u64)) -> MemberKey {
         let key = self.next_key;
         self.next_key += 1;
-        self.files.push(MemberFile { key, name, path, file, identity });
+        self.files.push(MemberFile { key, name, path, file, identity, spare_index: None });
         key
     }
 
@@ -99,7 +106,13 @@ impl SbState {
 pub type MemberFailed = Box<dyn Fn(usize) + Send + Sync>;
 
 pub struct MetaKeeper {
-    pub state: Mutex<SbState>,
+    state: Mutex<SbState>,
+    /// Writes that ended and whose bitmap accounting waits for the state lock: they end
+    /// on the array thread (a request's callback), which must never wait for the lock,
+    /// since its holder may be waiting for that thread to perform a round's I/O.
+    ended_writes: Mutex<Vec<(WriteToken, bool)>>,
+    /// The running array's way to its members; rounds before it is set are refused.
+    runtime: OnceLock<RuntimeHandle>,
     has_bitmap: bool,
     member_failed: OnceLock<MemberFailed>,
     faults: OnceLock<Arc<Faults>>,
@@ -125,13 +138,22 @@ impl MetaKeeper {
         let mut files = Vec::new();
         let mut members = Vec::new();
         for (key, d) in (0..).zip(devs) {
-            files.push(MemberFile { key, name: d.name, path: d.path, file: d.file, identity: d.identity });
+            files.push(MemberFile {
+                key,
+                name: d.name,
+                path: d.path,
+                file: d.file,
+                identity: d.identity,
+                spare_index: None,
+            });
             members.push(ArrayMember { key, sb: d.sb, role: d.role });
         }
         let next_key = files.len() as MemberKey;
         let core = ArraySuperblocks::new(members, events, dirty, resync_pending, bitmap);
         MetaKeeper {
             state: Mutex::new(SbState { core, files, next_key }),
+            ended_writes: Mutex::new(Vec::new()),
+            runtime: OnceLock::new(),
             has_bitmap,
             member_failed: OnceLock::new(),
             faults: OnceLock::new(),
@@ -146,6 +168,11 @@ impl MetaKeeper {
     /// md_error: the member is failed instead of the client's write.
     pub fn on_member_failed(&self, f: MemberFailed) {
         let _ = self.member_failed.set(f);
+    }
+
+    /// The array's runtime: rounds are performed through its executor from now on.
+    pub fn attach_runtime(&self, handle: RuntimeHandle) {
+        let _ = self.runtime.set(handle);
     }
 
     /// Injected faults of `op=meta` rules (tests of real runs).
@@ -163,8 +190,14 @@ impl MetaKeeper {
         }
     }
 
+    /// The state, with the bitmap accounting of every write that ended so far applied.
     pub fn lock(&self) -> std::sync::MutexGuard<'_, SbState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let ended = std::mem::take(&mut *self.ended_writes.lock().unwrap_or_else(|e| e.into_inner()));
+        for (token, all_members) in ended {
+            st.core.end_write(token.sync, all_members);
+        }
+        st
     }
 
     pub fn is_dirty(&self) -> bool {
@@ -175,28 +208,45 @@ impl MetaKeeper {
         self.has_bitmap
     }
 
-    /// One member I/O of a round: pwrite + fdatasync, or fdatasync alone.
-    fn perform_io(&self, st: &SbState, io: &MetaIo) -> bool {
-        let Some(f) = st.files.iter().find(|f| f.key == io.key()) else { return false };
-        let (done, what) = match io {
-            MetaIo::Write { slot, what, offset_bytes, bytes, .. } => (
-                self.injected(*slot)
-                    .and_then(|_| f.file.write_all_at(bytes, *offset_bytes))
-                    .and_then(|_| f.file.sync_data()),
-                match what {
-                    MetaWriteKind::Superblock => "writing the superblock",
-                    MetaWriteKind::BitmapPage { .. } => "writing a bitmap page",
-                },
-            ),
-            MetaIo::Flush { slot, .. } => (
-                self.injected(*slot).and_then(|_| f.file.sync_data()),
-                "flushing before clearing bitmap bits",
-            ),
+    /// One member I/O of a round through the executor: a write then a flush of the
+    /// member (md's FUA/preflush), or the flush alone. Ok(false): the member failed it.
+    fn perform_io(&self, rt: &RuntimeHandle, st: &mut SbState, io: &MetaIo) -> Result<bool, RuntimeError> {
+        let Some(f) = st.files.iter_mut().find(|f| f.key == io.key()) else { return Ok(false) };
+        let (slot, what) = match io {
+            MetaIo::Write { slot, what: MetaWriteKind::Superblock, .. } => (*slot, "writing the superblock"),
+            MetaIo::Write { slot, .. } => (*slot, "writing a bitmap page"),
+            MetaIo::Flush { slot, .. } => (*slot, "flushing before clearing bitmap bits"),
         };
-        if let Err(e) = &done {
-            eprintln!("uraid: {}: {what} failed ({e}); failing the member", f.name);
+        let failed = |why: &str| {
+            eprintln!("uraid: {}: {what} failed ({why}); failing the member", f.name);
+            Ok(false)
+        };
+        if let Err(e) = self.injected(slot) {
+            return failed(&e.to_string());
         }
-        done.is_ok()
+        let index = match (slot, f.spare_index) {
+            (Some(slot), _) => slot,
+            (None, Some(index)) => index,
+            (None, None) => {
+                let member = match Member::open(&f.path, &super::running::exec_open_options(self.read_only)) {
+                    Ok(m) => m,
+                    Err(e) => return failed(&format!("opening it for I/O: {e}")),
+                };
+                match rt.control(move |_, ex, _| ex.attach_member(member))? {
+                    Ok(index) => *f.spare_index.insert(index),
+                    Err(e) => return failed(&format!("giving it to the executor: {e}")),
+                }
+            }
+        };
+        if let MetaIo::Write { offset_bytes, bytes, .. } = io {
+            if let Err(e) = rt.member_io(index, MemberIoOp::Write, *offset_bytes, bytes.clone())? {
+                return failed(&format!("{e:?}"));
+            }
+        }
+        match rt.member_io(index, MemberIoOp::Flush, 0, Vec::new())? {
+            Ok(()) => Ok(true),
+            Err(e) => failed(&format!("{e:?} on the flush")),
+        }
     }
 
     /// Performs `round` and the rounds the core asks for next. Members that fail are
@@ -205,9 +255,23 @@ impl MetaKeeper {
         if self.read_only {
             return Ok(());
         }
+        let Some(rt) = self.runtime.get() else { bail!("the array is not running: metadata not written") };
         let mut next = Some(round);
         while let Some(round) = next.take() {
-            let failed = round.execute(|io| self.perform_io(st, io));
+            let mut stopped = false;
+            let failed = round.execute(|io| {
+                if stopped {
+                    return false;
+                }
+                self.perform_io(rt, st, io).unwrap_or_else(|_| {
+                    stopped = true;
+                    false
+                })
+            });
+            if stopped {
+                // No member failed: the array thread is gone (stopping, or it died).
+                bail!("the array thread stopped under a metadata write; superblocks not updated");
+            }
             let out = st.core.round_done(round, &failed, super::now_seconds());
             st.prune();
             if let Some(tell) = self.member_failed.get() {
@@ -261,9 +325,10 @@ impl MetaKeeper {
     }
 
     /// After the write completed; `all_members` false (error, or degraded) keeps its bits.
+    /// Runs on the array thread: see `ended_writes`.
     pub fn after_write(&self, token: WriteToken, all_members: bool) {
         if token.sync.is_some() {
-            self.lock().core.end_write(token.sync, all_members);
+            self.ended_writes.lock().unwrap_or_else(|e| e.into_inner()).push((token, all_members));
         }
         self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
     }

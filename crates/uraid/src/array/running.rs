@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail, Context};
 use uraid_core::meta::{feature, Superblock, SuperblockVersion, MAX_SECTOR};
 use uraid_core::{Engine, EngineEvent, Geometry, MemberState, Request, SyncKind, SyncStatus};
 use uraid_io::real::{Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
-use uraid_io::runtime::{ArrayRuntime, RoundHook, RuntimeHandle, RuntimeOptions};
+use uraid_io::runtime::{ArrayRuntime, RoundHook, RuntimeError, RuntimeHandle, RuntimeOptions};
 
 use super::assembly::Assembled;
 use super::detail::{self, DetailInput, SlotView};
@@ -76,7 +76,7 @@ fn engine_of(e: &mut dyn std::any::Any) -> &mut Engine {
     e.downcast_mut::<Engine>().expect("the runtime runs a uraid_core::Engine")
 }
 
-fn exec_open_options(read_only: bool) -> OpenOptions {
+pub(super) fn exec_open_options(read_only: bool) -> OpenOptions {
     OpenOptions { direct: true, read_only, log: true }
 }
 
@@ -174,6 +174,7 @@ impl RunningArray {
         };
         let runtime = ArrayRuntime::start(engine, executor, &opts).context("starting the array thread")?;
         let handle = runtime.handle();
+        meta.attach_runtime(handle.clone());
         if let Some(f) = faults {
             meta.set_faults(f);
         }
@@ -477,8 +478,8 @@ impl RunningArray {
         self.meta.update(|st, now| st.core.recovery_checkpoint(slot, offset, now))
     }
 
-    /// Stops serving: monitor, runtime (finishing in-flight work and flushing), then the
-    /// superblocks are marked clean.
+    /// Stops serving: monitor, requests (finishing those in flight and flushing), then the
+    /// superblocks are marked clean through the still running array thread, which ends last.
     pub fn stop(&self) -> anyhow::Result<()> {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.monitor.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -498,11 +499,20 @@ impl RunningArray {
             (events, e.member_states(), e.sync_status())
         });
         let runtime = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let report = match runtime {
-            Some(r) => Some(r.shutdown().map_err(|e| anyhow!("{e}"))?),
-            None => None,
-        };
-        let flushed = report.as_ref().is_some_and(|r| r.flush.is_ok());
+        let Some(runtime) = runtime else { bail!("{} was stopped already", self.name) };
+        let result = self.quiesced_stop(last);
+        runtime.shutdown().map_err(|e| anyhow!("{e}"))?;
+        result
+    }
+
+    /// The metadata half of `stop`, with requests refused and the array thread still up.
+    #[allow(clippy::type_complexity)]
+    fn quiesced_stop(
+        &self,
+        last: Result<(Vec<EngineEvent>, Vec<MemberState>, Option<SyncStatus>), RuntimeError>,
+    ) -> anyhow::Result<()> {
+        let report = self.handle.quiesce().map_err(|e| anyhow!("{e}"))?;
+        let flushed = report.flush.is_ok();
         if let Ok((events, states, sync)) = last {
             for ev in events {
                 if let Err(e) = self.on_event_offline(ev, &states) {
