@@ -132,28 +132,36 @@ fn a_superblock_write_goes_through_the_executor_and_its_failed_flush_fails_the_m
     served.stop();
 }
 
-/// A second member fails while a RAID6 rebuilds the first: its writes (or flushes) start
-/// failing the moment the rebuild starts (`when=`: the rule is armed by a file). Nothing
-/// hangs, the member is failed, the rebuild finishes from the rest, clients see no error,
-/// and real md assembles the result to the same bytes with `mismatch_cnt` 0.
+/// A second member fails while a RAID6 rebuilds the first (slowed to 2 MB/s): its writes,
+/// or its flushes (the rebuild's checkpoint flushes), start failing once the rebuild runs
+/// (`when=`: the rule is armed by a file). Nothing hangs, the member is failed, the
+/// rebuild finishes from the rest, clients see no error, and real md assembles the result
+/// to the same bytes with `mismatch_cnt` 0.
 fn second_failure_during_recovery(op: &str) {
     let dir = TempDir::new(&format!("recfault-{op}"));
     let members = create(&dir, "6", 4, &["--bitmap", "none", "--name", "recfault"]);
     let arm = dir.path("arm");
     let rule = format!("member=3,op={op},when={}", arm.display());
-    let served = Served::start(&dir, &members, &["--debug-fault", &rule]);
+    let served = Served::start(&dir, &members, &["--debug-fault", &rule, "--sync-speed-max", "2000"]);
     let before = pattern_file(&dir, 4 << 20, 11);
     copy_in(&before, &served.url);
     served.ctl("fail", Some(&members[0]));
     served.ctl("remove", Some(&members[0]));
     wait_status(&served, "[_UUU]");
-    std::fs::write(&arm, b"").unwrap();
     served.ctl("add", Some(&members[0]));
+    wait_status(&served, "recovery");
+    std::fs::write(&arm, b"").unwrap();
     // Writes while it rebuilds: they reach member 3 and fail there.
     let during = pattern_file(&dir, 2 << 20, 13);
     copy_in(&during, &served.url);
-    let st = wait_status(&served, "[UUU_]");
-    assert!(!st.contains("recovery"), "{st}");
+    wait_status(&served, "_]");
+    assert!(status(&served).contains("recovery"), "member 3 failed while the rebuild ran");
+    let t0 = Instant::now();
+    while status(&served).contains("recovery") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the rebuild never finished:\n{}", served.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_status(&served, "[UUU_]");
     let mut want = std::fs::read(&before).unwrap();
     want[..2 << 20].copy_from_slice(&std::fs::read(&during).unwrap());
     assert_eq!(read_back(&dir, &served.url, 4 << 20), want);

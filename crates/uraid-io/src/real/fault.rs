@@ -113,7 +113,10 @@ mod tests {
     fn a_rule_with_when_fails_only_while_its_file_exists() {
         let gate = std::env::temp_dir().join(format!("uraid-fault-gate-{}", std::process::id()));
         let _ = std::fs::remove_file(&gate);
-        let f = Faults::new(vec![FaultRule::parse(&format!("member=0,op=read,when={}", gate.display())).unwrap()]);
+        let f =
+            Faults::new(
+                vec![FaultRule::parse(&format!("member=0,op=read,when={}", gate.display())).unwrap()],
+            );
         assert!(!f.hit(0, FaultOp::Read));
         std::fs::write(&gate, b"").unwrap();
         assert!(f.hit(0, FaultOp::Read));
