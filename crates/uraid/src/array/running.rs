@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
+use uraid_core::array::{UpkeepClock, UpkeepPeriods};
 use uraid_core::meta::{feature, Superblock, SuperblockVersion, MAX_SECTOR};
 use uraid_core::{Engine, EngineEvent, Geometry, MemberState, Request, SyncKind, SyncStatus};
 use uraid_io::real::{Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
@@ -24,10 +25,6 @@ use super::meta::{DevRole, MetaDev, MetaKeeper};
 use super::report::{detail_text, human_bytes, level_name, DetailInfo};
 
 const MONITOR_PERIOD: Duration = Duration::from_millis(100);
-/// md's safe_mode_delay is 200 ms; a second keeps superblock writes rare under bursty I/O.
-const CLEAN_AFTER_IDLE: Duration = Duration::from_secs(1);
-const BITMAP_DAEMON_PERIOD: Duration = Duration::from_secs(5);
-const RECOVERY_CHECKPOINT_PERIOD: Duration = Duration::from_secs(3);
 const SPEED_WINDOW: Duration = Duration::from_secs(5);
 /// How often a waiting flush looks whether the engine holds completions for a failure.
 const FLUSH_POLL: Duration = Duration::from_millis(50);
@@ -416,10 +413,10 @@ impl RunningArray {
     }
 
     fn monitor_loop(self: Arc<Self>) {
-        let mut last_clean_check = Instant::now();
+        let started = Instant::now();
+        let now_ms = || started.elapsed().as_millis() as u64;
+        let mut clock = UpkeepClock::new(UpkeepPeriods::default(), now_ms());
         let mut seen_generation = self.meta.write_generation();
-        let mut last_bitmap = Instant::now();
-        let mut last_checkpoint = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(MONITOR_PERIOD);
             if let Err(e) = self.poll(|_, _, _| Ok(())) {
@@ -431,8 +428,8 @@ impl RunningArray {
             if self.read_only {
                 continue;
             }
-            if last_clean_check.elapsed() >= CLEAN_AFTER_IDLE {
-                last_clean_check = Instant::now();
+            let due = clock.due(now_ms());
+            if due.safe_mode_check {
                 let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
                 match self.meta.try_mark_clean(seen_generation, || self.flush()) {
                     Ok(_) => {}
@@ -440,14 +437,12 @@ impl RunningArray {
                 }
                 seen_generation = self.meta.write_generation();
             }
-            if last_bitmap.elapsed() >= BITMAP_DAEMON_PERIOD {
-                last_bitmap = Instant::now();
+            if due.bitmap_daemon {
                 if let Err(e) = self.meta.bitmap_daemon() {
                     eprintln!("uraid: {}: bitmap: {e:#}", self.name);
                 }
             }
-            if last_checkpoint.elapsed() >= RECOVERY_CHECKPOINT_PERIOD {
-                last_checkpoint = Instant::now();
+            if due.recovery_checkpoint {
                 if let Err(e) = self.checkpoint_recovery() {
                     eprintln!("uraid: {}: recovery checkpoint: {e:#}", self.name);
                 }
