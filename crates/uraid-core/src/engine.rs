@@ -206,18 +206,7 @@ impl Engine {
                 geo.raid_disks
             )));
         }
-        if config.tunables.stripe_cache_size < 16 || config.tunables.stripe_cache_size > 32768 {
-            return Err(ConfigError::Tunable(format!(
-                "stripe_cache_size {} is outside md's 17..=32768",
-                config.tunables.stripe_cache_size
-            )));
-        }
-        if config.tunables.rmw_level > 2 {
-            return Err(ConfigError::Tunable(format!(
-                "rmw_level {} is not 0, 1 or 2",
-                config.tunables.rmw_level
-            )));
-        }
+        config.tunables.check().map_err(ConfigError::Tunable)?;
         let members: Vec<MemberRt> = config
             .members
             .iter()
@@ -286,26 +275,24 @@ impl Engine {
         &self.tun
     }
 
-    /// Change `stripe_cache_size` while I/O runs: shrinking evicts only idle stripe heads.
-    pub fn set_stripe_cache_size(&mut self, size: usize) -> Result<(), ConfigError> {
-        if !(16..=32768).contains(&size) {
-            return Err(ConfigError::Tunable(format!("stripe_cache_size {size} is outside 17..=32768")));
-        }
-        self.tun.stripe_cache_size = size;
-        self.shrink_cache();
-        Ok(())
+    /// md's sysfs write: tunable `name` (see [`crate::tunables::TUNABLES`]) set to `value`
+    /// while I/O runs; refused (nothing changed) when out of range or not of this level.
+    pub fn set_tunable(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let mut t = self.tun.clone();
+        t.set_named(self.geo.level, name, value)?;
+        self.set_tunables(t).map_err(|e| e.to_string())
     }
 
-    pub fn set_rmw_level(&mut self, level: u8) -> Result<(), ConfigError> {
-        if level > 2 {
-            return Err(ConfigError::Tunable(format!("rmw_level {level} is not 0, 1 or 2")));
+    /// Every tunable at once (tests, experiments); a smaller stripe cache evicts only idle
+    /// stripe heads.
+    pub fn set_tunables(&mut self, t: Tunables) -> Result<(), ConfigError> {
+        t.check().map_err(ConfigError::Tunable)?;
+        let shrink = t.stripe_cache_size < self.tun.stripe_cache_size;
+        self.tun = t;
+        if shrink {
+            self.shrink_cache();
         }
-        self.tun.rmw_level = level;
         Ok(())
-    }
-
-    pub fn set_balance(&mut self, balance: crate::mirror::Balance) {
-        self.tun.balance = balance;
     }
 
     /// Bytes of array address space.

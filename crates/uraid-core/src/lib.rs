@@ -18,6 +18,7 @@ pub mod sectors;
 pub mod stats;
 pub mod stripe;
 pub mod sync;
+pub mod tunables;
 
 pub use api::*;
 pub use config::{ArrayConfig, ConfigError, MemberConfig, MemberState, Tunables};

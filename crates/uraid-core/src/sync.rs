@@ -293,11 +293,6 @@ impl Engine {
         self.events.pop_front()
     }
 
-    pub fn set_sync_speed(&mut self, min_kib: u64, max_kib: u64) {
-        self.tun.sync_speed_min_kib = min_kib.max(1);
-        self.tun.sync_speed_max_kib = max_kib.max(min_kib).max(1);
-    }
-
     /// Member data sectors a sync covers on this geometry.
     fn member_data_sectors(&self) -> u64 {
         self.geo.member_sectors.iter().copied().max().unwrap_or(0)
@@ -409,7 +404,9 @@ impl Engine {
             let end = (a + job.unit_sectors).min(b);
             let unit_bytes = (end - a) * SECTOR_BYTES;
             let busy = !self.reqs.is_empty();
-            let rate_kib = if busy { self.tun.sync_speed_min_kib } else { self.tun.sync_speed_max_kib };
+            // md: the floor holds under other I/O; idle, the ceiling, unless the floor is higher.
+            let (min, max) = (self.tun.sync_speed_min_kib, self.tun.sync_speed_max_kib);
+            let rate_kib = if busy { min } else { max.max(min) };
             let outcome = if self.geo.level.has_parity() {
                 if self.start_stripe_sync(a, end) {
                     UnitStart::Started

@@ -67,7 +67,7 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
     .expect("geometry");
     let size = geo.array_bytes();
     let mut cfg = config(geo, data_offset_bytes);
-    cfg.tunables.stripe_cache_size = 16 + (seed % 3) as usize * 8;
+    cfg.tunables.stripe_cache_size = 17 + (seed % 3) as usize * 8;
     cfg.tunables.rmw_level = (seed % 3) as u8;
     cfg.tunables.balance = uraid_core::mirror::Balance::NAMES[(seed % 5) as usize].1;
     cfg.tunables.write_batching = seed % 4 != 3;
@@ -115,7 +115,9 @@ fn run_case(case: &Case, seed: u64, ops: usize) {
         }
         // md lets stripe_cache_size change under load: nothing queued may be lost.
         if rng.below(50) == 0 {
-            d.engine.set_stripe_cache_size(16 + rng.below(64) as usize).expect("a valid size");
+            let t =
+                Tunables { stripe_cache_size: 17 + rng.below(64) as usize, ..d.engine.tunables().clone() };
+            d.engine.set_tunables(t).expect("a valid size");
         }
         let len_sectors = match rng.below(5) {
             0 => 1 + rng.below(8),

@@ -236,7 +236,8 @@ fn mirrors_read_one_copy_where_the_resync_has_not_been() {
         let mut c = config(g.clone(), DATA_OFFSET);
         c.tunables.balance = balance;
         let mut d = Driver::new(Engine::new(c).unwrap(), members, 13);
-        d.engine.set_sync_speed(1, 1);
+        d.engine.set_tunable("sync_speed_min", "1").unwrap();
+        d.engine.set_tunable("sync_speed_max", "1").unwrap();
         d.engine.start_resync(None, 0);
         // Far past the first resync unit.
         let (off, len) = (3072 * 512, 256 * 512);
@@ -260,7 +261,8 @@ fn no_read_modify_write_where_the_resync_has_not_been() {
         let far = 3000 * (n as u64 - level.parity_disks() as u64) * 512;
         run_frozen(&mut d, Request::write(1, far, vec![1; 512])).expect("write");
         assert_eq!((d.engine.stats().rmw_writes, d.engine.stats().rcw_writes), (1, 0), "{level:?}");
-        d.engine.set_sync_speed(1, 1);
+        d.engine.set_tunable("sync_speed_min", "1").unwrap();
+        d.engine.set_tunable("sync_speed_max", "1").unwrap();
         d.engine.start_resync(None, 0);
         d.engine.reset_stats();
         run_frozen(&mut d, Request::write(2, far + 4096, vec![2; 512])).expect("write");

@@ -27,7 +27,7 @@ fn reads_avoid_a_write_mostly_member_until_it_is_the_only_copy() {
             MemMembers::new(n, DATA_OFFSET + MEMBER_SECTORS * 512),
             7,
         );
-        d.engine.set_balance(Balance::RoundRobin);
+        d.engine.set_tunable("balance", Balance::RoundRobin.name()).unwrap();
         d.engine.set_write_mostly(1, true).unwrap();
         let bytes = g.array_bytes() as usize;
         let mut model = vec![0u8; bytes];

@@ -142,9 +142,12 @@ pub struct SetArgs {
     /// Control socket of the running `uraid serve`.
     #[arg(long)]
     pub control: std::path::PathBuf,
-    /// stripe_cache_size, rmw_level, balance, sync_speed_min or sync_speed_max.
-    pub tunable: String,
-    pub value: String,
+    /// stripe_cache_size, rmw_level, preread_bypass_threshold (raid4/5/6), balance
+    /// (raid1/10), sync_speed_min, sync_speed_max. Without it (and VALUE): the values now.
+    #[arg(requires = "value")]
+    pub tunable: Option<String>,
+    /// The new value (as md's sysfs file takes it).
+    pub value: Option<String>,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -166,7 +169,11 @@ pub fn run_action(args: ActionArgs) -> anyhow::Result<()> {
 
 /// Like writing /sys/block/mdX/md/TUNABLE: takes effect at once; prints every tunable.
 pub fn run_set(args: SetArgs) -> anyhow::Result<()> {
-    print!("{}", request(&args.control, &format!("set {} {}", args.tunable, args.value))?);
+    let line = match (&args.tunable, &args.value) {
+        (Some(t), Some(v)) => format!("set {t} {v}"),
+        _ => "set".to_string(),
+    };
+    print!("{}", request(&args.control, &line)?);
     Ok(())
 }
 

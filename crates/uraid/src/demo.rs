@@ -48,6 +48,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let control = args.dir.join(".uraid-demo.sock");
     let dir = args.dir.clone();
     let banner = move |url: &str, control: &Path| usage(url, control, &dir);
+    let t = uraid_core::Tunables::default();
     serve(
         ServeArgs {
             listen: args.listen.clone(),
@@ -57,12 +58,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             // A member lost between runs should not stop the demo: it runs degraded.
             run: true,
             force: false,
-            sync_speed_min_kib: 1000,
-            sync_speed_max_kib: 200_000,
+            sync_speed_min: t.sync_speed_min_kib.to_string(),
+            sync_speed_max: t.sync_speed_max_kib.to_string(),
             control: Some(control),
-            balance: "load".into(),
-            rmw_level: 1,
-            stripe_cache_size: 256,
+            balance: t.balance.name().to_string(),
+            rmw_level: t.rmw_level.to_string(),
+            stripe_cache_size: t.stripe_cache_size.to_string(),
             inline_request_max_bytes: uraid_io::runtime::DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES,
             debug_faults: Vec::new(),
             members: members.iter().filter(|m| m.exists()).cloned().collect(),

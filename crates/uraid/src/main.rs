@@ -47,7 +47,7 @@ enum Command {
     Remove(control::MemberCommandArgs),
     /// Add a member to a running array: rebuilt into a missing slot, or a hot spare.
     Add(control::AddArgs),
-    /// Change a tunable of a running array (md's sysfs): stripe_cache_size, rmw_level, balance, sync_speed_min/max.
+    /// Change a tunable of a running array (md's sysfs files), or list them with their values.
     Set(control::SetArgs),
     /// Benchmarks on this machine, each against a peer measured in the same run.
     Bench(bench::BenchArgs),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use uraid_core::Tunables;
 use uraid_nbd::{Export, Server, ServerOptions};
 
 use crate::array::assembly::assemble;
@@ -38,25 +39,25 @@ pub struct ServeArgs {
     /// the array cannot start without them.
     #[arg(long, short = 'f')]
     pub force: bool,
-    /// md's sync_speed_min: rebuild/resync floor while other I/O runs, KiB/s.
-    #[arg(long = "sync-speed-min", default_value_t = 1000)]
-    pub sync_speed_min_kib: u64,
-    /// md's sync_speed_max: rebuild/resync ceiling, KiB/s.
-    #[arg(long = "sync-speed-max", default_value_t = 200_000)]
-    pub sync_speed_max_kib: u64,
+    /// md's sync_speed_min: rebuild/resync floor while other I/O runs, KiB/s (or `system`).
+    #[arg(long = "sync-speed-min", default_value_t = Tunables::default().sync_speed_min_kib.to_string())]
+    pub sync_speed_min: String,
+    /// md's sync_speed_max: rebuild/resync ceiling, KiB/s (or `system`).
+    #[arg(long = "sync-speed-max", default_value_t = Tunables::default().sync_speed_max_kib.to_string())]
+    pub sync_speed_max: String,
     /// Control socket path (default: .uraid-NAME-UUID8.sock next to the first member, NAME
     /// the array's name, UUID8 the first 8 hex digits of its uuid).
     #[arg(long)]
     pub control: Option<PathBuf>,
     /// Mirror read balancing (raid1/raid10): load, load-time, round-robin, split, prefer.
-    #[arg(long, default_value = "load")]
+    #[arg(long, default_value_t = Tunables::default().balance.name().to_string())]
     pub balance: String,
     /// 0 = reconstruct-write only, 1 = read-modify-write where cheaper, 2 = also where equal.
-    #[arg(long = "rmw-level", default_value_t = 1)]
-    pub rmw_level: u8,
-    /// Stripe heads in the stripe cache (raid4/5/6).
-    #[arg(long = "stripe-cache-size", default_value_t = 256)]
-    pub stripe_cache_size: usize,
+    #[arg(long = "rmw-level", default_value_t = Tunables::default().rmw_level.to_string())]
+    pub rmw_level: String,
+    /// Stripe heads in the stripe cache (raid4/5/6), 17-32768.
+    #[arg(long = "stripe-cache-size", default_value_t = Tunables::default().stripe_cache_size.to_string())]
+    pub stripe_cache_size: String,
     /// Requests up to this size (K/M suffixes) run on their connection's thread when the
     /// array thread is idle, with no hand-off between threads; 0 hands every request to
     /// the array thread. Larger requests always go to the array thread, so their engine
@@ -124,18 +125,25 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
             .context("installing the SIGINT/SIGTERM handlers")?;
     let mut assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
-    assembled.config.tunables.balance =
-        uraid_core::mirror::Balance::parse(&args.balance).map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(args.rmw_level <= 2, "--rmw-level must be 0, 1 or 2");
-    assembled.config.tunables.rmw_level = args.rmw_level;
-    anyhow::ensure!(
-        (16..=32768).contains(&args.stripe_cache_size),
-        "--stripe-cache-size must be between 16 and 32768 (md's range)"
-    );
-    assembled.config.tunables.stripe_cache_size = args.stripe_cache_size;
-    assembled.config.tunables.sync_speed_min_kib = args.sync_speed_min_kib.max(1);
-    assembled.config.tunables.sync_speed_max_kib =
-        args.sync_speed_max_kib.max(args.sync_speed_min_kib).max(1);
+    // Through the tunables' table: one range and one message per tunable. A flag of a
+    // tunable the level does not have (a stripe cache on a mirror) is not an error.
+    let level = assembled.config.geometry.level;
+    let flags = [
+        ("balance", &args.balance),
+        ("rmw_level", &args.rmw_level),
+        ("stripe_cache_size", &args.stripe_cache_size),
+        ("sync_speed_min", &args.sync_speed_min),
+        ("sync_speed_max", &args.sync_speed_max),
+    ];
+    let tunables = &mut assembled.config.tunables;
+    for (name, value) in flags {
+        let spec = uraid_core::tunables::find(name).map_err(anyhow::Error::msg)?;
+        if (spec.applies_to)(level) {
+            tunables
+                .set_named(level, name, value)
+                .map_err(|e| anyhow::anyhow!("--{}: {e}", name.replace('_', "-")))?;
+        }
+    }
     for w in &assembled.plan.warnings {
         eprintln!("uraid: {w}");
     }

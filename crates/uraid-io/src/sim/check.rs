@@ -220,7 +220,7 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     let qd = spec.queue_depth.unwrap_or_else(|| 1 + rng.below(16) as usize);
     report.queue_depth = qd;
     let tunables = Tunables {
-        stripe_cache_size: rng.pick(&[16usize, 32, 256]),
+        stripe_cache_size: rng.pick(&[17usize, 32, 256]),
         rmw_level: rng.below(3) as u8,
         write_batching: rng.below(4) != 0,
         balance: rng.pick(&[

@@ -570,43 +570,20 @@ impl RunningArray {
             .ok_or_else(|| anyhow!("{what} is not a member of this array (see `uraid detail`)"))
     }
 
-    /// Change a tunable while I/O runs (md's /sys/block/mdX/md/NAME): `stripe_cache_size`,
-    /// `rmw_level`, `balance`, `sync_speed_min`, `sync_speed_max` (KiB/s).
+    /// Change a tunable while I/O runs (md's /sys/block/mdX/md/NAME; the table is
+    /// `uraid_core::tunables::TUNABLES`); an empty name lists them. Answers the values now.
     pub fn set_tunable(&self, name: &str, value: &str) -> anyhow::Result<String> {
         let name = name.to_string();
-        let value = value.trim().to_string();
+        let value = value.to_string();
+        let level = self.geometry.level;
         let result = self
             .handle
             .control(move |e, _, _| -> Result<String, String> {
                 let e = engine_of(e);
-                let num = || value.parse::<u64>().map_err(|_| format!("{name}: {value:?} is not a number"));
-                match name.as_str() {
-                    "stripe_cache_size" => e.set_stripe_cache_size(num()? as usize).map_err(|x| x.to_string())?,
-                    "rmw_level" => e.set_rmw_level(num()?.min(255) as u8).map_err(|x| x.to_string())?,
-                    "balance" => e.set_balance(uraid_core::mirror::Balance::parse(&value)?),
-                    "sync_speed_min" => {
-                        let max = e.tunables().sync_speed_max_kib;
-                        e.set_sync_speed(num()?, max.max(num()?))
-                    }
-                    "sync_speed_max" => {
-                        let min = e.tunables().sync_speed_min_kib;
-                        e.set_sync_speed(min.min(num()?), num()?)
-                    }
-                    other => {
-                        return Err(format!(
-                            "unknown tunable {other:?}: stripe_cache_size, rmw_level, balance, sync_speed_min, sync_speed_max"
-                        ))
-                    }
+                if !name.is_empty() {
+                    e.set_tunable(&name, &value)?;
                 }
-                let t = e.tunables();
-                Ok(format!(
-                    "stripe_cache_size {}\nrmw_level {}\nbalance {}\nsync_speed_min {}\nsync_speed_max {}\n",
-                    t.stripe_cache_size,
-                    t.rmw_level,
-                    t.balance.name(),
-                    t.sync_speed_min_kib,
-                    t.sync_speed_max_kib
-                ))
+                Ok(e.tunables().describe(level))
             })
             .map_err(|e| anyhow!("{e}"))?;
         result.map_err(|e| anyhow!(e))
