@@ -13,6 +13,7 @@ pub struct ExplainArgs {
     /// RAID level: 0, 1, 10, 4, 5, 6 (also raid5 style names).
     #[arg(long)]
     level: String,
+    /// Number of slots (members).
     #[arg(long = "raid-devices", short = 'n')]
     raid_devices: usize,
     /// Chunk size (K/M suffixes); not needed for raid1.
@@ -24,11 +25,13 @@ pub struct ExplainArgs {
     /// Usable size of each member (K/M/G/T suffixes).
     #[arg(long, default_value = "1T")]
     size: String,
-    #[arg(long = "rmw-level", default_value_t = 1)]
-    rmw_level: u8,
+    /// 0 reconstruct-write only, 1 read-modify-write where it reads less, 2 also where equal.
+    #[arg(long = "rmw-level", default_value_t = Tunables::default().rmw_level.to_string())]
+    rmw_level: String,
     /// Members (slot numbers) to treat as missing, comma-separated.
     #[arg(long, value_delimiter = ',')]
     failed: Vec<usize>,
+    /// Print JSON: the member I/Os one by one.
     #[arg(long)]
     json: bool,
     /// read, write, trim or write-zeroes
@@ -94,11 +97,12 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
     if len > 256 << 20 {
         bail!("length {len} is over the 256 MiB explain handles");
     }
-    let tunables = Tunables { rmw_level: args.rmw_level, ..Tunables::default() };
-    if args.rmw_level > 2 {
-        bail!("--rmw-level must be 0, 1 or 2");
-    }
-    let e = explain(geo.clone(), tunables, &args.failed, op, offset, len).map_err(anyhow::Error::msg)?;
+    // The table's own parse and range; a mirror, which has no rmw_level, ignores it.
+    let mut tunables = Tunables::default();
+    let rmw = uraid_core::tunables::find("rmw_level").map_err(anyhow::Error::msg)?;
+    (rmw.set)(&mut tunables, &args.rmw_level).map_err(|e| anyhow::anyhow!("--rmw-level: {e}"))?;
+    let e =
+        explain(geo.clone(), tunables.clone(), &args.failed, op, offset, len).map_err(anyhow::Error::msg)?;
     if args.json {
         let per_member: Vec<serde_json::Value> = e
             .per_member
@@ -115,7 +119,7 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
             .collect();
         let v = serde_json::json!({
             "level": level.md_level(), "raid_devices": args.raid_devices, "layout": layout_name(level, layout),
-            "chunk_bytes": chunk_bytes, "rmw_level": args.rmw_level, "op": args.op, "offset": offset, "len": len,
+            "chunk_bytes": chunk_bytes, "rmw_level": tunables.rmw_level, "op": args.op, "offset": offset, "len": len,
             "reads": e.reads, "writes": e.writes,
             "full_stripe_writes": e.full_stripe_writes, "rmw_writes": e.rmw_writes, "rcw_writes": e.rcw_writes,
             "per_member": per_member, "ios": ios,
@@ -129,7 +133,7 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
         args.raid_devices,
         if level == Level::Raid1 { "-".into() } else { format!("{}K", chunk_bytes >> 10) },
         layout_name(level, layout),
-        args.rmw_level,
+        tunables.rmw_level,
         if args.failed.is_empty() { String::new() } else { format!(", missing {:?}", args.failed) }
     );
     let how = match (e.full_stripe_writes, e.rmw_writes, e.rcw_writes) {

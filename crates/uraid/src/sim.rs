@@ -18,10 +18,13 @@ pub struct SimArgs {
     /// Level (default: chosen from the seed).
     #[arg(long)]
     level: Option<String>,
+    /// Number of members (default: chosen from the seed).
     #[arg(long = "raid-devices", short = 'n')]
     raid_devices: Option<usize>,
+    /// md layout name (default: chosen from the seed).
     #[arg(long)]
     layout: Option<String>,
+    /// Chunk size, K/M suffixes (default: chosen from the seed).
     #[arg(long)]
     chunk: Option<String>,
     /// Requests per run.
@@ -42,6 +45,7 @@ pub struct SimArgs {
     /// Testing the tester: read-modify-write skips its parity update.
     #[arg(long = "plant-bug", hide = true)]
     plant_bug: bool,
+    /// One JSON object per run instead of a line.
     #[arg(long)]
     json: bool,
 }

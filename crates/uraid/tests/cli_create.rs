@@ -181,3 +181,27 @@ fn bad_input_is_refused_and_nothing_is_written() {
     assert!(!o.status.success() && text(&o).contains("at least 4"), "{}", text(&o));
     assert!(!std::path::Path::new("x1").exists(), "a refused create must not leave files behind");
 }
+
+/// A shape md cannot make is refused in the words of the options (not as a "corrupted
+/// superblock", which is what the same check says of one found on disk), and no member
+/// file is left behind.
+#[test]
+fn a_bad_shape_is_refused_in_the_options_words_and_creates_nothing() {
+    let dir = TempDir::new("badshape");
+    let members: Vec<PathBuf> = (0..3).map(|i| dir.path(&format!("s{i}"))).collect();
+    for (extra, says) in [
+        (
+            &["--level", "5", "--raid-devices", "3", "--chunk", "3K"][..],
+            "--chunk 3 KiB is not valid for raid5",
+        ),
+        (&["--level", "6", "--raid-devices", "3"][..], "raid6 needs at least 4 devices; --raid-devices is 3"),
+    ] {
+        let mut args = vec!["create", "--size", "32M"];
+        args.extend_from_slice(extra);
+        args.extend(paths(&members));
+        let o = uraid(&args);
+        let t = text(&o);
+        assert!(!o.status.success() && t.contains(says) && !t.contains("corrupted"), "{t}");
+        assert!(members.iter().all(|m| !m.exists()), "a refused create left files: {t}");
+    }
+}

@@ -591,7 +591,9 @@ pub fn plan_assembly(
         });
     }
     if !degraded_slots.is_empty() {
-        warnings.push(format!("array is degraded: slots {degraded_slots:?} are missing or rebuilding"));
+        let slots: Vec<String> = degraded_slots.iter().map(|s| s.to_string()).collect();
+        let (noun, verb) = if slots.len() == 1 { ("slot", "is") } else { ("slots", "are") };
+        warnings.push(format!("array is degraded: {noun} {} {verb} missing or rebuilding", slots.join(", ")));
     }
 
     // Sizes as the personalities compute them.

@@ -146,6 +146,23 @@ impl fmt::Display for CreateError {
             TooManyDevices { raid_disks } => {
                 write!(f, "{raid_disks} devices exceed the {MAX_DEV_LIMIT} a 1.x superblock can hold")
             }
+            // In the words of the options, not of a superblock found on disk.
+            Geometry(SuperblockError::BadChunk { level, chunk_sectors }) => write!(
+                f,
+                "--chunk {} KiB is not valid for raid{level}: md needs a power of two of at \
+                 least 4K for raid4/5/6/10 (e.g. 64K, 512K) and any non-zero chunk for raid0",
+                f64::from(*chunk_sectors) / 2.0
+            ),
+            Geometry(SuperblockError::BadLayout { level, .. }) => write!(
+                f,
+                "--layout is not a raid{level} layout (raid5/6: left-symmetric, \
+                 left-asymmetric, right-symmetric, right-asymmetric, parity-first, parity-last; \
+                 raid10: n2, f2, o2 ...)"
+            ),
+            Geometry(SuperblockError::TooFewRaidDisks { level, raid_disks, min }) => {
+                write!(f, "raid{level} needs at least {min} devices; --raid-devices is {raid_disks}")
+            }
+            Geometry(SuperblockError::ZeroRaidDisks) => write!(f, "--raid-devices must be at least 1"),
             Geometry(e) => write!(f, "invalid geometry: {e}"),
         }
     }
