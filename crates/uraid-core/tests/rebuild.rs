@@ -615,3 +615,32 @@ fn a_second_failure_during_recovery_fails_the_array_only_beyond_its_redundancy()
         }
     }
 }
+
+/// A raid1 recovery whose source is gone (not a latent sector: the device answers nothing)
+/// fails that source, as a request's read or a raid4/5/6 sync read does. It used to stop
+/// the recovery only, leaving a vanished member "in sync" and the array running on it.
+#[test]
+fn a_recovery_source_that_is_gone_is_failed() {
+    for n in [2usize] {
+        let g = geo(Level::Raid1, n, 0);
+        let size = g.array_bytes();
+        let mut d =
+            Driver::new(Engine::new(config(g, 4096)).unwrap(), MemMembers::new(n, 4096 + 4096 * 512), 5);
+        let mut model = vec![0u8; size as usize];
+        let mut rng = Rng(3);
+        let mut id = 0;
+        write_random(&mut d, &mut model, &mut rng, &mut id, 20);
+        d.engine.fail_member(1, d.now_ns);
+        d.members.images[1].fill(0);
+        d.engine.set_sync_speed(1, 1);
+        d.engine.add_member(1, 4096, d.now_ns).unwrap();
+        // Every source vanishes.
+        for m in (0..n).filter(|&m| m != 1) {
+            d.members.gone[m] = true;
+        }
+        d.engine.set_sync_speed(1 << 20, 1 << 20);
+        d.run_until_idle();
+        let states = d.engine.member_states();
+        assert!(d.engine.is_failed(), "n={n}: the array runs on with every source gone: {states:?}");
+    }
+}
