@@ -552,8 +552,11 @@ impl Engine {
     }
 
     /// Does every array sector keep at least one readable copy / enough members to rebuild it?
+    /// A member being recovered counts as lost, as in md (raid5's calc_degraded, raid1's and
+    /// raid10's `enough` count In_sync members only): above its recovery_offset it holds
+    /// nothing yet, so a failure that leaves it to cover some blocks fails the array.
     pub(crate) fn data_survives(&self) -> bool {
-        let lost: Vec<bool> = self.members.iter().map(|m| !m.writable()).collect();
+        let lost: Vec<bool> = self.members.iter().map(|m| m.state != MemberState::InSync).collect();
         let lost_count = lost.iter().filter(|&&l| l).count();
         match self.geo.level {
             Level::Raid0 => lost_count == 0,

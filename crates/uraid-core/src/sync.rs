@@ -601,9 +601,14 @@ impl Engine {
                             }
                         }
                     }
-                    Err(_) => {
+                    Err(e) => {
                         if let Some(u) = self.direct_sync.as_mut() {
                             u.failed = true;
+                        }
+                        // A member that is gone is failed (md_error), as a request's read
+                        // or a raid4/5/6 sync read does; a latent sector error is not.
+                        if e == MemberIoError::Gone {
+                            self.fail_member(member, self.now_ns);
                         }
                     }
                 }

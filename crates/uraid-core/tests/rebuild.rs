@@ -567,3 +567,80 @@ fn a_latent_error_rebuilds_only_its_own_sectors_during_a_resync() {
     let mut id = 10;
     read_all(&mut d, &model, &mut id, "raid5 after resync");
 }
+
+/// md counts a member being recovered as missing (raid5's calc_degraded, raid1's and
+/// raid10's `enough` look at In_sync members only): above its recovery_offset it holds
+/// nothing yet. A second failure during the recovery that leaves only it to cover some
+/// blocks fails the array, as md's does; a level with redundancy left runs on.
+#[test]
+fn a_second_failure_during_recovery_fails_the_array_only_beyond_its_redundancy() {
+    for (level, n, layout) in cases() {
+        if level == Level::Raid10 {
+            continue; // which copies a second failure takes decides; covered by the sim
+        }
+        let ctx = format!("{level:?} n={n} layout={layout}");
+        let g = geo(level, n, layout);
+        let size = g.array_bytes();
+        let mut d =
+            Driver::new(Engine::new(config(g, 4096)).unwrap(), MemMembers::new(n, 4096 + 4096 * 512), 5);
+        let mut model = vec![0u8; size as usize];
+        let mut rng = Rng(7);
+        let mut id = 0;
+        write_random(&mut d, &mut model, &mut rng, &mut id, 40);
+        d.engine.fail_member(1, d.now_ns);
+        d.members.images[1].fill(0);
+        // Slow enough that the recovery is caught half way.
+        d.engine.set_sync_speed(1, 1);
+        d.engine.add_member(1, 4096, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: add: {e}"));
+        // A few steps: the recovery has started, not finished.
+        for _ in 0..4 {
+            d.step();
+        }
+        assert!(
+            matches!(d.engine.member_states()[1], MemberState::Recovering { .. }),
+            "{ctx}: the recovery finished too soon for the test"
+        );
+        d.engine.fail_member(0, d.now_ns);
+        let survives = match level {
+            Level::Raid1 => n > 2,
+            _ => level.parity_disks() >= 2,
+        };
+        assert_eq!(!d.engine.is_failed(), survives, "{ctx}: failed={}", d.engine.is_failed());
+        if survives {
+            d.engine.set_sync_speed(1 << 20, 1 << 20);
+            while d.engine.sync_active() {
+                write_random(&mut d, &mut model, &mut rng, &mut id, 1);
+            }
+            read_all(&mut d, &model, &mut id, &ctx);
+        }
+    }
+}
+
+/// A raid1 recovery whose source is gone (not a latent sector: the device answers nothing)
+/// fails that source, as a request's read or a raid4/5/6 sync read does. It used to stop
+/// the recovery only, leaving a vanished member "in sync" and the array running on it.
+#[test]
+fn a_recovery_source_that_is_gone_is_failed() {
+    for n in [2usize] {
+        let g = geo(Level::Raid1, n, 0);
+        let size = g.array_bytes();
+        let mut d =
+            Driver::new(Engine::new(config(g, 4096)).unwrap(), MemMembers::new(n, 4096 + 4096 * 512), 5);
+        let mut model = vec![0u8; size as usize];
+        let mut rng = Rng(3);
+        let mut id = 0;
+        write_random(&mut d, &mut model, &mut rng, &mut id, 20);
+        d.engine.fail_member(1, d.now_ns);
+        d.members.images[1].fill(0);
+        d.engine.set_sync_speed(1, 1);
+        d.engine.add_member(1, 4096, d.now_ns).unwrap();
+        // Every source vanishes.
+        for m in (0..n).filter(|&m| m != 1) {
+            d.members.gone[m] = true;
+        }
+        d.engine.set_sync_speed(1 << 20, 1 << 20);
+        d.run_until_idle();
+        let states = d.engine.member_states();
+        assert!(d.engine.is_failed(), "n={n}: the array runs on with every source gone: {states:?}");
+    }
+}

@@ -75,10 +75,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         let r = run_sim(&spec);
         if !args.json {
             println!(
-                "seed={} raid{} n={} layout={} chunk={} qd={} requests={} member_ios={} faults={} power_cycles={} write_hole_exposures={} trace={} {}",
+                "seed={} raid{} n={} layout={} chunk={} qd={} requests={} member_ios={} faults={} power_cycles={} write_hole_exposures={} corruption_exposures={} trace={} {}",
                 r.seed, r.level, r.raid_devices, r.layout, r.chunk_bytes, r.queue_depth, r.requests, r.member_ios,
-                r.faults.len(), r.power_cycles, r.write_hole_exposures, r.trace_hash,
-                if r.ok { "ok".to_string() } else { format!("FAILED: {}", r.failure.clone().unwrap_or_default()) }
+                r.faults.len(), r.power_cycles, r.write_hole_exposures, r.corruption_exposures, r.trace_hash,
+                if r.ok && r.array_failed_as_expected { "ok (failed as expected)".to_string() }
+                else if r.ok { "ok".to_string() } else { format!("FAILED: {}", r.failure.clone().unwrap_or_default()) }
             );
             if !r.ok {
                 println!("  faults: {:?}", r.faults);
@@ -97,6 +98,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                     "chunk_bytes": r.chunk_bytes, "queue_depth": r.queue_depth, "requests": r.requests,
                     "member_ios": r.member_ios, "trace_hash": r.trace_hash, "faults": r.faults,
                     "power_cycles": r.power_cycles, "write_hole_exposures": r.write_hole_exposures,
+                    "corruption_exposures": r.corruption_exposures,
+                    "array_failed_as_expected": r.array_failed_as_expected,
                     "resync_after_power_cycle": r.resync_after_power_cycle,
                     "ok": r.ok, "failure": r.failure, "reproduce": r.reproduce,
                 })

@@ -21,12 +21,26 @@ use uraid_core::meta::ResyncNeed;
 use uraid_core::*;
 
 use super::array::{RunOutcome, SimArray};
+use super::corruption::corrupt_and_repair;
 use super::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
-use super::meta::{assemble_from_disks, create_on_disks, engine_start, PowerLost, SimMeta};
+use super::meta::{assemble_members, create_on_disks, engine_start, failure_recorded, PowerLost, SimMeta};
+use super::rebuild::{rebuild, survives_second_failure, RebuildPlan, RebuildReport, Rebuilt};
 use super::store::PowerLossPolicy;
+use super::verify::{direct_digests, members_agree, sector_digest};
 
 const DATA_OFFSET_BYTES: u64 = 1 << 20;
 const SECTOR: u64 = 512;
+/// md superblock 1.2: 4 KiB from the member's start.
+const SUPERBLOCK_OFFSET_BYTES: u64 = 4096;
+/// The bitmap area a write-error fault covers (header and every page the sim's arrays use).
+const BITMAP_AREA_BYTES: u64 = 64 << 10;
+
+/// A choice of `n` made by the seed alone, apart from the workload's rng stream (so a new
+/// fault kind leaves every seed's workload as it was). `tag` separates the choices.
+fn seed_pick(seed: u64, tag: u64, n: u64) -> u64 {
+    let mut r = Rng(seed ^ tag.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    r.below(n)
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct SimSpec {
@@ -57,6 +71,12 @@ pub struct SimReport {
     pub faults: Vec<String>,
     pub power_cycles: u32,
     pub write_hole_exposures: u64,
+    /// Sectors silent corruption damaged where md's repair cannot tell the good copy (a
+    /// RAID4/5 data block, a RAID1/10 first copy): md's loss, counted, not a failure.
+    pub corruption_exposures: u64,
+    /// A second failure during recovery took more than the level survives, and the
+    /// array failed as md's would (served nothing wrong before or after).
+    pub array_failed_as_expected: bool,
     /// What the re-assembly after the power cycle resynced: "none", "full from N" or
     /// "bitmap: R regions, S sectors" (sync space).
     pub resync_after_power_cycle: String,
@@ -172,6 +192,8 @@ pub fn run_sim(spec: &SimSpec) -> SimReport {
         faults: Vec::new(),
         power_cycles: 0,
         write_hole_exposures: 0,
+        corruption_exposures: 0,
+        array_failed_as_expected: false,
         resync_after_power_cycle: String::new(),
         ok: false,
         failure: None,
@@ -254,6 +276,11 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     let redundancy = survivable(level, &geo);
     let mut latent_planted = false;
     let mut planned_failures = 0;
+    // Members whose disk gives write or flush errors (replaced, never re-added), and
+    // members dropped while running (they come back at the power cycle).
+    let mut erroring = vec![false; n];
+    let mut dropped = vec![false; n];
+    let bitmap_at = meta.superblocks.members()[0].sb.bitmap_sector().map(|s| s * SECTOR);
     if spec.faults && redundancy > 0 {
         planned_failures = rng.below(redundancy as u64 + 1) as usize;
         let mut victims: Vec<usize> = (0..n).collect();
@@ -261,12 +288,35 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
             let i = k + rng.below((n - k) as u64) as usize;
             victims.swap(k, i);
             let at = 50 + rng.below(spec.ops as u64);
-            disks.schedule(Fault {
-                trigger: FaultTrigger::AfterMemberIos(at),
-                member: victims[k],
-                kind: FaultKind::FailStop,
-            });
-            report.faults.push(format!("fail-stop member {} after {at} I/Os", victims[k]));
+            let m = victims[k];
+            // How the member goes, by the seed (no rng draw: each seed keeps its workload).
+            let (kind, what) = match seed_pick(spec.seed, 0xfa11 + k as u64, 8) {
+                0..=2 => (FaultKind::FailStop, "fail-stop".to_string()),
+                3 => {
+                    dropped[m] = true;
+                    (FaultKind::Dropped, "dropped (comes back at the power cycle)".to_string())
+                }
+                7 => {
+                    erroring[m] = true;
+                    (FaultKind::FlushErrors, "flush errors on".to_string())
+                }
+                pick => {
+                    erroring[m] = true;
+                    let (offset_bytes, len_bytes, area) = match pick {
+                        // Half of the data area, where the seed says.
+                        4 => {
+                            let half = (member_sectors / 2) * SECTOR;
+                            let at = seed_pick(spec.seed, 0xda7a + k as u64, member_sectors / 2) * SECTOR;
+                            (DATA_OFFSET_BYTES + at, half, "data")
+                        }
+                        6 if bitmap_at.is_some() => (bitmap_at.unwrap_or(0), BITMAP_AREA_BYTES, "bitmap"),
+                        _ => (SUPERBLOCK_OFFSET_BYTES, 4096, "superblock"),
+                    };
+                    (FaultKind::WriteErrors { offset_bytes, len_bytes }, format!("{area} write errors on"))
+                }
+            };
+            disks.schedule(Fault { trigger: FaultTrigger::AfterMemberIos(at), member: m, kind });
+            report.faults.push(format!("{what} member {m} after {at} I/Os"));
         }
         if planned_failures < redundancy && rng.below(2) == 0 {
             latent_planted = true;
@@ -473,6 +523,15 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     }
     let mut disks = crash.disks;
     disks.cancel_power_loss();
+    // A dropped member answers again after the power cycle, with its old superblock.
+    let mut revived = vec![false; n];
+    for m in 0..n {
+        if dropped[m] && disks.is_failed(m) {
+            disks.revive_member(m);
+            revived[m] = true;
+            report.faults.push(format!("member {m} back after the power cycle, stale"));
+        }
+    }
     // Data sectors still latent at the cut: a resync must rebuild them from parity, which
     // is stale where writes were in flight (md's write hole, with no member lost).
     let latent_at_crash: std::collections::BTreeSet<(usize, u64)> = (0..n)
@@ -486,7 +545,7 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     let mut lost = 0;
     let mut lost_at_crash = vec![false; n];
     for (m, st) in members.iter_mut().enumerate() {
-        if states[m] != MemberState::InSync || disks.is_failed(m) {
+        if states[m] != MemberState::InSync || disks.is_failed(m) || revived[m] {
             st.state = MemberState::Missing;
             lost += 1;
             lost_at_crash[m] = true;
@@ -505,9 +564,12 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         lost_after_crash = true;
         report.faults.push(format!("member {m} lost after the power cut, before resync"));
     }
+    // md may take a lost member back in sync only while no superblock records its loss:
+    // then nothing acknowledged depended on it (completions wait for the record).
+    let unrecorded: Vec<bool> = (0..n).map(|m| !disks.is_failed(m) && !failure_recorded(&disks, m)).collect();
     // Re-assembly from what the members durably hold, as `uraid serve` does: the
     // superblocks decide who is in, the bitmap (or resync_offset) what is resynced.
-    let plan = assemble_from_disks(&disks).map_err(|e| format!("re-assembly: {e}"))?;
+    let (plan, offered) = assemble_members(&disks).map_err(|e| format!("re-assembly: {e}"))?;
     if plan.array_sectors != geo.array_sectors() || plan.raid_disks as usize != n {
         return Err(format!(
             "re-assembly: the superblocks give {} sectors on {}",
@@ -523,23 +585,72 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     };
     let (members2, resync) = engine_start(&plan);
     for (m, st) in members2.iter().enumerate() {
-        if st.state == MemberState::InSync && members[m].state == MemberState::Missing {
-            return Err(format!("re-assembly took member {m} back in sync although it was lost"));
+        if st.state == MemberState::InSync && members[m].state == MemberState::Missing && !unrecorded[m] {
+            return Err(format!("re-assembly took member {m} back in sync although its loss is recorded"));
         }
     }
-    let mut config2 = ArrayConfig { members: members2, ..config.clone() };
+    let degraded_start = members2.iter().any(|m| m.state != MemberState::InSync);
+    let mut config2 = ArrayConfig { members: members2.clone(), ..config.clone() };
     config2.tunables.hold_completions_on_member_failure = false;
     let mut engine2 = Engine::new(config2).map_err(|e| format!("re-assembly: {e}"))?;
     if let Some(ranges) = resync {
         engine2.start_resync(ranges, disks.now_ns());
+        // md's start_dirty_degraded: a dirty raid4/5/6 started degraded owes its resync
+        // until it is whole again; nothing may drop it.
+        if level.has_parity() && degraded_start && !engine2.resync_owed() {
+            return Err("a dirty degraded start dropped the resync it owes".into());
+        }
     }
     let mut array2 = SimArray::new(engine2, disks);
-    match array2.run_until_idle() {
-        RunOutcome::Idle => {}
-        other => return Err(format!("resync after the power cycle ended {other:?}")),
+    // Every slot left out comes back (re-added or replaced, then recovered); maybe a second
+    // member fails while that runs.
+    // Not raid10 (whether it survives depends on which copies the failure takes), and not
+    // with a latent sector planted (that would be a third loss on raid6).
+    let second_failure = (spec.faults
+        && degraded_start
+        && level != Level::Raid10
+        && !latent_planted
+        && seed_pick(spec.seed, 0x5ec0, 3) == 0)
+        .then(|| {
+            let start = seed_pick(spec.seed, 0x5ec1, n as u64) as usize;
+            (0..n)
+                .map(|k| (start + k) % n)
+                .find(|&m| members2[m].state == MemberState::InSync && !erroring[m])
+        })
+        .flatten();
+    let mut rebuilt = RebuildReport::default();
+    let rp = RebuildPlan {
+        plan: &plan,
+        offered: &offered,
+        erroring: &erroring,
+        data_offset_bytes: DATA_OFFSET_BYTES,
+        second_failure,
+    };
+    let outcome = rebuild(&mut array2, &rp, &mut rebuilt, &mut report.faults)?;
+    // Judged by what the engine knows in the end: a source found gone only by the
+    // recovery's reads counts too.
+    let lost_now = array2.engine().member_states().iter().filter(|s| **s != MemberState::InSync).count();
+    let second_failure_fatal = rebuilt.second_failure_not_in_sync.is_some()
+        && !survives_second_failure(level, n, lost_now.max(rebuilt.second_failure_not_in_sync.unwrap_or(0)));
+    match (outcome, second_failure_fatal) {
+        (Rebuilt::Failed, true) => {
+            report.array_failed_as_expected = true;
+            return failed_array_serves_nothing_wrong(&mut array2, &model, &mut next_id, &mut buf);
+        }
+        (Rebuilt::Failed, false) => {
+            return Err("the array failed during the rebuild after the power cycle".into())
+        }
+        (Rebuilt::Whole, true) => {
+            return Err(format!(
+                "the array ran on after a second failure during recovery that {} cannot survive",
+                layout_name(level, layout)
+            ))
+        }
+        (Rebuilt::Whole, false) => {}
     }
-    // A fail-stop scheduled before the cut may fire during the resync: also the write hole.
-    let lost_during_resync = (0..n).any(|m| array2.disks().is_failed(m) && !lost_at_crash[m]);
+    // A member lost during the resync (a planned fault firing, or the second failure):
+    // stripes its resync had not reached were rebuilt from stale parity, md's write hole.
+    let lost_during_resync = rebuilt.brought_back.iter().any(|&m| !lost_at_crash[m]);
     let write_hole_possible =
         level.has_parity() && (degraded_at_crash || lost_after_crash || lost_during_resync);
     // Every sector: the durable value or one of the writes since.
@@ -556,6 +667,8 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         };
         stale && (write_hole_possible || latent())
     };
+    // What the array holds after the power cycle, sector by sector, as read through it.
+    let mut image = Vec::with_capacity(sectors as usize);
     let mut off = 0;
     while off < sectors {
         let len = 256.min(sectors - off);
@@ -576,13 +689,8 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         for k in 0..len {
             let s = off + k;
             let got = &data[(k * SECTOR) as usize..((k + 1) * SECTOR) as usize];
-            let ok = std::iter::once(model.durable[s as usize])
-                .chain(model.since[s as usize].iter().copied())
-                .any(|w| {
-                    pattern(w, s, &mut buf);
-                    buf == got
-                });
-            if !ok {
+            image.push(sector_digest(got));
+            if !holds_durable_or_later(&model, s, got, &mut buf) {
                 if exposed(s) {
                     report.write_hole_exposures += 1;
                 } else {
@@ -595,8 +703,79 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         }
         off += len;
     }
+    // A fault planned before the cut may have fired during the read-back: whole again
+    // first (the members are compared with what the array served).
+    let late = RebuildPlan { second_failure: None, ..rp };
+    if rebuild(&mut array2, &late, &mut RebuildReport::default(), &mut report.faults)? != Rebuilt::Whole {
+        return Err("the array failed while a member was rebuilt after the read-back".into());
+    }
+    // Whole and resynced: every member agrees with the others, read member by member, and
+    // each sector's primary location holds what the array served.
+    if !array2.engine().resync_owed() {
+        members_agree(array2.disks(), &geo, DATA_OFFSET_BYTES)
+            .map_err(|e| format!("after the resync and rebuild the members disagree: {e}"))?;
+        let direct = direct_digests(array2.disks(), &geo, DATA_OFFSET_BYTES);
+        if let Some(s) = (0..sectors as usize).find(|&s| direct[s] != image[s]) {
+            return Err(format!("sector {s} on its member differs from what the array served"));
+        }
+        // Not over latent sectors: how a scrub meets a read error is not what this checks.
+        let latent_left = (0..n).any(|m| array2.disks().store(m).latent_error_sectors() > 0);
+        if spec.faults && level != Level::Raid0 && !latent_left && seed_pick(spec.seed, 0xc0de, 2) == 0 {
+            let pick = |tag: u64, n: u64| seed_pick(spec.seed, 0xc0de + tag, n);
+            match corrupt_and_repair(&mut array2, &geo, &image, DATA_OFFSET_BYTES, &pick)? {
+                Some(r) => {
+                    report.faults.push(format!(
+                        "silent corruption of {}, repair mismatch_cnt {}",
+                        r.what, r.mismatch_cnt
+                    ));
+                    report.corruption_exposures += r.exposures;
+                }
+                None => report.faults.push("silent corruption: a member failed during the repair".into()),
+            }
+        }
+    }
     report.member_ios = array2.disks().completed_ios();
     report.trace_hash = format!("{:016x}", array2.disks().trace_hash());
+    Ok(())
+}
+
+/// After a power cycle sector `s` may hold its durable contents or any write since.
+fn holds_durable_or_later(model: &Model, s: u64, got: &[u8], buf: &mut [u8]) -> bool {
+    std::iter::once(model.durable[s as usize]).chain(model.since[s as usize].iter().copied()).any(|w| {
+        pattern(w, s, buf);
+        buf == got
+    })
+}
+
+/// A failed array answers every read with an error; whatever it still serves must be
+/// something acknowledged there (durable, or a write since), never anything else.
+fn failed_array_serves_nothing_wrong(
+    array: &mut SimArray<Engine>,
+    model: &Model,
+    next_id: &mut u64,
+    buf: &mut [u8],
+) -> Result<(), String> {
+    let sectors = model.cur.len() as u64;
+    let mut off = 0;
+    while off < sectors {
+        let len = 256.min(sectors - off);
+        let id = *next_id;
+        *next_id += 1;
+        array.submit(Request::read(id, off * SECTOR, len * SECTOR));
+        if array.run_until_idle() != RunOutcome::Idle {
+            return Err("a read of the failed array did not finish".into());
+        }
+        let c = array.take_completions().into_iter().find(|c| c.completion.id == id).ok_or("read lost")?;
+        if let Ok(data) = c.completion.result {
+            for k in 0..len {
+                let got = &data[(k * SECTOR) as usize..((k + 1) * SECTOR) as usize];
+                if !holds_durable_or_later(model, off + k, got, buf) {
+                    return Err(format!("the failed array served sector {} wrong", off + k));
+                }
+            }
+        }
+        off += len;
+    }
     Ok(())
 }
 
@@ -770,5 +949,134 @@ mod tests {
             .iter()
             .any(|&level| (1..=6).any(|seed| !run_sim(&SimSpec { plant_bug: true, ..spec(seed, level) }).ok));
         assert!(caught, "skipping the RMW parity update went unnoticed by every CI seed");
+    }
+}
+
+#[cfg(test)]
+mod fault_tests {
+    use super::*;
+    use crate::sim::meta::member_superblock;
+    use uraid_core::meta::role;
+
+    /// A 3-member RAID5 with a bitmap on nvme members, and its metadata.
+    fn raid5() -> (SimArray<Engine>, SimMeta, Geometry) {
+        let member_bytes = 16u64 << 20;
+        let member_sectors = (member_bytes - DATA_OFFSET_BYTES) / SECTOR;
+        let geo = Geometry::new(Level::Raid5, 3, 2, 128, &[member_sectors; 3]).unwrap();
+        let members =
+            vec![MemberConfig { data_offset_bytes: DATA_OFFSET_BYTES, state: MemberState::InSync }; 3];
+        let tunables = Tunables { hold_completions_on_member_failure: true, ..Tunables::default() };
+        let engine =
+            Engine::new(ArrayConfig { geometry: geo.clone(), members, tunables, read_only: false }).unwrap();
+        let sims = (0..3).map(|_| SimMemberConfig::builtin("nvme", member_bytes).unwrap()).collect();
+        let mut disks = SimDisks::new(sims, 1).unwrap();
+        let meta =
+            create_on_disks(&mut disks, &geo, member_bytes, DATA_OFFSET_BYTES, Some(64 << 10), 1).unwrap();
+        (SimArray::new(engine, disks), meta, geo)
+    }
+
+    /// Writes (each behind its metadata) and a flush, servicing the engine's events as
+    /// `uraid serve` does; every request must succeed.
+    fn write_and_flush(array: &mut SimArray<Engine>, meta: &mut SimMeta) {
+        for id in 1..=20u64 {
+            let off = id * 300 * 1024;
+            let range = meta.before_write(array, off, 8192).ok().unwrap();
+            array.submit(Request::write(id, off, vec![id as u8; 8192]));
+            loop {
+                let out = array.run_until_idle();
+                meta.service_events(array).ok().unwrap();
+                if !array.engine().metadata_pending() && out == RunOutcome::Idle {
+                    break;
+                }
+            }
+            meta.superblocks.end_write(range, false);
+        }
+        array.submit(Request::flush(99));
+        loop {
+            let out = array.run_until_idle();
+            meta.service_events(array).ok().unwrap();
+            if !array.engine().metadata_pending() && out == RunOutcome::Idle {
+                break;
+            }
+        }
+        for c in array.take_completions() {
+            assert!(
+                c.completion.result.is_ok(),
+                "request {} failed: {:?}",
+                c.completion.id,
+                c.completion.result
+            );
+        }
+    }
+
+    /// md fails a member whose write fails, data or metadata, or whose flush fails: the
+    /// engine marks it faulty, the others' superblocks record it, clients see no error.
+    #[test]
+    fn a_write_or_flush_error_fails_the_member_and_clients_see_no_error() {
+        let superblock = (SUPERBLOCK_OFFSET_BYTES, 4096);
+        for (what, kind) in [
+            ("data", FaultKind::WriteErrors { offset_bytes: DATA_OFFSET_BYTES, len_bytes: 15 << 20 }),
+            ("superblock", FaultKind::WriteErrors { offset_bytes: superblock.0, len_bytes: superblock.1 }),
+            ("bitmap", FaultKind::WriteErrors { offset_bytes: 0, len_bytes: 0 }),
+            ("flush", FaultKind::FlushErrors),
+        ] {
+            let (mut array, mut meta, _) = raid5();
+            let kind = match (what, meta.superblocks.members()[1].sb.bitmap_sector()) {
+                ("bitmap", Some(at)) => {
+                    FaultKind::WriteErrors { offset_bytes: at * SECTOR, len_bytes: BITMAP_AREA_BYTES }
+                }
+                _ => kind,
+            };
+            array.disks_mut().schedule(Fault { trigger: FaultTrigger::AtNs(0), member: 1, kind });
+            write_and_flush(&mut array, &mut meta);
+            assert_eq!(array.engine().member_states()[1], MemberState::Faulty, "{what}: member 1 not failed");
+            let sb0 = member_superblock(array.disks(), 0).unwrap();
+            assert_eq!(sb0.dev_roles[1], role::FAULTY, "{what}: member 0's superblock does not record it");
+        }
+    }
+
+    /// Seeds the CI set draws each new fault from: they must keep drawing them (or the
+    /// faults went untested), and pass.
+    #[test]
+    fn the_ci_seeds_draw_every_new_fault() {
+        let mut seen = std::collections::BTreeSet::new();
+        for level in [Level::Raid1, Level::Raid5, Level::Raid6] {
+            for seed in 1..=50 {
+                let r = run_sim(&SimSpec {
+                    seed,
+                    level: Some(level),
+                    ops: 400,
+                    profile: "nvme".into(),
+                    member_bytes: 16 << 20,
+                    faults: true,
+                    ..Default::default()
+                });
+                assert!(r.ok, "{}: {:?}", r.reproduce, r.failure);
+                for f in &r.faults {
+                    for key in [
+                        "data write errors",
+                        "superblock write errors",
+                        "bitmap write errors",
+                        "flush errors",
+                        "back after the power cycle, stale",
+                        "re-added from the bitmap",
+                        "failed during the recovery",
+                        "silent corruption",
+                        "replaced by a blank disk",
+                    ] {
+                        if f.contains(key) {
+                            seen.insert(key);
+                        }
+                    }
+                }
+                if r.array_failed_as_expected {
+                    seen.insert("failed as expected");
+                }
+                if r.corruption_exposures > 0 {
+                    seen.insert("corruption exposure");
+                }
+            }
+        }
+        assert_eq!(seen.len(), 11, "drawn: {seen:?}");
     }
 }

@@ -70,6 +70,10 @@ impl SimMemberStats {
 pub enum FaultKind {
     /// The member disappears: every queued and later I/O fails with `Gone`.
     FailStop,
+    /// As `FailStop`, but only the link is lost: the drive keeps power and its write cache
+    /// reaches the media. Such a member can come back ([`SimDisks::revive_member`]) with
+    /// everything it acknowledged, stale only by what was written after it left.
+    Dropped,
     /// Reads touching the range fail with `Io` until its sectors are rewritten.
     LatentErrors { offset_bytes: u64, len_bytes: u64 },
     /// Bits flipped in the stored data of the range; reads succeed with the damage.
@@ -78,6 +82,12 @@ pub enum FaultKind {
     Slow { latency_percent: u32 },
     /// Power cut to every member (the fault's `member` is ignored). See [`SimDisks::power_loss`].
     PowerLoss(PowerLossPolicy),
+    /// Writes touching the member byte range fail with `Io` from now on and change nothing
+    /// (a range over the data, the superblock or the bitmap: md fails the member either way).
+    WriteErrors { offset_bytes: u64, len_bytes: u64 },
+    /// Every flush of the member fails with `Io` from now on and makes nothing durable
+    /// (a cache flush error: md fails the member as for a failed write).
+    FlushErrors,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +142,10 @@ struct Member {
     active: Vec<Option<Active>>,
     active_count: usize,
     failed: bool,
+    /// Member byte ranges `[start, end)` whose writes fail (`FaultKind::WriteErrors`).
+    write_error_ranges: Vec<(u64, u64)>,
+    /// `FaultKind::FlushErrors` fired.
+    flush_errors: bool,
     latency_percent: u32,
     completed_ios: u64,
     stats: SimMemberStats,
@@ -141,6 +155,37 @@ struct Member {
 }
 
 impl Member {
+    /// A blank disk; `phase` picks its spindle's rotational phase (spindles of an array
+    /// are not synchronised: each gets its own).
+    fn new(c: &SimMemberConfig, seed: u64, phase: u64) -> Member {
+        let phase_ns = Rng::derive(seed, 0x5EED_0000 + phase).next_u64();
+        let model = model_for(&c.profile, phase_ns);
+        Member {
+            store: MemberStore::new(c.size_bytes, c.profile.write_cache()),
+            channels: model.channels(),
+            queue_depth: model.queue_depth().max(1),
+            reorders: model.reorders(),
+            active: (0..model.channels()).map(|_| None).collect(),
+            model,
+            queue: VecDeque::new(),
+            queued: Vec::new(),
+            flushes_queued: 0,
+            active_count: 0,
+            failed: false,
+            write_error_ranges: Vec::new(),
+            flush_errors: false,
+            latency_percent: 100,
+            completed_ios: 0,
+            stats: SimMemberStats { queue_depth_time_ns: vec![0; QUEUE_DEPTH_BUCKETS], ..Default::default() },
+            last_account_ns: 0,
+            submitted: 0,
+        }
+    }
+
+    fn write_fails(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        self.write_error_ranges.iter().any(|&(a, b)| offset_bytes < b && a < offset_bytes + len_bytes)
+    }
+
     fn depth(&self) -> usize {
         self.queue.len() + self.active_count
     }
@@ -212,6 +257,8 @@ fn result_code<T>(r: &Result<T, MemberIoError>) -> u64 {
 
 /// The simulated members of one array, with their virtual clock and event queue.
 pub struct SimDisks {
+    /// Each bay's disk profile, for a replacement disk put in it.
+    configs: Vec<SimMemberConfig>,
     members: Vec<Member>,
     events: BinaryHeap<Reverse<Event>>,
     seq: u64,
@@ -229,7 +276,7 @@ pub struct SimDisks {
 impl SimDisks {
     pub fn new(configs: Vec<SimMemberConfig>, seed: u64) -> Result<Self, ProfileError> {
         let mut members = Vec::with_capacity(configs.len());
-        for (i, c) in configs.into_iter().enumerate() {
+        for (i, c) in configs.iter().enumerate() {
             if c.size_bytes > c.profile.capacity_bytes() {
                 return Err(ProfileError(format!(
                     "member {i}: {} bytes exceed profile {}'s capacity of {} bytes",
@@ -238,32 +285,10 @@ impl SimDisks {
                     c.profile.capacity_bytes()
                 )));
             }
-            // Spindles of an array are not synchronised: each gets its own phase.
-            let phase_ns = Rng::derive(seed, 0x5EED_0000 + i as u64).next_u64();
-            let model = model_for(&c.profile, phase_ns);
-            members.push(Member {
-                store: MemberStore::new(c.size_bytes, c.profile.write_cache()),
-                channels: model.channels(),
-                queue_depth: model.queue_depth().max(1),
-                reorders: model.reorders(),
-                active: (0..model.channels()).map(|_| None).collect(),
-                model,
-                queue: VecDeque::new(),
-                queued: Vec::new(),
-                flushes_queued: 0,
-                active_count: 0,
-                failed: false,
-                latency_percent: 100,
-                completed_ios: 0,
-                stats: SimMemberStats {
-                    queue_depth_time_ns: vec![0; QUEUE_DEPTH_BUCKETS],
-                    ..Default::default()
-                },
-                last_account_ns: 0,
-                submitted: 0,
-            });
+            members.push(Member::new(c, seed, i as u64));
         }
         Ok(SimDisks {
+            configs,
             members,
             events: BinaryHeap::new(),
             seq: 0,
@@ -367,6 +392,33 @@ impl SimDisks {
         }
     }
 
+    /// A fail-stopped member answers again (a pulled cable plugged back in, typically
+    /// across a power cycle) with what it durably held; its error faults stay.
+    pub fn revive_member(&mut self, member: usize) {
+        let now = self.now_ns;
+        let m = &mut self.members[member];
+        m.account(now);
+        m.failed = false;
+        self.trace.event(TAG_FAULT, &[now, member as u64, 8]);
+    }
+
+    /// A new blank disk of the same profile in `member`'s bay (the old one, failed or
+    /// not, is pulled with whatever was queued on it): the replacement mdadm --add
+    /// rebuilds. Faults scheduled for the bay and not yet fired still apply to it.
+    pub fn replace_member(&mut self, member: usize) {
+        assert!(self.members[member].depth() == 0, "a disk is replaced with nothing queued on it");
+        let now = self.now_ns;
+        // A phase of its own, unlike any first disk's.
+        let phase = (self.members.len() + member) as u64;
+        let mut fresh = Member::new(&self.configs[member], self.seed, phase);
+        // Its queue-depth accounting starts now; its I/O count goes on, as count-triggered
+        // faults of the bay count from the run's start.
+        fresh.last_account_ns = now;
+        fresh.completed_ios = self.members[member].completed_ios;
+        self.members[member] = fresh;
+        self.trace.event(TAG_FAULT, &[now, member as u64, 9]);
+    }
+
     /// Fail-stop a member now.
     pub fn fail_member(&mut self, member: usize) {
         self.schedule(Fault { trigger: FaultTrigger::AtNs(self.now_ns), member, kind: FaultKind::FailStop });
@@ -382,6 +434,11 @@ impl SimDisks {
                 self.fire(i);
             }
         }
+    }
+
+    /// I/Os the member (its bay) has completed, with any result.
+    pub fn member_completed_ios(&self, member: usize) -> u64 {
+        self.members[member].completed_ios
     }
 
     /// Hand a member I/O to its member at the current virtual time.
@@ -508,13 +565,14 @@ impl SimDisks {
         let result = match io.op {
             MemberIoOp::Read => m.store.read(io.offset_bytes, io.len_bytes),
             MemberIoOp::Write => {
-                if io.data.len() as u64 != io.len_bytes {
+                if io.data.len() as u64 != io.len_bytes || m.write_fails(io.offset_bytes, io.len_bytes) {
                     Err(MemberIoError::Io)
                 } else {
                     let data = std::mem::take(&mut io.data);
                     m.store.write_owned(io.offset_bytes, data.into_vec()).map(|()| Vec::new())
                 }
             }
+            MemberIoOp::Flush if m.flush_errors => Err(MemberIoError::Io),
             MemberIoOp::Flush => {
                 m.store.flush_complete(a.flush_mark);
                 Ok(Vec::new())
@@ -605,6 +663,9 @@ impl SimDisks {
             FaultKind::Corrupt { .. } => 2,
             FaultKind::Slow { .. } => 3,
             FaultKind::PowerLoss(_) => 4,
+            FaultKind::WriteErrors { .. } => 5,
+            FaultKind::FlushErrors => 6,
+            FaultKind::Dropped => 7,
         };
         self.trace.event(TAG_FAULT, &[now, fault.member as u64, kind_code]);
         let mut record =
@@ -616,10 +677,13 @@ impl SimDisks {
                 self.power_lost_at = Some(now);
             }
             _ if fault.member >= self.members.len() => {}
-            FaultKind::FailStop => {
+            FaultKind::FailStop | FaultKind::Dropped => {
                 let m = &mut self.members[fault.member];
                 m.account(now);
                 m.failed = true;
+                if fault.kind == FaultKind::Dropped {
+                    m.store.flush_all();
+                }
                 let mut doomed: Vec<(MemberIoCompletion, MemberIoOp)> = Vec::new();
                 for a in m.active.iter_mut().filter_map(Option::take) {
                     doomed.push((
@@ -650,6 +714,11 @@ impl SimDisks {
             FaultKind::Slow { latency_percent } => {
                 self.members[fault.member].latency_percent = latency_percent.max(1);
             }
+            FaultKind::WriteErrors { offset_bytes, len_bytes } => {
+                let end = offset_bytes.saturating_add(len_bytes);
+                self.members[fault.member].write_error_ranges.push((offset_bytes, end));
+            }
+            FaultKind::FlushErrors => self.members[fault.member].flush_errors = true,
         }
         self.fired.push(record);
     }

@@ -176,14 +176,20 @@ impl SimMeta {
 /// What the members durably hold after a power cycle, offered to `plan_assembly` (a
 /// failed member cannot be read and is not offered).
 pub fn assemble_from_disks(disks: &SimDisks) -> Result<AssemblyPlan, String> {
-    let offered: Vec<OfferedMember> = (0..disks.member_count())
-        .filter(|&m| !disks.is_failed(m))
-        .map(|m| {
+    assemble_members(disks).map(|(plan, _)| plan)
+}
+
+/// As [`assemble_from_disks`], with the member behind each offered index (the plan's
+/// `member` fields count the offered members only).
+pub fn assemble_members(disks: &SimDisks) -> Result<(AssemblyPlan, Vec<usize>), String> {
+    let readable: Vec<usize> = (0..disks.member_count()).filter(|&m| !disks.is_failed(m)).collect();
+    let offered: Vec<OfferedMember> = readable
+        .iter()
+        .map(|&m| {
             let store = disks.store(m);
             let dev_sectors = store.size_bytes() / 512;
-            let mut buf = vec![0u8; SB_BYTES];
-            store.peek(8 * 512, &mut buf);
-            let superblock = Superblock::parse_member(&buf, SuperblockVersion::V1_2, dev_sectors);
+            let superblock =
+                Superblock::parse_member(&read_superblock(disks, m), SuperblockVersion::V1_2, dev_sectors);
             let bitmap = superblock.as_ref().ok().and_then(|sb| sb.bitmap_sector()).map(|at| {
                 let mut b = vec![0u8; BITMAP_READ_BYTES];
                 store.peek(at * 512, &mut b);
@@ -192,8 +198,33 @@ pub fn assemble_from_disks(disks: &SimDisks) -> Result<AssemblyPlan, String> {
             OfferedMember { name: format!("member{m}"), dev_sectors, superblock, bitmap }
         })
         .collect();
-    plan_assembly(&offered, &AssembleOptions { run: true, uuid: None, force: true })
-        .map_err(|e| e.to_string())
+    let plan = plan_assembly(&offered, &AssembleOptions { run: true, uuid: None, force: true })
+        .map_err(|e| e.to_string())?;
+    Ok((plan, readable))
+}
+
+fn read_superblock(disks: &SimDisks, member: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; SB_BYTES];
+    disks.store(member).peek(8 * 512, &mut buf);
+    buf
+}
+
+/// The superblock `member` durably holds (read even from a member that does not answer:
+/// what it would say if it came back).
+pub fn member_superblock(disks: &SimDisks, member: usize) -> Option<Superblock> {
+    let dev_sectors = disks.store(member).size_bytes() / 512;
+    Superblock::parse_member(&read_superblock(disks, member), SuperblockVersion::V1_2, dev_sectors).ok()
+}
+
+/// Do the freshest superblocks of the other readable members record `member` as gone from
+/// its slot (md_error made durable)? Only then must assembly refuse it as stale.
+pub fn failure_recorded(disks: &SimDisks, member: usize) -> bool {
+    let Some(own) = member_superblock(disks, member) else { return true };
+    let freshest = (0..disks.member_count())
+        .filter(|&m| m != member && !disks.is_failed(m))
+        .filter_map(|m| member_superblock(disks, m))
+        .max_by_key(|sb| sb.events);
+    freshest.is_some_and(|f| f.dev_roles.get(own.dev_number as usize).copied() != Some(own.role()))
 }
 
 /// The argument of `Engine::start_resync` (`(start, end)` ranges, `None` for all), or

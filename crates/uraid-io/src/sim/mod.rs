@@ -75,13 +75,16 @@
 
 pub mod array;
 pub mod check;
+pub mod corruption;
 pub mod disks;
 pub mod meta;
 pub mod model;
 pub mod profile;
+pub mod rebuild;
 pub mod rng;
 pub mod store;
 pub mod trace;
+pub mod verify;
 
 pub use array::{Crash, RunOutcome, SimArray, TimedCompletion};
 pub use disks::{Fault, FaultKind, FaultRecord, FaultTrigger, SimDisks, SimMemberConfig, SimMemberStats};

@@ -1,0 +1,113 @@
+//! Silent corruption and md's repair. md cannot see a flipped bit when it reads: only a
+//! scrub (`echo repair > sync_action`) finds it, by comparing copies or parity. What repair
+//! can put right depends on the level: RAID6 locates the culprit block from P and Q (as
+//! mdadm's raid6check does) and restores it; P or Q corruption is rewritten on any parity
+//! level; mirrors are made to agree with md's first copy. A RAID4/5 data block or a RAID1/10
+//! first copy that was corrupted cannot be told from a good one: repair makes the rest
+//! agree with the damage. That loss is md's, counted as exposure, never passed silently.
+
+use std::collections::BTreeSet;
+
+use uraid_core::{Engine, Geometry, Level, ScrubKind};
+
+use super::array::{RunOutcome, SimArray};
+use super::disks::{Fault, FaultKind, FaultTrigger};
+use super::verify::{direct_digests, members_agree};
+
+const SECTOR: u64 = 512;
+
+/// What a corruption and its repair came to.
+#[derive(Debug)]
+pub struct Repaired {
+    /// Which block was damaged, for the report.
+    pub what: String,
+    /// md's mismatch_cnt of the repair.
+    pub mismatch_cnt: u64,
+    /// Sectors that read back damaged after the repair, where md cannot tell (see above).
+    pub exposures: u64,
+}
+
+/// The block a seed corrupts: (member, member sector, sectors, description).
+fn choose_block(geo: &Geometry, seed_pick: &dyn Fn(u64, u64) -> u64) -> (usize, u64, u64, String) {
+    let s = seed_pick(1, geo.array_sectors() - 8);
+    let (at, room) = geo.map_sector(s);
+    let len = room.min(8);
+    if geo.level.has_parity() {
+        let (stripe, _, off) = geo.parity_locate(s);
+        let map = geo.stripe_map(stripe);
+        let member_sector = stripe * geo.chunk_sectors + off;
+        return match seed_pick(2, 1 + geo.level.parity_disks() as u64) {
+            0 => (at.member, at.member_sector, len, format!("data of array sector {s}")),
+            1 => (map.pd_idx, member_sector, len, format!("P of array sector {s}")),
+            _ => (map.qd_idx.expect("raid6"), member_sector, len, format!("Q of array sector {s}")),
+        };
+    }
+    let mut copies = Vec::new();
+    geo.copies(s, &mut copies);
+    let k = seed_pick(3, copies.len() as u64) as usize;
+    let c = copies[k];
+    (c.member, c.member_sector, len, format!("copy {k} of array sector {s}"))
+}
+
+/// Flips bits in one block the seed picks, runs md's repair, then checks what the members
+/// hold against `image` (each sector's digest before the damage). The array must be whole,
+/// resynced and idle. `None` when a member failed during the repair.
+pub fn corrupt_and_repair(
+    array: &mut SimArray<Engine>,
+    geo: &Geometry,
+    image: &[u64],
+    data_offset_bytes: u64,
+    seed_pick: &dyn Fn(u64, u64) -> u64,
+) -> Result<Option<Repaired>, String> {
+    let (member, member_sector, len, what) = choose_block(geo, seed_pick);
+    let offset_bytes = data_offset_bytes + member_sector * SECTOR;
+    let at = array.now_ns();
+    array.disks_mut().schedule(Fault {
+        trigger: FaultTrigger::AtNs(at),
+        member,
+        kind: FaultKind::Corrupt { offset_bytes, len_bytes: len * SECTOR, bit_flips: 4 },
+    });
+    if array.run_until_idle() != RunOutcome::Idle {
+        return Err("planting the corruption did not finish".into());
+    }
+    let record =
+        array.disks().fault_log().last().filter(|r| matches!(r.fault.kind, FaultKind::Corrupt { .. }));
+    let damaged: BTreeSet<u64> = record
+        .map(|r| r.corrupted_offsets.iter().map(|&b| (b - data_offset_bytes) / SECTOR).collect())
+        .unwrap_or_default();
+    // Bits flipped: the members now disagree somewhere, which the repair must find.
+    let visible = !damaged.is_empty();
+    let now = array.now_ns();
+    array.engine_mut().start_scrub(ScrubKind::Repair, now)?;
+    if array.run_until_idle() != RunOutcome::Idle {
+        return Err("the repair did not finish".into());
+    }
+    // A fault planned before the power cut may fire now: md stops the repair (it does not
+    // repair a degraded array), and there is nothing more to judge.
+    if array.engine().member_states().iter().any(|s| *s != uraid_core::MemberState::InSync) {
+        return Ok(None);
+    }
+    let mismatch_cnt = array.engine().mismatch_cnt();
+    if visible && mismatch_cnt == 0 {
+        return Err(format!("repair found nothing although the members disagree ({what} corrupted)"));
+    }
+    members_agree(array.disks(), geo, data_offset_bytes)
+        .map_err(|e| format!("after repairing {what} the members still disagree: {e}"))?;
+    // Which array sectors had the damaged block as their data or a copy.
+    let unidentifiable = matches!(geo.level, Level::Raid1 | Level::Raid10 | Level::Raid4 | Level::Raid5);
+    let mut copies = Vec::new();
+    let mut exposures = 0;
+    let direct = direct_digests(array.disks(), geo, data_offset_bytes);
+    for (s, (&now, &before)) in direct.iter().zip(image).enumerate() {
+        if now == before {
+            continue;
+        }
+        geo.copies(s as u64, &mut copies);
+        let touched = copies.iter().any(|c| c.member == member && damaged.contains(&c.member_sector));
+        if !(touched && unidentifiable) {
+            return Err(format!("after repairing {what} array sector {s} holds something it never held"));
+        }
+        exposures += 1;
+    }
+    Ok(Some(Repaired { what, mismatch_cnt, exposures }))
+}
