@@ -79,10 +79,12 @@ pub(crate) enum IoCtx {
     StripeWrite {
         key: u64,
     },
-    /// raid1/10 sync: read the good copy of a unit's piece.
+    /// raid1/10 sync: read the good copy of a unit's piece. `read_errors`: the members
+    /// whose copy of it failed to read already (tried again elsewhere, then rewritten).
     SyncRead {
         array_sector: u64,
         len_sectors: u64,
+        read_errors: u128,
     },
     SyncWrite,
     /// raid4/5/6 sync: a rebuilt member block or recomputed parity of a stripe head.

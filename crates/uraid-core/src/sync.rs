@@ -560,7 +560,7 @@ impl Engine {
         self.direct_sync =
             Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false, scrub: None });
         for (src, pos, n) in reads {
-            let ctx = IoCtx::SyncRead { array_sector: pos, len_sectors: n };
+            let ctx = IoCtx::SyncRead { array_sector: pos, len_sectors: n, read_errors: 0 };
             self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx);
         }
         UnitStart::Started
@@ -573,7 +573,7 @@ impl Engine {
         result: Result<Vec<u8>, MemberIoError>,
     ) {
         match ctx {
-            IoCtx::SyncRead { array_sector, len_sectors } => {
+            IoCtx::SyncRead { array_sector, len_sectors, read_errors } => {
                 let kind = self.sync.as_ref().map(|j| j.kind);
                 match result {
                     Ok(data) => {
@@ -581,11 +581,14 @@ impl Engine {
                         let mut copies = Vec::new();
                         self.geo.copies(array_sector, &mut copies);
                         for c in copies {
-                            let target = match kind {
-                                Some(SyncKind::Recovery { member: r }) => c.member == r,
-                                Some(SyncKind::Resync) => c.member != member,
-                                Some(SyncKind::Scrub(_)) | None => false,
-                            };
+                            // Copies that failed to read are rewritten from this one (md's
+                            // fix_sync_read_error).
+                            let target = crate::direct::bit(c.member) & read_errors != 0
+                                || match kind {
+                                    Some(SyncKind::Recovery { member: r }) => c.member == r,
+                                    Some(SyncKind::Resync) => c.member != member,
+                                    Some(SyncKind::Scrub(_)) | None => false,
+                                };
                             if target && self.members[c.member].writable() {
                                 if let Some(u) = self.direct_sync.as_mut() {
                                     u.pending += 1;
@@ -602,13 +605,19 @@ impl Engine {
                         }
                     }
                     Err(e) => {
-                        if let Some(u) = self.direct_sync.as_mut() {
-                            u.failed = true;
-                        }
                         // A member that is gone is failed (md_error), as a request's read
                         // or a raid4/5/6 sync read does; a latent sector error is not.
                         if e == MemberIoError::Gone {
                             self.fail_member(member, self.now_ns);
+                        }
+                        // Another in-sync copy serves the piece, as md's sync read tries
+                        // every mirror before giving up.
+                        let read_errors = read_errors | crate::direct::bit(member);
+                        if self.retry_sync_read(array_sector, len_sectors, read_errors) {
+                            return;
+                        }
+                        if let Some(u) = self.direct_sync.as_mut() {
+                            u.failed = true;
                         }
                     }
                 }
@@ -625,6 +634,26 @@ impl Engine {
             }
             _ => {}
         }
+    }
+
+    /// Reads a sync unit's piece from a copy not yet tried; false when none is left. The
+    /// unit's pending count carries over to the new read.
+    fn retry_sync_read(&mut self, array_sector: u64, len_sectors: u64, read_errors: u128) -> bool {
+        let exclude = match self.sync.as_ref().map(|j| j.kind) {
+            Some(SyncKind::Recovery { member }) => read_errors | crate::direct::bit(member),
+            _ => read_errors,
+        };
+        let mut copies = Vec::new();
+        self.geo.copies(array_sector, &mut copies);
+        let Some(i) =
+            choose_copy(Balance::Prefer, &self.members, &copies, len_sectors, exclude, &mut self.rr_next)
+        else {
+            return false;
+        };
+        let src = copies[i];
+        let ctx = IoCtx::SyncRead { array_sector, len_sectors, read_errors };
+        self.issue_io(src.member, MemberIoOp::Read, src.member_sector, len_sectors, IoBytes::new(), ctx);
+        true
     }
 
     pub(crate) fn direct_sync_part_done(&mut self) {
