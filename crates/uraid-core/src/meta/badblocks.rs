@@ -101,7 +101,10 @@ impl BadBlocks {
                 continue;
             }
             if !bb.set(start, len) {
-                return Err(BadBlocksError::TooManyEntries { entries: bb.entry_count() + 1, capacity: bb.capacity });
+                return Err(BadBlocksError::TooManyEntries {
+                    entries: bb.entry_count() + 1,
+                    capacity: bb.capacity,
+                });
             }
         }
         Ok(Some(bb))
@@ -330,7 +333,10 @@ mod tests {
     fn examine_text_is_mdadms() {
         let mut bb = BadBlocks::new(0, 8);
         bb.set(2148, 8);
-        assert_eq!(bb.examine_text("/dev/vdb"), "Bad-blocks on /dev/vdb:\n                2148 for 8 sectors\n");
+        assert_eq!(
+            bb.examine_text("/dev/vdb"),
+            "Bad-blocks on /dev/vdb:\n                2148 for 8 sectors\n"
+        );
     }
 
     #[test]
@@ -345,7 +351,8 @@ mod tests {
         sb.bblog_size = 1;
         let mut page = vec![0u8; 512];
         for k in 0..64u64 {
-            page[k as usize * 8..k as usize * 8 + 8].copy_from_slice(&(((k * 2000) << 10) | 1000).to_le_bytes());
+            page[k as usize * 8..k as usize * 8 + 8]
+                .copy_from_slice(&(((k * 2000) << 10) | 1000).to_le_bytes());
         }
         assert!(matches!(BadBlocks::parse(&sb, &page), Err(BadBlocksError::TooManyEntries { .. })));
     }
