@@ -57,9 +57,7 @@ impl Engine {
                 .filter(|&(_, n)| n > 0)
                 .collect();
         }
-        let mut copies = Vec::new();
         for (pos, n) in pieces {
-            self.geo.copies(pos, &mut copies);
             let balance = if self.unsynced(pos, pos + n) {
                 // Not resynced yet: copies may differ, so always the copy the resync copies from.
                 Balance::Prefer
@@ -68,23 +66,40 @@ impl Engine {
             } else {
                 self.tun.balance
             };
-            let Some(i) = choose_copy(balance, &self.members, &copies, n, 0, &mut self.rr_next) else {
-                self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
-                continue;
-            };
-            let e = copies[i];
-            let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
-            self.reqs.get_mut(&id).expect("request").parts += 1;
-            let ctx = IoCtx::DirectRead {
-                req: id,
-                array_sector: pos,
-                len_sectors: n,
-                dest_off,
-                tried: bit(e.member),
-                errored: 0,
-            };
-            self.issue_io(e.member, MemberIoOp::Read, e.member_sector, n, IoBytes::new(), ctx);
+            self.direct_read_piece(id, sector, pos, n, balance);
         }
+    }
+
+    /// One piece of a read from one copy. When bad-block logs leave no copy clean for the
+    /// whole piece, its halves are tried apart (md's read_balance shortens the read to
+    /// where a copy is good); a sector no copy can serve fails the request.
+    fn direct_read_piece(&mut self, id: RequestId, sector: u64, pos: u64, n: u64, balance: Balance) {
+        let mut copies = Vec::new();
+        self.geo.copies(pos, &mut copies);
+        let Some(i) = choose_copy(balance, &self.members, &copies, n, 0, &mut self.rr_next) else {
+            let listed = copies.iter().any(|e| self.members[e.member].has_bad_block(e.member_sector, n));
+            if listed && n > 1 {
+                let half = n / 2;
+                self.direct_read_piece(id, sector, pos, half, balance);
+                self.direct_read_piece(id, sector, pos + half, n - half, balance);
+                return;
+            }
+            let err = if listed { RequestError::Io } else { RequestError::ArrayFailed };
+            self.reqs.get_mut(&id).expect("request").error = Some(err);
+            return;
+        };
+        let e = copies[i];
+        let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
+        self.reqs.get_mut(&id).expect("request").parts += 1;
+        let ctx = IoCtx::DirectRead {
+            req: id,
+            array_sector: pos,
+            len_sectors: n,
+            dest_off,
+            tried: bit(e.member),
+            errored: 0,
+        };
+        self.issue_io(e.member, MemberIoOp::Read, e.member_sector, n, IoBytes::new(), ctx);
     }
 
     pub(crate) fn direct_write(&mut self, id: RequestId, sector: u64, len: u64, zero: bool) {
@@ -128,7 +143,7 @@ impl Engine {
                     e.member_sector,
                     n,
                     data,
-                    IoCtx::DirectWrite { req: id },
+                    IoCtx::DirectWrite { req: id, array_sector: pos, len_sectors: n },
                 );
             }
         }
@@ -195,10 +210,17 @@ impl Engine {
                     }
                 }
             },
-            IoCtx::DirectWrite { req } => {
-                if result.is_err() {
+            IoCtx::DirectWrite { req, array_sector, len_sectors } => {
+                if let Err(e) = result {
                     if self.geo.level == Level::Raid0 {
                         self.part_done(req, Some(RequestError::Io));
+                        return;
+                    }
+                    if e == MemberIoError::Io && self.record_write_error(member) {
+                        // md completes the write if a copy holds it; with every copy listed
+                        // bad there, the data is nowhere and the write failed.
+                        let held = self.some_copy_readable(array_sector, len_sectors);
+                        self.part_done(req, (!held).then_some(RequestError::Io));
                         return;
                     }
                     self.fail_member(member, self.now_ns);
@@ -208,7 +230,7 @@ impl Engine {
             IoCtx::Rewrite { req, .. } => {
                 if result.is_ok() {
                     self.stats.read_errors_corrected += 1;
-                } else {
+                } else if !(result == Err(MemberIoError::Io) && self.record_write_error(member)) {
                     self.fail_member(member, self.now_ns);
                 }
                 if let Some(req) = req {
@@ -217,6 +239,16 @@ impl Engine {
             }
             _ => {}
         }
+    }
+
+    /// Can some copy of array `[sector, sector + len)` be read whole (written there and
+    /// not listed bad)? Checked per sector, as a read may combine copies.
+    fn some_copy_readable(&self, sector: u64, len: u64) -> bool {
+        let mut copies = Vec::new();
+        (sector..sector + len).all(|s| {
+            self.geo.copies(s, &mut copies);
+            copies.iter().any(|e| self.members[e.member].readable_range(e.member_sector, 1))
+        })
     }
 
     /// md's read-error correction: good data read elsewhere is written over the copies that

@@ -11,6 +11,7 @@ use crate::detmap::DetMap;
 use crate::api::*;
 use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::{Geometry, Level};
+use crate::meta::BadBlocks;
 use crate::stats::ArrayStats;
 use crate::stripe::{IoCtx, StripeCache};
 use crate::sync::{DirectUnit, EngineEvent, SyncJob, SyncKind};
@@ -26,6 +27,12 @@ pub(crate) struct MemberRt {
     pub last_dispatch_ns: TimeNs,
     /// md's write-mostly: read only when no other copy can serve.
     pub write_mostly: bool,
+    /// md's bad-block log of this member (device sectors); None: no log, so a write error
+    /// fails the member.
+    pub bad_blocks: Option<BadBlocks>,
+    /// md's WriteErrorSeen: a write failed here this run, so a listed range is not
+    /// rewritten after a read reconstructed it (md only retries ranges read errors listed).
+    pub write_error_seen: bool,
 }
 
 impl MemberRt {
@@ -37,6 +44,18 @@ impl MemberRt {
             _ => false,
         }
     }
+    /// md's is_badblock: is any of data-relative `[sector, sector + len)` listed bad?
+    pub fn has_bad_block(&self, sector: u64, len: u64) -> bool {
+        self.bad_blocks.as_ref().is_some_and(|bb| {
+            !bb.is_empty() && bb.overlaps(self.data_offset_bytes / SECTOR_BYTES + sector, len)
+        })
+    }
+
+    /// May `[sector, sector + len)` be read here: readable and none of it listed bad.
+    pub fn readable_range(&self, sector: u64, len: u64) -> bool {
+        self.readable(sector + len.max(1) - 1) && !self.has_bad_block(sector, len)
+    }
+
     /// Does this member receive writes?
     pub fn writable(&self) -> bool {
         matches!(self.state, MemberState::InSync | MemberState::Recovering { .. })
@@ -155,6 +174,10 @@ struct FlushWait {
     error: Option<RequestError>,
 }
 
+/// A member I/O in flight: why, which member, when issued, and the data-relative
+/// (sector, len) of a write (a success there clears listed bad blocks).
+pub(crate) type InflightIo = (IoCtx, usize, TimeNs, Option<(u64, u64)>);
+
 /// Member-sector ranges [start, end) a background job covers.
 pub(crate) type SectorRanges = Vec<(u64, u64)>;
 
@@ -166,7 +189,10 @@ pub struct Engine {
     pub(crate) failed: bool,
     pub(crate) now_ns: TimeNs,
     pub(crate) reqs: DetMap<RequestId, ReqState>,
-    pub(crate) ios: crate::inflight::InflightIos<(IoCtx, usize, TimeNs)>,
+    pub(crate) ios: crate::inflight::InflightIos<InflightIo>,
+    /// The member range of the write whose completion is being handled (see
+    /// `record_write_error`).
+    completing_write: Option<(u64, u64)>,
     out_ios: VecDeque<MemberIo>,
     out_done: VecDeque<RequestCompletion>,
     pub(crate) cache: StripeCache,
@@ -217,6 +243,8 @@ impl Engine {
                 last_end_sector: 0,
                 last_dispatch_ns: 0,
                 write_mostly: false,
+                bad_blocks: None,
+                write_error_seen: false,
             })
             .collect();
         let mut engine = Engine {
@@ -229,6 +257,7 @@ impl Engine {
             now_ns: 0,
             reqs: DetMap::default(),
             ios: Default::default(),
+            completing_write: None,
             out_ios: VecDeque::new(),
             out_done: VecDeque::new(),
             next_write_seq: 0,
@@ -438,9 +467,13 @@ impl Engine {
     /// Report a member I/O's result.
     pub fn complete_member_io(&mut self, completion: MemberIoCompletion, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
-        let Some((ctx, member, issued_ns)) = self.ios.remove(completion.id) else {
+        let Some((ctx, member, issued_ns, write_range)) = self.ios.remove(completion.id) else {
             return; // unknown or duplicate completion: nothing to do
         };
+        if let (Some((sector, len)), Ok(_)) = (write_range, &completion.result) {
+            self.made_good(member, sector, len);
+        }
+        self.completing_write = write_range;
         let m = &mut self.members[member];
         m.inflight = m.inflight.saturating_sub(1);
         let ms = &mut self.stats.members[member];
@@ -453,6 +486,7 @@ impl Engine {
             IoCtx::FuaFlush { req } => self.fua_flush_done(req, member, completion.result.is_ok()),
             ctx => self.io_done(ctx, member, completion.result),
         }
+        self.completing_write = None;
         self.after_event();
     }
 
@@ -519,6 +553,49 @@ impl Engine {
             self.fail_array();
         } else {
             self.cache_rehandle_all();
+        }
+    }
+
+    /// md's bad-block log of the member in `slot` as read at assembly (device sectors):
+    /// reads avoid its ranges, a write error there joins it instead of failing the
+    /// member. None (the default): no log. raid0 keeps none, as md's raid0 ignores it.
+    pub fn set_bad_blocks(&mut self, slot: usize, bad_blocks: Option<BadBlocks>) {
+        if let Some(m) = self.members.get_mut(slot) {
+            m.bad_blocks = bad_blocks.filter(|_| self.geo.level != Level::Raid0);
+        }
+    }
+
+    pub fn bad_blocks(&self, slot: usize) -> Option<&BadBlocks> {
+        self.members.get(slot)?.bad_blocks.as_ref()
+    }
+
+    /// md's rdev_set_badblocks for the write being completed on `member`: its range joins
+    /// the member's log and completions wait until the caller wrote the log
+    /// (`EngineEvent::BadBlocksRecorded`, then `metadata_committed`). False when the
+    /// member has no log or it is full: the caller fails the member (md_error).
+    pub(crate) fn record_write_error(&mut self, member: usize) -> bool {
+        let Some((sector, len)) = self.completing_write else { return false };
+        let m = &mut self.members[member];
+        let abs = m.data_offset_bytes / SECTOR_BYTES + sector;
+        if !m.writable() || !m.bad_blocks.as_mut().is_some_and(|bb| bb.set(abs, len)) {
+            return false;
+        }
+        m.write_error_seen = true;
+        self.metadata_pending |= self.tun.hold_completions_on_member_failure;
+        self.events.push_back(EngineEvent::BadBlocksRecorded { slot: member, sector: abs, sectors: len });
+        true
+    }
+
+    /// md's R5_MadeGood / R1BIO_MadeGood: a write landed on listed sectors, so they are
+    /// good again (written to the log with the next superblock update, as md does).
+    fn made_good(&mut self, member: usize, sector: u64, len: u64) {
+        let m = &mut self.members[member];
+        if !m.has_bad_block(sector, len) {
+            return;
+        }
+        let abs = m.data_offset_bytes / SECTOR_BYTES + sector;
+        if m.bad_blocks.as_mut().is_some_and(|bb| bb.clear(abs, len)) {
+            self.events.push_back(EngineEvent::BadBlocksCleared { slot: member, sector: abs, sectors: len });
         }
     }
 
@@ -637,7 +714,8 @@ impl Engine {
         }
         let offset_bytes =
             if op == MemberIoOp::Flush { 0 } else { m.data_offset_bytes + member_sector * SECTOR_BYTES };
-        let id = self.ios.insert((ctx, member, self.now_ns));
+        let write_range = (op == MemberIoOp::Write).then_some((member_sector, len_sectors));
+        let id = self.ios.insert((ctx, member, self.now_ns, write_range));
         self.out_ios.push_back(MemberIo {
             id,
             member,

@@ -55,11 +55,12 @@ pub(crate) fn choose_copy(
     rr_next: &mut usize,
 ) -> Option<usize> {
     // The whole piece must be readable: a recovering member's last sector decides (a piece
-    // straddling its recovery_offset would be served partly from unrebuilt sectors).
+    // straddling its recovery_offset would be served partly from unrebuilt sectors), and
+    // none of it may be in the member's bad-block log (md's read_balance).
     let usable = |i: &usize| {
         let e = &copies[*i];
         (e.member >= 128 || exclude & (1u128 << e.member) == 0)
-            && members[e.member].readable(e.member_sector + len_sectors.max(1) - 1)
+            && members[e.member].readable_range(e.member_sector, len_sectors)
     };
     let mut candidates: Vec<usize> = (0..copies.len()).filter(usable).collect();
     if candidates.is_empty() {

@@ -52,6 +52,8 @@ pub(crate) enum IoCtx {
     },
     DirectWrite {
         req: RequestId,
+        array_sector: u64,
+        len_sectors: u64,
     },
     /// Read-error correction: rewrite rows that failed to read (key u64::MAX = no stripe;
     /// then `req` is the read that waits for it, as md completes a read only after fixing).
@@ -566,7 +568,7 @@ impl Engine {
         let (key, ..) = self.head_key(sector);
         let (key_end, ..) = self.head_key(sector + len - 1);
         let (ext, _) = self.geo.map_sector(sector);
-        let target_ok = self.members[ext.member].readable(ext.member_sector + len - 1);
+        let target_ok = self.members[ext.member].readable_range(ext.member_sector, len);
         // A cached head may be bypassed only while nothing is queued or being written in it:
         // then the member holds what the cache holds.
         let quiet = |k: u64| {
@@ -828,6 +830,27 @@ impl Engine {
         let hi = 128 - rows_wanted.leading_zeros() as u64;
         st.bad[member] & rows_wanted == 0
             && self.members[member].readable(st.base_sector + hi.saturating_sub(1))
+            && self.listed_bad_rows(st, member, rows_wanted) == 0
+    }
+
+    /// The rows of `rows_wanted` in `member`'s bad-block log: never read (md's
+    /// analyse_stripe treats the block as not in sync), rebuilt from the others instead.
+    fn listed_bad_rows(&self, st: &Stripe, member: usize, rows_wanted: SectorMask) -> SectorMask {
+        let m = &self.members[member];
+        if m.bad_blocks.as_ref().is_none_or(|bb| bb.is_empty()) {
+            return 0;
+        }
+        let mut bad = 0;
+        for (r0, n) in runs(rows_wanted) {
+            if m.has_bad_block(st.base_sector + r0, n) {
+                for r in r0..r0 + n {
+                    if m.has_bad_block(st.base_sector + r, 1) {
+                        bad |= rows(r, r + 1);
+                    }
+                }
+            }
+        }
+        bad
     }
 
     fn fill(&mut self, key: u64, st: &mut Stripe, member: usize, missing: SectorMask) {
@@ -888,8 +911,13 @@ impl Engine {
         self.stats.degraded_reads += 1;
         for &o in &lost {
             st.valid[o] |= want;
-            // md's read-error correction: a readable member that failed these rows gets them back.
-            let bad = st.bad[o] & want;
+            // md's read-error correction: a readable member that failed these rows gets them back;
+            // so do its listed rows unless a write failed there this run (md's R5_ReadError
+            // without WriteErrorSeen). The rewrite clears them from the log as it lands.
+            let mut bad = st.bad[o] & want;
+            if !self.members[o].write_error_seen {
+                bad |= self.listed_bad_rows(st, o, want);
+            }
             if bad != 0 && self.members[o].writable() {
                 for (r0, n) in runs(bad) {
                     let data = st.cache[o].as_ref().expect("rebuilt").view(bytes(r0, n));
@@ -1486,7 +1514,9 @@ impl Engine {
                 let b = st.batch.as_mut().expect("a write belongs to a batch");
                 let left = b.writing.unwrap_or(1) - 1;
                 b.writing = Some(left);
-                if result.is_err() {
+                // md's R5_WriteError: the rows join the member's bad-block log if it has room
+                // (the cache and parity hold them), else the member fails.
+                if result.is_err() && !(result == Err(MemberIoError::Io) && self.record_write_error(member)) {
                     self.fail_member(member, self.now_ns);
                 }
                 // Until the batch's last write lands the head cannot move on: no re-analysis.
@@ -1536,7 +1566,9 @@ impl Engine {
                 if result.is_ok() {
                     self.stats.read_errors_corrected += 1;
                 } else {
-                    self.fail_member(member, self.now_ns);
+                    if !(result == Err(MemberIoError::Io) && self.record_write_error(member)) {
+                        self.fail_member(member, self.now_ns);
+                    }
                     if let Some(st) = self.cache.heads.get_mut(&key) {
                         st.bad[member] &= !rws;
                     }

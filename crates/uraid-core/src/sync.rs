@@ -55,6 +55,21 @@ pub enum EngineEvent {
         mismatch_cnt_sectors: u64,
     },
     ArrayFailed,
+    /// md's rdev_set_badblocks: a write to `slot` failed and device sectors
+    /// `[sector, sector + sectors)` joined its bad-block log instead of failing the
+    /// member. Completions are held until the log is written (`metadata_committed`).
+    BadBlocksRecorded {
+        slot: usize,
+        sector: u64,
+        sectors: u64,
+    },
+    /// md's rdev_clear_badblocks: a write landed on listed sectors of `slot`; the log
+    /// changes with the next superblock update (nothing waits for it).
+    BadBlocksCleared {
+        slot: usize,
+        sector: u64,
+        sectors: u64,
+    },
 }
 
 /// raid1/10 work unit, in array sectors.
@@ -141,7 +156,7 @@ impl Engine {
     }
 
     fn inflight_on(&self, slot: usize) -> bool {
-        self.ios.values().any(|(_, m, _)| *m == slot)
+        self.ios.values().any(|(_, m, _, _)| *m == slot)
     }
 
     /// Start rebuilding `slot` from `from_sectors` (a resumed recovery passes the checkpoint).

@@ -6,7 +6,7 @@ use anyhow::bail;
 use clap::Args;
 
 use crate::array::member::MemberDev;
-use crate::array::report::examine_text;
+use crate::array::report::{bad_blocks_text, examine_text};
 
 #[derive(Args, Clone, Debug)]
 pub struct ExamineArgs {
@@ -27,7 +27,21 @@ pub fn run(args: ExamineArgs) -> anyhow::Result<()> {
                 bad += 1;
             }
             Ok(dev) => match dev.read_metadata() {
-                (Ok(sb), bitmap) => print!("{}", examine_text(&dev.name, &sb, bitmap.as_deref())),
+                (Ok(sb), bitmap) => {
+                    print!("{}", examine_text(&dev.name, &sb, bitmap.as_deref()));
+                    // mdadm --examine-badblocks's listing, when the log has entries.
+                    match dev.read_bad_blocks(&sb) {
+                        Ok(Some(bb)) if !bb.is_empty() => {
+                            let entries: Vec<_> = bb.entries().collect();
+                            print!("\n{}", bad_blocks_text(&dev.name, &entries));
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            eprintln!("uraid: {e:#}");
+                            bad += 1;
+                        }
+                    }
+                }
                 (Err(e), _) => {
                     eprintln!("uraid: {}: {e}", dev.name);
                     bad += 1;

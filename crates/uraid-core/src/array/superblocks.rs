@@ -3,11 +3,12 @@
 //! takes the members that failed it, records them faulty (md_error) and returns the next
 //! round (events + 1) until one succeeds on every working member.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::meta::{
-    array_range_to_sync_range, feature, role, BitmapPageWrite, Superblock, WriteIntentBitmap, MAX_DEV_LIMIT,
-    MAX_SECTOR,
+    array_range_to_sync_range, feature, role, BadBlocks, BitmapPageWrite, Superblock, WriteIntentBitmap,
+    MAX_DEV_LIMIT, MAX_SECTOR,
 };
 
 /// The caller's name for a member (an index into its own table of files or disks).
@@ -52,7 +53,12 @@ pub struct ArrayMember {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetaWriteKind {
-    BitmapPage { page: u64 },
+    BitmapPage {
+        page: u64,
+    },
+    /// The member's bad-block log page (written before its superblock, which says
+    /// whether to read it).
+    BadBlockLog,
     Superblock,
 }
 
@@ -178,6 +184,10 @@ pub struct ArraySuperblocks {
     level: i32,
     raid_disks: u32,
     chunk_sectors: u32,
+    /// md's per-member bad-block logs, by member key (members without a log are absent).
+    bad_blocks: BTreeMap<MemberKey, BadBlocks>,
+    /// Logs changed since they were last written (md's `badblocks.changed`).
+    bad_blocks_changed: BTreeSet<MemberKey>,
 }
 
 impl ArraySuperblocks {
@@ -206,6 +216,51 @@ impl ArraySuperblocks {
             level,
             raid_disks,
             chunk_sectors,
+            bad_blocks: BTreeMap::new(),
+            bad_blocks_changed: BTreeSet::new(),
+        }
+    }
+
+    /// The bad-block log read from member `key` at assembly (see [`BadBlocks::parse`]).
+    pub fn load_bad_blocks(&mut self, key: MemberKey, bad_blocks: BadBlocks) {
+        self.bad_blocks.insert(key, bad_blocks);
+    }
+
+    pub fn bad_blocks(&self, key: MemberKey) -> Option<&BadBlocks> {
+        self.bad_blocks.get(&key)
+    }
+
+    fn key_of_slot(&self, slot: usize) -> Option<MemberKey> {
+        self.members.iter().find(|m| m.role.active_slot() == Some(slot)).map(|m| m.key)
+    }
+
+    /// The engine recorded a failed write of device sectors `[sector, sector + sectors)`
+    /// in the log of the member in `slot` (`EngineEvent::BadBlocksRecorded`): the round
+    /// writes its log page, then every superblock (md's md_update_sb for
+    /// MD_SB_CHANGE_PENDING); the write's completion waits for it. Should the log not
+    /// take the range after all, the member is failed instead (md_error).
+    pub fn bad_blocks_recorded(
+        &mut self,
+        slot: usize,
+        sector: u64,
+        sectors: u64,
+        now_seconds: u64,
+    ) -> MetaRound {
+        let Some(key) = self.key_of_slot(slot) else { return self.write_superblocks(now_seconds) };
+        let fits = self.bad_blocks.get_mut(&key).is_some_and(|bb| bb.set(sector, sectors));
+        if !fits {
+            return self.member_failed(slot, now_seconds);
+        }
+        self.bad_blocks_changed.insert(key);
+        self.write_superblocks(now_seconds)
+    }
+
+    /// A write made listed sectors good (`EngineEvent::BadBlocksCleared`): the log page
+    /// changes with the next superblock round, as md's rdev_clear_badblocks leaves it.
+    pub fn bad_blocks_cleared(&mut self, slot: usize, sector: u64, sectors: u64) {
+        let Some(key) = self.key_of_slot(slot) else { return };
+        if self.bad_blocks.get_mut(&key).is_some_and(|bb| bb.clear(sector, sectors)) {
+            self.bad_blocks_changed.insert(key);
         }
     }
 
@@ -314,6 +369,25 @@ impl ArraySuperblocks {
             } else {
                 sb.feature_map &= !feature::RECOVERY_OFFSET;
                 sb.recovery_offset = 0;
+            }
+            // md's super_1_sync: the feature bit while the log has entries; a changed log
+            // page goes out before the superblock that points at it.
+            if let Some(bb) = self.bad_blocks.get(&m.key) {
+                if bb.is_empty() {
+                    sb.feature_map &= !feature::BAD_BLOCKS;
+                } else {
+                    sb.feature_map |= feature::BAD_BLOCKS;
+                }
+                let at = sb.super_offset.checked_add_signed(i64::from(sb.bblog_offset));
+                if let (true, Some(at)) = (self.bad_blocks_changed.remove(&m.key), at) {
+                    ios.push(MetaIo::Write {
+                        key: m.key,
+                        slot: m.role.active_slot(),
+                        what: MetaWriteKind::BadBlockLog,
+                        offset_bytes: at * 512,
+                        bytes: bb.to_log_bytes(sb.bblog_size),
+                    });
+                }
             }
             ios.push(MetaIo::Write {
                 key: m.key,
@@ -490,6 +564,10 @@ impl ArraySuperblocks {
     /// A new member joins (as a spare until [`ArraySuperblocks::spare_activated`]).
     pub fn member_added(&mut self, member: ArrayMember, now_seconds: u64) -> MetaRound {
         assert!(self.member(member.key).is_none(), "member keys are unique");
+        // Its log was zeroed as it was added: empty, with the room its superblock gives.
+        if let Some(bb) = BadBlocks::for_superblock(&member.sb) {
+            self.bad_blocks.insert(member.key, bb);
+        }
         self.members.push(member);
         self.write_superblocks(now_seconds)
     }
@@ -497,6 +575,8 @@ impl ArraySuperblocks {
     /// A faulty member or a spare leaves the array's superblocks (mdadm --remove).
     pub fn member_removed(&mut self, key: MemberKey, now_seconds: u64) -> MetaRound {
         self.members.retain(|m| m.key != key);
+        self.bad_blocks.remove(&key);
+        self.bad_blocks_changed.remove(&key);
         self.write_superblocks(now_seconds)
     }
 

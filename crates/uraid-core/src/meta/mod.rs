@@ -1,4 +1,4 @@
-//! md on-disk metadata: superblock 1.x and the internal write-intent bitmap.
+//! md on-disk metadata: superblock 1.x, the internal write-intent bitmap and the bad-block log.
 //!
 //! Pure and sans-IO: every function takes and returns byte buffers or plain values, so
 //! the same code serves `uraid create/examine/assemble`, the engine and the fuzzers.
@@ -7,6 +7,7 @@
 //! the arrays in `shared/fixtures/md` are the truth where the two are in doubt.
 
 pub mod assemble;
+pub mod badblocks;
 pub mod bitmap;
 pub mod create;
 pub mod superblock;
@@ -15,6 +16,7 @@ pub use assemble::{
     enough, plan_assembly, raid10_sizes, AssembleOptions, AssemblyError, AssemblyPlan, BitmapPlan,
     OfferedMember, RefuseReason, RefusedMember, ResyncNeed, SlotMember, StaleMember,
 };
+pub use badblocks::{BadBlocks, BadBlocksError, BB_MAX_LEN, MAX_BADBLOCKS};
 pub use bitmap::{
     array_range_to_sync_range, bitmap_bits, bitmap_bytes_on_disk, choose_bm_space, count_dirty_bits,
     default_bitmap_chunk, min_bitmap_chunk, test_bit_le, BitmapError, BitmapImage, BitmapPageWrite,

@@ -112,6 +112,7 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
         rows,
         progress: d.sync.as_ref().map(sync_line),
         scrub: d.scrub.clone(),
+        bad_blocks: Vec::new(),
     }
 }
 
@@ -137,7 +138,7 @@ pub fn offline(a: &Assembled) -> DetailInfo {
         .iter()
         .map(|s| ("stale (left out)".to_string(), a.members[s.member].name.clone()))
         .collect();
-    build(&DetailInput {
+    let mut info = build(&DetailInput {
         sb,
         array_sectors: a.plan.array_sectors,
         used_dev_sectors: a.plan.size_sectors,
@@ -149,5 +150,13 @@ pub fn offline(a: &Assembled) -> DetailInfo {
         failed: false,
         read_only: false,
         scrub: None,
-    })
+    });
+    for (m, sb) in a.members.iter().zip(&a.superblocks) {
+        if let Ok(Some(bb)) = m.read_bad_blocks(sb) {
+            if !bb.is_empty() {
+                info.bad_blocks.push((m.name.clone(), bb.entries().collect()));
+            }
+        }
+    }
+    info
 }

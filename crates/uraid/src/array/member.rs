@@ -113,6 +113,18 @@ impl MemberDev {
 
     /// The superblock of whichever 1.x placement holds one (1.2 first, mdadm's default),
     /// and the bitmap bytes when it has an internal bitmap.
+    /// The member's bad-block log as md's super_1_load reads it: None without a log, an
+    /// empty set while the superblock's BAD_BLOCKS bit is clear.
+    pub fn read_bad_blocks(&self, sb: &Superblock) -> anyhow::Result<Option<uraid_core::meta::BadBlocks>> {
+        let log = match sb.super_offset.checked_add_signed(i64::from(sb.bblog_offset)) {
+            Some(at) if sb.has(uraid_core::meta::feature::BAD_BLOCKS) && sb.bblog_size <= 8 => self
+                .read_at(at * 512, usize::from(sb.bblog_size) * 512)
+                .with_context(|| format!("{}: reading the bad-block log", self.name))?,
+            _ => Vec::new(),
+        };
+        uraid_core::meta::BadBlocks::parse(sb, &log).map_err(|e| anyhow::anyhow!("{}: {e}", self.name))
+    }
+
     pub fn read_metadata(&self) -> (Result<Superblock, SuperblockError>, Option<Vec<u8>>) {
         let dev_sectors = self.dev_sectors();
         let mut first_err = None;

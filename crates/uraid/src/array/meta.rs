@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{anyhow, bail};
 pub use uraid_core::array::DevRole;
 use uraid_core::array::{ArrayMember, ArraySuperblocks, MemberKey, MetaIo, MetaRound, MetaWriteKind};
-use uraid_core::meta::{Superblock, WriteIntentBitmap};
+use uraid_core::meta::{BadBlocks, Superblock, WriteIntentBitmap};
 use uraid_core::MemberIoOp;
 use uraid_io::real::fault::{FaultOp, Faults};
 use uraid_io::real::Member;
@@ -28,6 +28,8 @@ pub struct MetaDev {
     pub role: DevRole,
     /// (st_dev, st_ino) or block device number, to recognise it when offered again.
     pub identity: (u64, u64),
+    /// md's bad-block log as read at assembly (None: no log, or a new member).
+    pub bad_blocks: Option<BadBlocks>,
 }
 
 /// The file behind a member key of the core state machine. `file` holds the member's
@@ -137,7 +139,11 @@ impl MetaKeeper {
         let has_bitmap = bitmap.is_some();
         let mut files = Vec::new();
         let mut members = Vec::new();
+        let mut logs = Vec::new();
         for (key, d) in (0..).zip(devs) {
+            if let Some(bb) = d.bad_blocks {
+                logs.push((key, bb));
+            }
             files.push(MemberFile {
                 key,
                 name: d.name,
@@ -149,7 +155,10 @@ impl MetaKeeper {
             members.push(ArrayMember { key, sb: d.sb, role: d.role });
         }
         let next_key = files.len() as MemberKey;
-        let core = ArraySuperblocks::new(members, events, dirty, resync_pending, bitmap);
+        let mut core = ArraySuperblocks::new(members, events, dirty, resync_pending, bitmap);
+        for (key, bb) in logs {
+            core.load_bad_blocks(key, bb);
+        }
         MetaKeeper {
             state: Mutex::new(SbState { core, files, next_key }),
             ended_writes: Mutex::new(Vec::new()),
@@ -214,6 +223,9 @@ impl MetaKeeper {
         let Some(f) = st.files.iter_mut().find(|f| f.key == io.key()) else { return Ok(false) };
         let (slot, what) = match io {
             MetaIo::Write { slot, what: MetaWriteKind::Superblock, .. } => (*slot, "writing the superblock"),
+            MetaIo::Write { slot, what: MetaWriteKind::BadBlockLog, .. } => {
+                (*slot, "writing the bad-block log")
+            }
             MetaIo::Write { slot, .. } => (*slot, "writing a bitmap page"),
             MetaIo::Flush { slot, .. } => (*slot, "flushing before clearing bitmap bits"),
         };

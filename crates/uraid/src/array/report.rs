@@ -145,9 +145,10 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
         line(
             "Bad Block Log",
             format!(
-                "{} entries available at offset {} sectors",
+                "{} entries available at offset {} sectors{}",
                 u32::from(sb.bblog_size) * 64,
-                sb.bblog_offset
+                sb.bblog_offset,
+                if sb.has(feature::BAD_BLOCKS) { " - bad blocks present." } else { "" }
             ),
         );
     }
@@ -223,6 +224,17 @@ pub struct DetailInfo {
     pub progress: Option<String>,
     /// Running arrays only.
     pub scrub: Option<super::detail::ScrubView>,
+    /// Members whose bad-block log lists entries: (device, (first sector, sectors)).
+    pub bad_blocks: Vec<(String, Vec<(u64, u64)>)>,
+}
+
+/// mdadm --examine-badblocks's listing of one member.
+pub fn bad_blocks_text(device: &str, entries: &[(u64, u64)]) -> String {
+    let mut s = format!("Bad-blocks on {device}:\n");
+    for (sector, len) in entries {
+        let _ = writeln!(s, "{sector:>20} for {len} sectors");
+    }
+    s
 }
 
 /// `--detail --json`: the same facts as [`detail_text`], for scripts; `io` adds each
@@ -332,6 +344,10 @@ pub fn detail_text(title: &str, d: &DetailInfo) -> String {
     let _ = writeln!(s, "    Number   RaidDevice   State                   Device");
     for r in &d.rows {
         let _ = writeln!(s, "    {:>6}   {:>10}   {:<22}  {}", r.number, r.slot, r.state, r.path);
+    }
+    for (dev, entries) in &d.bad_blocks {
+        s.push('\n');
+        s.push_str(&bad_blocks_text(dev, entries));
     }
     s
 }

@@ -103,6 +103,16 @@ impl RunningArray {
                 engine.set_write_mostly(slot, true).map_err(|e| anyhow!("slot {slot}: {e}"))?;
             }
         }
+        // md's super_1_load: each member's bad-block log; a log md would refuse stops the start.
+        let mut logs = Vec::with_capacity(members.len());
+        for (m, sb) in members.iter().zip(&superblocks) {
+            logs.push(m.read_bad_blocks(sb)?);
+        }
+        for (slot, idx) in slot_member.iter().enumerate() {
+            if let Some(i) = idx {
+                engine.set_bad_blocks(slot, logs[*i].clone());
+            }
+        }
         let resync_pending = !matches!(resync, super::assembly::StartResync::None);
         if !read_only {
             if let Some(ranges) = resync.engine_ranges() {
@@ -144,6 +154,7 @@ impl RunningArray {
                 sb: superblocks[i].clone(),
                 role,
                 identity: m.identity,
+                bad_blocks: logs[i].take(),
             });
         }
         // The freshest superblock first: new members copy its fields.
@@ -264,7 +275,9 @@ impl RunningArray {
         }
         let degraded = states.iter().filter(|s| !matches!(s, MemberState::InSync)).count();
         self.device.degraded.store(degraded, Ordering::SeqCst);
-        let failure_recorded = events.iter().any(|ev| matches!(ev, EngineEvent::MemberFaulty(_)));
+        let failure_recorded = events
+            .iter()
+            .any(|ev| matches!(ev, EngineEvent::MemberFaulty(_) | EngineEvent::BadBlocksRecorded { .. }));
         // Every event is handled even when one fails, and held completions are always
         // released: a superblock write that failed everywhere must not hang the clients.
         let mut first_err = None;
@@ -329,6 +342,17 @@ impl RunningArray {
             }
             EngineEvent::RecoveryStarted(slot) => {
                 eprintln!("uraid: {}: recovery of slot {slot} started", self.name);
+            }
+            EngineEvent::BadBlocksRecorded { slot, sector, sectors } => {
+                eprintln!(
+                    "uraid: {}: write error on the member in slot {slot}: sectors {sector}+{sectors} \
+                     recorded in its bad-block log; the member stays in the array",
+                    self.name
+                );
+                self.meta.update(|st, now| st.core.bad_blocks_recorded(slot, sector, sectors, now))?;
+            }
+            EngineEvent::BadBlocksCleared { slot, sector, sectors } => {
+                self.meta.lock().core.bad_blocks_cleared(slot, sector, sectors);
             }
         }
         Ok(())
@@ -404,6 +428,9 @@ impl RunningArray {
             // Its recovery I/O is pumped only after this closure, so the executor has the
             // new member by then.
             e.readd_member(slot, data_offset_bytes, ranges, now)?;
+            // The slot's old log was its previous member's; the new one starts without
+            // (a write error fails it, as before the log existed).
+            e.set_bad_blocks(slot, None);
             if let Err(err) = ex.replace_member(slot, member) {
                 e.fail_member(slot, now);
                 return Err(format!("cannot put the member in slot {slot}: {err}"));
@@ -744,6 +771,8 @@ impl RunningArray {
             sb: sb.clone(),
             role: DevRole::Spare,
             identity: dev.identity,
+            // Its log was just zeroed: the keeper starts it empty.
+            bad_blocks: None,
         };
         self.meta.update(|st, now| st.add_member(meta_dev, now))?;
         let Some(slot) = slot else {
@@ -858,8 +887,19 @@ impl RunningArray {
     pub fn detail_info(&self) -> DetailInfo {
         let (slots, spares, others) = self.slot_views();
         let snap = self.snapshot();
-        let sb = self.meta.lock().core.members()[0].sb.clone();
-        detail::build(&DetailInput {
+        let (sb, bad_blocks) = {
+            let st = self.meta.lock();
+            let bad: Vec<(String, Vec<(u64, u64)>)> = st
+                .devs()
+                .into_iter()
+                .filter_map(|d| {
+                    let bb = st.core.bad_blocks(d.key).filter(|bb| !bb.is_empty())?;
+                    Some((d.name, bb.entries().collect()))
+                })
+                .collect();
+            (st.core.members()[0].sb.clone(), bad)
+        };
+        let mut info = detail::build(&DetailInput {
             sb: &sb,
             array_sectors: self.geometry.array_sectors(),
             used_dev_sectors: self.used_dev_sectors,
@@ -871,7 +911,9 @@ impl RunningArray {
             failed: snap.failed,
             read_only: self.read_only,
             scrub: snap.scrub.clone(),
-        })
+        });
+        info.bad_blocks = bad_blocks;
+        info
     }
 
     pub fn detail(&self) -> String {

@@ -1,0 +1,193 @@
+//! md's bad-block log in the engine: a listed range is never read (mirrors read another
+//! copy, raid4/5/6 rebuild it and, as md does for ranges it did not see a write fail on,
+//! rewrite it), a write error joins the log instead of failing the member while the log
+//! has room, and a write landing on listed sectors clears them.
+
+mod common;
+
+use common::*;
+use uraid_core::geometry::algorithm;
+use uraid_core::meta::BadBlocks;
+use uraid_core::mirror::Balance;
+use uraid_core::*;
+
+const MEMBER_SECTORS: u64 = 2048;
+const DATA_OFFSET: u64 = 4096;
+const DATA_OFFSET_SECTORS: u64 = DATA_OFFSET / 512;
+
+fn arrays() -> Vec<Geometry> {
+    let s = |n: usize| vec![MEMBER_SECTORS; n];
+    vec![
+        Geometry::new(Level::Raid1, 2, 0, 0, &s(2)).unwrap(),
+        Geometry::new(Level::Raid10, 4, 0x102, 16, &s(4)).unwrap(),
+        Geometry::new(Level::Raid5, 3, algorithm::LEFT_SYMMETRIC, 16, &s(3)).unwrap(),
+        Geometry::new(Level::Raid6, 4, algorithm::LEFT_SYMMETRIC, 16, &s(4)).unwrap(),
+    ]
+}
+
+fn driver(g: &Geometry, seed: u64) -> Driver {
+    let mut cfg = config(g.clone(), DATA_OFFSET);
+    cfg.tunables.hold_completions_on_member_failure = true;
+    let mut d = Driver::new(
+        Engine::new(cfg).unwrap(),
+        MemMembers::new(g.raid_disks, DATA_OFFSET + MEMBER_SECTORS * 512),
+        seed,
+    );
+    d.engine.set_balance(Balance::RoundRobin);
+    for slot in 0..g.raid_disks {
+        d.engine.set_bad_blocks(slot, Some(BadBlocks::new(0, 8)));
+    }
+    d
+}
+
+fn read_all(d: &mut Driver, bytes: usize) -> Result<Vec<u8>, RequestError> {
+    let mut out = Vec::new();
+    for (i, at) in (0..bytes).step_by(16 << 10).enumerate() {
+        out.extend(d.run_one(Request::read(10_000 + i as u64, at as u64, 16 << 10))?);
+    }
+    Ok(out)
+}
+
+fn events(d: &mut Driver) -> Vec<EngineEvent> {
+    std::iter::from_fn(|| d.engine.pop_event()).collect()
+}
+
+/// Completes every member I/O in issue order; writes to `member` overlapping member bytes
+/// `[a, b)` fail with an I/O error.
+fn drain_failing_writes(d: &mut Driver, fail: &[(usize, u64, u64)]) {
+    d.engine.unplug(d.now_ns);
+    loop {
+        d.now_ns += 10_000;
+        let Some(io) = d.engine.pop_member_io() else {
+            if let Some(t) = d.engine.next_deadline_ns() {
+                d.now_ns = d.now_ns.max(t);
+                d.engine.tick(d.now_ns);
+                continue;
+            }
+            break;
+        };
+        let (a, b) = (io.offset_bytes, io.offset_bytes + io.len_bytes);
+        let hit =
+            io.op == MemberIoOp::Write && fail.iter().any(|&(m, fa, fb)| m == io.member && fa < b && a < fb);
+        let c = if hit {
+            MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) }
+        } else {
+            d.members.perform(io)
+        };
+        d.engine.complete_member_io(c, d.now_ns);
+    }
+    while let Some(c) = d.engine.pop_completion() {
+        d.done.push(c);
+    }
+}
+
+#[test]
+fn a_listed_range_is_never_read_and_raid456_rewrite_it() {
+    for g in arrays() {
+        let ctx = format!("{:?}", g.level);
+        let mut d = driver(&g, 5);
+        let bytes = g.array_bytes() as usize;
+        let mut model = vec![0u8; bytes];
+        Rng(11).fill(&mut model);
+        d.run_one(Request::write(1, 0, model.clone())).expect("write");
+        // Member 1's sectors 4..12 are listed bad, and hold garbage behind the engine's back
+        // (data, not parity, on raid5/6: a read needs them).
+        let (s, n) = (4u64, 8u64);
+        let mut bb = BadBlocks::new(0, 8);
+        assert!(bb.set(DATA_OFFSET_SECTORS + s, n));
+        d.engine.set_bad_blocks(1, Some(bb));
+        let a = (DATA_OFFSET + s * 512) as usize;
+        d.members.images[1][a..a + (n * 512) as usize].fill(0xee);
+        assert!(read_all(&mut d, bytes).unwrap() == model, "{ctx}: a listed sector was read");
+        // Round-robin would send every other read of the first chunk to member 1.
+        for k in 0..4 {
+            let got = d.run_one(Request::read(100 + k, 0, 8192)).unwrap();
+            assert!(got[..] == model[..8192], "{ctx} read {k}: a listed sector was read");
+        }
+        let ev = events(&mut d);
+        assert!(ev.iter().all(|e| !matches!(e, EngineEvent::MemberFaulty(_))), "{ctx}: {ev:?}");
+        let cleared = ev.iter().any(|e| matches!(e, EngineEvent::BadBlocksCleared { slot: 1, .. }));
+        // md rewrites a range it rebuilt (R5_ReadError) but a mirror only reads another copy.
+        assert_eq!(cleared, g.level.has_parity(), "{ctx}: {ev:?}");
+        // Writing everything again lands on every listed sector: the log empties.
+        d.run_one(Request::write(2, 0, model.clone())).expect("rewrite");
+        assert!(d.engine.bad_blocks(1).unwrap().is_empty(), "{ctx}: {:?}", d.engine.bad_blocks(1));
+        assert!(d.members.images[1][a..a + (n * 512) as usize].iter().any(|&b| b != 0xee), "{ctx}");
+        assert!(d.engine.member_states().iter().all(|s| *s == MemberState::InSync), "{ctx}");
+    }
+}
+
+#[test]
+fn a_failed_write_is_recorded_instead_of_failing_the_member() {
+    for g in arrays() {
+        let ctx = format!("{:?}", g.level);
+        let mut d = driver(&g, 9);
+        let bytes = g.array_bytes() as usize;
+        let mut old = vec![0u8; bytes];
+        Rng(1).fill(&mut old);
+        d.run_one(Request::write(1, 0, old)).expect("first write");
+        let mut model = vec![0u8; bytes];
+        Rng(2).fill(&mut model);
+        let fail = [(1, DATA_OFFSET + 64 * 512, DATA_OFFSET + 72 * 512)];
+        d.submit(Request::write(2, 0, model.clone()));
+        drain_failing_writes(&mut d, &fail);
+        assert!(d.engine.member_states().iter().all(|s| *s == MemberState::InSync), "{ctx}: a member failed");
+        assert!(d.take_done(2).is_none(), "{ctx}: the write completed before its bad block was recorded");
+        let ev = events(&mut d);
+        let recorded: Vec<_> = ev
+            .iter()
+            .filter_map(|e| match *e {
+                EngineEvent::BadBlocksRecorded { slot, sector, sectors } => Some((slot, sector, sectors)),
+                _ => None,
+            })
+            .collect();
+        assert!(!recorded.is_empty() && recorded.iter().all(|r| r.0 == 1), "{ctx}: {ev:?}");
+        // Device sectors, as md stores them: data_offset included.
+        let bb = d.engine.bad_blocks(1).unwrap().clone();
+        assert!(
+            bb.overlaps(DATA_OFFSET_SECTORS + 64, 8) && !bb.overlaps(0, DATA_OFFSET_SECTORS),
+            "{ctx}: {bb:?}"
+        );
+        d.engine.metadata_committed();
+        drain_failing_writes(&mut d, &[]);
+        assert_eq!(d.take_done(2).map(|c| c.result), Some(Ok(Vec::new())), "{ctx}");
+        // Member 1 still holds the old data there; no read may return it.
+        assert!(read_all(&mut d, bytes).unwrap() == model, "{ctx}: a read served the range that failed");
+    }
+}
+
+#[test]
+fn a_full_log_or_none_fails_the_member_as_md_does() {
+    let g = Geometry::new(Level::Raid1, 2, 0, 0, &[MEMBER_SECTORS; 2]).unwrap();
+    for full in [true, false] {
+        let mut d = driver(&g, 3);
+        let log = full.then(|| {
+            let mut bb = BadBlocks::new(0, 1);
+            for k in 0..64 {
+                assert!(bb.set(100_000 + k * 10, 1));
+            }
+            bb
+        });
+        d.engine.set_bad_blocks(1, log);
+        d.submit(Request::write(1, 0, vec![7; 64 << 10]));
+        drain_failing_writes(&mut d, &[(1, DATA_OFFSET, DATA_OFFSET + 512)]);
+        assert_eq!(d.engine.member_states()[1], MemberState::Faulty, "full log {full}");
+        assert_eq!(events(&mut d), vec![EngineEvent::MemberFaulty(1)], "full log {full}");
+    }
+}
+
+#[test]
+fn a_write_that_no_copy_holds_fails() {
+    let g = Geometry::new(Level::Raid1, 2, 0, 0, &[MEMBER_SECTORS; 2]).unwrap();
+    let mut d = driver(&g, 3);
+    let fail = [(0, DATA_OFFSET, DATA_OFFSET + 512), (1, DATA_OFFSET, DATA_OFFSET + 512)];
+    d.submit(Request::write(1, 0, vec![7; 4096]));
+    drain_failing_writes(&mut d, &fail);
+    d.engine.metadata_committed();
+    drain_failing_writes(&mut d, &[]);
+    assert_eq!(d.take_done(1).map(|c| c.result), Some(Err(RequestError::Io)));
+    assert!(d.engine.member_states().iter().all(|s| *s == MemberState::InSync));
+    // Nothing can serve those sectors now: the read fails rather than returning stale data.
+    assert_eq!(d.run_one(Request::read(2, 0, 4096)), Err(RequestError::Io));
+    assert_eq!(d.run_one(Request::read(3, 4096, 4096)).map(|v| v.len()), Ok(4096));
+}
