@@ -33,7 +33,8 @@ fn driver(g: &Geometry, seed: u64) -> Driver {
         MemMembers::new(g.raid_disks, DATA_OFFSET + MEMBER_SECTORS * 512),
         seed,
     );
-    d.engine.set_balance(Balance::RoundRobin);
+    let t = Tunables { balance: Balance::RoundRobin, ..d.engine.tunables().clone() };
+    d.engine.set_tunables(t).unwrap();
     for slot in 0..g.raid_disks {
         d.engine.set_bad_blocks(slot, Some(BadBlocks::new(0, 8)));
     }
