@@ -11,8 +11,11 @@
 //!   failed sectors, md's fix_sync_read_error); raid4/5/6 read the member's block of each
 //!   stripe head (a failed read is rebuilt from the other members and rewritten, md's
 //!   read-error correction) and write it to the replacement;
-//! - when the copy is done the replacement takes the slot and the member is faulty
-//!   (raid5_spare_active / raid1_spare_active, then *_remove_disk);
+//! - when the copy is done (`EngineEvent::ReplacementCopied`) writes still go to both
+//!   until the caller has flushed it and recorded it in the superblocks, then
+//!   `promote_replacement` gives it the slot and the member is let go (md marks it Faulty
+//!   in raid5_spare_active / raid1_spare_active, and blocks writes until the superblocks
+//!   say so, then *_remove_disk);
 //! - a replacement whose write fails is dropped, not the array's member; a member that
 //!   fails during the copy ends the replacement too (the slot is then rebuilt as usual).
 //!
@@ -35,6 +38,8 @@ pub(crate) struct Replacement {
     pub data_offset_bytes: u64,
     /// Member data sectors below this are copied (md's recovery_offset).
     pub recovery_offset_sectors: u64,
+    /// The copy is done; it waits for `promote_replacement`.
+    pub copied: bool,
 }
 
 /// A replacement as the caller sees it.
@@ -43,6 +48,8 @@ pub struct ReplacementStatus {
     pub slot: usize,
     pub io_member: usize,
     pub recovery_offset_sectors: u64,
+    /// Copied in full and waiting for `Engine::promote_replacement`.
+    pub copied: bool,
 }
 
 /// A write to a slot with a replacement: its twin write to the replacement is in flight;
@@ -85,8 +92,12 @@ impl Engine {
         if io_member < self.geo.raid_disks {
             return Err(format!("member index {io_member} is a slot's, not a new device's"));
         }
-        self.replacements[slot] =
-            Some(Replacement { io_member, data_offset_bytes, recovery_offset_sectors: from_sectors });
+        self.replacements[slot] = Some(Replacement {
+            io_member,
+            data_offset_bytes,
+            recovery_offset_sectors: from_sectors,
+            copied: false,
+        });
         self.sync_queue.push_back((SyncKind::Replace { slot }, Some(vec![(from_sectors, u64::MAX)])));
         self.events.push_back(EngineEvent::RecoveryStarted(slot));
         self.pump_sync();
@@ -105,6 +116,7 @@ impl Engine {
                     slot,
                     io_member: r.io_member,
                     recovery_offset_sectors: r.recovery_offset_sectors,
+                    copied: r.copied,
                 })
             })
             .collect()
@@ -161,16 +173,38 @@ impl Engine {
         }
     }
 
-    /// The copy is done: the replacement takes the slot, the member is released (md marks
-    /// it Faulty and removes it). The slot stays in sync throughout.
-    pub(crate) fn replacement_done(&mut self, slot: usize) {
-        let Some(r) = self.replacements[slot].take() else { return };
-        let old_io_member = self.members[slot].io_member;
+    /// The copy is done: writes keep going to both until the caller, having flushed it
+    /// and written the superblocks, calls `promote_replacement`.
+    pub(crate) fn replacement_copied(&mut self, slot: usize) {
+        let Some(r) = self.replacements[slot].as_mut() else { return };
+        r.copied = true;
+        r.recovery_offset_sectors = u64::MAX;
+        self.events.push_back(EngineEvent::ReplacementCopied(slot));
+    }
+
+    /// The copied replacement of `slot` takes the slot, reached from now on as
+    /// `io_member`; the member that was there gets no more I/O (md marks it Faulty and
+    /// removes it). Returns the caller's index of that member. The slot stays in sync.
+    pub fn promote_replacement(
+        &mut self,
+        slot: usize,
+        io_member: usize,
+        now_ns: TimeNs,
+    ) -> Result<usize, String> {
+        self.now_ns = self.now_ns.max(now_ns);
+        match self.replacements.get(slot) {
+            Some(Some(r)) if r.copied => {}
+            Some(Some(_)) => return Err(format!("the replacement of slot {slot} is not copied yet")),
+            _ => return Err(format!("slot {slot} has no replacement")),
+        }
+        let r = self.replacements[slot].take().expect("checked");
         let m = &mut self.members[slot];
-        m.io_member = r.io_member;
+        let old_io_member = m.io_member;
+        m.io_member = io_member;
         m.data_offset_bytes = r.data_offset_bytes;
         m.last_end_sector = 0;
-        self.events.push_back(EngineEvent::ReplacementDone { slot, old_io_member });
+        self.cache_rehandle_all();
+        Ok(old_io_member)
     }
 
     /// The caller moved the slot's device to another of its member indices (e.g. back to

@@ -47,12 +47,9 @@ pub enum EngineEvent {
     MemberFaulty(usize),
     RecoveryStarted(usize),
     RecoveryDone(usize),
-    /// The replacement of `slot` is copied and has taken the slot; the member that was
-    /// there (the caller's `old_io_member`) is no longer used and is to be released.
-    ReplacementDone {
-        slot: usize,
-        old_io_member: usize,
-    },
+    /// The replacement of `slot` is copied; writes still go to both. The caller flushes,
+    /// records it, and calls `Engine::promote_replacement`.
+    ReplacementCopied(usize),
     /// The replacement of `slot` failed or was given up; the slot's member stays.
     ReplacementFaulty(usize),
     ResyncDone,
@@ -519,7 +516,7 @@ impl Engine {
                     self.events.push_back(EngineEvent::RecoveryDone(member));
                 }
             }
-            SyncKind::Replace { slot } => self.replacement_done(slot),
+            SyncKind::Replace { slot } => self.replacement_copied(slot),
             SyncKind::Resync => {
                 if !self.resync_owed() {
                     self.events.push_back(EngineEvent::ResyncDone);

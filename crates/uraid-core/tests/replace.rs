@@ -89,6 +89,16 @@ impl Run {
         events
     }
 
+    /// What the caller does once the copy is done (after a flush and the superblocks).
+    fn promote(&mut self, n: usize, ctx: &str) {
+        // Copied: the member still takes every write until the caller says so.
+        let r = self.d.engine.replacements();
+        assert!(r.len() == 1 && r[0].copied, "{ctx}: {r:?}");
+        let old = self.d.engine.promote_replacement(SLOT, n, self.d.now_ns).expect("promote");
+        assert_eq!(old, SLOT, "{ctx}");
+        assert!(self.d.engine.replacements().is_empty(), "{ctx}");
+    }
+
     /// Reads the whole array with the old member gone and one more slot failed, so
     /// the data must come through the device that took `SLOT`.
     fn check_through_replacement(&mut self, n: usize, ctx: &str) {
@@ -120,12 +130,9 @@ fn a_member_is_replaced_under_writes_and_the_array_is_never_degraded() {
         run.d.engine.start_replacement(SLOT, n, NEW_DATA_OFFSET, 0, run.d.now_ns).expect("replace");
         assert_eq!(run.d.engine.replacements().len(), 1, "{ctx}");
         let events = run.replace_under_writes(&ctx);
-        assert!(
-            events.contains(&EngineEvent::ReplacementDone { slot: SLOT, old_io_member: SLOT }),
-            "{ctx}: {events:?}"
-        );
+        assert!(events.contains(&EngineEvent::ReplacementCopied(SLOT)), "{ctx}: {events:?}");
         assert!(!events.iter().any(|e| matches!(e, EngineEvent::MemberFaulty(_))), "{ctx}: {events:?}");
-        assert!(run.d.engine.replacements().is_empty(), "{ctx}");
+        run.promote(n, &ctx);
         // The copy went to the new device's data area, not over its head.
         let head = &run.d.members.images[n][..NEW_DATA_OFFSET as usize];
         assert!(head.iter().all(|&b| b == 0xee), "{ctx}: written below the replacement's data offset");
@@ -145,10 +152,11 @@ fn a_read_error_on_the_member_during_the_copy_is_repaired_from_the_others() {
         run.d.engine.start_replacement(SLOT, n, NEW_DATA_OFFSET, 0, run.d.now_ns).expect("replace");
         let events = run.replace_under_writes(&ctx);
         assert!(
-            events.contains(&EngineEvent::ReplacementDone { slot: SLOT, old_io_member: SLOT }),
+            events.contains(&EngineEvent::ReplacementCopied(SLOT)),
             "{ctx}: the copy stopped at the read error: {events:?}"
         );
         assert!(run.d.engine.stats().read_errors_corrected > 0, "{ctx}: nothing was repaired");
+        run.promote(n, &ctx);
         // md rewrites what it rebuilt over the sectors that failed: they read again.
         assert!(
             !run.d.members.latent.iter().any(|&(m, _, _)| m == SLOT),
@@ -214,6 +222,9 @@ fn replacement_is_refused_where_md_refuses_and_nothing_is_issued() {
     e.start_replacement(0, 2, DATA_OFFSET, 0, 0).unwrap();
     let err = e.start_replacement(0, 3, DATA_OFFSET, 0, 0).unwrap_err();
     assert!(err.contains("already"), "{err}");
+    // Not before the copy is done.
+    let err = e.promote_replacement(0, 2, 0).unwrap_err();
+    assert!(err.contains("not copied"), "{err}");
 }
 
 #[test]
@@ -242,6 +253,6 @@ fn a_resumed_replacement_copies_only_from_its_offset() {
     // 64 KiB heads: the second half of a member is 32 heads, one write each.
     let copy_writes = run.d.members.writes - writes_before;
     assert_eq!(copy_writes, 32, "copied from somewhere else than its offset");
-    assert!(run.d.engine.replacements().is_empty());
+    run.promote(n, "resumed");
     run.check_through_replacement(n, "resumed");
 }
