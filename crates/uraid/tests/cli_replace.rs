@@ -273,3 +273,52 @@ fn replace_refusals_name_the_reason_and_write_nothing() {
     assert_eq!(hashes(&files), before);
     s0.stop();
 }
+
+#[test]
+fn a_stop_in_the_middle_keeps_the_member_and_never_takes_the_unfinished_copy() {
+    let dir = TempDir::new("replace-stop");
+    let members = create(&dir, "5", &["m0", "m1", "m2"], "16M", &[]);
+    let new = dir.path("new.img");
+    sparse(&new, std::fs::metadata(&members[1]).unwrap().len());
+    // 500 KiB/s: the 16 MiB copy is far from done when the server stops.
+    let slow = ["--sync-speed-min", "500", "--sync-speed-max", "500"];
+    let s = Served::start(&dir, &members, &slow);
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
+    let img = dir.path("data.bin");
+    std::fs::write(&img, &data).unwrap();
+    ok(tool("nbdcopy", &[img.to_str().unwrap(), &s.url]), "nbdcopy");
+    let o = replace(&s.control, &members[1], &new, false);
+    assert!(o.status.success(), "{}", text(&o));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(s.ctl("status", None).contains("(R)"), "the copy should still run");
+    // Writes after the copy started reach both; then the server stops mid-copy.
+    ok(tool("nbdcopy", &[img.to_str().unwrap(), &s.url]), "nbdcopy again");
+    s.stop();
+
+    // Offered everything, assembly keeps slot 1's in-sync member and leaves the
+    // unfinished replacement out; the data is intact and nothing is degraded.
+    let mut offered = members.clone();
+    offered.push(new.clone());
+    let s = Served::start(&dir, &offered, &[]);
+    let st = s.ctl("status", None);
+    assert!(st.contains("[3/3] [UUU]") && !st.contains("(R)"), "{st}\n{}", s.log_text());
+    assert!(s.log_text().contains("unfinished replacement"), "{}", s.log_text());
+    let back = dir.path("back.bin");
+    ok(tool("nbdcopy", &[&s.url, back.to_str().unwrap()]), "nbdcopy back");
+    let got = std::fs::read(&back).unwrap();
+    assert!(got[..data.len()] == data[..], "data changed across the interrupted replacement");
+    // The same device can be given again; this time the copy runs to the end.
+    let o = replace(&s.control, &members[1], &new, false);
+    assert!(o.status.success(), "{}", text(&o));
+    let t0 = Instant::now();
+    while s.ctl("status", None).contains("(R)") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!claimed(&members[1]));
+    s.ctl("fail", Some(&members[0]));
+    let back2 = dir.path("back2.bin");
+    ok(tool("nbdcopy", &[&s.url, back2.to_str().unwrap()]), "nbdcopy through the new member");
+    assert!(std::fs::read(&back2).unwrap()[..data.len()] == data[..], "the new member's data differs");
+    s.stop();
+}
