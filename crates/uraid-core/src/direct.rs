@@ -156,7 +156,9 @@ impl Engine {
         result: Result<Vec<u8>, MemberIoError>,
     ) {
         match ctx {
-            IoCtx::SyncRead { .. } | IoCtx::SyncWrite => self.direct_sync_io_done(ctx, member, result),
+            IoCtx::SyncRead { .. } | IoCtx::SyncWrite | IoCtx::ReplaceRead { .. } => {
+                self.direct_sync_io_done(ctx, member, result)
+            }
             IoCtx::ScrubDirectRead { .. } | IoCtx::ScrubDirectWrite => {
                 self.direct_scrub_io_done(ctx, member, result)
             }

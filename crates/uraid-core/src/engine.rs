@@ -33,6 +33,9 @@ pub(crate) struct MemberRt {
     /// md's WriteErrorSeen: a write failed here this run, so a listed range is not
     /// rewritten after a read reconstructed it (md only retries ranges read errors listed).
     pub write_error_seen: bool,
+    /// The caller's index of the device in this slot (`MemberIo::member`): the slot itself
+    /// unless a replacement took the slot (see `replace`).
+    pub io_member: usize,
 }
 
 impl MemberRt {
@@ -220,6 +223,11 @@ pub struct Engine {
     pub(crate) mismatch_cnt_sectors: u64,
     /// md's last_sync_action: the name of the last job started ("none" before any).
     pub(crate) last_sync_action: &'static str,
+    /// Per slot: the device being rebuilt to replace its member (see `replace`).
+    pub(crate) replacements: Vec<Option<crate::replace::Replacement>>,
+    /// Writes to a slot with a replacement whose twin write is still in flight, with the
+    /// slot write's completion once it came (it is handled when both landed).
+    twins: DetMap<MemberIoId, crate::replace::HeldCompletion>,
 }
 
 impl Engine {
@@ -236,7 +244,9 @@ impl Engine {
         let members: Vec<MemberRt> = config
             .members
             .iter()
-            .map(|m| MemberRt {
+            .enumerate()
+            .map(|(slot, m)| MemberRt {
+                io_member: slot,
                 state: m.state,
                 data_offset_bytes: m.data_offset_bytes,
                 inflight: 0,
@@ -276,6 +286,8 @@ impl Engine {
             metadata_pending: false,
             mismatch_cnt_sectors: 0,
             last_sync_action: "none",
+            replacements: vec![None; config.members.len()],
+            twins: DetMap::default(),
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();
@@ -470,24 +482,65 @@ impl Engine {
         let Some((ctx, member, issued_ns, write_range)) = self.ios.remove(completion.id) else {
             return; // unknown or duplicate completion: nothing to do
         };
-        if let (Some((sector, len)), Ok(_)) = (write_range, &completion.result) {
-            self.made_good(member, sector, len);
+        if let Some(m) = self.members.get_mut(member) {
+            m.inflight = m.inflight.saturating_sub(1);
         }
-        self.completing_write = write_range;
-        let m = &mut self.members[member];
-        m.inflight = m.inflight.saturating_sub(1);
-        let ms = &mut self.stats.members[member];
-        ms.busy_ns += self.now_ns.saturating_sub(issued_ns);
+        let busy_ns = self.now_ns.saturating_sub(issued_ns);
+        let ms = self.member_stats_mut(member);
+        ms.busy_ns += busy_ns;
         if completion.result.is_err() {
             ms.errors += 1;
         }
+        if let IoCtx::ReplaceTwin { primary } = ctx {
+            // The replacement's copy of a slot write: a failure drops the replacement, never
+            // the write; the slot write completes once both landed.
+            if completion.result.is_err() {
+                if let Some(slot) = self.replacement_slot(member) {
+                    self.fail_replacement(slot, self.now_ns);
+                }
+            }
+            if let Some(Some((ctx, member, result, write_range))) = self.twins.remove(&primary) {
+                self.dispatch_completion(ctx, member, result, write_range);
+            }
+            self.after_event();
+            return;
+        }
+        if let Some(held) = self.twins.get_mut(&completion.id) {
+            *held = Some((ctx, member, completion.result, write_range));
+            return;
+        }
+        self.dispatch_completion(ctx, member, completion.result, write_range);
+        self.after_event();
+    }
+
+    /// `write_range`: a write's member sectors, which clear bad-block entries once written.
+    fn dispatch_completion(
+        &mut self,
+        ctx: IoCtx,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+        write_range: Option<(u64, u64)>,
+    ) {
+        if let (Some((sector, len)), Ok(_)) = (write_range, &result) {
+            if member < self.members.len() {
+                self.made_good(member, sector, len);
+            }
+        }
+        self.completing_write = write_range;
         match ctx {
-            IoCtx::MemberFlush { flush } => self.member_flush_done(flush, member, completion.result.is_ok()),
-            IoCtx::FuaFlush { req } => self.fua_flush_done(req, member, completion.result.is_ok()),
-            ctx => self.io_done(ctx, member, completion.result),
+            IoCtx::MemberFlush { flush } => self.member_flush_done(flush, member, result.is_ok()),
+            IoCtx::FuaFlush { req } => self.fua_flush_done(req, member, result.is_ok()),
+            ctx => self.io_done(ctx, member, result),
         }
         self.completing_write = None;
-        self.after_event();
+    }
+
+    /// The accounting of engine member `member` (a slot, or a replacement: see `replace`).
+    fn member_stats_mut(&mut self, member: usize) -> &mut crate::stats::MemberStats {
+        if member >= self.stats.members.len() {
+            self.stats.members.resize(member + 1, Default::default());
+        }
+        &mut self.stats.members[member]
     }
 
     /// Next finished request.
@@ -539,12 +592,21 @@ impl Engine {
 
     pub fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
+        if let Some(slot) = self.replacement_slot(member) {
+            // An I/O to a replacement failed: md_error on the replacement, not the slot.
+            self.fail_replacement(slot, now_ns);
+            return;
+        }
         if member >= self.members.len() || matches!(self.members[member].state, MemberState::Faulty) {
             return;
         }
         if matches!(self.members[member].state, MemberState::Missing) {
             return;
         }
+        // A member failing while it is replaced ends the replacement first (md would let
+        // the replacement take the slot as a recovering member; here the slot is rebuilt
+        // anew, `uraid add`).
+        self.fail_replacement(member, now_ns);
         self.members[member].state = MemberState::Faulty;
         self.metadata_pending |= self.tun.hold_completions_on_member_failure;
         self.events.push_back(EngineEvent::MemberFaulty(member));
@@ -695,12 +757,43 @@ impl Engine {
         data: IoBytes,
         ctx: IoCtx,
     ) {
-        let m = &mut self.members[member];
-        m.inflight += 1;
-        m.last_end_sector = member_sector + len_sectors;
-        m.last_dispatch_ns = self.now_ns;
+        // A write to a slot being replaced goes to the replacement too (see `replace`).
+        let twin = (op == MemberIoOp::Write)
+            .then(|| self.replacements.get(member).and_then(|r| r.as_ref()).map(|_| data.clone()))
+            .flatten();
+        let primary = self.push_io(member, op, member_sector, len_sectors, data, ctx);
+        if let Some(data) = twin {
+            self.twins.insert(primary, None);
+            let r = self.replacement_index(member);
+            self.push_io(r, op, member_sector, len_sectors, data, IoCtx::ReplaceTwin { primary });
+        }
+    }
+
+    /// Queue one member I/O to engine member `member`: a slot, or a replacement.
+    fn push_io(
+        &mut self,
+        member: usize,
+        op: MemberIoOp,
+        member_sector: u64,
+        len_sectors: u64,
+        data: IoBytes,
+        ctx: IoCtx,
+    ) -> MemberIoId {
+        let (io_member, data_offset_bytes) = match self.replacement_slot(member) {
+            Some(slot) => {
+                let r = self.replacements[slot].as_ref().expect("I/O only to a present replacement");
+                (r.io_member, r.data_offset_bytes)
+            }
+            None => {
+                let m = &mut self.members[member];
+                m.inflight += 1;
+                m.last_end_sector = member_sector + len_sectors;
+                m.last_dispatch_ns = self.now_ns;
+                (m.io_member, m.data_offset_bytes)
+            }
+        };
         let len_bytes = len_sectors * SECTOR_BYTES;
-        let ms = &mut self.stats.members[member];
+        let ms = self.member_stats_mut(member);
         match op {
             MemberIoOp::Read => {
                 ms.reads += 1;
@@ -713,17 +806,18 @@ impl Engine {
             MemberIoOp::Flush => ms.flushes += 1,
         }
         let offset_bytes =
-            if op == MemberIoOp::Flush { 0 } else { m.data_offset_bytes + member_sector * SECTOR_BYTES };
+            if op == MemberIoOp::Flush { 0 } else { data_offset_bytes + member_sector * SECTOR_BYTES };
         let write_range = (op == MemberIoOp::Write).then_some((member_sector, len_sectors));
         let id = self.ios.insert((ctx, member, self.now_ns, write_range));
         self.out_ios.push_back(MemberIo {
             id,
-            member,
+            member: io_member,
             op,
             offset_bytes,
             len_bytes: if op == MemberIoOp::Flush { 0 } else { len_bytes },
             data,
         });
+        id
     }
 
     // ---- request completion ----------------------------------------------------------
@@ -739,8 +833,7 @@ impl Engine {
             return;
         }
         if r.fua && r.error.is_none() && r.fua_flushes.is_none() && r.op != RequestOp::Read {
-            let targets: Vec<usize> =
-                (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
+            let targets = self.flush_targets();
             self.reqs.get_mut(&id).expect("present").fua_flushes = Some(targets.len() as u32);
             for m in targets {
                 self.issue_io(m, MemberIoOp::Flush, 0, 0, IoBytes::new(), IoCtx::FuaFlush { req: id });
@@ -800,8 +893,7 @@ impl Engine {
                     continue;
                 }
             } else if f.pending.is_none() && oldest_write.is_none_or(|w| w >= f.seq) {
-                let targets: Vec<usize> =
-                    (0..self.members.len()).filter(|&m| self.members[m].writable()).collect();
+                let targets = self.flush_targets();
                 let flush_id = f.req;
                 self.flushes[i].pending = Some(targets.len() as u32);
                 for m in targets {

@@ -42,7 +42,8 @@ impl ScrubKind {
 /// md's sync_action / last_sync_action word for a job.
 pub fn action_name(kind: SyncKind) -> &'static str {
     match kind {
-        SyncKind::Recovery { .. } => "recover",
+        // md's sync_action says "recover" while a replacement is rebuilt too.
+        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recover",
         SyncKind::Resync => "resync",
         SyncKind::Scrub(k) => k.name(),
     }

@@ -89,6 +89,17 @@ pub(crate) enum IoCtx {
         read_errors: u128,
     },
     SyncWrite,
+    /// raid1/10 replacement copy: a piece read from the member being replaced, or from
+    /// another copy once the members in `tried` failed it (see `replace`).
+    ReplaceRead {
+        array_sector: u64,
+        len_sectors: u64,
+        tried: u128,
+    },
+    /// The replacement's copy of the slot write `primary` (see `replace`).
+    ReplaceTwin {
+        primary: MemberIoId,
+    },
     /// raid4/5/6 sync: a rebuilt member block or recomputed parity of a stripe head.
     StripeSyncWrite {
         key: u64,
@@ -1345,7 +1356,8 @@ impl Engine {
         }
         let (unit, kind) = (op.unit, op.kind);
         let full = self.cache.full_mask;
-        let targets: Vec<usize> = match kind {
+        // (block to write, engine member to write it to)
+        let targets: Vec<(usize, usize)> = match kind {
             crate::sync::SyncKind::Recovery { member } => {
                 if !self.members[member].writable() {
                     st.sync = None;
@@ -1359,7 +1371,28 @@ impl Engine {
                         self.head_sync_done(unit, false);
                         return;
                     }
-                    Ensure::Ready => vec![member],
+                    Ensure::Ready => vec![(member, member)],
+                }
+            }
+            // The member's own block, read from it (a failed read is rebuilt from the others
+            // and rewritten to it by `ensure`), goes to the replacement.
+            crate::sync::SyncKind::Replace { slot } => {
+                if self.replacements[slot].is_none() {
+                    st.sync = None;
+                    self.head_sync_done(unit, false);
+                    return;
+                }
+                match self.ensure(key, st, slot, full) {
+                    Ensure::Pending => return,
+                    Ensure::Lost => {
+                        st.sync = None;
+                        self.head_sync_done(unit, false);
+                        return;
+                    }
+                    // Not while the rebuilt rows are being rewritten to the member: the
+                    // rewrite reaches the replacement too, and must not land after this copy.
+                    Ensure::Ready if st.rewriting[slot] != 0 => return,
+                    Ensure::Ready => vec![(slot, self.replacement_index(slot))],
                 }
             }
             // Scrub units always claim their heads as a row (see `stripe::scrub`).
@@ -1392,16 +1425,18 @@ impl Engine {
                 for &m in &parity {
                     st.valid[m] |= full;
                 }
-                parity
+                parity.into_iter().map(|m| (m, m)).collect()
             }
         };
         let mut writes = 0;
-        for m in targets {
-            if !self.members[m].writable() {
+        for (block, m) in targets {
+            if !self.target_writable(m) {
                 continue;
             }
-            let data = st.cache[m].as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
-            st.bad[m] = 0; // the whole head is rewritten
+            let data = st.cache[block].as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
+            if block == m {
+                st.bad[m] = 0; // the whole head is rewritten
+            }
             writes += 1;
             st.inflight += 1;
             let n = self.cache.head_sectors;

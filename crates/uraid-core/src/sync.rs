@@ -20,6 +20,8 @@ use crate::stripe::IoCtx;
 pub enum SyncKind {
     /// Rebuild `member` from the others.
     Recovery { member: usize },
+    /// Copy `slot`'s member to its replacement (md's want_replacement; see `replace`).
+    Replace { slot: usize },
     /// Rewrite redundancy (parity, mirror copies) from the data.
     Resync,
     /// md's `check` / `repair` (see `scrub`): read everything, count mismatches, and on
@@ -45,6 +47,11 @@ pub enum EngineEvent {
     MemberFaulty(usize),
     RecoveryStarted(usize),
     RecoveryDone(usize),
+    /// The replacement of `slot` is copied; writes still go to both. The caller flushes,
+    /// records it, and calls `Engine::promote_replacement`.
+    ReplacementCopied(usize),
+    /// The replacement of `slot` failed or was given up; the slot's member stays.
+    ReplacementFaulty(usize),
     ResyncDone,
     /// A background job stopped short (its target failed, data was unreadable, or a
     /// scrub was stopped by `stop_scrub`, md's `idle`).
@@ -288,11 +295,14 @@ impl Engine {
                 MemberState::Recovering { recovery_offset_sectors } => recovery_offset_sectors,
                 _ => 0,
             },
+            SyncKind::Replace { slot } => {
+                self.replacements[slot].as_ref().map_or(0, |r| r.recovery_offset_sectors)
+            }
             SyncKind::Resync | SyncKind::Scrub(_) => 0,
         };
         let resync_offset_sectors = match j.kind {
             SyncKind::Resync => self.lowest_unsynced(j),
-            SyncKind::Recovery { .. } | SyncKind::Scrub(_) => 0,
+            SyncKind::Recovery { .. } | SyncKind::Replace { .. } | SyncKind::Scrub(_) => 0,
         };
         Some(SyncStatus {
             kind: j.kind,
@@ -322,7 +332,9 @@ impl Engine {
         };
         let mut start_offset = 0;
         let ranges: Vec<(u64, u64)> = match (kind, ranges) {
-            (SyncKind::Recovery { .. }, Some(r)) if self.geo.level == Level::Raid10 => {
+            (SyncKind::Recovery { .. } | SyncKind::Replace { .. }, Some(r))
+                if self.geo.level == Level::Raid10 =>
+            {
                 start_offset = r.first().map_or(0, |x| x.0);
                 vec![(0, limit)]
             }
@@ -354,6 +366,10 @@ impl Engine {
                     start_offset = a;
                 }
             }
+        }
+        if let SyncKind::Replace { slot } = kind {
+            // The replacement was dropped while its job waited in the queue.
+            self.replacements[slot].as_ref()?;
         }
         Some(SyncJob {
             kind,
@@ -492,9 +508,13 @@ impl Engine {
 
     fn update_recovery_offset(&mut self) {
         let Some(job) = self.sync.as_ref() else { return };
-        let SyncKind::Recovery { member } = job.kind else { return };
         let offset =
             if self.geo.level == Level::Raid10 { job.start_offset } else { self.lowest_unsynced(job) };
+        let member = match job.kind {
+            SyncKind::Recovery { member } => member,
+            SyncKind::Replace { slot } => return self.replacement_progress(slot, offset),
+            _ => return,
+        };
         if let MemberState::Recovering { recovery_offset_sectors } = &mut self.members[member].state {
             *recovery_offset_sectors = (*recovery_offset_sectors).max(offset);
         }
@@ -508,6 +528,7 @@ impl Engine {
                     self.events.push_back(EngineEvent::RecoveryDone(member));
                 }
             }
+            SyncKind::Replace { slot } => self.replacement_copied(slot),
             SyncKind::Resync => {
                 if !self.resync_owed() {
                     self.events.push_back(EngineEvent::ResyncDone);
@@ -547,6 +568,9 @@ impl Engine {
         let mut copies = Vec::new();
         let mut pos = start;
         let mut reads = Vec::new();
+        if let SyncKind::Replace { slot } = kind {
+            return self.start_direct_replace(slot, start, end);
+        }
         while pos < end {
             let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
             let n = room.min(end - pos);
@@ -560,6 +584,7 @@ impl Engine {
                     (copies.iter().filter(|c| self.members[c.member].writable()).count() > 1, 0)
                 }
                 SyncKind::Scrub(_) => unreachable!("scrub units start in start_direct_scrub"),
+                SyncKind::Replace { .. } => unreachable!("replace units start in start_direct_replace"),
             };
             if needs_write {
                 match choose_copy(Balance::Prefer, &self.members, &copies, n, exclude, &mut self.rr_next) {
@@ -602,7 +627,7 @@ impl Engine {
                                 || match kind {
                                     Some(SyncKind::Recovery { member: r }) => c.member == r,
                                     Some(SyncKind::Resync) => c.member != member,
-                                    Some(SyncKind::Scrub(_)) | None => false,
+                                    Some(SyncKind::Scrub(_) | SyncKind::Replace { .. }) | None => false,
                                 };
                             if target && self.members[c.member].writable() {
                                 if let Some(u) = self.direct_sync.as_mut() {
@@ -638,6 +663,9 @@ impl Engine {
                 }
                 self.direct_sync_part_done();
             }
+            IoCtx::ReplaceRead { array_sector, len_sectors, tried } => {
+                self.direct_replace_read_done(array_sector, len_sectors, tried, member, result)
+            }
             IoCtx::SyncWrite => {
                 if result.is_err() {
                     self.fail_member(member, self.now_ns);
@@ -669,6 +697,106 @@ impl Engine {
         let ctx = IoCtx::SyncRead { array_sector, len_sectors, read_errors };
         self.issue_io(src.member, MemberIoOp::Read, src.member_sector, len_sectors, IoBytes::new(), ctx);
         true
+    }
+
+    /// A raid1/10 replacement unit: each piece holding a copy of `slot` is read from the
+    /// member (see `replace_source`) and written to the replacement.
+    fn start_direct_replace(&mut self, slot: usize, start: u64, end: u64) -> UnitStart {
+        let mut copies = Vec::new();
+        let mut reads = Vec::new();
+        let mut pos = start;
+        while pos < end {
+            let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
+            let n = room.min(end - pos);
+            self.geo.copies(pos, &mut copies);
+            if copies.iter().any(|c| c.member == slot) {
+                match self.replace_source(slot, &copies, n, 0) {
+                    Some(src) => reads.push((src, pos, n)),
+                    None => return UnitStart::Unreadable,
+                }
+            }
+            pos += n;
+        }
+        if reads.is_empty() {
+            return UnitStart::Nothing;
+        }
+        self.direct_sync =
+            Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false, scrub: None });
+        for (src, pos, n) in reads {
+            let ctx = IoCtx::ReplaceRead { array_sector: pos, len_sectors: n, tried: 0 };
+            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx);
+        }
+        UnitStart::Started
+    }
+
+    /// A raid1/10 replacement read came back. A failed read is tried on another copy; the
+    /// good data then goes to the replacement and back over the copies that failed it
+    /// (md's fix_sync_read_error). A write to the slot's member reaches the replacement
+    /// too, so when the member itself failed the read, that rewrite carries the copy.
+    fn direct_replace_read_done(
+        &mut self,
+        array_sector: u64,
+        len_sectors: u64,
+        tried: u128,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
+        let Some(SyncKind::Replace { slot }) = self.sync.as_ref().map(|j| j.kind) else {
+            return self.direct_sync_part_done();
+        };
+        let mut copies = Vec::new();
+        self.geo.copies(array_sector, &mut copies);
+        let data = match result {
+            Ok(data) => IoBytes::from(data),
+            Err(e) => {
+                if e == MemberIoError::Gone {
+                    self.fail_member(member, self.now_ns);
+                }
+                let tried = tried | crate::direct::bit(member);
+                match self.replace_source(slot, &copies, len_sectors, tried) {
+                    Some(src) if self.replacements[slot].is_some() => {
+                        // The unit's part count carries over to the retry.
+                        let ctx = IoCtx::ReplaceRead { array_sector, len_sectors, tried };
+                        self.issue_io(
+                            src.member,
+                            MemberIoOp::Read,
+                            src.member_sector,
+                            len_sectors,
+                            IoBytes::new(),
+                            ctx,
+                        );
+                    }
+                    _ => {
+                        if let Some(u) = self.direct_sync.as_mut() {
+                            u.failed = true;
+                        }
+                        self.direct_sync_part_done();
+                    }
+                }
+                return;
+            }
+        };
+        let rewrite_slot = tried & crate::direct::bit(slot) != 0 && self.members[slot].writable();
+        let mut writes = Vec::new();
+        for c in &copies {
+            let failed_here = tried & crate::direct::bit(c.member) != 0 && self.members[c.member].writable();
+            if failed_here {
+                writes.push((c.member, c.member_sector));
+            }
+            if c.member == slot && !rewrite_slot && self.replacements[slot].is_some() {
+                writes.push((self.replacement_index(slot), c.member_sector));
+            }
+        }
+        for (target, sector) in writes {
+            if let Some(u) = self.direct_sync.as_mut() {
+                u.pending += 1;
+            }
+            if self.replacement_slot(target).is_none() {
+                self.stats.read_errors_corrected += 1;
+            }
+            self.issue_io(target, MemberIoOp::Write, sector, len_sectors, data.clone(), IoCtx::SyncWrite);
+        }
+        self.direct_sync_part_done();
     }
 
     pub(crate) fn direct_sync_part_done(&mut self) {

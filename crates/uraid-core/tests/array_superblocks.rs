@@ -314,3 +314,73 @@ fn bits_cleared_while_degraded_keep_events_cleared_for_a_re_add() {
         "events_cleared moved while degraded: the member that left could no longer be re-added from the bitmap"
     );
 }
+
+#[test]
+fn a_replacement_shares_its_slot_until_done_then_the_old_member_leaves() {
+    let mut a = raid5(false);
+    let e0 = a.events();
+    let mut sb = a.members()[0].sb.clone();
+    sb.dev_number = 3;
+    sb.device_uuid = [9; 16];
+    let r = a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare }, NOW);
+    run_ok(&mut a, r);
+
+    // md's want_replacement: the same dev_roles entry as slot 1's member; its own
+    // superblock carries MD_FEATURE_REPLACEMENT and recovery_offset; slot 1's does not.
+    let r = a.replacement_started(13, 1, 0, NOW);
+    assert_eq!(roles(&r)[..4], [0, 1, 2, 1]);
+    let sbs = superblocks(&r);
+    let new = &sbs.iter().find(|(k, _)| *k == 13).unwrap().1;
+    assert!(new.has(feature::REPLACEMENT) && new.has(feature::RECOVERY_OFFSET) && new.recovery_offset == 0);
+    let old = &sbs.iter().find(|(k, _)| *k == 11).unwrap().1;
+    assert!(!old.has(feature::REPLACEMENT) && !old.has(feature::RECOVERY_OFFSET));
+    run_ok(&mut a, r);
+
+    let r = a.replacement_checkpoint(1, 8192, NOW);
+    let new = superblocks(&r).into_iter().find(|(k, _)| *k == 13).unwrap().1;
+    assert_eq!(new.recovery_offset, 8192);
+    run_ok(&mut a, r);
+
+    // Done: the replacement is slot 1's member, in sync; the old member is gone from the
+    // array and its superblock is not written (its events fall behind).
+    let (r, left) = a.replacement_done(1, NOW);
+    assert_eq!(left, Some(11));
+    assert_eq!(roles(&r)[..4], [0, role::SPARE, 2, 1]);
+    assert!(superblocks(&r).iter().all(|(k, _)| *k != 11));
+    let new = superblocks(&r).into_iter().find(|(k, _)| *k == 13).unwrap().1;
+    assert!(!new.has(feature::REPLACEMENT) && !new.has(feature::RECOVERY_OFFSET));
+    run_ok(&mut a, r);
+    assert_eq!(a.member(13).unwrap().role, DevRole::Active { slot: 1, recovering: false });
+    assert!(a.member(11).is_none());
+    assert!(a.events() > e0);
+}
+
+#[test]
+fn a_failed_replacement_leaves_and_the_member_keeps_its_slot() {
+    let mut a = raid5(false);
+    let mut sb = a.members()[0].sb.clone();
+    sb.dev_number = 3;
+    sb.device_uuid = [9; 16];
+    let r = a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare }, NOW);
+    run_ok(&mut a, r);
+    let r = a.replacement_started(13, 2, 0, NOW);
+    run_ok(&mut a, r);
+    // Its superblock write fails: md_error on the replacement, never on slot 2's member.
+    let r = a.write_superblocks(NOW);
+    let out = run(&mut a, r, &[13]);
+    assert!(out.newly_failed_slots.is_empty(), "the slot's member was failed");
+    run_ok(&mut a, out.next.unwrap().unwrap());
+    assert!(a.member(13).is_none());
+    assert_eq!(a.member(12).unwrap().role, DevRole::Active { slot: 2, recovering: false });
+    // And given up on purpose.
+    let mut sb = a.members()[0].sb.clone();
+    sb.dev_number = 4;
+    let r = a.member_added(ArrayMember { key: 14, sb, role: DevRole::Spare }, NOW);
+    run_ok(&mut a, r);
+    let r = a.replacement_started(14, 0, 0, NOW);
+    run_ok(&mut a, r);
+    let r = a.replacement_failed(0, NOW);
+    assert_eq!(roles(&r)[..3], [0, 1, 2]);
+    run_ok(&mut a, r);
+    assert!(a.member(14).is_none());
+}

@@ -84,13 +84,24 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
             Some(path) => array.add(path.trim(), true),
             None => array.add(arg, false),
         }),
+        // `replace [--force ]MEMBER<TAB>NEW`: a tab, as paths may hold spaces.
+        "replace" => {
+            let (force, rest) = match arg.strip_prefix("--force ") {
+                Some(rest) => (true, rest.trim()),
+                None => (false, arg),
+            };
+            match rest.split_once('\t') {
+                Some((member, new)) => array.replace(member.trim(), new.trim(), force),
+                None => Err(anyhow::anyhow!("`replace` needs the member and the new device")),
+            }
+        }
         "set" => match arg.split_once(' ') {
             Some((name, value)) => array.set_tunable(name, value),
             None if arg.is_empty() => array.set_tunable("", ""),
             None => Err(anyhow::anyhow!("`set` needs a tunable and a value, e.g. `set rmw_level 0`")),
         },
         other => Err(anyhow::anyhow!(
-            "unknown control command {other:?}: use detail, status, progress, action, fail, remove, add or set"
+            "unknown control command {other:?}: use detail, status, progress, action, fail, remove, add, replace or set"
         )),
     };
     let mut w = stream;
@@ -224,6 +235,29 @@ pub fn run_add(add: AddArgs) -> anyhow::Result<()> {
         print!("\r{kind} [{}{}] {:5.1}%", "#".repeat(filled), "-".repeat(40 - filled), frac * 100.0);
         let _ = std::io::stdout().flush();
     }
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ReplaceArgs {
+    /// Control socket of the running `uraid serve`.
+    #[arg(long)]
+    pub control: std::path::PathBuf,
+    /// The active member to replace.
+    pub member: std::path::PathBuf,
+    /// The new file or device, rebuilt while the member stays active.
+    #[arg(long = "with")]
+    pub with: std::path::PathBuf,
+    /// Overwrite the superblock of a device that belongs to another array.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// mdadm --replace MEMBER --with NEW: prints what started (`uraid status` shows the copy).
+pub fn run_replace(args: ReplaceArgs) -> anyhow::Result<()> {
+    let force = if args.force { "--force " } else { "" };
+    let line = format!("replace {force}{}\t{}", abs(&args.member), abs(&args.with));
+    print!("{}", request(&args.control, &line)?);
+    Ok(())
 }
 
 /// Members are named to the server by absolute path: it runs in another directory.

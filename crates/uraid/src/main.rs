@@ -47,6 +47,9 @@ enum Command {
     Remove(control::MemberCommandArgs),
     /// Add a member to a running array: rebuilt into a missing slot, or a hot spare.
     Add(control::AddArgs),
+    /// Rebuild a new device for an active member, which stays in sync until the new one
+    /// takes its slot (mdadm --replace MEMBER --with NEW); the array is never degraded.
+    Replace(control::ReplaceArgs),
     /// Change a tunable of a running array (md's sysfs files), or list them with their values.
     Set(control::SetArgs),
     /// Benchmarks on this machine, each against a peer measured in the same run.
@@ -83,6 +86,7 @@ fn main() {
         Command::Fail(args) => control::run_fail(args),
         Command::Remove(args) => control::run_remove(args),
         Command::Add(args) => control::run_add(args),
+        Command::Replace(args) => control::run_replace(args),
         Command::Action(args) => control::run_action(args),
         Command::Set(args) => control::run_set(args),
         Command::Bench(args) => bench::run(args),

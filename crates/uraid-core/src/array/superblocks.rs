@@ -26,6 +26,12 @@ pub enum DevRole {
     Faulty {
         slot: usize,
     },
+    /// Being rebuilt to replace the active member of `slot` (md's want_replacement): the
+    /// same dev_roles entry as that member, MD_FEATURE_REPLACEMENT and recovery_offset in
+    /// its own superblock. Not the slot's member until [`ArraySuperblocks::replacement_done`].
+    Replacement {
+        slot: usize,
+    },
 }
 
 impl DevRole {
@@ -344,7 +350,7 @@ impl ArraySuperblocks {
         for m in &self.members {
             if let Some(r) = roles.get_mut(m.sb.dev_number as usize) {
                 *r = match m.role {
-                    DevRole::Active { slot, .. } => slot as u16,
+                    DevRole::Active { slot, .. } | DevRole::Replacement { slot } => slot as u16,
                     DevRole::Spare => role::SPARE,
                     DevRole::Faulty { .. } => role::FAULTY,
                 };
@@ -364,11 +370,19 @@ impl ArraySuperblocks {
             sb.resync_offset = resync_offset;
             sb.max_dev = max_dev;
             sb.dev_roles = roles.clone();
-            if let DevRole::Active { recovering: true, .. } = m.role {
-                sb.feature_map |= feature::RECOVERY_OFFSET;
-            } else {
-                sb.feature_map &= !feature::RECOVERY_OFFSET;
-                sb.recovery_offset = 0;
+            match m.role {
+                DevRole::Active { recovering: true, .. } => {
+                    sb.feature_map |= feature::RECOVERY_OFFSET;
+                    sb.feature_map &= !feature::REPLACEMENT;
+                }
+                // md's super_1_sync: a replacement says so, and how far it is rebuilt.
+                DevRole::Replacement { .. } => {
+                    sb.feature_map |= feature::RECOVERY_OFFSET | feature::REPLACEMENT
+                }
+                _ => {
+                    sb.feature_map &= !(feature::RECOVERY_OFFSET | feature::REPLACEMENT);
+                    sb.recovery_offset = 0;
+                }
             }
             // md's super_1_sync: the feature bit while the log has entries; a changed log
             // page goes out before the superblock that points at it.
@@ -414,7 +428,9 @@ impl ArraySuperblocks {
                     slots.push(slot);
                     true
                 }
-                DevRole::Spare => false,
+                // A spare, or a replacement, whose write failed leaves the array; the
+                // slot's member stays.
+                DevRole::Spare | DevRole::Replacement { .. } => false,
                 DevRole::Faulty { .. } => true,
             }
         });
@@ -558,6 +574,68 @@ impl ArraySuperblocks {
             m.role = DevRole::Active { slot, recovering: true };
             m.sb.recovery_offset = 0;
         }
+        self.write_superblocks(now_seconds)
+    }
+
+    /// A spare (or a just added member) starts replacing the active member of `slot`
+    /// (md's want_replacement), rebuilt from `recovery_offset_sectors`.
+    pub fn replacement_started(
+        &mut self,
+        key: MemberKey,
+        slot: usize,
+        recovery_offset_sectors: u64,
+        now_seconds: u64,
+    ) -> MetaRound {
+        if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
+            m.role = DevRole::Replacement { slot };
+            m.sb.recovery_offset = recovery_offset_sectors;
+        }
+        self.write_superblocks(now_seconds)
+    }
+
+    /// Records how far the replacement of `slot` got (written by the next round).
+    pub fn record_replacement_offset(&mut self, slot: usize, recovery_offset_sectors: u64) {
+        for m in &mut self.members {
+            if m.role == (DevRole::Replacement { slot }) {
+                m.sb.recovery_offset = recovery_offset_sectors;
+            }
+        }
+    }
+
+    /// A replacement checkpoint: everything below `recovery_offset_sectors` is copied and
+    /// flushed.
+    pub fn replacement_checkpoint(
+        &mut self,
+        slot: usize,
+        recovery_offset_sectors: u64,
+        now_seconds: u64,
+    ) -> MetaRound {
+        self.record_replacement_offset(slot, recovery_offset_sectors);
+        self.write_superblocks(now_seconds)
+    }
+
+    /// The replacement of `slot` is copied and flushed: it becomes the slot's member, and
+    /// the member it replaced leaves the array (md sets it Faulty and removes it; its
+    /// superblock is not written again, and its older events keep it out of a later
+    /// assembly). Returns the round and the key of the member that left.
+    pub fn replacement_done(&mut self, slot: usize, now_seconds: u64) -> (MetaRound, Option<MemberKey>) {
+        if !self.members.iter().any(|m| m.role == (DevRole::Replacement { slot })) {
+            return (self.write_superblocks(now_seconds), None);
+        }
+        let old = self.members.iter().find(|m| m.role.active_slot() == Some(slot)).map(|m| m.key);
+        self.members.retain(|m| Some(m.key) != old);
+        for m in &mut self.members {
+            if m.role == (DevRole::Replacement { slot }) {
+                m.role = DevRole::Active { slot, recovering: false };
+            }
+        }
+        (self.write_superblocks(now_seconds), old)
+    }
+
+    /// The replacement of `slot` failed or was given up: it leaves the array; the slot's
+    /// member stays.
+    pub fn replacement_failed(&mut self, slot: usize, now_seconds: u64) -> MetaRound {
+        self.members.retain(|m| m.role != (DevRole::Replacement { slot }));
         self.write_superblocks(now_seconds)
     }
 

@@ -582,7 +582,10 @@ pub fn plan_assembly(
     let degraded_slots: Vec<u32> = (0..raid_disks).filter(|&s| !in_sync[s as usize]).collect();
     // mdadm starts without --run when every member the freshest superblock lists as
     // active is here (an array stopped degraded comes back degraded).
-    let expected = fresh.dev_roles.iter().filter(|&&r| u32::from(r) < raid_disks).count() as u32;
+    // Slots, not roles: a replacement shares its slot's entry (md's want_replacement).
+    let active_slots: std::collections::BTreeSet<u16> =
+        fresh.dev_roles.iter().copied().filter(|&r| u32::from(r) < raid_disks).collect();
+    let expected = active_slots.len() as u32;
     if !opts.run && in_sync_count + rebuilding < expected {
         return Err(AssemblyError::NeedsRun {
             in_sync: in_sync_count,

@@ -111,7 +111,8 @@ impl Engine {
                 (others_whole && self.members[member].writable() && !self.members[member].readable(last))
                     .then_some(member)
             }
-            SyncKind::Resync => None,
+            // Replacement copies read one member per head: the per-head path (see `replace`).
+            SyncKind::Resync | SyncKind::Replace { .. } => None,
             // A scrub unit claims its heads like a row unit: no batch starts on them until
             // its reads are compared and its rewrites have landed (md's sync barrier).
             SyncKind::Scrub(_) => Some(usize::MAX),

@@ -44,7 +44,9 @@ pub fn sync_line(s: &SyncStatus) -> String {
     let pct =
         if s.total_sectors == 0 { 100.0 } else { s.done_sectors as f64 * 100.0 / s.total_sectors as f64 };
     match s.kind {
-        SyncKind::Recovery { .. } => format!("Rebuild Status : {pct:.0}% complete"),
+        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => {
+            format!("Rebuild Status : {pct:.0}% complete")
+        }
         SyncKind::Resync => format!("Resync Status : {pct:.0}% complete"),
         SyncKind::Scrub(k) => {
             format!("{} Status : {pct:.0}% complete", if k == ScrubKind::Check { "Check" } else { "Repair" })
@@ -62,7 +64,7 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
     }
     if let Some(s) = &d.sync {
         state.push(match s.kind {
-            SyncKind::Recovery { .. } => "recovering".into(),
+            SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recovering".into(),
             SyncKind::Resync => "resyncing".into(),
             SyncKind::Scrub(ScrubKind::Check) => "checking".into(),
             SyncKind::Scrub(ScrubKind::Repair) => "repairing".into(),

@@ -24,6 +24,8 @@ use super::member::MemberDev;
 use super::meta::{DevRole, MetaDev, MetaKeeper};
 use super::report::{detail_text, human_bytes, level_name, DetailInfo};
 
+mod replace;
+
 const MONITOR_PERIOD: Duration = Duration::from_millis(100);
 const SPEED_WINDOW: Duration = Duration::from_secs(5);
 /// How often a waiting flush looks whether the engine holds completions for a failure.
@@ -36,6 +38,8 @@ pub struct Snapshot {
     pub sync: Option<SyncStatus>,
     pub failed: bool,
     pub scrub: Option<super::detail::ScrubView>,
+    /// Replacements being rebuilt (md's want_replacement).
+    pub replacements: Vec<uraid_core::ReplacementStatus>,
     samples: VecDeque<(Instant, u64)>,
 }
 
@@ -236,7 +240,7 @@ impl RunningArray {
         &self,
         action: impl FnOnce(&mut Engine, &mut Executor, u64) -> Result<(), String> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let (result, events, states, sync, failed, resync_owed, scrub) = self
+        let (result, events, states, sync, failed, resync_owed, (scrub, replacements)) = self
             .handle
             .control(move |e, ex, now| {
                 let e = engine_of(e);
@@ -250,6 +254,7 @@ impl RunningArray {
                     last_sync_action: e.last_sync_action().to_string(),
                     mismatch_cnt: e.mismatch_cnt(),
                 };
+                let scrub = (scrub, e.replacements());
                 (r, events, e.member_states(), e.sync_status(), e.is_failed(), e.resync_owed(), scrub)
             })
             .map_err(|e| anyhow!("{e}"))?;
@@ -272,6 +277,7 @@ impl RunningArray {
             s.sync = sync;
             s.failed = failed;
             s.scrub = Some(scrub);
+            s.replacements = replacements;
         }
         let degraded = states.iter().filter(|s| !matches!(s, MemberState::InSync)).count();
         self.device.degraded.store(degraded, Ordering::SeqCst);
@@ -354,6 +360,8 @@ impl RunningArray {
             EngineEvent::BadBlocksCleared { slot, sector, sectors } => {
                 self.meta.lock().core.bad_blocks_cleared(slot, sector, sectors);
             }
+            EngineEvent::ReplacementCopied(slot) => self.replacement_copied(slot)?,
+            EngineEvent::ReplacementFaulty(slot) => self.replacement_failed(slot)?,
         }
         Ok(())
     }
@@ -491,7 +499,14 @@ impl RunningArray {
                 self.on_event(EngineEvent::RecoveryDone(slot), &states, owed)?;
             }
         }
+        // A copied replacement whose flush or promotion did not go through is tried again.
+        for r in self.snapshot().replacements.iter().filter(|r| r.copied) {
+            self.replacement_copied(r.slot)?;
+        }
         let Some(sync) = self.snapshot().sync else { return Ok(()) };
+        if let SyncKind::Replace { slot } = sync.kind {
+            return self.checkpoint_replacement(slot, sync.recovery_offset_sectors);
+        }
         let SyncKind::Recovery { member: slot } = sync.kind else { return Ok(()) };
         if !self.flush() {
             return Ok(());
@@ -553,6 +568,11 @@ impl RunningArray {
             }
             // A resync stopped part way: what lies below its position is in sync and
             // flushed, so the next start resyncs from there, not from zero.
+            if let Some(SyncStatus { kind: SyncKind::Replace { slot }, recovery_offset_sectors, .. }) = sync {
+                if flushed {
+                    self.meta.lock().core.record_replacement_offset(slot, recovery_offset_sectors);
+                }
+            }
             if let Some(SyncStatus { kind: SyncKind::Resync, resync_offset_sectors, .. }) = sync {
                 if flushed && resync_offset_sectors > 0 {
                     self.meta.lock().core.record_resync_checkpoint(resync_offset_sectors);
@@ -576,6 +596,11 @@ impl RunningArray {
             EngineEvent::ResyncDone => {
                 self.meta.lock().core.resync_done();
                 Ok(())
+            }
+            // A copy that finished while stopping is not promoted: the superblocks keep the
+            // member, and the unfinished replacement is left out at the next start.
+            EngineEvent::ReplacementFaulty(slot) => {
+                self.meta.update(|st, now| st.core.replacement_failed(slot, now))
             }
             _ => Ok(()),
         }
@@ -669,6 +694,9 @@ impl RunningArray {
         match role {
             DevRole::Active { .. } => bail!("{name} is active: fail it first (`uraid fail {name}`)"),
             DevRole::Faulty { slot } => self.set_slot_path(slot, None),
+            DevRole::Replacement { .. } => {
+                bail!("{name} is being rebuilt as a replacement: fail it first (`uraid fail {name}`)")
+            }
             DevRole::Spare => {}
         }
         let key = self.meta.lock().devs()[i].key;
@@ -867,7 +895,7 @@ impl RunningArray {
             .map(|(slot, state)| {
                 let dev = devs.iter().find(|d| match d.role {
                     DevRole::Active { slot: s, .. } | DevRole::Faulty { slot: s } => s == slot,
-                    DevRole::Spare => false,
+                    DevRole::Spare | DevRole::Replacement { .. } => false,
                 });
                 SlotView {
                     dev_number: dev.map(|d| d.sb.dev_number),
@@ -913,6 +941,7 @@ impl RunningArray {
             scrub: snap.scrub.clone(),
         });
         info.bad_blocks = bad_blocks;
+        self.add_replacement_rows(&mut info);
         info
     }
 
@@ -947,6 +976,7 @@ impl RunningArray {
             })
             .collect();
         devs.extend(spares.iter().map(|(n, p)| format!("{p}[{n}](S)")));
+        devs.extend(self.replacement_views().into_iter().map(|r| format!("{}[{}](R)", r.name, r.dev_number)));
         let state = if snap.failed {
             "FAILED"
         } else if self.read_only {
@@ -1020,7 +1050,7 @@ impl RunningArray {
 /// How /proc/mdstat names a running sync ("recovery", where sysfs says "recover").
 fn mdstat_word(kind: SyncKind) -> &'static str {
     match kind {
-        SyncKind::Recovery { .. } => "recovery",
+        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recovery",
         other => uraid_core::scrub::action_name(other),
     }
 }
@@ -1032,6 +1062,7 @@ fn role_text(role: DevRole) -> String {
         DevRole::Active { slot, recovering: true } => format!("rebuilding into slot {slot}"),
         DevRole::Spare => "a spare".to_string(),
         DevRole::Faulty { slot } => format!("faulty in slot {slot}"),
+        DevRole::Replacement { slot } => format!("replacing slot {slot}'s member"),
     }
 }
 
