@@ -5,9 +5,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::array::assembly::{assemble, StartResync};
+use crate::array::assembly::assemble;
 use crate::array::detail;
 use crate::array::report::detail_text;
+use uraid_core::meta::ResyncNeed;
 
 #[derive(Args, Clone, Debug)]
 pub struct AssembleArgs {
@@ -29,12 +30,12 @@ pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
         eprintln!("uraid: {w}");
     }
     print!("{}", detail_text(&a.plan.name, &detail::offline(&a)));
-    match &a.resync {
-        StartResync::None => {}
-        StartResync::Full { from_sector } => {
+    match &a.plan.resync {
+        ResyncNeed::None => {}
+        ResyncNeed::Full { from_sector } => {
             println!("\nOn start: full resync from sector {from_sector} (no usable bitmap)")
         }
-        StartResync::Regions(r) => {
+        ResyncNeed::Bitmap { regions: r } => {
             let sectors: u64 = r.iter().map(|(_, l)| l).sum();
             println!("\nOn start: bitmap resync of {} regions, {sectors} sectors", r.len())
         }

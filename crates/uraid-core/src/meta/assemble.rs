@@ -207,6 +207,23 @@ pub enum ResyncNeed {
     },
 }
 
+impl ResyncNeed {
+    /// The argument of `Engine::start_resync` (`(start, end)` ranges, `None` for all), or
+    /// `None` when no resync is due.
+    pub fn engine_ranges(&self) -> Option<Option<Vec<(u64, u64)>>> {
+        match self {
+            ResyncNeed::None => None,
+            ResyncNeed::Full { from_sector: 0 } => Some(None),
+            ResyncNeed::Full { from_sector } => Some(Some(vec![(*from_sector, u64::MAX)])),
+            ResyncNeed::Bitmap { regions } if regions.is_empty() => None,
+            // The bitmap's regions are (start, len); the engine takes (start, end).
+            ResyncNeed::Bitmap { regions } => {
+                Some(Some(regions.iter().map(|&(s, len)| (s, s + len)).collect()))
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BitmapPlan {
     /// Signed sectors from each member's superblock.
@@ -255,6 +272,27 @@ pub struct AssemblyPlan {
     pub stale: Vec<StaleMember>,
     pub degraded_slots: Vec<u32>,
     pub warnings: Vec<String>,
+}
+
+impl AssemblyPlan {
+    /// The engine's view of each slot: missing, in sync, or recovering from its
+    /// `recovery_offset`, with the member's data offset.
+    pub fn member_configs(&self) -> Vec<crate::config::MemberConfig> {
+        use crate::config::{MemberConfig, MemberState};
+        self.slots
+            .iter()
+            .map(|s| match s {
+                None => MemberConfig { data_offset_bytes: 0, state: MemberState::Missing },
+                Some(m) => MemberConfig {
+                    data_offset_bytes: m.data_offset_sectors * 512,
+                    state: match m.recovery_offset_sectors {
+                        None => MemberState::InSync,
+                        Some(off) => MemberState::Recovering { recovery_offset_sectors: off },
+                    },
+                },
+            })
+            .collect()
+    }
 }
 
 fn version_of(sb: &Superblock) -> SuperblockVersion {
@@ -714,4 +752,21 @@ pub fn plan_assembly(
         degraded_slots,
         warnings,
     })
+}
+
+#[cfg(test)]
+mod engine_start_tests {
+    use super::ResyncNeed;
+
+    #[test]
+    fn bitmap_regions_become_engine_start_end_ranges() {
+        // (start, len) once went through as (start, end), so a region whose length is
+        // less than its start was an empty range and never resynced.
+        let r = ResyncNeed::Bitmap { regions: vec![(0, 128), (4096, 128)] };
+        assert_eq!(r.engine_ranges(), Some(Some(vec![(0, 128), (4096, 4224)])));
+        assert_eq!(ResyncNeed::Full { from_sector: 0 }.engine_ranges(), Some(None));
+        assert_eq!(ResyncNeed::Full { from_sector: 64 }.engine_ranges(), Some(Some(vec![(64, u64::MAX)])));
+        assert_eq!(ResyncNeed::Bitmap { regions: vec![] }.engine_ranges(), None);
+        assert_eq!(ResyncNeed::None.engine_ranges(), None);
+    }
 }

@@ -23,7 +23,7 @@ use uraid_core::*;
 use super::array::{RunOutcome, SimArray};
 use super::corruption::corrupt_and_repair;
 use super::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
-use super::meta::{assemble_members, create_on_disks, engine_start, failure_recorded, PowerLost, SimMeta};
+use super::meta::{assemble_members, create_on_disks, failure_recorded, PowerLost, SimMeta};
 use super::rebuild::{rebuild, survives_second_failure, RebuildPlan, RebuildReport, Rebuilt};
 use super::store::PowerLossPolicy;
 use super::verify::{direct_digests, members_agree, sector_digest};
@@ -583,7 +583,7 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
             format!("bitmap: {} regions, {} sectors", regions.len(), regions.iter().map(|r| r.1).sum::<u64>())
         }
     };
-    let (members2, resync) = engine_start(&plan);
+    let (members2, resync) = (plan.member_configs(), plan.resync.engine_ranges());
     for (m, st) in members2.iter().enumerate() {
         if st.state == MemberState::InSync && members[m].state == MemberState::Missing && !unrecorded[m] {
             return Err(format!("re-assembly took member {m} back in sync although its loss is recorded"));

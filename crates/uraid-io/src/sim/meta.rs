@@ -6,10 +6,10 @@
 
 use uraid_core::array::{ArrayMember, ArraySuperblocks, DevRole, MetaIo, MetaRound, WriteIntent};
 use uraid_core::meta::{
-    create_array, plan_assembly, AssembleOptions, AssemblyPlan, CreateParams, OfferedMember, ResyncNeed,
-    Superblock, SuperblockVersion, WriteIntentBitmap, SB_BYTES,
+    create_array, plan_assembly, AssembleOptions, AssemblyPlan, CreateParams, OfferedMember, Superblock,
+    SuperblockVersion, WriteIntentBitmap, SB_BYTES,
 };
-use uraid_core::{Engine, EngineEvent, Geometry, Level, MemberConfig, MemberIoOp, MemberState};
+use uraid_core::{Engine, EngineEvent, Geometry, Level, MemberIoOp};
 
 use super::array::SimArray;
 use super::disks::SimDisks;
@@ -225,36 +225,4 @@ pub fn failure_recorded(disks: &SimDisks, member: usize) -> bool {
         .filter_map(|m| member_superblock(disks, m))
         .max_by_key(|sb| sb.events);
     freshest.is_some_and(|f| f.dev_roles.get(own.dev_number as usize).copied() != Some(own.role()))
-}
-
-/// The argument of `Engine::start_resync` (`(start, end)` ranges, `None` for all), or
-/// `None` when no resync is due.
-pub type StartResync = Option<Option<Vec<(u64, u64)>>>;
-
-/// The engine's members (slots the plan filled, in sync or recovering) and the resync
-/// the plan asks for, as `uraid serve` starts them.
-pub fn engine_start(plan: &AssemblyPlan) -> (Vec<MemberConfig>, StartResync) {
-    let members = plan
-        .slots
-        .iter()
-        .map(|s| match s {
-            None => MemberConfig { data_offset_bytes: 0, state: MemberState::Missing },
-            Some(m) => MemberConfig {
-                data_offset_bytes: m.data_offset_sectors * 512,
-                state: match m.recovery_offset_sectors {
-                    None => MemberState::InSync,
-                    Some(off) => MemberState::Recovering { recovery_offset_sectors: off },
-                },
-            },
-        })
-        .collect();
-    let resync = match &plan.resync {
-        ResyncNeed::None => None,
-        ResyncNeed::Full { from_sector: 0 } => Some(None),
-        ResyncNeed::Full { from_sector } => Some(Some(vec![(*from_sector, u64::MAX)])),
-        ResyncNeed::Bitmap { regions } if regions.is_empty() => None,
-        // The bitmap's regions are (start, len); the engine takes (start, end).
-        ResyncNeed::Bitmap { regions } => Some(Some(regions.iter().map(|&(s, l)| (s, s + l)).collect())),
-    };
-    (members, resync)
 }

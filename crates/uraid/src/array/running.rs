@@ -95,7 +95,7 @@ impl RunningArray {
         inline_request_max_bytes: u64,
         faults: Option<Arc<uraid_io::real::fault::Faults>>,
     ) -> anyhow::Result<Arc<RunningArray>> {
-        let Assembled { members, superblocks, plan, mut config, slot_member, resync } = a;
+        let Assembled { members, superblocks, plan, mut config, slot_member } = a;
         config.read_only = read_only;
         // A member failure is written to the superblocks before anything more is acknowledged.
         config.tunables.hold_completions_on_member_failure = true;
@@ -117,9 +117,9 @@ impl RunningArray {
                 engine.set_bad_blocks(slot, logs[*i].clone());
             }
         }
-        let resync_pending = !matches!(resync, super::assembly::StartResync::None);
+        let resync_pending = !matches!(plan.resync, uraid_core::meta::ResyncNeed::None);
         if !read_only {
-            if let Some(ranges) = resync.engine_ranges() {
+            if let Some(ranges) = plan.resync.engine_ranges() {
                 engine.start_resync(ranges, 0);
             }
         }
