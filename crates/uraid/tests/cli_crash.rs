@@ -149,10 +149,22 @@ fn a_member_failed_under_writes_and_rebuilt_passes_md_check() {
             (0..64).map(|k| format!("write -P {} {} {BLOCK}", 1 + k, k * BLOCK)).collect();
         qemu_io(&served.url, &cmds);
         let c = served.control.display().to_string();
-        // The injected rule keeps failing slot 1's writes, so the member goes out and a
-        // fresh file is rebuilt into its slot.
-        let st = ok(uraid(&["status", "--control", &c]), "status");
-        assert!(st.contains("(F)"), "the member did not fail:\n{st}");
+        // The injected rule keeps failing slot 1's writes: the first failed ranges go to its
+        // bad-block log, then the log's own write fails and the member goes out (status
+        // shows it at the monitor's next look). A fresh file is rebuilt into its slot.
+        let t0 = Instant::now();
+        loop {
+            let st = ok(uraid(&["status", "--control", &c]), "status");
+            if st.contains("(F)") {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the member did not fail:\n{st}\n{}",
+                served.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         served.stop();
         let fresh = dir.path("fresh");
         std::fs::write(&fresh, vec![0u8; 24 << 20]).unwrap();
