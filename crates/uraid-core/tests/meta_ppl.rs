@@ -85,3 +85,44 @@ fn ppl_is_refused_where_md_refuses_it() {
     assert_eq!(create_array(&p), Err(CreateError::NoRoomForPpl { data_offset: 2048 }));
     assert!(CreateError::PplWithBitmap.to_string().contains("drop --bitmap"));
 }
+
+fn offered(sbs: &[Option<Superblock>]) -> Vec<OfferedMember> {
+    sbs.iter()
+        .enumerate()
+        .filter_map(|(i, sb)| {
+            let sb = sb.clone()?;
+            Some(OfferedMember {
+                name: format!("m{i}"),
+                dev_sectors: 32768,
+                superblock: Ok(sb),
+                bitmap: None,
+            })
+        })
+        .collect()
+}
+
+/// Until uraid replays the log itself: a dirty complete PPL array is resynced in full (md's
+/// fallback when its log gives nothing), a dirty degraded one is refused, `--force` or not,
+/// naming what would start it; a clean one starts with a warning that the log is not written.
+#[test]
+fn a_dirty_ppl_array_is_resynced_when_complete_and_refused_when_degraded() {
+    let mut p = raid5_ppl();
+    p.set_uuid = [3; 16];
+    p.device_uuids = vec![[1; 16], [2; 16], [4; 16]];
+    let mut sbs = create_array(&p).unwrap().superblocks;
+    let clean = plan_assembly(&offered(&sbs), &AssembleOptions::default()).unwrap();
+    assert_eq!(clean.resync, ResyncNeed::None);
+    assert!(clean.warnings.iter().any(|w| w.contains("partial parity log")), "{:?}", clean.warnings);
+
+    for sb in sbs.iter_mut().flatten() {
+        sb.resync_offset = 0;
+        sb.update_csum();
+    }
+    let dirty = plan_assembly(&offered(&sbs), &AssembleOptions::default()).unwrap();
+    assert_eq!(dirty.resync, ResyncNeed::Full { from_sector: 0 });
+
+    sbs[1] = None;
+    let opts = AssembleOptions { run: true, force: true, ..AssembleOptions::default() };
+    let err = plan_assembly(&offered(&sbs), &opts).unwrap_err().to_string();
+    assert!(err.contains("partial parity log") && err.contains("mdadm --assemble"), "{err}");
+}
