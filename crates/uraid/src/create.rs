@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use uraid_core::geometry::parse_layout;
-use uraid_core::meta::{create_array, devflags, enough, format_uuid, CreateParams};
+use uraid_core::meta::{
+    create_array, devflags, enough, format_uuid, ppl_area, ppl_signature, CreateParams, PplHeader,
+};
 use uraid_core::Level;
 
 use crate::array::member::MemberDev;
@@ -33,6 +35,10 @@ pub struct CreateArgs {
     /// is KiB; default: as mdadm chooses from the room and the size).
     #[arg(long = "bitmap-chunk")]
     pub bitmap_chunk: Option<String>,
+    /// What keeps a raid5's parity consistent after a crash: resync (md's default; a
+    /// bitmap narrows it) or ppl (md's partial parity log, raid5 only, no bitmap).
+    #[arg(long = "consistency-policy", value_name = "POLICY")]
+    pub consistency_policy: Option<String>,
     /// Array name (stored as "homehost:name").
     #[arg(long = "name", short = 'N')]
     pub name: Option<String>,
@@ -115,6 +121,15 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
         "internal" => true,
         "none" => false,
         other => bail!("--bitmap {other:?}: use internal or none (external bitmaps are not supported)"),
+    };
+    let ppl = match args.consistency_policy.as_deref() {
+        None | Some("resync") => false,
+        Some("bitmap") if bitmap => false,
+        Some("bitmap") => bail!("--consistency-policy bitmap needs --bitmap internal"),
+        Some("ppl") => true,
+        Some(other) => {
+            bail!("--consistency-policy {other:?}: use resync, bitmap or ppl (journal is not supported)")
+        }
     };
     let size_bytes =
         args.size.as_deref().map(|s| parse_kib_default(s).map_err(|e| anyhow!("--size: {e}"))).transpose()?;
@@ -204,6 +219,7 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
                 Some(b as u32)
             }
         };
+        params.ppl = ppl;
         params.assume_clean = args.assume_clean;
         params.homehost = crate::array::homehost();
         params.name = args.name.clone().unwrap_or_else(|| default_name(&args.members));
@@ -247,6 +263,15 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
                 let at = sb.super_offset.saturating_add_signed(i64::from(bm.offset_from_sb_sectors)) * 512;
                 w("bitmap", at, &bm.area)?;
             }
+            if let Some((start, sectors)) = ppl_area(&sb) {
+                // As md's ppl_write_empty_header: the area zeroed (no old log can be taken
+                // for a new one), then an empty header with this array's signature.
+                let mut area = vec![0u8; (sectors * 512) as usize];
+                let header =
+                    PplHeader::empty(ppl_signature(&sb.set_uuid)).serialize().map_err(|e| anyhow!("{e}"))?;
+                area[..header.len()].copy_from_slice(&header);
+                w("partial parity log", start * 512, &area)?;
+            }
             dev.sync().with_context(|| format!("{}: fdatasync after slot {slot}", dev.name))?;
         }
         let array_sectors = crate::array::report::array_sectors_of(first);
@@ -269,7 +294,13 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
             array_sectors * 512,
             human_bytes(array_sectors * 512),
             first.data_offset,
-            if bitmap { ", internal bitmap" } else { "" },
+            if bitmap {
+                ", internal bitmap"
+            } else if ppl {
+                ", partial parity log (ppl)"
+            } else {
+                ""
+            },
             start_note
         ))
     })();

@@ -33,6 +33,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             layout: None,
             bitmap: "internal".into(),
             bitmap_chunk: None,
+            consistency_policy: None,
             name: Some("demo".into()),
             size: Some("1G".into()),
             assume_clean: true,

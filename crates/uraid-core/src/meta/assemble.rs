@@ -726,10 +726,20 @@ pub fn plan_assembly(
         warnings.push("array was not shut down cleanly: resync needed".to_string());
     }
     if fresh.feature_map & (feature::PPL | feature::MULTIPLE_PPLS) != 0 {
-        if !clean {
-            return Err(AssemblyError::Unsupported { what: "recovery from a partial parity log (PPL)" });
+        // A dirty, complete array is resynced in full (what md falls back to when its log
+        // gives nothing); a dirty degraded one needs the log replayed, which uraid cannot do yet.
+        if !clean && degraded {
+            return Err(AssemblyError::Unsupported {
+                what: "replaying the partial parity log (PPL) of a dirty degraded raid5 (mdadm \
+                       --assemble does it)",
+            });
         }
-        warnings.push("the array has a partial parity log, which is not maintained".to_string());
+        warnings.push(
+            "the array has a partial parity log (ppl), which uraid does not write yet: it runs \
+             without write-hole protection and a crash needs a full resync under md; the logs \
+             are emptied at start so that md never replays a stale one"
+                .to_string(),
+        );
     }
 
     Ok(AssemblyPlan {

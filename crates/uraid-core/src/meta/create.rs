@@ -8,6 +8,7 @@ use super::bitmap::{
     bitmap_bytes_on_disk, choose_bm_space, min_bitmap_chunk, BitmapSuper, BITMAP_PAGE_BYTES,
     BITMAP_SUPER_BYTES,
 };
+use super::ppl::{ppl_word, PPL_AREA_SECTORS_SUPER1};
 use super::superblock::{
     check_geometry, feature, level, role, Superblock, SuperblockError, SuperblockVersion, MAX_DEV_LIMIT,
     MAX_SECTOR, MD_SB_MAGIC,
@@ -42,6 +43,9 @@ pub struct CreateParams {
     pub bitmap: bool,
     /// `--bitmap-chunk` in bytes; `None` for mdadm's default.
     pub bitmap_chunk_bytes: Option<u32>,
+    /// `--consistency-policy=ppl`: a partial parity log area on every member (raid5 only,
+    /// never with a bitmap).
+    pub ppl: bool,
     pub assume_clean: bool,
     /// `--homehost`; the name is stored as "homehost:name" when it fits.
     pub homehost: Option<String>,
@@ -69,6 +73,7 @@ impl CreateParams {
             data_offset_sectors: None,
             bitmap: false,
             bitmap_chunk_bytes: None,
+            ppl: false,
             assume_clean: false,
             homehost: None,
             name: String::new(),
@@ -93,6 +98,10 @@ pub enum CreateError {
     NoRoomForBitmap,
     BitmapChunkTooSmall { chunk_bytes: u32, min_bytes: u32 },
     TooManyDevices { raid_disks: u32 },
+    PplNotRaid5 { level: i32 },
+    PplWithBitmap,
+    PplNeedsSuperblockAtStart,
+    NoRoomForPpl { data_offset: u64 },
     Geometry(SuperblockError),
 }
 
@@ -146,6 +155,26 @@ impl fmt::Display for CreateError {
             TooManyDevices { raid_disks } => {
                 write!(f, "{raid_disks} devices exceed the {MAX_DEV_LIMIT} a 1.x superblock can hold")
             }
+            PplNotRaid5 { level } => write!(
+                f,
+                "--consistency-policy=ppl applies to raid5 only (md's partial parity log), not \
+                 raid level {level}"
+            ),
+            PplWithBitmap => write!(
+                f,
+                "--consistency-policy=ppl and an internal bitmap exclude each other (md refuses \
+                 both): drop --bitmap"
+            ),
+            PplNeedsSuperblockAtStart => write!(
+                f,
+                "--consistency-policy=ppl is supported with metadata 1.1/1.2 only (the log sits \
+                 between superblock and data)"
+            ),
+            NoRoomForPpl { data_offset } => write!(
+                f,
+                "no room for the 1 MiB partial parity log between superblock and data \
+                 (--data-offset {data_offset} sectors): use a larger --data-offset"
+            ),
             // In the words of the options, not of a superblock found on disk.
             Geometry(SuperblockError::BadChunk { level, chunk_sectors }) => write!(
                 f,
@@ -210,10 +239,21 @@ fn is_striped(level: i32) -> bool {
 /// the device (at most 128 MiB, halved while more than 1/1024 of the device, but not below
 /// 4 chunks' worth when a chunk is set), rounded up to 1 MiB. 1.0 keeps data at 0.
 pub fn default_data_offset(version: SuperblockVersion, dev_sectors: u64, chunk_kib: u32) -> u64 {
+    data_offset_with_room(version, dev_sectors, chunk_kib, choose_bm_space(dev_sectors))
+}
+
+/// [`default_data_offset`] with `bmspace` sectors kept after the superblock: with
+/// `--consistency-policy=ppl` mdadm keeps the 1 MiB PPL area there instead of the bitmap
+/// space (a 16 MiB member with 64 KiB chunks gets data_offset 4096, not 2048: seen in md).
+pub fn data_offset_with_room(
+    version: SuperblockVersion,
+    dev_sectors: u64,
+    chunk_kib: u32,
+    bmspace: u64,
+) -> u64 {
     if version == SuperblockVersion::V1_0 {
         return 0;
     }
-    let bmspace = choose_bm_space(dev_sectors);
     let mut headroom: u64 = 128 * 1024 * 2;
     while (headroom << 10) > dev_sectors && (chunk_kib == 0 || headroom / 2 >= u64::from(chunk_kib) * 2 * 2) {
         headroom >>= 1;
@@ -298,9 +338,33 @@ pub fn create_array(p: &CreateParams) -> Result<CreatedArray, CreateError> {
     check_geometry(p.level, p.raid_disks, layout, chunk_sectors).map_err(CreateError::Geometry)?;
 
     // validate_geometry1 fixes st->data_offset from the first member it sees.
+    if p.ppl {
+        if p.level != level::RAID5 {
+            return Err(CreateError::PplNotRaid5 { level: p.level });
+        }
+        if p.bitmap {
+            return Err(CreateError::PplWithBitmap);
+        }
+        if p.version == SuperblockVersion::V1_0 {
+            return Err(CreateError::PplNeedsSuperblockAtStart);
+        }
+    }
     let first_dev = p.member_dev_sectors.iter().flatten().copied().next().unwrap_or(0);
-    let data_offset =
-        p.data_offset_sectors.unwrap_or_else(|| default_data_offset(p.version, first_dev, chunk_kib));
+    let ppl_sectors = u64::from(PPL_AREA_SECTORS_SUPER1);
+    let data_offset = p.data_offset_sectors.unwrap_or_else(|| {
+        if p.ppl {
+            data_offset_with_room(p.version, first_dev, chunk_kib, ppl_sectors)
+        } else {
+            default_data_offset(p.version, first_dev, chunk_kib)
+        }
+    });
+    if p.ppl {
+        // The area starts 8 sectors after the 1.1/1.2 superblock; the bad-block log follows it.
+        let sb_offset = p.version.sb_offset_sectors(first_dev).unwrap_or(0);
+        if data_offset < sb_offset + 8 + ppl_sectors + 8 {
+            return Err(CreateError::NoRoomForPpl { data_offset });
+        }
+    }
 
     // Create.c: freesize per member in KiB, rounded to the chunk; the array uses the least.
     let mut min_kib: Option<u64> = None;
@@ -418,6 +482,10 @@ pub fn create_array(p: &CreateParams) -> Result<CreatedArray, CreateError> {
     if bitmap.is_some() {
         feature_map |= feature::BITMAP_OFFSET;
     }
+    if p.ppl {
+        // mdadm writes PPL; md switches it to MULTIPLE_PPLS itself when the area is large.
+        feature_map |= feature::PPL;
+    }
     // write_init_super1: raid0 needs an explicit layout only when members differ in
     // whole chunks (more than one zone).
     if p.level == level::RAID0 && layout != 0 && chunk_sectors != 0 {
@@ -437,6 +505,7 @@ pub fn create_array(p: &CreateParams) -> Result<CreatedArray, CreateError> {
         };
         let (bm_space, bm_offset): (u64, i64) = match &bitmap {
             Some((bsb, off)) => (bsb.bytes_on_disk(4096) >> 9, i64::from(*off)),
+            None if p.ppl => (ppl_sectors, 8),
             None => (choose_bm_space(size_sectors), 8),
         };
         let mut sb = Superblock {
@@ -452,7 +521,11 @@ pub fn create_array(p: &CreateParams) -> Result<CreatedArray, CreateError> {
             size: size_sectors,
             chunksize: chunk_sectors,
             raid_disks: p.raid_disks,
-            bitmap_offset: bitmap.as_ref().map_or(0, |(_, o)| *o),
+            bitmap_offset: if p.ppl {
+                ppl_word(8, PPL_AREA_SECTORS_SUPER1)
+            } else {
+                bitmap.as_ref().map_or(0, |(_, o)| *o)
+            },
             new_level: 0,
             reshape_position: 0,
             delta_disks: 0,

@@ -1,4 +1,5 @@
-//! md on-disk metadata: superblock 1.x, the internal write-intent bitmap and the bad-block log.
+//! md on-disk metadata: superblock 1.x, the internal write-intent bitmap, the bad-block log
+//! and the RAID5 partial parity log (PPL).
 //!
 //! Pure and sans-IO: every function takes and returns byte buffers or plain values, so
 //! the same code serves `uraid create/examine/assemble`, the engine and the fuzzers.
@@ -10,6 +11,7 @@ pub mod assemble;
 pub mod badblocks;
 pub mod bitmap;
 pub mod create;
+pub mod ppl;
 pub mod superblock;
 
 pub use assemble::{
@@ -23,8 +25,12 @@ pub use bitmap::{
     BitmapSuper, WriteGate, WriteIntentBitmap, BITMAP_MAGIC, BITMAP_MAJOR_HI, BITMAP_SUPER_BYTES,
 };
 pub use create::{
-    create_array, default_data_offset, default_layout, default_max_dev, make_set_name, CreateError,
-    CreateParams, CreatedArray, CreatedBitmap, DEFAULT_CHUNK_KIB,
+    create_array, data_offset_with_room, default_data_offset, default_layout, default_max_dev, make_set_name,
+    CreateError, CreateParams, CreatedArray, CreatedBitmap, DEFAULT_CHUNK_KIB,
+};
+pub use ppl::{
+    crc32c, ppl_area, ppl_signature, PplEntry, PplError, PplHeader, PPL_AREA_SECTORS_SUPER1,
+    PPL_HDR_MAX_ENTRIES, PPL_HEADER_SIZE,
 };
 pub use superblock::{
     calc_sb_1_csum, devflags, feature, format_uuid, level, parse_uuid, role, Superblock, SuperblockError,

@@ -140,6 +140,12 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
     if let Some(_at) = sb.bitmap_sector() {
         line("Internal Bitmap", format!("{} sectors from superblock", sb.bitmap_offset));
     }
+    if sb.feature_map & (feature::PPL | feature::MULTIPLE_PPLS) != 0 {
+        line(
+            "PPL",
+            format!("{} sectors at offset {} sectors from superblock", sb.ppl_size(), sb.ppl_offset()),
+        );
+    }
     line("Update Time", format_time(sb.utime & 0xff_ffff_ffff));
     if sb.bblog_size > 0 {
         line(
@@ -327,6 +333,17 @@ pub fn detail_text(title: &str, d: &DetailInfo) -> String {
     }
     if sb.level != 1 && sb.chunksize > 0 {
         line("Chunk Size", format!("{}K", sb.chunksize / 2));
+    }
+    // mdadm prints the policy for every redundant array: ppl, bitmap or resync.
+    if sb.level > 0 {
+        let policy = if sb.feature_map & (feature::PPL | feature::MULTIPLE_PPLS) != 0 {
+            "ppl"
+        } else if sb.bitmap_sector().is_some() {
+            "bitmap"
+        } else {
+            "resync"
+        };
+        line("Consistency Policy", policy.into());
     }
     if let Some(p) = &d.progress {
         let (k, v) = p.split_once(" : ").unwrap_or(("Status", p.as_str()));

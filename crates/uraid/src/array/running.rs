@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use uraid_core::array::{UpkeepClock, UpkeepPeriods};
-use uraid_core::meta::{feature, Superblock, SuperblockVersion, MAX_SECTOR};
+use uraid_core::meta::{
+    feature, ppl_area, ppl_signature, PplHeader, Superblock, SuperblockVersion, MAX_SECTOR,
+};
 use uraid_core::{Engine, EngineEvent, Geometry, MemberState, Request, SyncKind, SyncStatus};
 use uraid_io::real::{Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RoundHook, RuntimeError, RuntimeHandle, RuntimeOptions};
@@ -82,6 +84,28 @@ pub(super) fn exec_open_options(read_only: bool) -> OpenOptions {
 }
 
 /// Placeholder for a slot with no member: the engine never issues I/O to it.
+/// What md's `ppl_write_empty_header` does at every start: each active member's PPL area
+/// zeroed and given an empty header. uraid does not log partial parity yet, so a log md
+/// left behind must not survive this run: after a crash md would replay it over parity
+/// that uraid's writes changed since.
+fn reset_ppl_areas(
+    members: &[MemberDev],
+    superblocks: &[Superblock],
+    slot_member: &[Option<usize>],
+) -> anyhow::Result<()> {
+    for &i in slot_member.iter().flatten() {
+        let (m, sb) = (&members[i], &superblocks[i]);
+        let Some((start, sectors)) = ppl_area(sb) else { continue };
+        let header = PplHeader::empty(ppl_signature(&sb.set_uuid)).serialize().map_err(|e| anyhow!("{e}"))?;
+        let mut area = vec![0u8; (sectors * 512) as usize];
+        area[..header.len()].copy_from_slice(&header);
+        m.write_at(start * 512, &area)
+            .with_context(|| format!("{}: emptying the partial parity log", m.name))?;
+        m.sync().with_context(|| format!("{}: fdatasync after emptying the partial parity log", m.name))?;
+    }
+    Ok(())
+}
+
 fn absent_member() -> anyhow::Result<Member> {
     Member::open(Path::new("/dev/null"), &OpenOptions { direct: false, read_only: false, log: false })
         .context("opening /dev/null as the placeholder of a missing slot")
@@ -116,6 +140,9 @@ impl RunningArray {
             if let Some(i) = idx {
                 engine.set_bad_blocks(slot, logs[*i].clone());
             }
+        }
+        if !read_only {
+            reset_ppl_areas(&members, &superblocks, &slot_member)?;
         }
         let resync_pending = !matches!(plan.resync, uraid_core::meta::ResyncNeed::None);
         if !read_only {
