@@ -190,8 +190,13 @@ fn interrupted_rebuild_resumes_from_its_checkpoint() {
     s.ctl("fail", Some(&members[3]));
     s.ctl("remove", Some(&members[3]));
     s.ctl("add", Some(&members[3]));
-    // 48 MiB at 4 MiB/s: stop after a checkpoint (every 3 s), well before the end.
-    std::thread::sleep(Duration::from_millis(4500));
+    // 48 MiB at 4 MiB/s: stop once a checkpoint (every 3 s) is on the member, well before
+    // the end (mdadm reads the superblock while the array runs).
+    let t0 = std::time::Instant::now();
+    while mdadm_field(&examine(&members[3]), "Recovery Offset").is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no checkpoint recorded:\n{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let st = s.ctl("status", None);
     assert!(st.contains("recovery"), "{st}");
     s.stop();
@@ -216,9 +221,17 @@ fn stopped_resync_resumes_from_its_checkpoint() {
     let members = create(&dir, "6", 4, &["--bitmap", "none"]);
     let slow = ["--sync-speed-min", "2000", "--sync-speed-max", "4000"];
     let s = Served::start(&dir, &members, &slow);
-    // About 47 MiB of member sectors at 4 MiB/s: stop well before the end.
-    std::thread::sleep(Duration::from_millis(1500));
-    let st = s.ctl("status", None);
+    // About 47 MiB of member sectors at 4 MiB/s: stop once a few MiB are done, well
+    // before the end.
+    let t0 = std::time::Instant::now();
+    let st = loop {
+        let st = s.ctl("status", None);
+        if resync_done_kib(&st) >= 4096 {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "the resync made no progress:\n{st}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let full_kib = resync_total_kib(&st);
     s.stop();
     // mdadm --examine prints no resync offset; uraid examine does.
@@ -240,6 +253,17 @@ fn stopped_resync_resumes_from_its_checkpoint() {
         "resumed resync covers {total_kib} of {full_kib} KiB, checkpoint at sector {off}:\n{st}"
     );
     s.stop();
+}
+
+/// What the resync in progress has done, KiB (`uraid status`'s "(done/total)").
+fn resync_done_kib(status: &str) -> u64 {
+    status
+        .split("resync = ")
+        .nth(1)
+        .and_then(|r| r.split('(').nth(1))
+        .and_then(|r| r.split('/').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The total of the resync in progress in `uraid status`, KiB.
