@@ -902,7 +902,10 @@ impl Engine {
         if lost.len() > self.geo.level.parity_disks() {
             return Ensure::Lost;
         }
-        let mut pending = false;
+        // A lost member's other rows may still be being read (the halves of a failed fill):
+        // wait for them, so every row that fails is known and rewritten below, not only the
+        // first (`uraid sim --seed 9936` left latent sectors under rebuilt parity).
+        let mut pending = lost.iter().any(|&o| st.reading[o] & want != 0);
         for o in 0..n {
             if !lost.contains(&o) && want & !st.valid[o] != 0 {
                 self.fill(key, st, o, want & !st.valid[o]);
@@ -916,8 +919,29 @@ impl Engine {
         for &o in &lost {
             self.cover(&mut st.cache[o], 0..head_bytes);
         }
-        for (r0, len) in runs(want) {
-            self.compute_lost(st, &lost, bytes(r0, len));
+        // Row by row, only the members that lack the row are solved for: a member lost
+        // for some rows (a latent sector) keeps the rows it read, which take part as known
+        // data (md rebuilds only the failed blocks). Solving it everywhere put a stale
+        // stripe's reconstruction over good rows that are never written back, so parity
+        // computed later disagreed with the member (`uraid sim --seed 9936`).
+        let mut r = 0;
+        while r < 128 {
+            if want & rows(r, r + 1) == 0 {
+                r += 1;
+                continue;
+            }
+            let lacking = |r: u64| -> Vec<usize> {
+                lost.iter().copied().filter(|&o| st.valid[o] & rows(r, r + 1) == 0).collect()
+            };
+            let here = lacking(r);
+            let mut end = r + 1;
+            while end < 128 && want & rows(end, end + 1) != 0 && lacking(end) == here {
+                end += 1;
+            }
+            if !here.is_empty() {
+                self.compute_lost(st, &here, bytes(r, end - r));
+            }
+            r = end;
         }
         self.stats.degraded_reads += 1;
         for &o in &lost {

@@ -678,3 +678,53 @@ fn a_recovery_reads_a_latent_sector_from_another_copy_and_rewrites_it() {
     }
     read_all(&mut d, &model, &mut id, "raid1 after the recovery");
 }
+
+/// A degraded raid6 read, then a recovery, meet a latent sector on another data member of
+/// a stripe whose parity a power cut left stale in other rows. Every row of the failed
+/// fill is found (its halves all read back) and rewritten, not only the first; the
+/// member's readable rows stay as read and the resync's parity agrees with the disks. (A
+/// head kept cached from the recovery to the resync, where solving the member over every
+/// row showed, is `uraid sim --seed 9936`, in `sim::check`'s seeds_found_failing_pass.)
+#[test]
+fn a_partly_unreadable_member_keeps_its_good_rows_during_a_recovery() {
+    // Four stripes: the head stays cached from the recovery to the resync, as in the sim.
+    let g = Geometry::new(Level::Raid6, 6, algorithm::LEFT_SYMMETRIC, 16, &[64; 6]).unwrap();
+    let size = g.array_bytes();
+    let mut d =
+        Driver::new(Engine::new(config(g.clone(), 4096)).unwrap(), MemMembers::new(6, 4096 + 64 * 512), 7);
+    let mut model = vec![0u8; size as usize];
+    Rng(21).fill(&mut model);
+    d.run_one(Request::write(1, 0, model.clone())).expect("write");
+    let mut members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    let map = g.stripe_map(0);
+    let (target, x) = (map.data_members[0], map.data_members[1]);
+    let row = |r: usize| 4096 + r * 512;
+    // Stale P in rows 12..16 (a torn write), a latent range on x in rows 2..6, and the
+    // target a blank disk to rebuild.
+    Rng(9).fill(&mut members.images[map.pd_idx][row(12)..row(16)]);
+    members.latent.push((x, row(2) as u64, row(6) as u64));
+    members.images[target].fill(0);
+    let x_good = members.images[x][row(6)..row(16)].to_vec();
+    let mut d = Driver::new(Engine::new(config(g.clone(), 4096)).unwrap(), members, 8);
+    d.engine.fail_member(target, d.now_ns);
+    // A degraded read of x's block: its readable rows come from x itself, whatever the
+    // stale P says (two erasures only where x failed to read).
+    let block = 16 * 512;
+    let got = d.run_one(Request::read(2, block as u64, block as u64)).expect("read");
+    assert!(got[..] == model[block..2 * block], "x's block read back wrong while degraded");
+    d.engine.add_member(target, 4096, d.now_ns).unwrap();
+    d.run_until_idle();
+    d.engine.start_resync(None, d.now_ns);
+    d.run_until_idle();
+    assert_eq!(d.engine.member_states(), vec![MemberState::InSync; 6]);
+    assert!(d.members.latent.is_empty(), "the latent rows were rewritten");
+    assert_eq!(&d.members.images[x][row(6)..row(16)], &x_good[..], "x's readable rows were replaced");
+    // On disk, P of stripe 0 is the XOR of its data blocks, row by row.
+    let mut p = vec![0u8; row(16) - row(0)];
+    for &m in &map.data_members {
+        for (a, b) in p.iter_mut().zip(&d.members.images[m][row(0)..row(16)]) {
+            *a ^= b;
+        }
+    }
+    assert!(p[..] == d.members.images[map.pd_idx][row(0)..row(16)], "P disagrees with the data on disk");
+}

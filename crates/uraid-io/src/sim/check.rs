@@ -933,6 +933,26 @@ mod tests {
         assert!(limited > 0, "no seed had its resync limited by the bitmap");
     }
 
+    /// Seeds `uraid sim --seeds 10000` found failing, run as `uraid sim` runs them. 1265:
+    /// a raid1 recovery stopped for good at a latent sector another copy could serve.
+    /// 9936: a raid6 recovery meeting a latent sector solved the partly readable member
+    /// over every row, leaving its good rows under parity computed from a reconstruction.
+    #[test]
+    fn seeds_found_failing_pass() {
+        for seed in [1265, 9936] {
+            let spec = SimSpec {
+                seed,
+                ops: 2000,
+                profile: "nvme".into(),
+                member_bytes: 16 << 20,
+                faults: true,
+                ..Default::default()
+            };
+            let r = run_sim(&spec);
+            assert!(r.ok, "seed {seed}: {:?}", r.failure);
+        }
+    }
+
     #[test]
     fn one_seed_gives_one_trace() {
         let a = run_sim(&spec(7, Level::Raid6));
