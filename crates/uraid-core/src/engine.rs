@@ -505,7 +505,8 @@ impl Engine {
             self.after_event();
             return;
         }
-        if let Some(held) = self.twins.get_mut(&completion.id) {
+        // Twins exist only while a replacement runs: no map lookup per completion otherwise.
+        if let Some(held) = (!self.twins.is_empty()).then(|| self.twins.get_mut(&completion.id)).flatten() {
             *held = Some((ctx, member, completion.result, write_range));
             return;
         }

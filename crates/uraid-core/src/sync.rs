@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, VecDeque};
 use crate::api::*;
 use crate::config::MemberState;
 use crate::engine::{Engine, SectorRanges};
-use crate::geometry::Level;
+use crate::geometry::{Extent, Level};
 use crate::mirror::{choose_copy, Balance};
 use crate::scrub::ScrubKind;
 use crate::stripe::IoCtx;
@@ -594,14 +594,29 @@ impl Engine {
             }
             pos += n;
         }
+        self.start_direct_reads(start, end, reads, |array_sector, len_sectors| IoCtx::SyncRead {
+            array_sector,
+            len_sectors,
+            read_errors: 0,
+        })
+    }
+
+    /// Starts a raid1/10 sync unit's reads `(source, array sector, sectors)`, each with the
+    /// context `ctx` makes of its piece.
+    fn start_direct_reads(
+        &mut self,
+        start: u64,
+        end: u64,
+        reads: Vec<(Extent, u64, u64)>,
+        ctx: impl Fn(u64, u64) -> IoCtx,
+    ) -> UnitStart {
         if reads.is_empty() {
             return UnitStart::Nothing;
         }
         self.direct_sync =
             Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false, scrub: None });
         for (src, pos, n) in reads {
-            let ctx = IoCtx::SyncRead { array_sector: pos, len_sectors: n, read_errors: 0 };
-            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx);
+            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx(pos, n));
         }
         UnitStart::Started
     }
@@ -717,16 +732,11 @@ impl Engine {
             }
             pos += n;
         }
-        if reads.is_empty() {
-            return UnitStart::Nothing;
-        }
-        self.direct_sync =
-            Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false, scrub: None });
-        for (src, pos, n) in reads {
-            let ctx = IoCtx::ReplaceRead { array_sector: pos, len_sectors: n, tried: 0 };
-            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx);
-        }
-        UnitStart::Started
+        self.start_direct_reads(start, end, reads, |array_sector, len_sectors| IoCtx::ReplaceRead {
+            array_sector,
+            len_sectors,
+            tried: 0,
+        })
     }
 
     /// A raid1/10 replacement read came back. A failed read is tried on another copy; the

@@ -819,17 +819,7 @@ impl RunningArray {
         };
         self.write_new_member(&dev, &sb, role)?;
         let name = dev.name.clone();
-        let meta_dev = MetaDev {
-            name: dev.name.clone(),
-            path: dev.path.clone(),
-            file: dev.file.try_clone().context("duplicating the member's descriptor")?,
-            sb: sb.clone(),
-            role: DevRole::Spare,
-            identity: dev.identity,
-            // Its log was just zeroed: the keeper starts it empty.
-            bad_blocks: None,
-        };
-        self.meta.update(|st, now| st.add_member(meta_dev, now))?;
+        self.keep_new_member(&dev, &sb)?;
         let Some(slot) = slot else {
             return Ok(format!("uraid: added {name} to {} as a hot spare\n", self.name));
         };
@@ -888,6 +878,22 @@ impl RunningArray {
         }
         let ranges: Vec<(u64, u64)> = bm.set_regions().into_iter().map(|(s, l)| (s, s + l)).collect();
         Ok(ranges)
+    }
+
+    /// A member whose own metadata `write_new_member` wrote joins the keeper as a spare
+    /// (its bad-block log was just zeroed: the keeper starts it empty); the array's
+    /// superblocks record it.
+    fn keep_new_member(&self, dev: &MemberDev, sb: &Superblock) -> anyhow::Result<()> {
+        let meta_dev = MetaDev {
+            name: dev.name.clone(),
+            path: dev.path.clone(),
+            file: dev.file.try_clone().context("duplicating the member's descriptor")?,
+            sb: sb.clone(),
+            role: DevRole::Spare,
+            identity: dev.identity,
+            bad_blocks: None,
+        };
+        self.meta.update(|st, now| st.add_member(meta_dev, now))
     }
 
     fn write_new_member(&self, dev: &MemberDev, sb: &Superblock, role: DevRole) -> anyhow::Result<()> {

@@ -11,7 +11,7 @@ use uraid_io::real::Member;
 
 use super::{exec_open_options, new_member_superblock, role_text, RunningArray};
 use crate::array::member::MemberDev;
-use crate::array::meta::{DevRole, MetaDev};
+use crate::array::meta::DevRole;
 use crate::array::report::{DetailInfo, DeviceRow};
 
 /// A replacement as `status` and `detail` show it.
@@ -107,16 +107,7 @@ impl RunningArray {
         // the in-sync member of a slot over an unfinished replacement).
         self.write_new_member(&dev, &sb, DevRole::Active { slot, recovering: true })?;
         let name = dev.name.clone();
-        let meta_dev = MetaDev {
-            name: dev.name.clone(),
-            path: dev.path.clone(),
-            file: dev.file.try_clone().context("duplicating the member's descriptor")?,
-            sb: sb.clone(),
-            role: DevRole::Spare,
-            identity: dev.identity,
-            bad_blocks: None,
-        };
-        self.meta.update(|st, now| st.add_member(meta_dev, now))?;
+        self.keep_new_member(&dev, &sb)?;
         let key = self
             .meta
             .lock()
