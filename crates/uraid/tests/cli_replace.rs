@@ -253,6 +253,10 @@ fn replace_refusals_name_the_reason_and_write_nothing() {
     refused(&members[0], &theirs[1], true, "is in use");
     theirs_served.stop();
     let before_degraded = hashes(std::slice::from_ref(&fresh));
+    // Without the hot spare, which would take the failed slot and might finish its
+    // rebuild before the replace is asked for.
+    let out = s.ctl("remove", Some(&spare));
+    assert!(out.contains("hot removed"), "{out}");
     s.ctl("fail", Some(&members[2]));
     let o = replace(&s.control, &members[0], &fresh, false);
     assert!(!o.status.success() && text(&o).contains("degraded"), "{}", text(&o));
