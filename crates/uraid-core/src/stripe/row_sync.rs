@@ -106,8 +106,13 @@ impl Engine {
         let row = match kind {
             SyncKind::Recovery { member } => {
                 let last = end - 1;
-                let others_whole = (0..self.geo.raid_disks)
-                    .all(|m| m == member || self.members[m].state == crate::config::MemberState::InSync);
+                // A listed bad block on another member leaves the unit to the per-head path,
+                // which rebuilds around it (a row unit reads every other member whole).
+                let others_whole = (0..self.geo.raid_disks).all(|m| {
+                    m == member
+                        || self.members[m].state == crate::config::MemberState::InSync
+                            && !self.members[m].has_bad_block(start, end - start)
+                });
                 (others_whole && self.members[member].writable() && !self.members[member].readable(last))
                     .then_some(member)
             }
