@@ -225,3 +225,47 @@ pub struct MemberIoCompletion {
     /// The data of a `Read` (exactly `len_bytes`); empty for other ops.
     pub result: Result<Vec<u8>, MemberIoError>,
 }
+
+/// Member I/O ids from here up to twice this are the array's own (superblock, bitmap and
+/// log writes and their flushes, see [`crate::array::Array`]): the engine's ids stay below
+/// 2^56, and an executor may tell metadata I/O by its id (fault injection does).
+pub const ARRAY_META_IO_ID_BASE: MemberIoId = 1 << 58;
+
+/// Is `id` one of the array's own metadata I/Os?
+pub fn is_array_meta_io(id: MemberIoId) -> bool {
+    (ARRAY_META_IO_ID_BASE..ARRAY_META_IO_ID_BASE << 1).contains(&id)
+}
+
+/// Request ids a caller hands to an [`crate::array::Array`] stay below this: the array tags
+/// the ids it passes to the engine above it.
+pub const MAX_CALLER_REQUEST_ID: RequestId = (1 << 57) - 1;
+
+/// The sans-IO interface every driver runs (the real runtime, the simulator, the tests and
+/// the benches): [`crate::Engine`] alone, or [`crate::array::Array`], the engine with md's
+/// metadata upkeep around it.
+pub trait ArrayEngine {
+    fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError>;
+    fn unplug(&mut self, now_ns: TimeNs);
+    fn pop_member_io(&mut self) -> Option<MemberIo>;
+    fn complete_member_io(&mut self, completion: MemberIoCompletion, now_ns: TimeNs);
+    fn pop_completion(&mut self) -> Option<RequestCompletion>;
+    fn next_deadline_ns(&self) -> Option<TimeNs>;
+    fn tick(&mut self, now_ns: TimeNs);
+    fn fail_member(&mut self, member: usize, now_ns: TimeNs);
+    fn is_idle(&self) -> bool;
+    /// What is outstanding, for a driver's message when the engine stalls (an engine bug).
+    fn outstanding(&self) -> String {
+        String::new()
+    }
+    fn stats_snapshot(&self) -> crate::stats::ArrayStats;
+    /// Closing, once every request completed and the driver's final flush did: the
+    /// engine's own last steps (an array marks its superblocks clean). Called again after
+    /// each round of I/O until it answers; the answer is the close's result.
+    fn finish_close(
+        &mut self,
+        flush: Result<(), RequestError>,
+        _now_ns: TimeNs,
+    ) -> Option<Result<(), RequestError>> {
+        Some(flush)
+    }
+}

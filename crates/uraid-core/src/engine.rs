@@ -945,6 +945,39 @@ impl Engine {
     }
 }
 
+impl crate::api::ArrayEngine for Engine {
+    fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError> {
+        Engine::submit(self, req, now_ns)
+    }
+    fn unplug(&mut self, now_ns: TimeNs) {
+        Engine::unplug(self, now_ns)
+    }
+    fn pop_member_io(&mut self) -> Option<MemberIo> {
+        Engine::pop_member_io(self)
+    }
+    fn complete_member_io(&mut self, completion: MemberIoCompletion, now_ns: TimeNs) {
+        Engine::complete_member_io(self, completion, now_ns)
+    }
+    fn pop_completion(&mut self) -> Option<RequestCompletion> {
+        Engine::pop_completion(self)
+    }
+    fn next_deadline_ns(&self) -> Option<TimeNs> {
+        Engine::next_deadline_ns(self)
+    }
+    fn tick(&mut self, now_ns: TimeNs) {
+        Engine::tick(self, now_ns)
+    }
+    fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
+        Engine::fail_member(self, member, now_ns)
+    }
+    fn is_idle(&self) -> bool {
+        Engine::is_idle(self)
+    }
+    fn stats_snapshot(&self) -> crate::stats::ArrayStats {
+        Engine::stats(self).clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

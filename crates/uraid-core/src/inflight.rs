@@ -4,6 +4,8 @@
 
 use crate::api::MemberIoId;
 
+const GENERATION_LIMIT: u32 = (1 << 24) - 1;
+
 pub(crate) struct InflightIos<T> {
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
@@ -31,8 +33,10 @@ impl<T> InflightIos<T> {
             }
         };
         let slot = &mut self.slots[index as usize];
-        // Generation 0 is never handed out, so no id is 0 and ids start above 2^32.
-        slot.generation = slot.generation.wrapping_add(1).max(1);
+        // Generation 0 is never handed out, so no id is 0 and ids start above 2^32; it
+        // wraps below 2^24, so engine ids stay under 2^56, clear of the ranges callers
+        // reserve for their own member I/O (see `api::ARRAY_META_IO_ID_BASE`).
+        slot.generation = (slot.generation % GENERATION_LIMIT) + 1;
         slot.value = Some(value);
         (u64::from(slot.generation) << 32) | u64::from(index)
     }

@@ -90,7 +90,7 @@ impl Engine {
         if self.replacements[slot].is_some() {
             return Err(format!("slot {slot} is already being replaced"));
         }
-        if io_member < self.geo.raid_disks {
+        if self.members.iter().any(|m| m.io_member == io_member) {
             return Err(format!("member index {io_member} is a slot's, not a new device's"));
         }
         self.replacements[slot] = Some(Replacement {
@@ -208,8 +208,13 @@ impl Engine {
         Ok(old_io_member)
     }
 
-    /// The caller moved the slot's device to another of its member indices (e.g. back to
-    /// the slot's own index after a replacement took it).
+    /// The caller's index of the device in `slot` (what its member I/O carries).
+    pub fn io_member(&self, slot: usize) -> usize {
+        self.members.get(slot).map_or(slot, |m| m.io_member)
+    }
+
+    /// The caller reaches the slot's device through another of its member indices (a
+    /// spare taking the slot, say).
     pub fn set_io_member(&mut self, slot: usize, io_member: usize) -> Result<(), String> {
         let m = self.members.get_mut(slot).ok_or_else(|| format!("slot {slot} does not exist"))?;
         m.io_member = io_member;

@@ -142,7 +142,7 @@ impl Engine {
         if !matches!(m.state, MemberState::Faulty | MemberState::Missing) {
             return Err(format!("slot {slot} is in use ({:?}); fail and remove it first", m.state));
         }
-        if self.inflight_on(slot) {
+        if self.member_io_in_flight(slot) {
             return Err(format!("slot {slot} still has I/O in flight; try again"));
         }
         let ranges = match ranges {
@@ -162,7 +162,8 @@ impl Engine {
         Ok(())
     }
 
-    fn inflight_on(&self, slot: usize) -> bool {
+    /// Has `slot` member I/O in flight (a failed member's last I/O still draining)?
+    pub fn member_io_in_flight(&self, slot: usize) -> bool {
         self.ios.values().any(|(_, m, _, _)| *m == slot)
     }
 

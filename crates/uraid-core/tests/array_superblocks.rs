@@ -76,15 +76,17 @@ fn roles(round: &MetaRound) -> Vec<u16> {
 fn events_and_dev_roles_follow_each_transition() {
     let mut a = raid5(false);
     let e0 = a.events();
-    assert!(a.mark_clean(NOW).is_none(), "already clean");
-    let r = a.mark_dirty(NOW).unwrap();
+    assert!(!a.mark_clean(), "already clean");
+    assert!(a.mark_dirty());
+    let r = a.write_superblocks(NOW);
     assert_eq!(r.events, e0 + 1);
     assert_eq!(roles(&r)[..3], [0, 1, 2]);
     run_ok(&mut a, r);
-    assert!(a.is_dirty() && a.mark_dirty(NOW).is_none());
+    assert!(a.is_dirty() && !a.mark_dirty());
 
     // md_error on slot 1: FAULTY in dev_roles, and its own superblock is not written.
-    let r = a.member_failed(1, NOW);
+    a.member_failed(1);
+    let r = a.write_superblocks(NOW);
     assert_eq!(r.events, e0 + 2);
     assert_eq!(roles(&r)[..3], [0, role::FAULTY, 2]);
     assert!(superblocks(&r).iter().all(|(k, _)| *k != 11));
@@ -94,27 +96,32 @@ fn events_and_dev_roles_follow_each_transition() {
     let mut sb = a.members()[0].sb.clone();
     sb.dev_number = 3;
     sb.device_uuid = [9; 16];
-    let r = a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare }, NOW);
+    a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare });
+    let r = a.write_superblocks(NOW);
     assert_eq!(r.events, e0 + 3);
     assert_eq!(roles(&r)[..4], [0, role::FAULTY, 2, role::SPARE]);
     run_ok(&mut a, r);
-    let r = a.spare_activated(13, 1, NOW);
+    a.spare_activated(13, 1);
+    let r = a.write_superblocks(NOW);
     assert_eq!(roles(&r)[..4], [0, role::FAULTY, 2, 1]);
     let new = superblocks(&r).into_iter().find(|(k, _)| *k == 13).unwrap().1;
     assert!(new.has(feature::RECOVERY_OFFSET) && new.recovery_offset == 0);
     run_ok(&mut a, r);
-    let r = a.recovery_checkpoint(1, 4096, NOW);
+    a.record_recovery_offset(1, 4096);
+    let r = a.write_superblocks(NOW);
     let new = superblocks(&r).into_iter().find(|(k, _)| *k == 13).unwrap().1;
     assert_eq!(new.recovery_offset, 4096);
     run_ok(&mut a, r);
-    let r = a.recovery_done(1, NOW);
+    a.recovery_done(1);
+    let r = a.write_superblocks(NOW);
     assert_eq!(r.events, e0 + 6);
     let new = superblocks(&r).into_iter().find(|(k, _)| *k == 13).unwrap().1;
     assert!(!new.has(feature::RECOVERY_OFFSET) && new.recovery_offset == 0);
     run_ok(&mut a, r);
 
     // The failed member is removed: its dev_roles entry is free again.
-    let r = a.member_removed(11, NOW);
+    a.member_removed(11);
+    let r = a.write_superblocks(NOW);
     assert_eq!(roles(&r)[..4], [0, role::SPARE, 2, 1]);
     run_ok(&mut a, r);
     assert_eq!(a.events(), e0 + 7);
@@ -125,10 +132,10 @@ fn events_and_dev_roles_follow_each_transition() {
 fn a_failed_superblock_write_fails_the_member_and_the_retry_records_it() {
     let mut a = raid5(true);
     let e0 = a.events();
-    let r = a.mark_dirty(NOW).unwrap();
+    assert!(a.mark_dirty());
+    let r = a.write_superblocks(NOW);
     let out = run(&mut a, r, &[12]);
     assert_eq!(out.newly_failed_slots, vec![2]);
-    assert!(!a.is_dirty(), "dirty only once a round succeeded");
     let retry = out.next.unwrap().unwrap();
     assert!(retry.writes_superblocks());
     assert_eq!(retry.events, e0 + 2);
@@ -157,7 +164,8 @@ fn a_failed_spare_leaves_the_array() {
     let mut a = raid5(false);
     let mut sb = a.members()[0].sb.clone();
     sb.dev_number = 3;
-    let r = a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare }, NOW);
+    a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare });
+    let r = a.write_superblocks(NOW);
     let out = run(&mut a, r, &[13]);
     assert!(out.newly_failed_slots.is_empty(), "a spare has no slot to fail in the engine");
     let retry = out.next.unwrap().unwrap();
@@ -169,37 +177,44 @@ fn a_failed_spare_leaves_the_array() {
 #[test]
 fn resync_offset_is_max_sector_only_when_clean() {
     let mut a = raid5(false);
-    let r = a.mark_dirty(NOW).unwrap();
+    assert!(a.mark_dirty());
+    let r = a.write_superblocks(NOW);
     assert!(superblocks(&r).iter().all(|(_, sb)| sb.resync_offset == 0));
     run_ok(&mut a, r);
-    let r = a.mark_clean(NOW).unwrap();
+    assert!(a.mark_clean());
+    let r = a.write_superblocks(NOW);
     assert!(superblocks(&r).iter().all(|(_, sb)| sb.resync_offset == MAX_SECTOR));
     run_ok(&mut a, r);
     assert!(!a.is_dirty());
     // A clean array's other updates stay clean.
-    let r = a.recovery_checkpoint(0, 0, NOW);
+    a.record_recovery_offset(0, 0);
+    let r = a.write_superblocks(NOW);
     assert!(superblocks(&r).iter().all(|(_, sb)| sb.resync_offset == MAX_SECTOR));
     run_ok(&mut a, r);
 
     // A resync owed: safe mode does not mark clean, a stop leaves it dirty at the
     // checkpoint the resync reached.
     let mut a = ArraySuperblocks::new(a.members().to_vec(), a.events(), true, true, None);
-    assert!(a.mark_clean(NOW).is_none());
+    assert!(!a.mark_clean());
     a.record_resync_checkpoint(8192);
-    let r = a.stop(NOW);
+    a.stop();
+    let r = a.write_superblocks(NOW);
     assert!(superblocks(&r).iter().all(|(_, sb)| sb.resync_offset == 8192));
     run_ok(&mut a, r);
     assert!(a.is_dirty());
     a.resync_done();
-    let r = a.mark_clean(NOW).unwrap();
+    assert!(a.mark_clean());
+    let r = a.write_superblocks(NOW);
     assert!(superblocks(&r).iter().all(|(_, sb)| sb.resync_offset == MAX_SECTOR));
     run_ok(&mut a, r);
 
     // A failed array is never written clean, not even at stop.
-    let r = a.array_failed(NOW);
+    a.array_failed();
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
-    assert!(a.mark_clean(NOW).is_none());
-    let r = a.stop(NOW);
+    assert!(!a.mark_clean());
+    a.stop();
+    let r = a.write_superblocks(NOW);
     assert!(superblocks(&r).iter().all(|(_, sb)| sb.resync_offset != MAX_SECTOR));
 }
 
@@ -218,7 +233,8 @@ fn bit_written(round: &MetaRound, key: MemberKey, chunk: u64) -> Option<bool> {
 #[test]
 fn bitmap_bits_are_written_before_the_write_and_cleared_only_after_a_flush() {
     let mut a = raid5(true);
-    let r = a.mark_dirty(NOW).unwrap();
+    assert!(a.mark_dirty());
+    let r = a.write_superblocks(NOW);
     // Bitmap page 0 (with events) goes before the superblocks on every member.
     let first_sb =
         r.ios.iter().position(|io| matches!(io, MetaIo::Write { what: MetaWriteKind::Superblock, .. }));
@@ -227,7 +243,8 @@ fn bitmap_bits_are_written_before_the_write_and_cleared_only_after_a_flush() {
 
     // RAID5 of 3: array bytes 0.. map to member sectors 0.., so chunk 0 of the bitmap.
     let w = a.start_write(0, 4096);
-    let round = w.round.expect("a new bit is persisted before the write");
+    assert!(!w.pages.is_empty(), "a new bit is persisted before the write");
+    let round = a.bitmap_pages_round(w.pages.clone());
     assert!(!round.writes_superblocks());
     for key in [10, 11, 12] {
         assert_eq!(bit_written(&round, key, 0), Some(true));
@@ -239,7 +256,7 @@ fn bitmap_bits_are_written_before_the_write_and_cleared_only_after_a_flush() {
     run_ok(&mut a, round);
     // The bit is durable: the next write to the chunk goes at once.
     let w2 = a.start_write(8192, 4096);
-    assert!(w2.round.is_none());
+    assert!(w2.pages.is_empty());
     a.end_write(w2.sync_range, true);
     a.end_write(w.sync_range, true);
 
@@ -261,10 +278,12 @@ fn bitmap_bits_are_written_before_the_write_and_cleared_only_after_a_flush() {
 #[test]
 fn a_failed_daemon_flush_clears_nothing_and_fails_the_member() {
     let mut a = raid5(true);
-    let r = a.mark_dirty(NOW).unwrap();
+    assert!(a.mark_dirty());
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
     let w = a.start_write(0, 4096);
-    run_ok(&mut a, w.round.unwrap());
+    let r = a.bitmap_pages_round(w.pages.clone());
+    run_ok(&mut a, r);
     a.end_write(w.sync_range, true);
     assert!(a.bitmap_daemon().is_none());
     let flush = a.bitmap_daemon().unwrap();
@@ -281,25 +300,29 @@ fn a_failed_daemon_flush_clears_nothing_and_fails_the_member() {
     // A failed bitmap page write before a data write fails that member too; the write
     // may still go (the bit is durable on every member still working).
     let w = a.start_write(64 << 20, 4096);
-    let out = run(&mut a, w.round.unwrap(), &[12]);
+    let r = a.bitmap_pages_round(w.pages);
+    let out = run(&mut a, r, &[12]);
     assert_eq!(out.newly_failed_slots, vec![2]);
     let retry = out.next.unwrap().unwrap();
     assert_eq!(roles(&retry)[..3], [0, role::FAULTY, role::FAULTY]);
     run_ok(&mut a, retry);
-    assert!(a.start_write(64 << 20, 4096).round.is_none());
+    assert!(a.start_write(64 << 20, 4096).pages.is_empty());
 }
 
 #[test]
 fn bits_cleared_while_degraded_keep_events_cleared_for_a_re_add() {
     let mut a = raid5(true);
-    let r = a.mark_dirty(NOW).unwrap();
+    assert!(a.mark_dirty());
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
     let w = a.start_write(0, 4096);
-    run_ok(&mut a, w.round.unwrap());
+    let r = a.bitmap_pages_round(w.pages.clone());
+    run_ok(&mut a, r);
     a.end_write(w.sync_range, true);
     let cleared_before = a.bitmap().unwrap().superblock().events_cleared;
     // Member 2 leaves: the array is degraded from here.
-    let r = a.member_failed(2, NOW);
+    a.member_failed(2);
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
     assert!(a.bitmap_daemon().is_none());
     let flush = a.bitmap_daemon().expect("idle for two passes");
@@ -322,12 +345,14 @@ fn a_replacement_shares_its_slot_until_done_then_the_old_member_leaves() {
     let mut sb = a.members()[0].sb.clone();
     sb.dev_number = 3;
     sb.device_uuid = [9; 16];
-    let r = a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare }, NOW);
+    a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare });
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
 
     // md's want_replacement: the same dev_roles entry as slot 1's member; its own
     // superblock carries MD_FEATURE_REPLACEMENT and recovery_offset; slot 1's does not.
-    let r = a.replacement_started(13, 1, 0, NOW);
+    a.replacement_started(13, 1, 0);
+    let r = a.write_superblocks(NOW);
     assert_eq!(roles(&r)[..4], [0, 1, 2, 1]);
     let sbs = superblocks(&r);
     let new = &sbs.iter().find(|(k, _)| *k == 13).unwrap().1;
@@ -336,15 +361,17 @@ fn a_replacement_shares_its_slot_until_done_then_the_old_member_leaves() {
     assert!(!old.has(feature::REPLACEMENT) && !old.has(feature::RECOVERY_OFFSET));
     run_ok(&mut a, r);
 
-    let r = a.replacement_checkpoint(1, 8192, NOW);
+    a.record_replacement_offset(1, 8192);
+    let r = a.write_superblocks(NOW);
     let new = superblocks(&r).into_iter().find(|(k, _)| *k == 13).unwrap().1;
     assert_eq!(new.recovery_offset, 8192);
     run_ok(&mut a, r);
 
     // Done: the replacement is slot 1's member, in sync; the old member is gone from the
     // array and its superblock is not written (its events fall behind).
-    let (r, left) = a.replacement_done(1, NOW);
+    let left = a.replacement_done(1);
     assert_eq!(left, Some(11));
+    let r = a.write_superblocks(NOW);
     assert_eq!(roles(&r)[..4], [0, role::SPARE, 2, 1]);
     assert!(superblocks(&r).iter().all(|(k, _)| *k != 11));
     let new = superblocks(&r).into_iter().find(|(k, _)| *k == 13).unwrap().1;
@@ -361,9 +388,11 @@ fn a_failed_replacement_leaves_and_the_member_keeps_its_slot() {
     let mut sb = a.members()[0].sb.clone();
     sb.dev_number = 3;
     sb.device_uuid = [9; 16];
-    let r = a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare }, NOW);
+    a.member_added(ArrayMember { key: 13, sb, role: DevRole::Spare });
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
-    let r = a.replacement_started(13, 2, 0, NOW);
+    a.replacement_started(13, 2, 0);
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
     // Its superblock write fails: md_error on the replacement, never on slot 2's member.
     let r = a.write_superblocks(NOW);
@@ -375,11 +404,14 @@ fn a_failed_replacement_leaves_and_the_member_keeps_its_slot() {
     // And given up on purpose.
     let mut sb = a.members()[0].sb.clone();
     sb.dev_number = 4;
-    let r = a.member_added(ArrayMember { key: 14, sb, role: DevRole::Spare }, NOW);
+    a.member_added(ArrayMember { key: 14, sb, role: DevRole::Spare });
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
-    let r = a.replacement_started(14, 0, 0, NOW);
+    a.replacement_started(14, 0, 0);
+    let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
-    let r = a.replacement_failed(0, NOW);
+    a.replacement_failed(0);
+    let r = a.write_superblocks(NOW);
     assert_eq!(roles(&r)[..3], [0, 1, 2]);
     run_ok(&mut a, r);
     assert!(a.member(14).is_none());

@@ -72,7 +72,8 @@ fn writes(round: &MetaRound) -> Vec<(MemberKey, MetaWriteKind, u64, Vec<u8>)> {
 fn a_recorded_range_is_written_to_the_log_before_the_superblock_and_cleared_later() {
     let mut a = raid1();
     let sb1 = a.member(11).unwrap().sb.clone();
-    let round = a.bad_blocks_recorded(1, 2048 + 64, 8, NOW);
+    assert!(a.bad_blocks_recorded(1, 2048 + 64, 8));
+    let round = a.write_superblocks(NOW);
     let w = writes(&round);
     let log_at = w.iter().position(|(k, what, ..)| *k == 11 && *what == MetaWriteKind::BadBlockLog);
     let sb_at = w.iter().position(|(k, what, ..)| *k == 11 && *what == MetaWriteKind::Superblock);

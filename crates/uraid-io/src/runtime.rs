@@ -11,14 +11,10 @@
 //! the deadline comes.
 //!
 //! Shutdown stops taking requests, finishes everything in flight, then flushes the array
-//! (a `Flush` request through the engine) and reports the flush's result. Requests that
-//! arrive after the shutdown began are answered `ArrayFailed`. `quiesce` does the same
-//! but keeps the thread: control messages and member I/O (the superblocks marked clean
-//! on stop) still go through it until `shutdown`.
-//!
-//! Member I/O that is not the engine's (superblock and bitmap writes, their flushes) goes
-//! through the same executor with `RuntimeHandle::member_io`: queued behind the data the
-//! engine sent the member before it, and completed to its waiter, never to the engine.
+//! (a `Flush` request through the engine), lets the engine finish its own close
+//! (`ArrayEngine::finish_close`: an array marks its superblocks clean, through the same
+//! executor) and reports the result. Requests that arrive after the shutdown began are
+//! answered `ArrayFailed`.
 //!
 //! A client may also run a round itself (`RuntimeOptions::run_on_submitter_max_bytes`), as md runs
 //! a bio's mapping in the submitter's context: when the engine's state is free (the
@@ -32,7 +28,6 @@
 //! the request goes through the channel as before. The runtime thread holds the state
 //! except while it sleeps.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
@@ -42,21 +37,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use uraid_core::stats::ArrayStats;
-use uraid_core::{
-    IoBytes, MemberIo, MemberIoError, MemberIoId, MemberIoOp, Request, RequestCompletion, RequestError,
-    SubmitError,
-};
+use uraid_core::{Request, RequestCompletion, RequestError, SubmitError};
 
 use crate::engine::ArrayEngine;
 use crate::real::{BackendKind, Executor, Sleeper, Waker};
 
 pub type Callback = Box<dyn FnOnce(RequestCompletion) + Send>;
 
-/// Work run on the runtime thread with the engine (as `dyn Any`: downcast it to the engine
-/// type the runtime was started with), the executor and the runtime clock (ns). One generic
-/// message serves every control-path need (add a member, read sync status, drain engine
-/// events, change tunables) without the runtime knowing about each.
-pub type ControlFn = Box<dyn FnOnce(&mut dyn Any, &mut Executor, u64) + Send>;
+/// Work run on the runtime thread with the engine, the executor and the runtime clock (ns).
+/// One message serves every control-path need (add a member, read the array's state,
+/// change tunables) without the runtime knowing about each.
+pub type ControlFn<E> = Box<dyn FnOnce(&mut E, &mut Executor, u64) + Send>;
 
 #[derive(Clone, Debug)]
 pub struct RuntimeOptions {
@@ -131,23 +122,14 @@ impl std::fmt::Display for RuntimeError {
 }
 impl std::error::Error for RuntimeError {}
 
-enum Msg {
+enum Msg<E> {
     Request(Request, Callback),
     FailMember(usize),
-    Control(ControlFn),
+    Control(ControlFn<E>),
     Stats(mpsc::Sender<RuntimeStats>),
-    /// A member I/O of the caller's own (its id is the runtime's to choose).
-    MemberIo(MemberIo, mpsc::Sender<Result<(), MemberIoError>>),
-    /// Close to requests and flush; `stop`: end the thread after it.
-    Close {
-        stop: bool,
-        report_to: mpsc::Sender<ShutdownReport>,
-    },
+    /// Close to requests, flush, let the engine close, end the thread.
+    Close(mpsc::Sender<ShutdownReport>),
 }
-
-/// Ids of the callers' member I/Os: far above any the engine hands out, so a completion
-/// tells by its id whose it is.
-const OWN_IO_ID_BASE: MemberIoId = 1 << 63;
 
 /// A submitter's way into the engine's state, without knowing the engine's type.
 trait SubmitterRound: Send + Sync {
@@ -158,11 +140,20 @@ trait SubmitterRound: Send + Sync {
 }
 
 /// A cheap, cloneable way in for clients.
-#[derive(Clone)]
-pub struct RuntimeHandle {
-    tx: SyncSender<Msg>,
+pub struct RuntimeHandle<E> {
+    tx: SyncSender<Msg<E>>,
     wake: Arc<Wake>,
     submitter_round: Option<Arc<dyn SubmitterRound>>,
+}
+
+impl<E> Clone for RuntimeHandle<E> {
+    fn clone(&self) -> Self {
+        RuntimeHandle {
+            tx: self.tx.clone(),
+            wake: self.wake.clone(),
+            submitter_round: self.submitter_round.clone(),
+        }
+    }
 }
 
 /// Whether the runtime thread sleeps, how to wake it, and what waits in its channel.
@@ -187,8 +178,8 @@ impl Wake {
     }
 }
 
-impl RuntimeHandle {
-    fn send(&self, msg: Msg) -> Result<(), RuntimeError> {
+impl<E> RuntimeHandle<E> {
+    fn send(&self, msg: Msg<E>) -> Result<(), RuntimeError> {
         self.wake.queued.fetch_add(1, Ordering::SeqCst);
         if self.tx.send(msg).is_err() {
             self.wake.queued.fetch_sub(1, Ordering::SeqCst);
@@ -241,46 +232,12 @@ impl RuntimeHandle {
         rx.recv().map_err(|_| RuntimeError::Stopped)
     }
 
-    /// Queue `f` to run on the runtime thread (in order with requests); returns at once.
-    pub fn control_async(&self, f: ControlFn) -> Result<(), RuntimeError> {
-        self.send(Msg::Control(f))
-    }
-
-    /// Writes `data` at `offset_bytes` of executor member `member` (or flushes it:
-    /// `MemberIoOp::Flush`, empty data) and waits for the result, in order with the member
-    /// I/O the engine issued before. Never call it on the runtime thread (from a request's
-    /// callback, say): that thread would wait for itself.
-    pub fn member_io(
-        &self,
-        member: usize,
-        op: MemberIoOp,
-        offset_bytes: u64,
-        data: Vec<u8>,
-    ) -> Result<Result<(), MemberIoError>, RuntimeError> {
-        let len_bytes = match op {
-            MemberIoOp::Write => data.len() as u64,
-            _ => 0,
-        };
-        let io = MemberIo { id: 0, member, op, offset_bytes, len_bytes, data: IoBytes::from(data) };
-        let (tx, rx) = mpsc::channel();
-        self.send(Msg::MemberIo(io, tx))?;
-        rx.recv().map_err(|_| RuntimeError::Stopped)
-    }
-
-    /// Stops taking requests (they are answered `ArrayFailed`), finishes those in flight
-    /// and flushes the array, like `shutdown`, but the thread stays for control messages
-    /// and [`RuntimeHandle::member_io`] until `shutdown`.
-    pub fn quiesce(&self) -> Result<ShutdownReport, RuntimeError> {
-        let (tx, rx) = mpsc::channel();
-        self.send(Msg::Close { stop: false, report_to: tx })?;
-        rx.recv().map_err(|_| RuntimeError::Stopped)
-    }
-
     /// Run `f` on the runtime thread and wait for its result. Keep `f` short: the array
-    /// serves nothing while it runs.
+    /// serves nothing while it runs. Never call it on the runtime thread (from a request's
+    /// callback, say): that thread would wait for itself.
     pub fn control<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut dyn Any, &mut Executor, u64) -> R + Send + 'static,
+        f: impl FnOnce(&mut E, &mut Executor, u64) -> R + Send + 'static,
     ) -> Result<R, RuntimeError> {
         let (tx, rx) = mpsc::channel();
         self.send(Msg::Control(Box::new(move |engine, ex, now| {
@@ -290,17 +247,13 @@ impl RuntimeHandle {
     }
 }
 
-pub struct ArrayRuntime {
-    handle: RuntimeHandle,
+pub struct ArrayRuntime<E> {
+    handle: RuntimeHandle<E>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl ArrayRuntime {
-    pub fn start<E: ArrayEngine + Send + 'static>(
-        engine: E,
-        executor: Executor,
-        opts: &RuntimeOptions,
-    ) -> std::io::Result<ArrayRuntime> {
+impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
+    pub fn start(engine: E, executor: Executor, opts: &RuntimeOptions) -> std::io::Result<ArrayRuntime<E>> {
         let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));
         let wake = Arc::new(Wake {
             waker: executor.waker(),
@@ -320,7 +273,7 @@ impl ArrayRuntime {
         Ok(ArrayRuntime { handle, thread: Some(thread) })
     }
 
-    pub fn handle(&self) -> RuntimeHandle {
+    pub fn handle(&self) -> RuntimeHandle<E> {
         self.handle.clone()
     }
 
@@ -340,15 +293,17 @@ impl ArrayRuntime {
         self.handle.stats()
     }
 
-    /// Finish in-flight work, flush the array, stop the thread.
+    /// Finish in-flight work, flush the array, let the engine close, stop the thread.
     pub fn shutdown(mut self) -> Result<ShutdownReport, RuntimeError> {
         self.shutdown_inner()
     }
+}
 
+impl<E> ArrayRuntime<E> {
     fn shutdown_inner(&mut self) -> Result<ShutdownReport, RuntimeError> {
         let Some(thread) = self.thread.take() else { return Err(RuntimeError::Stopped) };
         let (tx, rx) = mpsc::channel();
-        let sent = self.handle.send(Msg::Close { stop: true, report_to: tx });
+        let sent = self.handle.send(Msg::Close(tx));
         let report = rx.recv().map_err(|_| RuntimeError::Stopped);
         let _ = thread.join();
         sent?;
@@ -356,7 +311,7 @@ impl ArrayRuntime {
     }
 }
 
-impl Drop for ArrayRuntime {
+impl<E> Drop for ArrayRuntime<E> {
     fn drop(&mut self) {
         let _ = self.shutdown_inner();
     }
@@ -372,14 +327,14 @@ fn lock_state<E: ArrayEngine>(state: &SharedLoop<E>) -> MutexGuard<'_, Option<Lo
 
 /// What the runtime thread alone reads: the channel, and a message it took while deciding
 /// to sleep (still counted in `Wake::queued`).
-struct Inbox {
-    rx: Receiver<Msg>,
-    stash: Option<Msg>,
+struct Inbox<E> {
+    rx: Receiver<Msg<E>>,
+    stash: Option<Msg<E>>,
     wake: Arc<Wake>,
 }
 
-impl Inbox {
-    fn next(&mut self) -> Result<Msg, TryRecvError> {
+impl<E> Inbox<E> {
+    fn next(&mut self) -> Result<Msg<E>, TryRecvError> {
         let msg = match self.stash.take() {
             Some(m) => m,
             None => self.rx.try_recv()?,
@@ -396,7 +351,7 @@ enum After {
     Stopped(Result<(), RequestError>),
 }
 
-fn run_thread<E: ArrayEngine + 'static>(state: SharedLoop<E>, rx: Receiver<Msg>) {
+fn run_thread<E: ArrayEngine + 'static>(state: SharedLoop<E>, rx: Receiver<Msg<E>>) {
     // However the thread ends (a panicking engine too), the engine and executor go with
     // it, so callbacks still held are dropped (their owners answer) and submitters fall
     // back to the channel, which is closed.
@@ -484,9 +439,6 @@ struct Loop<E: ArrayEngine> {
     next_id: u64,
     held: Option<Request>,
     closing: Option<Closing>,
-    /// The callers' own member I/Os in flight: runtime id -> waiter.
-    own_ios: HashMap<MemberIoId, mpsc::Sender<Result<(), MemberIoError>>>,
-    next_own_io_id: MemberIoId,
     flush_id: Option<u64>,
     flush_result: Option<Result<(), RequestError>>,
     requests_completed: u64,
@@ -509,8 +461,6 @@ impl<E: ArrayEngine + 'static> Loop<E> {
             next_id: 1,
             held: None,
             closing: None,
-            own_ios: HashMap::new(),
-            next_own_io_id: OWN_IO_ID_BASE,
             flush_id: None,
             flush_result: None,
             requests_completed: 0,
@@ -564,7 +514,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         }
     }
 
-    fn handle_msg(&mut self, msg: Msg, now: u64) -> bool {
+    fn handle_msg(&mut self, msg: Msg<E>, now: u64) -> bool {
         let mut submitted = false;
         match msg {
             Msg::Request(req, cb) => {
@@ -583,13 +533,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
             Msg::Stats(tx) => {
                 let _ = tx.send(self.stats());
             }
-            Msg::MemberIo(mut io, done) => {
-                io.id = self.next_own_io_id;
-                self.next_own_io_id += 1;
-                self.own_ios.insert(io.id, done);
-                self.ex.submit(io);
-            }
-            Msg::Close { stop, report_to } => self.close(stop, Some(report_to)),
+            Msg::Close(report_to) => self.close(Some(report_to)),
         }
         submitted
     }
@@ -614,7 +558,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
     }
 
     /// One round of the runtime thread: take messages, pump, and the shutdown steps.
-    fn round(&mut self, inbox: &mut Inbox) -> After {
+    fn round(&mut self, inbox: &mut Inbox<E>) -> After {
         let mut progress = false;
         let now = self.now_ns();
         if let Some(req) = self.held.take() {
@@ -629,8 +573,8 @@ impl<E: ArrayEngine + 'static> Loop<E> {
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
-                    if !self.closing.as_ref().is_some_and(|c| c.stop) {
-                        self.close(true, None);
+                    if self.closing.is_none() {
+                        self.close(None);
                     }
                     break;
                 }
@@ -641,8 +585,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         }
         progress |= self.pump();
         self.round_end();
-        let flush_due = self.closing.as_ref().is_some_and(|c| !c.flushed);
-        if flush_due && self.held.is_none() && self.callbacks.is_empty() && self.own_ios.is_empty() {
+        if self.closing.is_some() && self.held.is_none() && self.callbacks.is_empty() {
             if self.flush_id.is_none() && self.flush_result.is_none() {
                 let id = self.next_id;
                 self.next_id += 1;
@@ -656,19 +599,14 @@ impl<E: ArrayEngine + 'static> Loop<E> {
                 }
                 return After::Again;
             }
-            if let Some(result) = self.flush_result.take() {
-                if self.closing.as_ref().is_some_and(|c| c.stop) {
+            if let Some(flush) = self.flush_result {
+                // The engine's own close (an array's superblocks marked clean) runs on
+                // through the rounds that follow until it answers.
+                let now = self.now_ns();
+                if let Some(result) = self.engine.finish_close(flush, now) {
                     return After::Stopped(result);
                 }
-                // Quiesced: report, and go on serving control messages and member I/O.
-                let report = ShutdownReport { flush: result, stats: self.stats() };
-                if let Some(c) = self.closing.as_mut() {
-                    c.flushed = true;
-                    for tx in c.report_to.drain(..) {
-                        let _ = tx.send(report.clone());
-                    }
-                }
-                return After::Again;
+                progress |= self.pump();
             }
         }
         if progress {
@@ -705,23 +643,14 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         let now = self.now_ns();
         self.member_ios_completed += self.io_done.len() as u64;
         for c in self.io_done.drain(..) {
-            if c.id >= OWN_IO_ID_BASE {
-                if let Some(done) = self.own_ios.remove(&c.id) {
-                    let _ = done.send(c.result.map(|_| ()));
-                }
-                continue;
-            }
             self.engine.complete_member_io(c, now);
         }
         true
     }
 
-    /// Starts closing (see [`Closing`]); a second call (a shutdown after a quiesce, or
-    /// the channel's end) flushes again, so everything before it is covered too.
-    fn close(&mut self, stop: bool, report_to: Option<mpsc::Sender<ShutdownReport>>) {
-        let c = self.closing.get_or_insert(Closing { stop, flushed: false, report_to: Vec::new() });
-        c.stop |= stop;
-        c.flushed = false;
+    /// Starts closing (see [`Closing`]); a second call only adds who hears the result.
+    fn close(&mut self, report_to: Option<mpsc::Sender<ShutdownReport>>) {
+        let c = self.closing.get_or_insert(Closing { report_to: Vec::new() });
         c.report_to.extend(report_to);
     }
 
@@ -745,7 +674,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
     /// Decides to sleep (the caller then releases the state and sleeps in the returned
     /// sleeper until a completion, a client's wake-up or the timeout); `None` when there
     /// is more to do first.
-    fn prepare_sleep(&mut self, inbox: &mut Inbox) -> Option<(Sleeper, Duration)> {
+    fn prepare_sleep(&mut self, inbox: &mut Inbox<E>) -> Option<(Sleeper, Duration)> {
         let now = self.now_ns();
         let timeout = self.engine.next_deadline_ns().map(|d| Duration::from_nanos(d.saturating_sub(now)));
         // With a request held back (Busy) or one already taken, new messages cannot be
@@ -762,8 +691,8 @@ impl<E: ArrayEngine + 'static> Loop<E> {
                     self.wake.sleeping.store(false, Ordering::SeqCst);
                     return None;
                 }
-                Err(TryRecvError::Disconnected) if !self.closing.as_ref().is_some_and(|c| c.stop) => {
-                    self.close(true, None);
+                Err(TryRecvError::Disconnected) if self.closing.is_none() => {
+                    self.close(None);
                     self.wake.sleeping.store(false, Ordering::SeqCst);
                     return None;
                 }
@@ -781,7 +710,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         Some((sleeper, timeout))
     }
 
-    fn finish_shutdown(&mut self, inbox: &mut Inbox, flush: Result<(), RequestError>) {
+    fn finish_shutdown(&mut self, inbox: &mut Inbox<E>, flush: Result<(), RequestError>) {
         // Refuse whatever raced in behind the shutdown.
         while let Ok(msg) = inbox.next() {
             match msg {
@@ -795,13 +724,12 @@ impl<E: ArrayEngine + 'static> Loop<E> {
                     let now = self.now_ns();
                     let _ = catch_unwind(AssertUnwindSafe(|| f(&mut self.engine, &mut self.ex, now)));
                 }
-                Msg::Close { report_to, .. } => {
+                Msg::Close(report_to) => {
                     if let Some(c) = self.closing.as_mut() {
                         c.report_to.push(report_to);
                     }
                 }
-                // Dropping the waiter's sender tells it the runtime has stopped.
-                Msg::MemberIo(..) | Msg::FailMember(_) => {}
+                Msg::FailMember(_) => {}
             }
         }
         self.round_end();
@@ -816,11 +744,6 @@ impl<E: ArrayEngine + 'static> Loop<E> {
 
 /// The runtime refuses requests from the moment it starts closing.
 struct Closing {
-    /// End the thread once flushed (shutdown); else keep serving control messages and
-    /// member I/O (quiesce).
-    stop: bool,
-    /// The closing flush is done (and reported).
-    flushed: bool,
     report_to: Vec<mpsc::Sender<ShutdownReport>>,
 }
 

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use uraid_core::stats::ArrayStats;
 use uraid_core::{
-    MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp, Request, RequestCompletion, RequestError,
-    SubmitError, TimeNs,
+    MemberIo, MemberIoCompletion, MemberIoOp, Request, RequestCompletion, RequestError, SubmitError, TimeNs,
 };
 use uraid_io::real::{BackendChoice, Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeError, RuntimeOptions};
@@ -240,42 +239,112 @@ fn a_submitter_round_wakes_the_runtime_for_device_io() {
     let _ = std::fs::remove_file(&paths[0]);
 }
 
-/// A caller's own member I/O (a superblock write) goes through the executor to the
-/// member, also to a member attached after the start (a hot spare), and its completion
-/// reaches the caller, not the engine. After `quiesce` requests are refused while member
-/// I/O still runs; `shutdown` then ends the thread and member I/O reports it.
+/// An engine whose close writes to its members itself (as an array marks its superblocks
+/// clean): the closing writes go through the executor, to a member attached after the
+/// start too, after every request completed; the shutdown reports the close's result.
+struct Closer {
+    inner: MirrorEngine,
+    /// Members the close writes a block to.
+    targets: Vec<usize>,
+    out: Vec<MemberIo>,
+    left: Option<usize>,
+}
+
+impl ArrayEngine for Closer {
+    fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError> {
+        self.inner.submit(req, now_ns)
+    }
+    fn unplug(&mut self, now_ns: TimeNs) {
+        self.inner.unplug(now_ns)
+    }
+    fn pop_member_io(&mut self) -> Option<MemberIo> {
+        self.out.pop().or_else(|| self.inner.pop_member_io())
+    }
+    fn complete_member_io(&mut self, c: MemberIoCompletion, now_ns: TimeNs) {
+        if uraid_core::is_array_meta_io(c.id) {
+            assert_eq!(c.result, Ok(Vec::new()), "a closing write failed");
+            *self.left.as_mut().unwrap() -= 1;
+            return;
+        }
+        self.inner.complete_member_io(c, now_ns)
+    }
+    fn pop_completion(&mut self) -> Option<RequestCompletion> {
+        self.inner.pop_completion()
+    }
+    fn next_deadline_ns(&self) -> Option<TimeNs> {
+        self.inner.next_deadline_ns()
+    }
+    fn tick(&mut self, now_ns: TimeNs) {
+        self.inner.tick(now_ns)
+    }
+    fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
+        self.inner.fail_member(member, now_ns)
+    }
+    fn is_idle(&self) -> bool {
+        self.inner.is_idle()
+    }
+    fn stats_snapshot(&self) -> ArrayStats {
+        self.inner.stats_snapshot()
+    }
+    fn finish_close(
+        &mut self,
+        flush: Result<(), RequestError>,
+        _now_ns: TimeNs,
+    ) -> Option<Result<(), RequestError>> {
+        assert!(self.inner.is_idle(), "the close began with requests in flight");
+        if self.left.is_none() {
+            self.left = Some(self.targets.len());
+            for (i, &member) in self.targets.iter().enumerate() {
+                let id = uraid_core::ARRAY_META_IO_ID_BASE + i as u64;
+                let data = vec![0xc0 + member as u8; 4096];
+                self.out.push(MemberIo {
+                    id,
+                    member,
+                    op: MemberIoOp::Write,
+                    offset_bytes: 8192,
+                    len_bytes: 4096,
+                    data: data.into(),
+                });
+            }
+        }
+        (self.left == Some(0)).then_some(flush)
+    }
+}
+
 #[test]
-fn own_member_io_and_quiesce() {
+fn the_engines_own_close_runs_through_the_executor() {
     for backend in [BackendChoice::IoUring, BackendChoice::ThreadPool] {
-        let paths = files(&format!("own-{backend:?}"), 3, 1 << 20);
+        let paths = files(&format!("close-{backend:?}"), 3, 1 << 20);
         let opts = OpenOptions { log: false, ..Default::default() };
         let set = MemberSet::open(&paths[..2], &opts).unwrap();
         let ex = Executor::new(set, &ExecutorOptions { backend, log: false, ..Default::default() }).unwrap();
-        let rt =
-            ArrayRuntime::start(MirrorEngine::new(2, 1 << 20, 0), ex, &RuntimeOptions::default()).unwrap();
+        let engine = Closer {
+            inner: MirrorEngine::new(2, 1 << 20, 0),
+            targets: vec![1, 2],
+            out: Vec::new(),
+            left: None,
+        };
+        let rt = ArrayRuntime::start(engine, ex, &RuntimeOptions::default()).unwrap();
         let h = rt.handle();
         let spare = uraid_io::real::Member::open(&paths[2], &opts).unwrap();
         let spare_index = h.control(move |_, ex, _| ex.attach_member(spare).unwrap()).unwrap();
         assert_eq!(spare_index, 2);
-        for (member, byte) in [(1usize, 0xa1u8), (spare_index, 0xb2)] {
-            assert_eq!(h.member_io(member, MemberIoOp::Write, 8192, vec![byte; 4096]), Ok(Ok(())));
-            assert_eq!(h.member_io(member, MemberIoOp::Flush, 0, Vec::new()), Ok(Ok(())));
-            let on_disk = std::fs::read(&paths[member]).unwrap();
-            assert_eq!(&on_disk[8192..12288], &[byte; 4096][..], "{backend:?} member {member}");
-        }
-        assert_eq!(
-            h.member_io(7, MemberIoOp::Write, 0, vec![0; 4096]),
-            Ok(Err(MemberIoError::Gone)),
-            "a member index the executor does not have"
-        );
-        let report = h.quiesce().unwrap();
-        assert_eq!(report.flush, Ok(()));
-        let c = h.submit_wait(Request::read(1, 0, 4096)).unwrap();
-        assert_eq!(c.result, Err(RequestError::ArrayFailed), "quiesced: requests refused");
-        assert_eq!(h.member_io(0, MemberIoOp::Write, 0, vec![0xc3; 4096]), Ok(Ok(())));
-        assert_eq!(std::fs::read(&paths[0]).unwrap()[..4096], [0xc3; 4096]);
+        let c = h.submit_wait(Request::write(1, 0, vec![7; 4096])).unwrap();
+        assert_eq!(c.result, Ok(Vec::new()));
         assert_eq!(rt.shutdown().unwrap().flush, Ok(()));
-        assert_eq!(h.member_io(0, MemberIoOp::Flush, 0, Vec::new()), Err(RuntimeError::Stopped));
+        for member in [1usize, 2] {
+            let on_disk = std::fs::read(&paths[member]).unwrap();
+            assert_eq!(
+                &on_disk[8192..12288],
+                &[0xc0 + member as u8; 4096][..],
+                "{backend:?} member {member}"
+            );
+        }
+        let c = h.submit_wait(Request::read(2, 0, 4096));
+        assert!(matches!(
+            c,
+            Err(RuntimeError::Stopped) | Ok(RequestCompletion { result: Err(RequestError::ArrayFailed), .. })
+        ));
         for p in paths {
             let _ = std::fs::remove_file(p);
         }

@@ -41,8 +41,8 @@ pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
         }
     }
     let rebuilding: Vec<String> = a
-        .config
-        .members
+        .plan
+        .member_configs()
         .iter()
         .enumerate()
         .filter_map(|(s, m)| match m.state {

@@ -73,10 +73,10 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         Ok(())
     };
     let reply: anyhow::Result<String> = match verb {
-        "detail" => Ok(array.detail()),
-        "detail-json" => Ok(array.detail_json()),
-        "status" => Ok(array.status()),
-        "progress" => Ok(array.progress()),
+        "detail" => array.detail(),
+        "detail-json" => array.detail_json(),
+        "status" => array.status(),
+        "progress" => array.progress(),
         "action" => array.action(arg),
         "fail" => need_arg("fail").and_then(|_| array.fail(arg)),
         "remove" => need_arg("remove").and_then(|_| array.remove(arg)),

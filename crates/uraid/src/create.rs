@@ -189,7 +189,7 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
                 bail!("{} and {} are the same device: give each member once", first.name, d.name);
             }
             if !args.force {
-                if let (Ok(sb), _) = d.read_metadata() {
+                if let Ok(sb) = d.superblock() {
                     bail!(
                         "{} already holds an md superblock (array {}, {}): pass --force to overwrite it",
                         d.name,

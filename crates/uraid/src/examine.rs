@@ -7,6 +7,7 @@ use clap::Args;
 
 use crate::array::member::MemberDev;
 use crate::array::report::{bad_blocks_text, examine_text};
+use uraid_core::meta::{MemberMetadata, OfferedMember};
 
 #[derive(Args, Clone, Debug)]
 pub struct ExamineArgs {
@@ -26,23 +27,23 @@ pub fn run(args: ExamineArgs) -> anyhow::Result<()> {
                 eprintln!("uraid: {e:#}");
                 bad += 1;
             }
-            Ok(dev) => match dev.read_metadata() {
-                (Ok(sb), bitmap) => {
+            Ok(dev) => match dev.metadata() {
+                MemberMetadata { offered: OfferedMember { superblock: Ok(sb), bitmap, .. }, bad_blocks } => {
                     print!("{}", examine_text(&dev.name, &sb, bitmap.as_deref()));
                     // mdadm --examine-badblocks's listing, when the log has entries.
-                    match dev.read_bad_blocks(&sb) {
+                    match bad_blocks {
                         Ok(Some(bb)) if !bb.is_empty() => {
                             let entries: Vec<_> = bb.entries().collect();
                             print!("\n{}", bad_blocks_text(&dev.name, &entries));
                         }
                         Ok(_) => {}
                         Err(e) => {
-                            eprintln!("uraid: {e:#}");
+                            eprintln!("uraid: {e}");
                             bad += 1;
                         }
                     }
                 }
-                (Err(e), _) => {
+                MemberMetadata { offered: OfferedMember { superblock: Err(e), .. }, .. } => {
                     eprintln!("uraid: {}: {e}", dev.name);
                     bad += 1;
                 }

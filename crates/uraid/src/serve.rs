@@ -15,7 +15,7 @@ use uraid_nbd::{Export, Server, ServerOptions};
 
 use crate::array::assembly::assemble;
 use crate::array::report::{human_bytes, level_name};
-use crate::array::running::RunningArray;
+use crate::array::running::{RunningArray, StartOptions};
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -124,10 +124,10 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let mut signals =
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
             .context("installing the SIGINT/SIGTERM handlers")?;
-    let mut assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
+    let assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
     // Through the tunables' table: one range and one message per tunable. A flag of a
     // tunable the level does not have (a stripe cache on a mirror) is not an error.
-    let level = assembled.config.geometry.level;
+    let level = assembled.geometry.level;
     let flags = [
         ("balance", &args.balance),
         ("rmw_level", &args.rmw_level),
@@ -135,7 +135,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         ("sync_speed_min", &args.sync_speed_min),
         ("sync_speed_max", &args.sync_speed_max),
     ];
-    let tunables = &mut assembled.config.tunables;
+    let mut tunables = Tunables::default();
     for (name, value) in flags {
         let spec = uraid_core::tunables::find(name).map_err(anyhow::Error::msg)?;
         if (spec.applies_to)(level) {
@@ -164,7 +164,13 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let stale: Vec<PathBuf> =
         assembled.plan.stale.iter().map(|s| assembled.members[s.member].path.clone()).collect();
     let faults = debug_faults(&args.debug_faults)?;
-    let array = RunningArray::start(assembled, args.read_only, args.inline_request_max_bytes, faults)?;
+    let opts = StartOptions {
+        read_only: args.read_only,
+        inline_request_max_bytes: args.inline_request_max_bytes,
+        faults,
+        tunables,
+    };
+    let array = RunningArray::start(assembled, opts)?;
     if !args.read_only {
         for path in stale {
             match array.add(&path.display().to_string(), false) {

@@ -1,18 +1,29 @@
-//! What md.c does for a running array, sans-IO: clean/active (safe mode), events,
-//! dev_roles, failure recording (md_error), recovery checkpoints, spares and the
-//! write-intent bitmap's set-before-write / clear-after-flush.
+//! What md.c does for a running array, sans-IO, around the engine: clean/active (safe
+//! mode), events, dev_roles, failure recording (md_error) before held completions go,
+//! recovery checkpoints, hot spares, replacements, the write-intent bitmap's
+//! set-before-write and clear-after-flush, and the close that marks the superblocks clean.
 //!
-//! The state machine only decides: every change comes back as a [`MetaRound`] of member
-//! writes (each followed by a flush of that member) that the caller performs, on real
-//! files or on simulated disks, and reports back with the members that failed.
-//! [`UpkeepClock`] says when the periodic parts (safe mode, bitmap daemon, recovery
-//! checkpoints) are due.
+//! [`ArraySuperblocks`] holds the superblock and bitmap state; [`Array`] is the whole
+//! running array, driven like a bare engine (`ArrayEngine`): its metadata writes and
+//! flushes come out as member I/O beside the engine's, so the simulator and the real
+//! runtime run the same code. See docs/architecture.md.
 
+mod admission;
+mod control;
+mod rounds;
+mod start;
+mod state;
 mod superblocks;
 mod upkeep;
+mod upkeep_ops;
+mod view;
 
+pub use control::{role_text, Added, NewMember};
+pub use start::{ArrayOptions, StartMember};
+pub use state::Array;
 pub use superblocks::{
     ArrayMember, ArraySuperblocks, DevRole, MemberKey, MetaError, MetaIo, MetaRound, MetaWriteKind,
     RoundOutcome, WriteIntent,
 };
 pub use upkeep::{UpkeepClock, UpkeepDue, UpkeepPeriods};
+pub use view::{ArrayView, MemberView};

@@ -1,7 +1,10 @@
-//! [`ArraySuperblocks`]: the superblock and bitmap upkeep of a running array as a state
-//! machine. Each operation returns the [`MetaRound`] to perform; [`ArraySuperblocks::round_done`]
-//! takes the members that failed it, records them faulty (md_error) and returns the next
-//! round (events + 1) until one succeeds on every working member.
+//! [`ArraySuperblocks`]: the superblock and bitmap state of a running array. A transition
+//! (a member failed, a recovery checkpoint, dirty or clean) changes the state only; the
+//! caller then asks for the [`MetaRound`] that writes it ([`ArraySuperblocks::write_superblocks`]),
+//! built when it is performed, so a round always carries everything changed before it.
+//! [`ArraySuperblocks::round_done`] takes the members that failed a round, records them
+//! faulty (md_error) and returns the next round (events + 1) until one succeeds on every
+//! working member.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -66,6 +69,8 @@ pub enum MetaWriteKind {
     /// whether to read it).
     BadBlockLog,
     Superblock,
+    /// The member's partial parity log area (emptied at start).
+    PplArea,
 }
 
 /// One member I/O of a metadata round.
@@ -97,8 +102,7 @@ impl MetaIo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum RoundKind {
     /// Every working member's superblock (after bitmap page 0, which carries events).
-    /// `dirty_after`: the array's clean/dirty state once the round succeeded.
-    Superblocks { clean: bool, dirty_after: Option<bool> },
+    Superblocks,
     /// Bitmap pages with newly set bits (before a write) or cleared bits.
     BitmapPages { pages: Vec<BitmapPageWrite> },
     /// The daemon's flush of every member before the nominated bits may be cleared.
@@ -133,7 +137,7 @@ impl MetaRound {
 
     /// Whether the round writes the superblocks (and so advances events).
     pub fn writes_superblocks(&self) -> bool {
-        matches!(self.kind, RoundKind::Superblocks { .. })
+        matches!(self.kind, RoundKind::Superblocks)
     }
 }
 
@@ -162,12 +166,13 @@ pub struct RoundOutcome {
     pub next: Result<Option<MetaRound>, MetaError>,
 }
 
-/// A write's bitmap range (sync space) and the pages to persist before it is issued.
+/// A write's bitmap range (sync space) and the pages to persist before it is issued
+/// (see [`ArraySuperblocks::bitmap_pages_round`]).
 #[derive(Debug)]
 pub struct WriteIntent {
     /// Hand back to [`ArraySuperblocks::end_write`].
     pub sync_range: Option<(u64, u64)>,
-    pub round: Option<MetaRound>,
+    pub pages: Vec<BitmapPageWrite>,
 }
 
 /// The superblocks and write-intent bitmap of a running array.
@@ -176,7 +181,9 @@ pub struct ArraySuperblocks {
     /// The freshest superblock first: new members copy its fields.
     members: Vec<ArrayMember>,
     events: u64,
-    /// Active (md's `in_sync == 0`): written as resync_offset != MAX_SECTOR.
+    /// Active (md's `in_sync == 0`): written as resync_offset != MAX_SECTOR. The state the
+    /// next superblock round writes, set by [`ArraySuperblocks::mark_dirty`] and
+    /// [`ArraySuperblocks::mark_clean`] (the caller holds writes until it is durable).
     dirty: bool,
     /// A resync is due or running: the array may not be marked clean.
     resync_pending: bool,
@@ -241,24 +248,17 @@ impl ArraySuperblocks {
     }
 
     /// The engine recorded a failed write of device sectors `[sector, sector + sectors)`
-    /// in the log of the member in `slot` (`EngineEvent::BadBlocksRecorded`): the round
-    /// writes its log page, then every superblock (md's md_update_sb for
-    /// MD_SB_CHANGE_PENDING); the write's completion waits for it. Should the log not
-    /// take the range after all, the member is failed instead (md_error).
-    pub fn bad_blocks_recorded(
-        &mut self,
-        slot: usize,
-        sector: u64,
-        sectors: u64,
-        now_seconds: u64,
-    ) -> MetaRound {
-        let Some(key) = self.key_of_slot(slot) else { return self.write_superblocks(now_seconds) };
+    /// in the log of the member in `slot` (`EngineEvent::BadBlocksRecorded`): the next
+    /// superblock round writes its log page, then every superblock (md's md_update_sb for
+    /// MD_SB_CHANGE_PENDING); the write's completion waits for it. False when the log does
+    /// not take the range after all: the caller fails the member instead (md_error).
+    pub fn bad_blocks_recorded(&mut self, slot: usize, sector: u64, sectors: u64) -> bool {
+        let Some(key) = self.key_of_slot(slot) else { return true };
         let fits = self.bad_blocks.get_mut(&key).is_some_and(|bb| bb.set(sector, sectors));
-        if !fits {
-            return self.member_failed(slot, now_seconds);
+        if fits {
+            self.bad_blocks_changed.insert(key);
         }
-        self.bad_blocks_changed.insert(key);
-        self.write_superblocks(now_seconds)
+        fits
     }
 
     /// A write made listed sectors good (`EngineEvent::BadBlocksCleared`): the log page
@@ -342,7 +342,8 @@ impl ArraySuperblocks {
 
     /// events + 1, then bitmap page 0 (its header carries events) and the superblock of
     /// every working member. `clean` decides resync_offset.
-    fn superblock_round(&mut self, clean: bool, dirty_after: Option<bool>, now_seconds: u64) -> MetaRound {
+    fn superblock_round(&mut self, now_seconds: u64) -> MetaRound {
+        let clean = self.clean_now();
         self.events += 1;
         let events = self.events;
         let max_dev = self.max_dev();
@@ -411,7 +412,7 @@ impl ArraySuperblocks {
                 bytes: sb.update_csum().to_vec(),
             });
         }
-        MetaRound { ios, events, kind: RoundKind::Superblocks { clean, dirty_after } }
+        MetaRound { ios, events, kind: RoundKind::Superblocks }
     }
 
     /// md_error for members whose metadata I/O failed: an active member becomes faulty,
@@ -451,21 +452,11 @@ impl ArraySuperblocks {
             }
             // Record the failure in the others' superblocks; a daemon pass clears nothing,
             // as the failed member's writes may not be durable.
-            let (clean, dirty_after) = match round.kind {
-                RoundKind::Superblocks { clean, dirty_after } => (clean, dirty_after),
-                _ => (self.clean_now(), None),
-            };
-            let next = self.superblock_round(clean, dirty_after, now_seconds);
+            let next = self.superblock_round(now_seconds);
             return RoundOutcome { newly_failed_slots, next: Ok(Some(next)) };
         }
         let next = match round.kind {
-            RoundKind::Superblocks { dirty_after, .. } => {
-                if let Some(d) = dirty_after {
-                    self.dirty = d;
-                }
-                None
-            }
-            RoundKind::BitmapPages { .. } => None,
+            RoundKind::Superblocks | RoundKind::BitmapPages { .. } => None,
             RoundKind::DaemonFlush { candidates } => self.clear_flushed(&candidates),
         };
         RoundOutcome { newly_failed_slots: Vec::new(), next: Ok(next) }
@@ -488,50 +479,49 @@ impl ArraySuperblocks {
         Some(MetaRound { ios, events: self.events, kind: RoundKind::BitmapPages { pages } })
     }
 
-    /// Before the first write after a clean start or a clean marking: the superblocks say
-    /// dirty (resync_offset 0) before any data changes. None when already dirty.
-    pub fn mark_dirty(&mut self, now_seconds: u64) -> Option<MetaRound> {
-        if self.dirty {
-            return None;
-        }
-        Some(self.superblock_round(false, Some(true), now_seconds))
+    /// Before the first write after a clean start or a clean marking: the superblocks are
+    /// to say dirty (resync_offset 0) before any data changes. True when it was clean: the
+    /// caller writes the superblocks and holds writes until that round is done.
+    pub fn mark_dirty(&mut self) -> bool {
+        let was_clean = !self.dirty;
+        self.dirty = true;
+        was_clean
     }
 
     /// md's safe mode, after writes stopped and a flush of every member: the superblocks
-    /// say clean. None when already clean, a resync is owed or the array failed.
-    pub fn mark_clean(&mut self, now_seconds: u64) -> Option<MetaRound> {
+    /// are to say clean. False (nothing changed) when already clean, a resync is owed or
+    /// the array failed; true: the caller writes the superblocks, holding writes meanwhile.
+    pub fn mark_clean(&mut self) -> bool {
         if !self.dirty || self.resync_pending || self.failed {
-            return None;
+            return false;
         }
-        Some(self.superblock_round(true, Some(false), now_seconds))
+        self.dirty = false;
+        true
     }
 
-    /// Shutdown after the final flush: clean unless a resync is owed or the array failed.
-    pub fn stop(&mut self, now_seconds: u64) -> MetaRound {
-        let clean = !self.resync_pending && !self.failed;
-        self.superblock_round(clean, Some(!clean), now_seconds)
+    /// Shutdown after the final flush: clean unless a resync is owed or the array failed
+    /// (then the superblocks are written).
+    pub fn stop(&mut self) {
+        self.dirty = self.resync_pending || self.failed;
     }
 
-    /// Writes every superblock after a change made outside the transitions below.
+    /// The round that writes every superblock as the state is now (bitmap page 0 first).
     pub fn write_superblocks(&mut self, now_seconds: u64) -> MetaRound {
-        let clean = self.clean_now();
-        self.superblock_round(clean, None, now_seconds)
+        self.superblock_round(now_seconds)
     }
 
     /// The engine failed the member in `slot` (md_error): recorded as faulty.
-    pub fn member_failed(&mut self, slot: usize, now_seconds: u64) -> MetaRound {
+    pub fn member_failed(&mut self, slot: usize) {
         for m in &mut self.members {
             if m.role.active_slot() == Some(slot) {
                 m.role = DevRole::Faulty { slot };
             }
         }
-        self.write_superblocks(now_seconds)
     }
 
     /// More members lost than the level survives: never marked clean again.
-    pub fn array_failed(&mut self, now_seconds: u64) -> MetaRound {
+    pub fn array_failed(&mut self) {
         self.failed = true;
-        self.write_superblocks(now_seconds)
     }
 
     /// Records how far the recovery into `slot` got, without writing (the next round
@@ -544,20 +534,8 @@ impl ArraySuperblocks {
         }
     }
 
-    /// A recovery checkpoint: everything below `recovery_offset_sectors` of `slot` is
-    /// rebuilt and flushed.
-    pub fn recovery_checkpoint(
-        &mut self,
-        slot: usize,
-        recovery_offset_sectors: u64,
-        now_seconds: u64,
-    ) -> MetaRound {
-        self.record_recovery_offset(slot, recovery_offset_sectors);
-        self.write_superblocks(now_seconds)
-    }
-
     /// The recovery into `slot` finished and was flushed: the member is in sync.
-    pub fn recovery_done(&mut self, slot: usize, now_seconds: u64) -> MetaRound {
+    pub fn recovery_done(&mut self, slot: usize) {
         for m in &mut self.members {
             if let DevRole::Active { slot: s, recovering } = &mut m.role {
                 if *s == slot {
@@ -565,32 +543,23 @@ impl ArraySuperblocks {
                 }
             }
         }
-        self.write_superblocks(now_seconds)
     }
 
     /// A spare (or a just added member) takes `slot` and is rebuilt from sector 0.
-    pub fn spare_activated(&mut self, key: MemberKey, slot: usize, now_seconds: u64) -> MetaRound {
+    pub fn spare_activated(&mut self, key: MemberKey, slot: usize) {
         if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
             m.role = DevRole::Active { slot, recovering: true };
             m.sb.recovery_offset = 0;
         }
-        self.write_superblocks(now_seconds)
     }
 
     /// A spare (or a just added member) starts replacing the active member of `slot`
     /// (md's want_replacement), rebuilt from `recovery_offset_sectors`.
-    pub fn replacement_started(
-        &mut self,
-        key: MemberKey,
-        slot: usize,
-        recovery_offset_sectors: u64,
-        now_seconds: u64,
-    ) -> MetaRound {
+    pub fn replacement_started(&mut self, key: MemberKey, slot: usize, recovery_offset_sectors: u64) {
         if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
             m.role = DevRole::Replacement { slot };
             m.sb.recovery_offset = recovery_offset_sectors;
         }
-        self.write_superblocks(now_seconds)
     }
 
     /// Records how far the replacement of `slot` got (written by the next round).
@@ -602,25 +571,13 @@ impl ArraySuperblocks {
         }
     }
 
-    /// A replacement checkpoint: everything below `recovery_offset_sectors` is copied and
-    /// flushed.
-    pub fn replacement_checkpoint(
-        &mut self,
-        slot: usize,
-        recovery_offset_sectors: u64,
-        now_seconds: u64,
-    ) -> MetaRound {
-        self.record_replacement_offset(slot, recovery_offset_sectors);
-        self.write_superblocks(now_seconds)
-    }
-
     /// The replacement of `slot` is copied and flushed: it becomes the slot's member, and
     /// the member it replaced leaves the array (md sets it Faulty and removes it; its
     /// superblock is not written again, and its older events keep it out of a later
-    /// assembly). Returns the round and the key of the member that left.
-    pub fn replacement_done(&mut self, slot: usize, now_seconds: u64) -> (MetaRound, Option<MemberKey>) {
+    /// assembly). Returns the key of the member that left.
+    pub fn replacement_done(&mut self, slot: usize) -> Option<MemberKey> {
         if !self.members.iter().any(|m| m.role == (DevRole::Replacement { slot })) {
-            return (self.write_superblocks(now_seconds), None);
+            return None;
         }
         let old = self.members.iter().find(|m| m.role.active_slot() == Some(slot)).map(|m| m.key);
         self.members.retain(|m| Some(m.key) != old);
@@ -629,33 +586,30 @@ impl ArraySuperblocks {
                 m.role = DevRole::Active { slot, recovering: false };
             }
         }
-        (self.write_superblocks(now_seconds), old)
+        old
     }
 
     /// The replacement of `slot` failed or was given up: it leaves the array; the slot's
     /// member stays.
-    pub fn replacement_failed(&mut self, slot: usize, now_seconds: u64) -> MetaRound {
+    pub fn replacement_failed(&mut self, slot: usize) {
         self.members.retain(|m| m.role != (DevRole::Replacement { slot }));
-        self.write_superblocks(now_seconds)
     }
 
     /// A new member joins (as a spare until [`ArraySuperblocks::spare_activated`]).
-    pub fn member_added(&mut self, member: ArrayMember, now_seconds: u64) -> MetaRound {
+    pub fn member_added(&mut self, member: ArrayMember) {
         assert!(self.member(member.key).is_none(), "member keys are unique");
         // Its log was zeroed as it was added: empty, with the room its superblock gives.
         if let Some(bb) = BadBlocks::for_superblock(&member.sb) {
             self.bad_blocks.insert(member.key, bb);
         }
         self.members.push(member);
-        self.write_superblocks(now_seconds)
     }
 
     /// A faulty member or a spare leaves the array's superblocks (mdadm --remove).
-    pub fn member_removed(&mut self, key: MemberKey, now_seconds: u64) -> MetaRound {
+    pub fn member_removed(&mut self, key: MemberKey) {
         self.members.retain(|m| m.key != key);
         self.bad_blocks.remove(&key);
         self.bad_blocks_changed.remove(&key);
-        self.write_superblocks(now_seconds)
     }
 
     /// The resync finished: the array may be marked clean again (no write of its own).
@@ -677,21 +631,26 @@ impl ArraySuperblocks {
     }
 
     /// Before a data write of array bytes `[offset, offset + len)`: counts it in the
-    /// bitmap and returns the pages whose new bits must be durable before it is issued.
-    /// Call [`ArraySuperblocks::mark_dirty`] first.
+    /// bitmap and returns the pages whose new bits must be durable before it is issued
+    /// (written by [`ArraySuperblocks::bitmap_pages_round`]). Call
+    /// [`ArraySuperblocks::mark_dirty`] first.
     pub fn start_write(&mut self, offset_bytes: u64, len_bytes: u64) -> WriteIntent {
         if self.bitmap.is_none() {
-            return WriteIntent { sync_range: None, round: None };
+            return WriteIntent { sync_range: None, pages: Vec::new() };
         }
         let (s, l) = self.sync_range(offset_bytes, len_bytes);
         let Some(bm) = &mut self.bitmap else { unreachable!() };
         let gate = bm.start_write(s, l);
-        let round = (!gate.pages_to_write.is_empty()).then(|| MetaRound {
-            ios: self.bitmap_page_ios(&gate.pages_to_write),
+        WriteIntent { sync_range: Some((s, l)), pages: gate.pages_to_write }
+    }
+
+    /// The round that writes bitmap `pages` as they are now to every working member.
+    pub fn bitmap_pages_round(&self, pages: Vec<BitmapPageWrite>) -> MetaRound {
+        MetaRound {
+            ios: self.bitmap_page_ios(&pages),
             events: self.events,
-            kind: RoundKind::BitmapPages { pages: gate.pages_to_write },
-        });
-        WriteIntent { sync_range: Some((s, l)), round }
+            kind: RoundKind::BitmapPages { pages },
+        }
     }
 
     /// After the data write completed; `reached_all_members` false (an error, or the

@@ -275,6 +275,38 @@ pub struct AssemblyPlan {
 }
 
 impl AssemblyPlan {
+    /// The engine's geometry, checked against the array size the superblocks give.
+    pub fn geometry(&self) -> Result<crate::geometry::Geometry, String> {
+        use crate::geometry::{Geometry, Level};
+        let level = Level::from_md_level(self.level).ok_or_else(|| {
+            format!("raid level {} is not supported by the engine (0, 1, 4, 5, 6, 10 are)", self.level)
+        })?;
+        let member_sectors: Vec<u64> = self
+            .slots
+            .iter()
+            .map(|s| match (level, s) {
+                (Level::Raid0, Some(m)) => m.data_size_sectors,
+                _ => self.size_sectors,
+            })
+            .collect();
+        let geometry = Geometry::new(
+            level,
+            self.raid_disks as usize,
+            self.layout,
+            u64::from(self.chunk_sectors),
+            &member_sectors,
+        )
+        .map_err(|e| format!("the superblocks describe an impossible geometry: {e}"))?;
+        if geometry.array_sectors() != self.array_sectors {
+            return Err(format!(
+                "array size disagreement: the superblocks give {} sectors, the geometry {}",
+                self.array_sectors,
+                geometry.array_sectors()
+            ));
+        }
+        Ok(geometry)
+    }
+
     /// The engine's view of each slot: missing, in sync, or recovering from its
     /// `recovery_offset`, with the member's data offset.
     pub fn member_configs(&self) -> Vec<crate::config::MemberConfig> {

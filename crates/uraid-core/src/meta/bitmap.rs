@@ -428,6 +428,8 @@ pub struct WriteIntentBitmap {
     dirty_pages: BTreeSet<u64>,
     /// Set bits (kept so an idle array need not scan the bitmap).
     set_count: u64,
+    /// Set bits the last daemon pass found idle (so a later pass may clear them).
+    idle_seen: u64,
 }
 
 impl WriteIntentBitmap {
@@ -476,6 +478,8 @@ impl WriteIntentBitmap {
             sb,
             dirty_pages: BTreeSet::new(),
             set_count: 0,
+            // Unknown until the first pass: it may find bits to clear.
+            idle_seen: u64::MAX,
         }
         .with_set_count()
     }
@@ -593,6 +597,12 @@ impl WriteIntentBitmap {
         self.set_count > 0
     }
 
+    /// Whether the daemon's last pass found set bits idle: another pass may clear them.
+    /// (A bit kept for a resync, or whose writes run, is not; a write's end may make it so.)
+    pub fn may_clear(&self) -> bool {
+        self.set_count > 0 && self.idle_seen > 0
+    }
+
     /// Whether any set bit awaits persistence on this page.
     pub fn page_pending(&self, page: u64) -> bool {
         self.dirty_pages.contains(&page)
@@ -619,6 +629,7 @@ impl WriteIntentBitmap {
     /// preflush).
     pub fn daemon_pass(&mut self) -> Vec<u64> {
         let mut candidates = Vec::new();
+        self.idle_seen = 0;
         if self.set_count == 0 {
             return candidates;
         }
@@ -631,6 +642,7 @@ impl WriteIntentBitmap {
                 continue;
             }
             self.idle_passes[i] = self.idle_passes[i].saturating_add(1);
+            self.idle_seen += 1;
             if self.idle_passes[i] >= 2 {
                 candidates.push(c);
             }

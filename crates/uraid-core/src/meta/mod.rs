@@ -12,6 +12,7 @@ pub mod badblocks;
 pub mod bitmap;
 pub mod create;
 pub mod ppl;
+pub mod read;
 pub mod superblock;
 
 pub use assemble::{
@@ -32,6 +33,7 @@ pub use ppl::{
     crc32c, ppl_area, ppl_signature, PplEntry, PplError, PplHeader, PPL_AREA_SECTORS_SUPER1,
     PPL_HDR_MAX_ENTRIES, PPL_HEADER_SIZE,
 };
+pub use read::{read_member, MemberMetadata};
 pub use superblock::{
     calc_sb_1_csum, devflags, feature, format_uuid, level, parse_uuid, role, Superblock, SuperblockError,
     SuperblockVersion, MAX_DEV_LIMIT, MAX_SECTOR, MD_SB_MAGIC, SB_BYTES,

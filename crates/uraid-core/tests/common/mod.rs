@@ -31,14 +31,20 @@ impl Rng {
     }
 }
 
-/// Members held in memory, with fail-stop and latent-error faults.
+/// Members held in memory, with fail-stop, latent-error, write-error and flush-error faults.
 pub struct MemMembers {
     pub images: Vec<Vec<u8>>,
     pub gone: Vec<bool>,
     /// (member, first byte, end byte) that fail reads until rewritten.
     pub latent: Vec<(usize, u64, u64)>,
+    /// (member, first byte, end byte) where writes fail.
+    pub write_errors: Vec<(usize, u64, u64)>,
+    /// Members whose flushes fail.
+    pub flush_errors: Vec<usize>,
     pub reads: u64,
     pub writes: u64,
+    /// Every I/O performed, in order: (member, op, offset, len, ok).
+    pub log: Vec<(usize, MemberIoOp, u64, u64, bool)>,
 }
 
 impl MemMembers {
@@ -47,21 +53,35 @@ impl MemMembers {
             images: vec![vec![0u8; bytes as usize]; n],
             gone: vec![false; n],
             latent: Vec::new(),
+            write_errors: Vec::new(),
+            flush_errors: Vec::new(),
             reads: 0,
             writes: 0,
+            log: Vec::new(),
         }
+    }
+
+    /// A blank member more (its index is returned).
+    pub fn add_member(&mut self, bytes: u64) -> usize {
+        self.images.push(vec![0u8; bytes as usize]);
+        self.gone.push(false);
+        self.images.len() - 1
     }
 
     pub fn perform(&mut self, io: MemberIo) -> MemberIoCompletion {
         let m = io.member;
+        let (a, b) = (io.offset_bytes, io.offset_bytes + io.len_bytes);
         if self.gone[m] {
+            self.log.push((m, io.op, a, io.len_bytes, false));
             return MemberIoCompletion { id: io.id, result: Err(MemberIoError::Gone) };
         }
-        let (a, b) = (io.offset_bytes, io.offset_bytes + io.len_bytes);
+        let write_fails = self.write_errors.iter().any(|&(wm, wa, wb)| wm == m && wa < b && a < wb);
         let img = &mut self.images[m];
         let result = match io.op {
+            MemberIoOp::Flush if self.flush_errors.contains(&m) => Err(MemberIoError::Io),
             MemberIoOp::Flush => Ok(Vec::new()),
             _ if b as usize > img.len() => Err(MemberIoError::Io),
+            MemberIoOp::Write if write_fails => Err(MemberIoError::Io),
             MemberIoOp::Read => {
                 self.reads += 1;
                 if self.latent.iter().any(|&(lm, la, lb)| lm == m && la < b && a < lb) {
@@ -78,13 +98,15 @@ impl MemMembers {
                 Ok(Vec::new())
             }
         };
+        self.log.push((m, io.op, a, io.len_bytes, result.is_ok()));
         MemberIoCompletion { id: io.id, result }
     }
 }
 
-/// Drives an engine over `MemMembers`, completing I/Os in a seeded shuffled order.
-pub struct Driver {
-    pub engine: Engine,
+/// Drives an engine (or an array) over `MemMembers`, completing I/Os in a seeded shuffled
+/// order.
+pub struct Driver<E: ArrayEngine = Engine> {
+    pub engine: E,
     pub members: MemMembers,
     pub rng: Rng,
     pub now_ns: u64,
@@ -92,8 +114,8 @@ pub struct Driver {
     pub done: Vec<RequestCompletion>,
 }
 
-impl Driver {
-    pub fn new(engine: Engine, members: MemMembers, seed: u64) -> Self {
+impl<E: ArrayEngine> Driver<E> {
+    pub fn new(engine: E, members: MemMembers, seed: u64) -> Self {
         Driver { engine, members, rng: Rng(seed), now_ns: 0, pending: Vec::new(), done: Vec::new() }
     }
 

@@ -13,7 +13,7 @@ pub enum FaultOp {
     Read,
     Write,
     Flush,
-    /// Superblock and bitmap writes (and their syncs), which bypass the executor.
+    /// The array's own metadata I/O: superblock, bitmap and log writes and their flushes.
     Meta,
 }
 
@@ -72,7 +72,7 @@ impl FaultRule {
     }
 }
 
-/// The rules of one run, shared by the executor and the metadata writer.
+/// The rules of one run.
 #[derive(Debug, Default)]
 pub struct Faults {
     rules: Vec<FaultRule>,

@@ -615,7 +615,9 @@ impl Executor {
             MemberIoOp::Write => fault::FaultOp::Write,
             MemberIoOp::Flush => fault::FaultOp::Flush,
         };
-        f.hit(io.member, op)
+        // The array's own metadata I/O also counts for `op=meta` rules.
+        let meta = uraid_core::is_array_meta_io(io.id) && f.hit(io.member, fault::FaultOp::Meta);
+        f.hit(io.member, op) | meta
     }
 
     fn start(&mut self, io: MemberIo) {

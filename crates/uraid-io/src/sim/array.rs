@@ -3,8 +3,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use uraid_core::{
-    MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp, Request, RequestCompletion, RequestId,
-    SubmitError,
+    MemberIo, MemberIoCompletion, MemberIoOp, Request, RequestCompletion, RequestId, SubmitError,
 };
 
 /// The parts of a merged member I/O: (original id, byte offset in the merged I/O, length).
@@ -69,14 +68,7 @@ pub struct SimArray<E: ArrayEngine> {
     /// Merged member I/O -> its parts (original id, byte offset in the merged I/O, length).
     merged: HashMap<u64, MergedParts>,
     next_merged_id: u64,
-    /// Results of the caller's own member I/Os (array metadata), by id.
-    own_io_results: HashMap<u64, Result<(), MemberIoError>>,
-    next_own_io_id: u64,
 }
-
-/// Ids of member I/Os the caller issues itself ([`SimArray::member_io_wait`]): below the
-/// merged ones, far above any the engine uses.
-const OWN_IO_ID_BASE: u64 = 1 << 61;
 
 impl<E: ArrayEngine> SimArray<E> {
     pub fn new(engine: E, disks: SimDisks) -> Self {
@@ -94,8 +86,6 @@ impl<E: ArrayEngine> SimArray<E> {
             merge_member_ios: false,
             merged: HashMap::new(),
             next_merged_id: 1 << 62,
-            own_io_results: HashMap::new(),
-            next_own_io_id: OWN_IO_ID_BASE,
         }
     }
 
@@ -159,10 +149,6 @@ impl<E: ArrayEngine> SimArray<E> {
     }
 
     fn complete_member_io(&mut self, c: MemberIoCompletion, now: u64) {
-        if (OWN_IO_ID_BASE..1 << 62).contains(&c.id) {
-            self.own_io_results.insert(c.id, c.result.map(|_| ()));
-            return;
-        }
         let Some(parts) = self.merged.remove(&c.id) else {
             self.engine.complete_member_io(c, now);
             return;
@@ -198,34 +184,6 @@ impl<E: ArrayEngine> SimArray<E> {
     /// Requests handed in and not yet completed.
     pub fn outstanding(&self) -> usize {
         self.submitted_ns.len() + self.scheduled.len()
-    }
-
-    /// Issues a member I/O of the caller's own (a superblock or bitmap write, a flush)
-    /// beside the engine's, and runs the array until it completes: the engine's work goes
-    /// on meanwhile. Ok(true) when it succeeded; Err(time) when the power was lost first.
-    pub fn member_io_wait(
-        &mut self,
-        member: usize,
-        op: MemberIoOp,
-        offset_bytes: u64,
-        data: Vec<u8>,
-    ) -> Result<bool, u64> {
-        let id = self.next_own_io_id;
-        self.next_own_io_id += 1;
-        let len_bytes = if op == MemberIoOp::Flush { 0 } else { data.len() as u64 };
-        self.disks.submit(MemberIo { id, member, op, offset_bytes, len_bytes, data: data.into() });
-        loop {
-            if let Some(r) = self.own_io_results.remove(&id) {
-                return Ok(r.is_ok());
-            }
-            match self.run_until(self.now_ns() + 100_000) {
-                RunOutcome::PowerLost { at_ns } => return Err(at_ns),
-                RunOutcome::TimeReached => {}
-                RunOutcome::Idle | RunOutcome::Stalled => {
-                    return Ok(self.own_io_results.remove(&id).is_some_and(|r| r.is_ok()))
-                }
-            }
-        }
     }
 
     /// Hand a request in at the current virtual time (taken by the engine on the next run).
@@ -365,8 +323,9 @@ impl<E: ArrayEngine> SimArray<E> {
                 self.completions.push(TimedCompletion { completion: c, submitted_ns, completed_ns: now });
                 progressed = true;
             }
-            // A completion may have freed room for a request refused with Busy.
-            if !progressed || self.backlog.is_empty() {
+            // A completion may have freed room for a request refused with Busy, or led the
+            // engine to issue more (an array's metadata round after a flush it waited for).
+            if !progressed {
                 break;
             }
         }

@@ -8,7 +8,8 @@
 
 use std::collections::BTreeSet;
 
-use uraid_core::{Engine, Geometry, Level, ScrubKind};
+use uraid_core::array::Array;
+use uraid_core::{Geometry, Level, ScrubKind};
 
 use super::array::{RunOutcome, SimArray};
 use super::disks::{Fault, FaultKind, FaultTrigger};
@@ -53,7 +54,7 @@ fn choose_block(geo: &Geometry, seed_pick: &dyn Fn(u64, u64) -> u64) -> (usize, 
 /// hold against `image` (each sector's digest before the damage). The array must be whole,
 /// resynced and idle. `None` when a member failed during the repair.
 pub fn corrupt_and_repair(
-    array: &mut SimArray<Engine>,
+    array: &mut SimArray<Array>,
     geo: &Geometry,
     image: &[u64],
     data_offset_bytes: u64,
@@ -78,16 +79,16 @@ pub fn corrupt_and_repair(
     // Bits flipped: the members now disagree somewhere, which the repair must find.
     let visible = !damaged.is_empty();
     let now = array.now_ns();
-    array.engine_mut().start_scrub(ScrubKind::Repair, now)?;
+    array.engine_mut().scrub(Some(ScrubKind::Repair), now)?;
     if array.run_until_idle() != RunOutcome::Idle {
         return Err("the repair did not finish".into());
     }
     // A fault planned before the power cut may fire now: md stops the repair (it does not
     // repair a degraded array), and there is nothing more to judge.
-    if array.engine().member_states().iter().any(|s| *s != uraid_core::MemberState::InSync) {
+    if array.engine().engine().member_states().iter().any(|s| *s != uraid_core::MemberState::InSync) {
         return Ok(None);
     }
-    let mismatch_cnt = array.engine().mismatch_cnt();
+    let mismatch_cnt = array.engine().engine().mismatch_cnt();
     if visible && mismatch_cnt == 0 {
         return Err(format!("repair found nothing although the members disagree ({what} corrupted)"));
     }
@@ -99,7 +100,7 @@ pub fn corrupt_and_repair(
     let mut exposures = 0;
     let direct = direct_digests(array.disks(), geo, data_offset_bytes);
     for (s, (&now, &before)) in direct.iter().zip(image).enumerate() {
-        if now == before {
+        if now.is_none_or(|d| d == before) {
             continue;
         }
         geo.copies(s as u64, &mut copies);

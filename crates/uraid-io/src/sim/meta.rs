@@ -1,35 +1,29 @@
 //! md metadata on simulated members: `uraid create`'s superblocks and bitmap written into
-//! the stores, the running array's upkeep by the core's [`ArraySuperblocks`] with its
-//! writes and flushes issued as member I/Os (so a power loss can drop or tear them), and
-//! re-assembly after a power cycle from what the stores durably hold, by the same
-//! [`plan_assembly`] `uraid serve` uses.
+//! the stores, and the array started (at first, and again after a power cycle) from what
+//! the stores durably hold, through the same [`read_member`], [`plan_assembly`] and
+//! [`Array::start`] as `uraid serve`. While it runs, the array's own superblock, bitmap and
+//! log writes are member I/O like the data's, so a power loss can drop or tear them.
 
-use uraid_core::array::{ArrayMember, ArraySuperblocks, DevRole, MetaIo, MetaRound, WriteIntent};
+use uraid_core::array::{Array, ArrayOptions, StartMember, UpkeepPeriods};
 use uraid_core::meta::{
-    create_array, plan_assembly, AssembleOptions, AssemblyPlan, CreateParams, OfferedMember, Superblock,
-    SuperblockVersion, WriteIntentBitmap, SB_BYTES,
+    create_array, plan_assembly, read_member, AssembleOptions, AssemblyPlan, CreateParams, MemberMetadata,
+    Superblock,
 };
-use uraid_core::{Engine, EngineEvent, Geometry, Level, MemberIoOp};
+use uraid_core::{Geometry, Level, Tunables};
 
-use super::array::SimArray;
 use super::disks::SimDisks;
 
 /// Virtual seconds start here (superblock ctime/utime).
-const EPOCH_SECONDS: u64 = 1_700_000_000;
-/// Bitmap area read back at assembly: header plus bits of any array the simulator builds.
-const BITMAP_READ_BYTES: usize = 64 << 10;
+pub const EPOCH_SECONDS: u64 = 1_700_000_000;
 
-/// The power was lost while metadata was being written, at this virtual time.
-#[derive(Debug)]
-pub struct PowerLost(pub u64);
+/// md's clocks scaled down a thousandfold to the few virtual milliseconds a checker run
+/// spans: the array is marked clean, its bitmap bits cleared and its recovery checkpointed
+/// while the workload runs, so a power cut can fall between any of them.
+pub const SIM_UPKEEP: UpkeepPeriods =
+    UpkeepPeriods { safe_mode_ns: 1_000_000, bitmap_daemon_ns: 5_000_000, recovery_checkpoint_ns: 3_000_000 };
 
-/// The array's metadata, kept by the core state machine; member key = slot.
-pub struct SimMeta {
-    pub superblocks: ArraySuperblocks,
-}
-
-/// `uraid create --assume-clean` on the simulated members (`data_offset_bytes` must match
-/// the engine's), written straight into the stores and made durable.
+/// `uraid create --assume-clean` on the simulated members, written straight into the
+/// stores and made durable.
 pub fn create_on_disks(
     disks: &mut SimDisks,
     geo: &Geometry,
@@ -37,7 +31,7 @@ pub fn create_on_disks(
     data_offset_bytes: u64,
     bitmap_chunk_bytes: Option<u32>,
     seed: u64,
-) -> Result<SimMeta, String> {
+) -> Result<(), String> {
     let n = geo.raid_disks;
     let mut p = CreateParams::new(geo.level.md_level(), vec![Some(member_bytes / 512); n]);
     p.layout = Some(geo.layout);
@@ -56,7 +50,6 @@ pub fn create_on_disks(
     p.device_uuids = (0..n).map(|i| uuid(seed, i as u8)).collect();
     p.ctime_seconds = EPOCH_SECONDS;
     let created = create_array(&p).map_err(|e| format!("create: {e}"))?;
-    let mut members = Vec::new();
     for (slot, sb) in created.superblocks.iter().enumerate() {
         let sb = sb.clone().ok_or("create left a slot empty")?;
         let store = disks.store_mut(slot);
@@ -65,11 +58,8 @@ pub fn create_on_disks(
             store.write(at * 512, &b.area).map_err(|e| format!("create: {e:?}"))?;
         }
         store.flush_all();
-        members.push(ArrayMember { key: slot as u64, sb, role: DevRole::Active { slot, recovering: false } });
     }
-    let events = members[0].sb.events;
-    let bitmap = created.bitmap.map(|b| (WriteIntentBitmap::new(b.sb), b.offset_from_sb_sectors));
-    Ok(SimMeta { superblocks: ArraySuperblocks::new(members, events, false, false, bitmap) })
+    Ok(())
 }
 
 fn uuid(seed: u64, tag: u8) -> [u8; 16] {
@@ -78,142 +68,76 @@ fn uuid(seed: u64, tag: u8) -> [u8; 16] {
     u
 }
 
-fn now_seconds(array: &SimArray<Engine>) -> u64 {
-    EPOCH_SECONDS + array.now_ns() / 1_000_000_000
+/// What member `m` durably holds, as assembly reads it (even from a member that does
+/// not answer: what it would say if it came back).
+pub fn member_metadata(disks: &SimDisks, m: usize) -> MemberMetadata {
+    let store = disks.store(m);
+    read_member(&format!("member{m}"), store.size_bytes() / 512, &mut |offset, len| {
+        let end = (offset + len as u64).min(store.size_bytes());
+        let mut b = vec![0u8; end.saturating_sub(offset) as usize];
+        store.peek(offset, &mut b);
+        b
+    })
 }
 
-impl SimMeta {
-    /// Performs `round` and the retries the core asks for, each write followed by a flush
-    /// of its member; newly failed members are failed in the engine (md_error).
-    pub fn perform(&mut self, array: &mut SimArray<Engine>, round: MetaRound) -> Result<(), PowerLost> {
-        let mut next = Some(round);
-        while let Some(round) = next.take() {
-            let mut lost = None;
-            let failed = round.execute(|io| {
-                if lost.is_some() {
-                    return false;
-                }
-                let member = io.key() as usize;
-                let done = match io {
-                    MetaIo::Write { offset_bytes, bytes, .. } => array
-                        .member_io_wait(member, MemberIoOp::Write, *offset_bytes, bytes.clone())
-                        .and_then(|ok| {
-                            if ok {
-                                array.member_io_wait(member, MemberIoOp::Flush, 0, Vec::new())
-                            } else {
-                                Ok(false)
-                            }
-                        }),
-                    MetaIo::Flush { .. } => array.member_io_wait(member, MemberIoOp::Flush, 0, Vec::new()),
-                };
-                done.unwrap_or_else(|at| {
-                    lost = Some(at);
-                    false
-                })
-            });
-            if let Some(at) = lost {
-                return Err(PowerLost(at));
-            }
-            let out = self.superblocks.round_done(round, &failed, now_seconds(array));
-            for slot in out.newly_failed_slots {
-                array.fail_member(slot);
-            }
-            // No working member left: nothing more can be recorded; the engine has failed.
-            next = out.next.unwrap_or(None);
-        }
-        Ok(())
-    }
-
-    /// Before a write is handed to the engine: dirty first, then the write-intent bits.
-    pub fn before_write(
-        &mut self,
-        array: &mut SimArray<Engine>,
-        offset_bytes: u64,
-        len_bytes: u64,
-    ) -> Result<Option<(u64, u64)>, PowerLost> {
-        if let Some(round) = self.superblocks.mark_dirty(now_seconds(array)) {
-            self.perform(array, round)?;
-        }
-        let WriteIntent { sync_range, round } = self.superblocks.start_write(offset_bytes, len_bytes);
-        if let Some(round) = round {
-            self.perform(array, round)?;
-        }
-        Ok(sync_range)
-    }
-
-    /// The engine's events that change the superblocks; then held completions may go.
-    pub fn service_events(&mut self, array: &mut SimArray<Engine>) -> Result<(), PowerLost> {
-        while let Some(ev) = array.engine_mut().pop_event() {
-            let now = now_seconds(array);
-            let round = match ev {
-                EngineEvent::MemberFaulty(slot) => Some(self.superblocks.member_failed(slot, now)),
-                EngineEvent::RecoveryDone(slot) => Some(self.superblocks.recovery_done(slot, now)),
-                EngineEvent::ArrayFailed => Some(self.superblocks.array_failed(now)),
-                EngineEvent::ResyncDone => {
-                    self.superblocks.resync_done();
-                    None
-                }
-                _ => None,
-            };
-            if let Some(round) = round {
-                self.perform(array, round)?;
-            }
-        }
-        array.engine_mut().metadata_committed();
-        Ok(())
-    }
-
-    /// md's bitmap daemon at a quiet moment: bits idle for two passes are cleared after a
-    /// flush of every member.
-    pub fn bitmap_daemon(&mut self, array: &mut SimArray<Engine>) -> Result<(), PowerLost> {
-        match self.superblocks.bitmap_daemon() {
-            Some(round) => self.perform(array, round),
-            None => Ok(()),
-        }
-    }
-}
-
-/// What the members durably hold after a power cycle, offered to `plan_assembly` (a
-/// failed member cannot be read and is not offered).
-pub fn assemble_from_disks(disks: &SimDisks) -> Result<AssemblyPlan, String> {
-    assemble_members(disks).map(|(plan, _)| plan)
-}
-
-/// As [`assemble_from_disks`], with the member behind each offered index (the plan's
-/// `member` fields count the offered members only).
+/// The readable members offered to `plan_assembly` (a failed member cannot be read), with
+/// the member behind each offered index.
 pub fn assemble_members(disks: &SimDisks) -> Result<(AssemblyPlan, Vec<usize>), String> {
     let readable: Vec<usize> = (0..disks.member_count()).filter(|&m| !disks.is_failed(m)).collect();
-    let offered: Vec<OfferedMember> = readable
-        .iter()
-        .map(|&m| {
-            let store = disks.store(m);
-            let dev_sectors = store.size_bytes() / 512;
-            let superblock =
-                Superblock::parse_member(&read_superblock(disks, m), SuperblockVersion::V1_2, dev_sectors);
-            let bitmap = superblock.as_ref().ok().and_then(|sb| sb.bitmap_sector()).map(|at| {
-                let mut b = vec![0u8; BITMAP_READ_BYTES];
-                store.peek(at * 512, &mut b);
-                b
-            });
-            OfferedMember { name: format!("member{m}"), dev_sectors, superblock, bitmap }
-        })
-        .collect();
+    let offered: Vec<_> = readable.iter().map(|&m| member_metadata(disks, m).offered).collect();
     let plan = plan_assembly(&offered, &AssembleOptions { run: true, uuid: None, force: true })
         .map_err(|e| e.to_string())?;
     Ok((plan, readable))
 }
 
-fn read_superblock(disks: &SimDisks, member: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; SB_BYTES];
-    disks.store(member).peek(8 * 512, &mut buf);
-    buf
+/// What the members durably hold after a power cycle, planned as `uraid serve` plans it.
+pub fn assemble_from_disks(disks: &SimDisks) -> Result<AssemblyPlan, String> {
+    assemble_members(disks).map(|(plan, _)| plan)
+}
+
+/// Starts the array `plan` describes on the simulated members (`offered[i]` is the member
+/// behind the plan's offered index `i`; each member's I/O goes to its index).
+pub fn start_array(
+    disks: &SimDisks,
+    plan: &AssemblyPlan,
+    offered: &[usize],
+    tunables: Tunables,
+) -> Result<Array, String> {
+    let members = offered
+        .iter()
+        .map(|&m| {
+            let meta = member_metadata(disks, m);
+            Ok(StartMember {
+                key: m as u64,
+                name: meta.offered.name.clone(),
+                sb: meta.offered.superblock.map_err(|e| format!("member {m}: {e}"))?,
+                bad_blocks: meta.bad_blocks?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if std::env::var_os("URAID_SIM_DEBUG").is_some() {
+        for m in &members {
+            eprintln!(
+                "start: member {} bb {:?}",
+                m.key,
+                m.bad_blocks.as_ref().map(|b| b.entries().collect::<Vec<_>>())
+            );
+        }
+    }
+    let opts = ArrayOptions {
+        tunables,
+        read_only: false,
+        now_ns: disks.now_ns(),
+        epoch_seconds: EPOCH_SECONDS,
+        periods: SIM_UPKEEP,
+    };
+    Array::start(plan, members, opts)
 }
 
 /// The superblock `member` durably holds (read even from a member that does not answer:
 /// what it would say if it came back).
 pub fn member_superblock(disks: &SimDisks, member: usize) -> Option<Superblock> {
-    let dev_sectors = disks.store(member).size_bytes() / 512;
-    Superblock::parse_member(&read_superblock(disks, member), SuperblockVersion::V1_2, dev_sectors).ok()
+    member_metadata(disks, member).offered.superblock.ok()
 }
 
 /// Do the freshest superblocks of the other readable members record `member` as gone from

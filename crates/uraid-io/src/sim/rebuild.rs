@@ -5,14 +5,12 @@
 //! second member may fail while a recovery runs (md's nightmare: the level decides whether
 //! the array survives it).
 
-use uraid_core::meta::{feature, AssemblyPlan};
-use uraid_core::{Engine, Level, MemberState, SyncKind};
+use uraid_core::array::{Added, Array, NewMember};
+use uraid_core::meta::AssemblyPlan;
+use uraid_core::{Level, MemberState, SyncKind};
 
 use super::array::{RunOutcome, SimArray};
 use super::meta::member_superblock;
-
-/// Engine sync ranges `(start, end)`.
-type SyncRanges = Vec<(u64, u64)>;
 
 /// How the rebuild ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -46,34 +44,47 @@ pub fn survives_second_failure(level: Level, raid_disks: usize, not_in_sync_afte
     }
 }
 
-fn run_idle(array: &mut SimArray<Engine>) -> Result<(), String> {
+fn run_idle(array: &mut SimArray<Array>) -> Result<(), String> {
     match array.run_until_idle() {
         RunOutcome::Idle => Ok(()),
         other => Err(format!("the rebuild after the power cycle ended {other:?}")),
     }
 }
 
-/// The stale member of `slot` the assembly named, if its disk answers: (member, its
-/// bitmap re-add regions as engine ranges, or None for a full rebuild).
-fn stale_readd(
-    rp: &RebuildPlan,
-    array: &SimArray<Engine>,
-    slot: usize,
-) -> Option<(usize, Option<SyncRanges>)> {
+/// The stale member of `slot` the assembly named, if its disk answers and may come back.
+fn stale_member(rp: &RebuildPlan, array: &SimArray<Array>, slot: usize) -> Option<usize> {
     let st = rp.plan.stale.iter().find(|s| s.slot == Some(slot as u32))?;
     let member = rp.offered[st.member];
-    if member != slot || rp.erroring[member] || array.disks().is_failed(member) {
-        return None;
+    (member == slot && !rp.erroring[member] && !array.disks().is_failed(member)).then_some(member)
+}
+
+/// `uraid add` of the disk `member` (its superblock written first, as mdadm writes it):
+/// the array decides whether it is rebuilt in full or only where the bitmap says it missed
+/// writes. Returns what the array made of it.
+fn add_disk(array: &mut SimArray<Array>, member: usize, returning: bool) -> Result<Added, String> {
+    let previous = if returning { member_superblock(array.disks(), member) } else { None };
+    // The array's own entry of this disk (faulty) leaves first, as `uraid remove` does.
+    let now = array.now_ns();
+    if array.engine().superblocks().member(member as u64).is_some() {
+        array.engine_mut().remove(member as u64, now)?;
+        run_idle(array)?;
     }
-    // md's re-add: from the bitmap when the member's events are not older than the bits'
-    // events_cleared and it was not itself half rebuilt; raid10 rebuilds in full.
-    let old = member_superblock(array.disks(), member)?;
-    let bitmap_ok = st.bitmap_recoverable && !old.has(feature::RECOVERY_OFFSET) && rp.plan.level != 10;
-    let ranges = bitmap_ok
-        .then(|| rp.plan.bitmap.as_ref().and_then(|b| b.write_intent()))
-        .flatten()
-        .map(|bm| bm.set_regions().into_iter().map(|(s, l)| (s, s + l)).collect());
-    Some((member, ranges))
+    let dev_sectors = array.disks().store(member).size_bytes() / 512;
+    let mut uuid = [0xadu8; 16];
+    uuid[..8].copy_from_slice(&(array.now_ns() ^ member as u64).to_le_bytes());
+    let name = format!("member{member}");
+    let sb = array.engine().new_member_superblock(dev_sectors, uuid, &name)?;
+    let bitmap = array.engine().bitmap_area();
+    let store = array.disks_mut().store_mut(member);
+    let mut written = sb.clone();
+    store.write(sb.super_offset * 512, &written.update_csum()).map_err(|e| format!("{name}: {e:?}"))?;
+    if let Some((off, area)) = bitmap {
+        let at = sb.super_offset.saturating_add_signed(i64::from(off)) * 512;
+        store.write(at, &area).map_err(|e| format!("{name}: {e:?}"))?;
+    }
+    store.flush_all();
+    let now = array.now_ns();
+    array.engine_mut().add_member(NewMember { key: member as u64, name, sb, previous, replaces: None }, now)
 }
 
 /// What the rebuild did.
@@ -88,35 +99,36 @@ pub struct RebuildReport {
 /// Brings every missing or faulty slot back and runs until the array is whole or failed.
 /// `log` gets a line per step (for the report's fault list).
 pub fn rebuild(
-    array: &mut SimArray<Engine>,
+    array: &mut SimArray<Array>,
     rp: &RebuildPlan,
     report: &mut RebuildReport,
     log: &mut Vec<String>,
 ) -> Result<Rebuilt, String> {
-    let n = array.engine().member_states().len();
+    let n = array.engine().engine().member_states().len();
     let mut second_failure = rp.second_failure;
     let mut first_round = true;
     // Each round brings back every slot out; a slot fails again at most once per planned
     // failure, so n + 2 rounds are plenty.
     for _ in 0..n + 2 {
         run_idle(array)?;
-        if array.engine().is_failed() {
+        if array.engine().engine().is_failed() {
             return Ok(Rebuilt::Failed);
         }
         // A recovery a source's failure stopped short leaves its member half rebuilt:
         // failed and added again (mdadm --fail, --add), it is rebuilt from the start.
-        let states = array.engine().member_states();
-        let now = array.now_ns();
+        let states = array.engine().engine().member_states();
         for (m, s) in states.iter().enumerate() {
-            if matches!(s, MemberState::Recovering { .. }) && !array.engine().sync_active() {
+            if matches!(s, MemberState::Recovering { .. }) && !array.engine().engine().sync_active() {
                 log.push(format!("member {m} half rebuilt: failed and added again"));
-                array.engine_mut().fail_member(m, now);
+                array.fail_member(m);
             }
         }
-        if array.engine().is_failed() {
+        run_idle(array)?;
+        if array.engine().engine().is_failed() {
             return Ok(Rebuilt::Failed);
         }
         let out: Vec<usize> = array
+            .engine()
             .engine()
             .member_states()
             .iter()
@@ -127,25 +139,34 @@ pub fn rebuild(
         if out.is_empty() {
             return Ok(Rebuilt::Whole);
         }
+        // In slot order: the array gives each the lowest free slot, which is its own.
         for &slot in &out {
             report.brought_back.push(slot);
-            let now = array.now_ns();
-            let readd = if first_round { stale_readd(rp, array, slot) } else { None };
-            match readd {
-                Some((member, ranges)) => {
-                    log.push(match &ranges {
-                        Some(r) => {
+            let stale = if first_round { stale_member(rp, array, slot) } else { None };
+            let added = match stale {
+                Some(member) => {
+                    let added = add_disk(array, member, true)?;
+                    log.push(match &added {
+                        Added::Rebuilding { readd: Ok(r), .. } => {
                             format!("stale member {member} re-added from the bitmap ({} regions)", r.len())
                         }
-                        None => format!("stale member {member} re-added, rebuilt in full"),
+                        _ => format!("stale member {member} re-added, rebuilt in full"),
                     });
-                    array.engine_mut().readd_member(slot, rp.data_offset_bytes, ranges, now)?;
+                    added
                 }
                 None => {
                     log.push(format!("member {slot} replaced by a blank disk and recovered"));
+                    if array.engine().superblocks().member(slot as u64).is_some() {
+                        let now = array.now_ns();
+                        array.engine_mut().remove(slot as u64, now)?;
+                        run_idle(array)?;
+                    }
                     array.disks_mut().replace_member(slot);
-                    array.engine_mut().add_member(slot, rp.data_offset_bytes, now)?;
+                    add_disk(array, slot, false)?
                 }
+            };
+            if !matches!(added, Added::Rebuilding { slot: s, .. } if s == slot) {
+                return Err(format!("the member brought back for slot {slot} did not take it: {added:?}"));
             }
         }
         first_round = false;
@@ -159,12 +180,13 @@ pub fn rebuild(
 /// Runs until the recovery under way is a third done, then fails `victim` (fail-stop).
 /// Returns how many members are then not in sync (the victim included), if it failed.
 fn fail_during_recovery(
-    array: &mut SimArray<Engine>,
+    array: &mut SimArray<Array>,
     victim: usize,
     log: &mut Vec<String>,
 ) -> Result<Option<usize>, String> {
     loop {
-        let Some(st) = array.engine().sync_status().filter(|s| matches!(s.kind, SyncKind::Recovery { .. }))
+        let Some(st) =
+            array.engine().engine().sync_status().filter(|s| matches!(s.kind, SyncKind::Recovery { .. }))
         else {
             log.push("no recovery ran long enough for a second failure".into());
             return Ok(None);
@@ -177,7 +199,7 @@ fn fail_during_recovery(
             other => return Err(format!("recovery before the second failure ended {other:?}")),
         }
     }
-    let states = array.engine().member_states();
+    let states = array.engine().engine().member_states();
     if states[victim] != MemberState::InSync {
         return Ok(None);
     }

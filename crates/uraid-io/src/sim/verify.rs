@@ -2,21 +2,60 @@
 //! whole array (every stripe's P and Q match its data, every mirror copy matches md's first
 //! copy) and each array sector as its primary location holds it. A check through the
 //! engine alone could be answered from its stripe cache; these read what the disks hold.
+//! A sector a member's bad-block log lists holds nothing by md's account (its write
+//! failed): rows with one are left out.
 
 use uraid_core::{Geometry, Level};
 
 use super::disks::SimDisks;
+use super::meta::member_metadata;
 
 const SECTOR: u64 = 512;
+
+/// Per member, the data sectors its bad-block log lists, as data-relative [start, end).
+struct BadRows(Vec<Vec<(u64, u64)>>);
+
+impl BadRows {
+    fn read(disks: &SimDisks, data_offset_bytes: u64) -> BadRows {
+        let first = data_offset_bytes / SECTOR;
+        BadRows(
+            (0..disks.member_count())
+                .map(|m| {
+                    let bb = member_metadata(disks, m).bad_blocks.ok().flatten();
+                    bb.map(|bb| {
+                        bb.entries()
+                            .map(|(s, l)| (s.saturating_sub(first), (s + l).saturating_sub(first)))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+                })
+                .collect(),
+        )
+    }
+
+    fn listed(&self, member: usize, member_sector: u64) -> bool {
+        self.0.get(member).is_some_and(|r| r.iter().any(|&(a, b)| a <= member_sector && member_sector < b))
+    }
+}
 
 /// Compares every mirror copy, or every stripe's parity with its data, on the members
 /// themselves. Call on an array with every member in sync and no resync owed.
 pub fn members_agree(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Result<(), String> {
+    let bad = BadRows::read(disks, data_offset_bytes);
     match geo.level {
         Level::Raid0 => Ok(()),
-        Level::Raid1 | Level::Raid10 => mirrors_agree(disks, geo, data_offset_bytes),
-        Level::Raid4 | Level::Raid5 | Level::Raid6 => parity_agrees(disks, geo, data_offset_bytes),
+        Level::Raid1 | Level::Raid10 => mirrors_agree(disks, geo, data_offset_bytes, &bad),
+        Level::Raid4 | Level::Raid5 | Level::Raid6 => parity_agrees(disks, geo, data_offset_bytes, &bad),
     }
+}
+
+/// The first sector where `a` and `b` differ, skipping those `skip` says.
+fn first_difference_but(a: &[u8], b: &[u8], skip: impl Fn(u64) -> bool) -> Option<u64> {
+    a.chunks(SECTOR as usize)
+        .zip(b.chunks(SECTOR as usize))
+        .enumerate()
+        .find(|(k, (x, y))| x != y && !skip(*k as u64))
+        .map(|(k, _)| k as u64)
 }
 
 fn read(
@@ -31,11 +70,12 @@ fn read(
     buf
 }
 
-fn first_difference(a: &[u8], b: &[u8]) -> u64 {
-    a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0) as u64 / SECTOR
-}
-
-fn mirrors_agree(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Result<(), String> {
+fn mirrors_agree(
+    disks: &SimDisks,
+    geo: &Geometry,
+    data_offset_bytes: u64,
+    bad: &BadRows,
+) -> Result<(), String> {
     let sectors = geo.array_sectors();
     let mut copies = Vec::new();
     let mut s = 0;
@@ -48,10 +88,14 @@ fn mirrors_agree(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Re
         let first = read(disks, copies[0].member, copies[0].member_sector, len, data_offset_bytes);
         for c in &copies[1..] {
             let other = read(disks, c.member, c.member_sector, len, data_offset_bytes);
-            if other != first {
+            let skip = |k: u64| {
+                bad.listed(copies[0].member, copies[0].member_sector + k)
+                    || bad.listed(c.member, c.member_sector + k)
+            };
+            if let Some(k) = first_difference_but(&first, &other, skip) {
                 return Err(format!(
                     "array sector {} differs between member {} (sector {}) and member {} (sector {})",
-                    s + first_difference(&first, &other),
+                    s + k,
                     copies[0].member,
                     copies[0].member_sector,
                     c.member,
@@ -64,7 +108,12 @@ fn mirrors_agree(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Re
     Ok(())
 }
 
-fn parity_agrees(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Result<(), String> {
+fn parity_agrees(
+    disks: &SimDisks,
+    geo: &Geometry,
+    data_offset_bytes: u64,
+    bad: &BadRows,
+) -> Result<(), String> {
     let kernel = uraid_parity::selected_kernel();
     let chunk = geo.chunk_sectors;
     let stripes = geo.array_sectors() / geo.stripe_data_sectors();
@@ -72,6 +121,10 @@ fn parity_agrees(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Re
     for stripe in 0..stripes {
         let map = geo.stripe_map(stripe);
         let at = stripe * chunk;
+        let mut members: Vec<usize> = map.data_members.clone();
+        members.push(map.pd_idx);
+        members.extend(map.qd_idx);
+        let skip = |k: u64| members.iter().any(|&m| bad.listed(m, at + k));
         let data: Vec<Vec<u8>> =
             map.data_members.iter().map(|&m| read(disks, m, at, chunk, data_offset_bytes)).collect();
         let p_held = read(disks, map.pd_idx, at, chunk, data_offset_bytes);
@@ -91,19 +144,19 @@ fn parity_agrees(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Re
                 let mut q = vec![0u8; bytes];
                 kernel.gen_syndrome(&slots, &mut p, &mut q);
                 let q_held = read(disks, qd, at, chunk, data_offset_bytes);
-                if q != q_held {
+                if let Some(k) = first_difference_but(&q, &q_held, skip) {
                     return Err(format!(
                         "stripe {stripe}: Q on member {qd} disagrees with the data at member sector {}",
-                        at + first_difference(&q, &q_held)
+                        at + k
                     ));
                 }
             }
         }
-        if p != p_held {
+        if let Some(k) = first_difference_but(&p, &p_held, skip) {
             return Err(format!(
                 "stripe {stripe}: P on member {} disagrees with the data at member sector {}",
                 map.pd_idx,
-                at + first_difference(&p, &p_held)
+                at + k
             ));
         }
     }
@@ -124,8 +177,9 @@ pub fn sector_digest(sector: &[u8]) -> u64 {
 }
 
 /// Every array sector's digest as its primary location (md's first copy, or its data
-/// block) holds it.
-pub fn direct_digests(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Vec<u64> {
+/// block) holds it; None where that location is listed bad.
+pub fn direct_digests(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Vec<Option<u64>> {
+    let bad = BadRows::read(disks, data_offset_bytes);
     let sectors = geo.array_sectors();
     let mut out = Vec::with_capacity(sectors as usize);
     let mut s = 0;
@@ -133,7 +187,11 @@ pub fn direct_digests(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) 
         let (at, room) = geo.map_sector(s);
         let len = room.min(2048).min(sectors - s);
         let buf = read(disks, at.member, at.member_sector, len, data_offset_bytes);
-        out.extend(buf.chunks(SECTOR as usize).map(sector_digest));
+        out.extend(
+            buf.chunks(SECTOR as usize).enumerate().map(|(k, b)| {
+                (!bad.listed(at.member, at.member_sector + k as u64)).then(|| sector_digest(b))
+            }),
+        );
         s += len;
     }
     out

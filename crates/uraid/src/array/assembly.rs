@@ -1,24 +1,45 @@
-//! From member paths to an engine configuration: read every superblock, let
-//! `uraid_core::meta::plan_assembly` decide, and turn its plan into an [`ArrayConfig`].
-//! Nothing here writes to a member.
+//! From member paths to an assembly plan: read every member's metadata, let
+//! `uraid_core::meta::plan_assembly` decide. Nothing here writes to a member.
 
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
-use uraid_core::meta::{AssembleOptions, AssemblyPlan, Superblock};
-use uraid_core::{ArrayConfig, Geometry, Level, Tunables};
+use uraid_core::array::StartMember;
+use uraid_core::meta::{AssembleOptions, AssemblyPlan, MemberMetadata, Superblock};
+use uraid_core::Geometry;
 
 use super::member::{open_members, MemberDev};
 
 pub struct Assembled {
     /// Offered members, in the order given.
     pub members: Vec<MemberDev>,
+    /// Each offered member's metadata as read.
+    pub metadata: Vec<MemberMetadata>,
     /// Each offered member's superblock (all parsed: assembly refuses otherwise).
     pub superblocks: Vec<Superblock>,
     pub plan: AssemblyPlan,
-    pub config: ArrayConfig,
-    /// Per slot: the offered member in it.
-    pub slot_member: Vec<Option<usize>>,
+    pub geometry: Geometry,
+}
+
+impl Assembled {
+    /// What `Array::start` takes: each offered member under its index, which is also its
+    /// index in the executor.
+    pub fn start_members(&self) -> anyhow::Result<Vec<StartMember>> {
+        self.members
+            .iter()
+            .zip(&self.metadata)
+            .zip(&self.superblocks)
+            .enumerate()
+            .map(|(key, ((m, meta), sb))| {
+                Ok(StartMember {
+                    key: key as u64,
+                    name: m.name.clone(),
+                    sb: sb.clone(),
+                    bad_blocks: meta.bad_blocks.clone().map_err(|e| anyhow!("{e}"))?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// Opens, checks and plans. `writable` decides how the files are opened (and claims
@@ -28,7 +49,8 @@ pub fn assemble(paths: &[PathBuf], run: bool, force: bool, writable: bool) -> an
         bail!("no members given: name the array's member files or devices");
     }
     let members = open_members(paths, writable)?;
-    let offered: Vec<_> = members.iter().map(MemberDev::offered).collect();
+    let metadata: Vec<MemberMetadata> = members.iter().map(MemberDev::metadata).collect();
+    let offered: Vec<_> = metadata.iter().map(|m| m.offered.clone()).collect();
     let plan = uraid_core::meta::plan_assembly(&offered, &AssembleOptions { run, uuid: None, force })
         .map_err(|e| anyhow!("{e}"))?;
     // plan_assembly refuses any member whose superblock does not parse.
@@ -36,39 +58,6 @@ pub fn assemble(paths: &[PathBuf], run: bool, force: bool, writable: bool) -> an
         .into_iter()
         .map(|o| o.superblock.map_err(|e| anyhow!("{}", e)))
         .collect::<anyhow::Result<_>>()?;
-    let level = Level::from_md_level(plan.level).ok_or_else(|| {
-        anyhow!("raid level {} is not supported by the engine (0, 1, 4, 5, 6, 10 are)", plan.level)
-    })?;
-    let member_sectors: Vec<u64> = plan
-        .slots
-        .iter()
-        .map(|s| match (level, s) {
-            (Level::Raid0, Some(m)) => m.data_size_sectors,
-            _ => plan.size_sectors,
-        })
-        .collect();
-    let geometry = Geometry::new(
-        level,
-        plan.raid_disks as usize,
-        plan.layout,
-        u64::from(plan.chunk_sectors),
-        &member_sectors,
-    )
-    .map_err(|e| anyhow!("the superblocks describe an impossible geometry: {e}; nothing was written"))?;
-    if geometry.array_sectors() != plan.array_sectors {
-        bail!(
-            "array size disagreement: the superblocks give {} sectors, the geometry {}; refusing to \
-             start (nothing was written)",
-            plan.array_sectors,
-            geometry.array_sectors()
-        );
-    }
-    let slot_member = plan.slots.iter().map(|s| s.as_ref().map(|m| m.member)).collect();
-    let config = ArrayConfig {
-        geometry,
-        members: plan.member_configs(),
-        tunables: Tunables::default(),
-        read_only: false,
-    };
-    Ok(Assembled { members, superblocks, plan, config, slot_member })
+    let geometry = plan.geometry().map_err(|e| anyhow!("{e}; refusing to start (nothing was written)"))?;
+    Ok(Assembled { members, metadata, superblocks, plan, geometry })
 }

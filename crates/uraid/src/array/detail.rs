@@ -122,13 +122,13 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
 pub fn offline(a: &Assembled) -> DetailInfo {
     let sb = &a.superblocks[a.plan.freshest];
     let slots: Vec<SlotView> = a
-        .config
-        .members
+        .plan
+        .member_configs()
         .iter()
-        .zip(&a.slot_member)
-        .map(|(m, idx)| SlotView {
-            dev_number: idx.map(|i| a.superblocks[i].dev_number),
-            path: idx.map(|i| a.members[i].name.clone()),
+        .zip(&a.plan.slots)
+        .map(|(m, s)| SlotView {
+            dev_number: s.as_ref().map(|s| a.superblocks[s.member].dev_number),
+            path: s.as_ref().map(|s| a.members[s.member].name.clone()),
             state: m.state,
         })
         .collect();
@@ -153,8 +153,8 @@ pub fn offline(a: &Assembled) -> DetailInfo {
         read_only: false,
         scrub: None,
     });
-    for (m, sb) in a.members.iter().zip(&a.superblocks) {
-        if let Ok(Some(bb)) = m.read_bad_blocks(sb) {
+    for (m, meta) in a.members.iter().zip(&a.metadata) {
+        if let Ok(Some(bb)) = &meta.bad_blocks {
             if !bb.is_empty() {
                 info.bad_blocks.push((m.name.clone(), bb.entries().collect()));
             }

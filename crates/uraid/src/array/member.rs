@@ -8,13 +8,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use uraid_core::meta::{
-    BitmapSuper, OfferedMember, Superblock, SuperblockError, SuperblockVersion, BITMAP_SUPER_BYTES, SB_BYTES,
-};
-
-/// Bitmaps larger than this are not read: md itself keeps them far smaller (128 KiB of
-/// reserved space at most), so a bigger one means a corrupted header.
-const MAX_BITMAP_BYTES: u64 = 64 << 20;
+use uraid_core::meta::{read_member, MemberMetadata, Superblock, SuperblockError};
 
 /// One opened member device.
 #[derive(Debug)]
@@ -111,56 +105,17 @@ impl MemberDev {
         self.file.sync_data()
     }
 
-    /// The superblock of whichever 1.x placement holds one (1.2 first, mdadm's default),
-    /// and the bitmap bytes when it has an internal bitmap.
-    /// The member's bad-block log as md's super_1_load reads it: None without a log, an
-    /// empty set while the superblock's BAD_BLOCKS bit is clear.
-    pub fn read_bad_blocks(&self, sb: &Superblock) -> anyhow::Result<Option<uraid_core::meta::BadBlocks>> {
-        let log = match sb.super_offset.checked_add_signed(i64::from(sb.bblog_offset)) {
-            Some(at) if sb.has(uraid_core::meta::feature::BAD_BLOCKS) && sb.bblog_size <= 8 => self
-                .read_at(at * 512, usize::from(sb.bblog_size) * 512)
-                .with_context(|| format!("{}: reading the bad-block log", self.name))?,
-            _ => Vec::new(),
-        };
-        uraid_core::meta::BadBlocks::parse(sb, &log).map_err(|e| anyhow::anyhow!("{}: {e}", self.name))
+    /// What assembly reads of the member: its superblock (whichever 1.x placement holds
+    /// one), bitmap and bad-block log.
+    pub fn metadata(&self) -> MemberMetadata {
+        read_member(&self.name, self.dev_sectors(), &mut |offset, len| {
+            self.read_at(offset, len).unwrap_or_default()
+        })
     }
 
-    pub fn read_metadata(&self) -> (Result<Superblock, SuperblockError>, Option<Vec<u8>>) {
-        let dev_sectors = self.dev_sectors();
-        let mut first_err = None;
-        for version in [SuperblockVersion::V1_2, SuperblockVersion::V1_1, SuperblockVersion::V1_0] {
-            let Some(at) = version.sb_offset_sectors(dev_sectors) else { continue };
-            let buf = self.read_at(at * 512, SB_BYTES).unwrap_or_default();
-            match Superblock::parse_member(&buf, version, dev_sectors) {
-                Ok(sb) => {
-                    let bitmap = self.read_bitmap(&sb);
-                    return (Ok(sb), bitmap);
-                }
-                // No magic (or nothing to read) means "look at the next placement"; any
-                // other error is a real but damaged superblock, reported as is.
-                Err(e @ (SuperblockError::BadMagic { .. } | SuperblockError::Truncated { .. })) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(e) => return (Err(e), None),
-            }
-        }
-        (Err(first_err.unwrap_or(SuperblockError::DeviceTooSmall { dev_sectors })), None)
-    }
-
-    fn read_bitmap(&self, sb: &Superblock) -> Option<Vec<u8>> {
-        let at = sb.bitmap_sector()? * 512;
-        let head = self.read_at(at, BITMAP_SUPER_BYTES).ok()?;
-        let len = match BitmapSuper::parse(&head) {
-            Ok(bsb) => bsb.bytes_on_disk(512).min(MAX_BITMAP_BYTES),
-            // Let the planner report the broken header.
-            Err(_) => return Some(head),
-        };
-        self.read_at(at, len as usize).ok()
-    }
-
-    pub fn offered(&self) -> OfferedMember {
-        let (superblock, bitmap) = self.read_metadata();
-        OfferedMember { name: self.name.clone(), dev_sectors: self.dev_sectors(), superblock, bitmap }
+    /// Its superblock, if one parses (what `examine`, `add` and `create` look at).
+    pub fn superblock(&self) -> Result<Superblock, SuperblockError> {
+        self.metadata().offered.superblock
     }
 }
 

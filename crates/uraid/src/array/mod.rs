@@ -5,7 +5,6 @@ pub mod assembly;
 pub mod detail;
 pub mod device;
 pub mod member;
-pub mod meta;
 pub mod report;
 pub mod running;
 

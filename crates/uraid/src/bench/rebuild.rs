@@ -114,20 +114,16 @@ fn rebuild_once(paths: &[PathBuf], member_bytes: u64) -> anyhow::Result<()> {
     let rt = ArrayRuntime::start(engine, executor, &RuntimeOptions::default()).context("runtime")?;
     let handle = rt.handle();
     loop {
-        let active = handle
-            .control(|e, _, _| e.downcast_mut::<Engine>().map(|e| e.sync_active()).unwrap_or(false))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let active = handle.control(|e, _, _| e.sync_active()).map_err(|e| anyhow::anyhow!("{e}"))?;
         if !active {
             break;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let states = handle
-        .control(|e, _, _| e.downcast_mut::<Engine>().map(|e| e.member_states()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let states = handle.control(|e, _, _| e.member_states()).map_err(|e| anyhow::anyhow!("{e}"))?;
     rt.shutdown().map_err(|e| anyhow::anyhow!("{e}"))?;
     anyhow::ensure!(
-        states.is_some_and(|s| s[MEMBERS - 1] == MemberState::InSync),
+        states[MEMBERS - 1] == MemberState::InSync,
         "the rebuild did not finish with the member in sync"
     );
     Ok(())

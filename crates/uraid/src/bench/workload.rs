@@ -174,10 +174,8 @@ fn size_text(b: u64) -> String {
 }
 
 /// (engine CPU ns, member reads, member writes) at one moment.
-fn snapshot(h: &RuntimeHandle) -> Result<(u64, u64, u64), String> {
-    let cpu = h
-        .control(|e, _, _| e.downcast_ref::<TimedEngine<Engine>>().map(|t| t.cpu_ns).unwrap_or(0))
-        .map_err(|e| e.to_string())?;
+fn snapshot(h: &RuntimeHandle<TimedEngine<Engine>>) -> Result<(u64, u64, u64), String> {
+    let cpu = h.control(|t, _, _| t.cpu_ns).map_err(|e| e.to_string())?;
     let s = h.stats().map_err(|e| e.to_string())?;
     Ok((cpu, s.array.member_reads(), s.array.member_writes()))
 }
@@ -214,7 +212,13 @@ impl RealRunner {
     }
 
     /// The job in real time: like the simulator's `run_job`, with the clock on the wall.
-    fn drive(&self, h: &RuntimeHandle, size: u64, job: &Job, seed: u64) -> Result<JobResult, String> {
+    fn drive(
+        &self,
+        h: &RuntimeHandle<TimedEngine<Engine>>,
+        size: u64,
+        job: &Job,
+        seed: u64,
+    ) -> Result<JobResult, String> {
         let region = if job.region_bytes == 0 { size } else { job.region_bytes.min(size) };
         let bs = job.block_bytes;
         if region < bs * job.threads as u64 {

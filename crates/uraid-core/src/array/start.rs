@@ -1,0 +1,175 @@
+//! An array from an assembly plan: what `uraid serve`, `uraid sim` and the tests start the
+//! same way. The engine gets each slot's member (reached through the caller's index of
+//! it), its write-mostly flag and bad-block log, and the resync the superblocks ask for;
+//! the superblock state keeps the active members and spares; a hot spare takes a missing
+//! slot at once, as md's remove_and_add_spares does.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::rounds::{Rounds, Work};
+use super::state::Array;
+use super::superblocks::{ArrayMember, ArraySuperblocks, DevRole, MemberKey, MetaIo, MetaWriteKind};
+use super::upkeep::{UpkeepClock, UpkeepPeriods};
+use crate::api::*;
+use crate::config::{ArrayConfig, MemberState, Tunables};
+use crate::detmap::DetMap;
+use crate::engine::Engine;
+use crate::meta::{ppl_area, ppl_signature, AssemblyPlan, BadBlocks, PplHeader, Superblock, MAX_SECTOR};
+
+/// One offered member, as the caller reads it.
+#[derive(Clone, Debug)]
+pub struct StartMember {
+    /// The caller's index of the device: its member I/O carries it.
+    pub key: MemberKey,
+    pub name: String,
+    pub sb: Superblock,
+    /// md's bad-block log as read (None: no log).
+    pub bad_blocks: Option<BadBlocks>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ArrayOptions {
+    pub tunables: Tunables,
+    pub read_only: bool,
+    /// The caller's clock now (its `now_ns` from here on counts on the same clock).
+    pub now_ns: TimeNs,
+    /// Wall-clock seconds at the caller's `now_ns == 0` (superblock utime).
+    pub epoch_seconds: u64,
+    pub periods: UpkeepPeriods,
+}
+
+impl Array {
+    /// Starts the array `plan` describes. `offered` are the plan's offered members in its
+    /// order (the plan's member indices point into it); members the plan leaves out
+    /// (stale ones) are not used: the caller may add them back.
+    pub fn start(
+        plan: &AssemblyPlan,
+        offered: Vec<StartMember>,
+        opts: ArrayOptions,
+    ) -> Result<Array, String> {
+        let geometry = plan.geometry()?;
+        let mut tunables = opts.tunables;
+        // A member failure is in the superblocks before anything that relied on it is
+        // acknowledged (md's MD_SB_CHANGE_PENDING).
+        tunables.hold_completions_on_member_failure = !opts.read_only;
+        let config =
+            ArrayConfig { geometry, members: plan.member_configs(), tunables, read_only: opts.read_only };
+        let mut engine = Engine::new(config).map_err(|e| format!("the engine refused the array: {e}"))?;
+        let mut members = Vec::new();
+        let mut names = BTreeMap::new();
+        let mut logs = Vec::new();
+        for (slot, s) in plan.slots.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let m = offered.get(s.member).ok_or("the plan names a member that was not offered")?;
+            engine.set_io_member(slot, m.key as usize)?;
+            if s.write_mostly {
+                engine.set_write_mostly(slot, true)?;
+            }
+            engine.set_bad_blocks(slot, m.bad_blocks.clone());
+            let recovering = s.recovery_offset_sectors.is_some();
+            members.push(ArrayMember {
+                key: m.key,
+                sb: m.sb.clone(),
+                role: DevRole::Active { slot, recovering },
+            });
+            names.insert(m.key, m.name.clone());
+            logs.extend(m.bad_blocks.clone().map(|bb| (m.key, bb)));
+        }
+        for &i in &plan.spares {
+            let m = offered.get(i).ok_or("the plan names a spare that was not offered")?;
+            members.push(ArrayMember { key: m.key, sb: m.sb.clone(), role: DevRole::Spare });
+            names.insert(m.key, m.name.clone());
+            logs.extend(m.bad_blocks.clone().map(|bb| (m.key, bb)));
+        }
+        // The freshest superblock first: new members copy its fields.
+        let freshest = offered.get(plan.freshest).map(|m| m.key);
+        if let Some(pos) = members.iter().position(|m| Some(m.key) == freshest) {
+            members.swap(0, pos);
+        }
+        if members.is_empty() {
+            return Err("no member to start the array with".into());
+        }
+        let resync_pending = plan.resync.engine_ranges().is_some();
+        if !opts.read_only {
+            if let Some(ranges) = plan.resync.engine_ranges() {
+                engine.start_resync(ranges, opts.now_ns);
+            }
+        }
+        let bitmap =
+            plan.bitmap.as_ref().and_then(|b| b.write_intent().map(|w| (w, b.offset_from_sb_sectors)));
+        let dirty = plan.resync_offset != MAX_SECTOR;
+        let mut sbs = ArraySuperblocks::new(members, plan.events, dirty, resync_pending, bitmap);
+        for (key, bb) in logs {
+            sbs.load_bad_blocks(key, bb);
+        }
+        let mut array = Array {
+            engine,
+            sbs,
+            read_only: opts.read_only,
+            now_ns: opts.now_ns,
+            epoch_seconds: opts.epoch_seconds,
+            upkeep: UpkeepClock::new(opts.periods, opts.now_ns),
+            rounds: Rounds::default(),
+            after: BTreeMap::new(),
+            write_barrier: 0,
+            held: VecDeque::new(),
+            writes: DetMap::default(),
+            rmws: Vec::new(),
+            splits: DetMap::default(),
+            internal: DetMap::default(),
+            next_internal: 0,
+            arrivals: 0,
+            to_engine: VecDeque::new(),
+            out_done: VecDeque::new(),
+            records_pending: 0,
+            write_generation: 0,
+            seen_generation: 0,
+            clean_flush: false,
+            checkpoint_out: false,
+            daemon_queued: false,
+            bitmap_activity: true,
+            recovery_unrecorded: Vec::new(),
+            spare_wanted: Vec::new(),
+            promoting: Vec::new(),
+            closing: None,
+            notices: VecDeque::new(),
+            released: Vec::new(),
+            names,
+            sync_samples: VecDeque::new(),
+            last_sample_ns: opts.now_ns,
+        };
+        if !array.read_only {
+            array.empty_ppl_logs();
+            let states = array.engine.member_states();
+            array.spare_wanted =
+                (0..states.len()).filter(|&s| matches!(states[s], MemberState::Missing)).collect();
+        }
+        array.settle();
+        Ok(array)
+    }
+
+    /// md's ppl_write_empty_header at every start: each active member's PPL area zeroed and
+    /// given an empty header, before any write. uraid does not log partial parity yet, so a
+    /// log md left behind must not survive this run: after a crash md would replay it over
+    /// parity that uraid's writes changed since.
+    fn empty_ppl_logs(&mut self) {
+        let mut ios = Vec::new();
+        for m in self.sbs.members() {
+            let Some(slot) = m.role.active_slot() else { continue };
+            let Some((start, sectors)) = ppl_area(&m.sb) else { continue };
+            let Ok(header) = PplHeader::empty(ppl_signature(&m.sb.set_uuid)).serialize() else { continue };
+            let mut area = vec![0u8; (sectors * SECTOR_BYTES) as usize];
+            area[..header.len()].copy_from_slice(&header);
+            ios.push(MetaIo::Write {
+                key: m.key,
+                slot: Some(slot),
+                what: MetaWriteKind::PplArea,
+                offset_bytes: start * SECTOR_BYTES,
+                bytes: area,
+            });
+        }
+        if !ios.is_empty() {
+            self.write_barrier = self.rounds.push(Work::Raw(ios));
+        }
+    }
+}
