@@ -14,6 +14,7 @@ pub mod meta;
 pub mod mirror;
 pub mod queue;
 pub mod replace;
+pub mod rng;
 pub mod scrub;
 pub mod sectors;
 pub mod stats;

@@ -167,11 +167,6 @@ impl Engine {
         self.ios.values().any(|(_, m, _, _)| *m == slot)
     }
 
-    /// Start rebuilding `slot` from `from_sectors` (a resumed recovery passes the checkpoint).
-    pub(crate) fn queue_recovery(&mut self, slot: usize, from_sectors: u64) {
-        self.queue_recovery_ranges(slot, vec![(from_sectors, u64::MAX)]);
-    }
-
     fn queue_recovery_ranges(&mut self, slot: usize, ranges: Vec<(u64, u64)>) {
         if self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Recovery { member: slot }) {
             return;

@@ -728,3 +728,23 @@ fn a_partly_unreadable_member_keeps_its_good_rows_during_a_recovery() {
     }
     assert!(p[..] == d.members.images[map.pd_idx][row(0)..row(16)], "P disagrees with the data on disk");
 }
+
+/// A recovery resumed at start reaches the member through the index the caller gives the
+/// slot after building the engine (an array started from members offered in another order
+/// than their slots): nothing is issued before the first call after the set-up.
+#[test]
+fn a_resumed_recovery_issues_nothing_until_the_caller_set_the_engine_up() {
+    for (level, n, layout) in cases() {
+        let ctx = format!("{level:?} n={n} layout={layout}");
+        let mut cfg = config(geo(level, n, layout), 0);
+        cfg.members[1].state = MemberState::Recovering { recovery_offset_sectors: 64 };
+        let mut e = Engine::new(cfg).unwrap();
+        assert!(e.pop_member_io().is_none(), "{ctx}: I/O issued while the engine was being built");
+        e.set_io_member(1, 40).unwrap();
+        assert_eq!(e.next_deadline_ns(), Some(0), "{ctx}: the queued recovery asks to be started");
+        e.tick(0);
+        let ios: Vec<MemberIo> = std::iter::from_fn(|| e.pop_member_io()).collect();
+        assert!(!ios.is_empty(), "{ctx}: the recovery did not start");
+        assert!(ios.iter().all(|io| io.member != 1), "{ctx}: I/O went to the slot's old index");
+    }
+}

@@ -9,9 +9,9 @@ use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
 
 use super::model::{model_for, DiskModel, QueuedIo};
 use super::profile::{DiskProfile, ProfileError};
-use super::rng::Rng;
 use super::store::{MemberStore, PowerLossPolicy, PowerLossReport};
 use super::trace::TraceHasher;
+use uraid_core::rng::Rng;
 
 /// Queue depths at or above this share the histogram's last bucket.
 pub const QUEUE_DEPTH_BUCKETS: usize = 65;

@@ -3,7 +3,7 @@
 //! One seed reproduces a whole run: the same engine, the same submissions and the same
 //! faults give the same event sequence and the same [`SimDisks::trace_hash`] on every
 //! machine (integers only in the hash, no hash-map iteration, no wall clock, randomness
-//! only from [`rng::Rng`] streams derived from the seed).
+//! only from [`Rng`] streams derived from the seed).
 //!
 //! # Pieces
 //! - [`profile`]: disk profiles as TOML data (`hdd-7200-2009`, `hdd-7200-2014`,
@@ -81,7 +81,7 @@ pub mod meta;
 pub mod model;
 pub mod profile;
 pub mod rebuild;
-pub mod rng;
+
 pub mod store;
 pub mod trace;
 pub mod verify;
@@ -89,6 +89,6 @@ pub mod verify;
 pub use array::{Crash, RunOutcome, SimArray, TimedCompletion};
 pub use disks::{Fault, FaultKind, FaultRecord, FaultTrigger, SimDisks, SimMemberConfig, SimMemberStats};
 pub use profile::{DiskProfile, HddProfile, ProfileError, SsdProfile};
-pub use rng::Rng;
 pub use store::{MemberStore, PowerLossPolicy, PowerLossReport};
 pub use trace::TraceHasher;
+pub use uraid_core::rng::Rng;

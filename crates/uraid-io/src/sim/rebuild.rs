@@ -20,6 +20,8 @@ pub enum Rebuilt {
     /// More members lost than the level survives (expected only after a second failure
     /// during recovery that the level cannot take).
     Failed,
+    /// The power is to be cut now, the recovery part way (see `RebuildPlan::cut_at`).
+    PowerCut,
 }
 
 pub struct RebuildPlan<'a> {
@@ -28,10 +30,12 @@ pub struct RebuildPlan<'a> {
     pub offered: &'a [usize],
     /// Members whose disk gave write or flush errors: replaced, never re-added.
     pub erroring: &'a [bool],
-    pub data_offset_bytes: u64,
     /// Fail this member once the first recovery is a third of the way (`None`: no second
     /// failure).
     pub second_failure: Option<usize>,
+    /// Stop for a power cut once a recovery is this far (a fraction of it), to show it
+    /// resumes from its checkpoint after re-assembly.
+    pub cut_at: Option<f64>,
 }
 
 /// Does the level survive a member failing while another is being recovered? md counts a
@@ -94,6 +98,8 @@ pub struct RebuildReport {
     pub brought_back: Vec<usize>,
     /// The second failure hit while a recovery ran: members not in sync right after it.
     pub second_failure_not_in_sync: Option<usize>,
+    /// The second failure was tried (it hit, or no recovery ran long enough).
+    pub second_failure_tried: bool,
 }
 
 /// Brings every missing or faulty slot back and runs until the array is whole or failed.
@@ -171,10 +177,36 @@ pub fn rebuild(
         }
         first_round = false;
         if let Some(victim) = second_failure.take() {
+            report.second_failure_tried = true;
             report.second_failure_not_in_sync = fail_during_recovery(array, victim, log)?;
+        }
+        if let Some(frac) = rp.cut_at {
+            if run_until_recovered(array, frac)? {
+                return Ok(Rebuilt::PowerCut);
+            }
         }
     }
     Err("the rebuild after the power cycle did not converge".into())
+}
+
+/// Runs until the recovery under way has done `frac` of its work; false when none ran
+/// that long.
+fn run_until_recovered(array: &mut SimArray<Array>, frac: f64) -> Result<bool, String> {
+    loop {
+        let Some(st) =
+            array.engine().engine().sync_status().filter(|s| matches!(s.kind, SyncKind::Recovery { .. }))
+        else {
+            return Ok(false);
+        };
+        if st.done_sectors as f64 >= st.total_sectors as f64 * frac {
+            return Ok(true);
+        }
+        match array.run_until(array.now_ns() + 200_000) {
+            RunOutcome::TimeReached | RunOutcome::Idle => {}
+            RunOutcome::PowerLost { .. } => return Ok(true),
+            other => return Err(format!("the recovery before the power cut ended {other:?}")),
+        }
+    }
 }
 
 /// Runs until the recovery under way is a third done, then fails `victim` (fail-stop).

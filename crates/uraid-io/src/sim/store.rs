@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use uraid_core::{MemberIoError, SECTOR_BYTES};
 
-use super::rng::Rng;
+use uraid_core::rng::Rng;
 
 /// Small pages: a random 4 KiB write then zero-fills 4 KiB, not 64 KiB (the simulator's
 /// speed is dominated by this on random-write workloads).

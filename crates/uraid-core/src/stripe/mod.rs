@@ -1,0 +1,346 @@
+//! raid4/5/6: the stripe cache, the stripe queue (write batching), the RMW/RCW planner,
+//! degraded reconstruction and read-error correction.
+//!
+//! A stripe head covers `head_sectors` rows (at most one chunk, at most 64 KiB) across every
+//! member. Per member it keeps a cache block mirroring what the member holds once in-flight
+//! writes land (`valid` rows), new data not yet being written (`towrite`), and the batch being
+//! written. Blocks hold bytes where they already are (see [`Block`]): a 4 KiB read-modify-write
+//! adopts its three reads and carries the request's own bytes, so it copies nothing. Each event marks heads dirty; `run_stripes` re-analyses them, as md's
+//! `handle_stripe`: serve readers, advance the write batch, start a new one when the stripe
+//! queue policy says so.
+
+use std::collections::VecDeque;
+
+use crate::detmap::DetMap;
+
+use std::sync::Arc;
+
+use crate::api::*;
+use crate::block::Block;
+use crate::geometry::{Geometry, StripeMap};
+use crate::sectors::{rows, runs, SectorMask};
+
+mod analyse;
+mod cache;
+mod completion;
+mod head_sync;
+mod queue;
+mod row_sync;
+mod scrub;
+mod write;
+
+/// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
+/// pre-reading.
+const IO_THRESHOLD: usize = 1;
+/// Largest stripe head height in sectors (64 KiB).
+const MAX_HEAD_SECTORS: u64 = 128;
+
+/// One member's rows of a stripe head, shared with the member writes that carry it (see
+/// [`Block`]): a pool buffer of the full height, a member read adopted as it came, or a
+/// window onto a request's payload (md's skip_copy; dropped from the cache once written).
+type Buf = Block;
+
+/// A stripe map and each member's logical data index under it, shared by every head of
+/// the same residue.
+type SharedMap = (Arc<StripeMap>, Arc<Vec<Option<usize>>>);
+
+/// Why a member I/O was issued; routes its completion.
+#[derive(Clone, Debug)]
+pub(crate) enum IoCtx {
+    DirectRead {
+        req: RequestId,
+        array_sector: u64,
+        len_sectors: u64,
+        dest_off: usize,
+        tried: u128,
+        errored: u128,
+    },
+    DirectWrite {
+        req: RequestId,
+        array_sector: u64,
+        len_sectors: u64,
+    },
+    /// Read-error correction: rewrite rows that failed to read (key u64::MAX = no stripe;
+    /// then `req` is the read that waits for it, as md completes a read only after fixing).
+    Rewrite {
+        key: u64,
+        rows: SectorMask,
+        req: Option<RequestId>,
+    },
+    MemberFlush {
+        flush: RequestId,
+    },
+    FuaFlush {
+        req: RequestId,
+    },
+    BypassRead {
+        req: RequestId,
+        array_sector: u64,
+        len_sectors: u64,
+        dest_off: usize,
+    },
+    Fill {
+        key: u64,
+        rows: SectorMask,
+    },
+    StripeWrite {
+        key: u64,
+    },
+    /// raid1/10 sync: read the good copy of a unit's piece. `read_errors`: the members
+    /// whose copy of it failed to read already (tried again elsewhere, then rewritten).
+    SyncRead {
+        array_sector: u64,
+        len_sectors: u64,
+        read_errors: u128,
+    },
+    SyncWrite,
+    /// raid1/10 replacement copy: a piece read from the member being replaced, or from
+    /// another copy once the members in `tried` failed it (see `replace`).
+    ReplaceRead {
+        array_sector: u64,
+        len_sectors: u64,
+        tried: u128,
+    },
+    /// The replacement's copy of the slot write `primary` (see `replace`).
+    ReplaceTwin {
+        primary: MemberIoId,
+    },
+    /// raid4/5/6 sync: a rebuilt member block or recomputed parity of a stripe head.
+    StripeSyncWrite {
+        key: u64,
+    },
+    /// raid4/5/6 recovery of a row unit (see `row_sync`): a survivor's range, the rebuilt range.
+    RowSyncRead {
+        unit: u64,
+    },
+    RowSyncWrite {
+        unit: u64,
+    },
+    /// raid4/5/6 check/repair of a row unit (see `stripe::scrub`): every member's range,
+    /// then the rewritten pages.
+    ScrubStripeRead {
+        unit: u64,
+    },
+    ScrubStripeWrite {
+        unit: u64,
+    },
+    /// raid1/10 check/repair (see `scrub`): copy `copy` of piece `piece`, then a rewrite.
+    ScrubDirectRead {
+        piece: u32,
+        copy: u32,
+    },
+    ScrubDirectWrite,
+}
+
+/// Background work on one stripe head.
+struct SyncOp {
+    /// Member sector where the unit starts (the job's key for it).
+    unit: u64,
+    kind: crate::sync::SyncKind,
+    writing: Option<u32>,
+    /// The head was made for this unit (not cached for requests before): it is evicted as
+    /// soon as the unit is done, so a rebuild streaming through the array neither pushes
+    /// requests' heads out of the cache nor grows memory to the whole cache's worth.
+    own_head: bool,
+    /// Claimed by a row unit (`row_sync`): no batch starts here until the unit is done.
+    row: bool,
+    /// Row units: this head has no batch left (counted once in the unit).
+    ready: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Every data row overwritten: parity from the new data alone, no reads.
+    Full,
+    ReadModifyWrite,
+    ReconstructWrite,
+}
+
+struct ReadWaiter {
+    req: RequestId,
+    member: usize,
+    rows: SectorMask,
+    dest_off: usize,
+}
+
+struct Batch {
+    data: Vec<Option<Buf>>,
+    mask: Vec<SectorMask>,
+    reqs: Vec<RequestId>,
+    mode: WriteMode,
+    span: SectorMask,
+    /// None while pre-reading; Some(writes outstanding) once writing.
+    writing: Option<u32>,
+    counted_preread: bool,
+}
+
+pub(crate) struct Stripe {
+    /// Member sector (data-relative) of row 0.
+    base_sector: u64,
+    /// Shared by every head whose stripe number has the same residue (see `StripeCache::maps`).
+    map: Arc<StripeMap>,
+    /// Role of each member: Some(logical data index) or None for P/Q.
+    dd_of: Arc<Vec<Option<usize>>>,
+    cache: Vec<Option<Buf>>,
+    valid: Vec<SectorMask>,
+    reading: Vec<SectorMask>,
+    /// Rows that failed to read and await read-error correction.
+    bad: Vec<SectorMask>,
+    /// Rows being rewritten by read-error correction: no batch may write them meanwhile,
+    /// or the older data could land last.
+    rewriting: Vec<SectorMask>,
+    towrite: Vec<Option<Buf>>,
+    towrite_mask: Vec<SectorMask>,
+    towrite_reqs: Vec<RequestId>,
+    batch: Option<Batch>,
+    sync: Option<SyncOp>,
+    readers: Vec<ReadWaiter>,
+    inflight: u32,
+    delayed_until: Option<TimeNs>,
+    force: bool,
+    queued: bool,
+    lru_stamp: u64,
+}
+
+enum Piece {
+    Read { req: RequestId, key: u64, dd: usize, rows: SectorMask, dest_off: usize },
+    Write { req: RequestId, key: u64, dd: usize, rows: SectorMask, src_off: usize, zero: bool },
+}
+
+impl Piece {
+    fn key(&self) -> u64 {
+        match self {
+            Piece::Read { key, .. } | Piece::Write { key, .. } => *key,
+        }
+    }
+}
+
+pub(crate) struct StripeCache {
+    /// Boxed so the handler's take-out/put-back moves a pointer, not the head.
+    heads: DetMap<u64, Box<Stripe>>,
+    /// Evicted heads kept for reuse (their vectors keep their allocations); boxed like
+    /// `heads`, so reuse moves a pointer.
+    #[allow(clippy::vec_box)]
+    free_heads: Vec<Box<Stripe>>,
+    /// Stripe maps by `stripe % map_period`: every raid4/5/6 layout's map depends only on
+    /// the stripe number modulo raid_disks or raid_disks - 1, so `raid_disks * (raid_disks - 1)`
+    /// covers them all. Filled on first use.
+    maps: Vec<Option<SharedMap>>,
+    map_period: u64,
+    head_sectors: u64,
+    heads_per_chunk: u64,
+    full_mask: SectorMask,
+    /// (stamp, key) of heads as they went idle, oldest first, for eviction. An entry is
+    /// stale once its head has been used again (the head's `lru_stamp` no longer matches):
+    /// stale entries are skipped, and compacted away when they outnumber the heads.
+    lru: VecDeque<(u64, u64)>,
+    lru_clock: u64,
+    dirty: VecDeque<u64>,
+    /// Pieces waiting for a stripe head (FIFO keeps writes in order).
+    waiting: VecDeque<Piece>,
+    delayed: Vec<u64>,
+    preread_active: usize,
+    bypass_count: u32,
+    pool: Vec<IoBytes>,
+    /// Scratch for `advance_batch` (kept to avoid allocating per call).
+    scratch_mask: Vec<SectorMask>,
+    scratch_needs: Vec<(usize, SectorMask)>,
+    /// Emptied (data, mask, reqs) vectors of finished batches.
+    #[allow(clippy::type_complexity)]
+    spare_batches: Vec<(Vec<Option<Buf>>, Vec<SectorMask>, Vec<RequestId>)>,
+    /// A head's height of zeroes: the absent blocks of short syndromes, and the source of
+    /// zeroing write pieces (shared, never written).
+    zero: IoBytes,
+    running: bool,
+    /// Row units of the running sync, by unit start (member sector).
+    rows: DetMap<u64, row_sync::RowUnit>,
+    /// Job units handed to per-head syncs, by unit start.
+    heads_left: DetMap<u64, row_sync::HeadsLeft>,
+    /// Check/repair units of the running scrub, by unit start (member sector).
+    scrubs: DetMap<u64, scrub::ScrubUnit>,
+    /// Row units' read buffers for reuse; a zeroed row for syndrome gaps (DDF layouts).
+    row_pool: Vec<Vec<u8>>,
+    row_zero: Vec<u8>,
+}
+
+impl StripeCache {
+    pub(crate) fn new(geo: &Geometry) -> Self {
+        let head_sectors = if geo.level.has_parity() { geo.chunk_sectors.min(MAX_HEAD_SECTORS) } else { 8 };
+        let n = geo.raid_disks as u64;
+        let map_period = if geo.level.has_parity() { n * (n - 1).max(1) } else { 1 };
+        StripeCache {
+            heads: DetMap::default(),
+            free_heads: Vec::new(),
+            maps: vec![None; map_period as usize],
+            map_period,
+            head_sectors,
+            heads_per_chunk: if geo.level.has_parity() { geo.chunk_sectors / head_sectors } else { 1 },
+            full_mask: rows(0, head_sectors),
+            lru: Default::default(),
+            lru_clock: 0,
+            dirty: VecDeque::new(),
+            waiting: VecDeque::new(),
+            delayed: Vec::new(),
+            preread_active: 0,
+            bypass_count: 0,
+            pool: Vec::new(),
+            scratch_mask: Vec::new(),
+            scratch_needs: Vec::new(),
+            spare_batches: Vec::new(),
+            zero: IoBytes::from(vec![0u8; (head_sectors * SECTOR_BYTES) as usize]),
+            running: false,
+            rows: DetMap::default(),
+            heads_left: DetMap::default(),
+            scrubs: DetMap::default(),
+            row_pool: Vec::new(),
+            row_zero: Vec::new(),
+        }
+    }
+
+    /// A buffer of the full head height (contents unspecified).
+    fn buf(&mut self) -> IoBytes {
+        self.pool.pop().unwrap_or_else(|| IoBytes::from(vec![0u8; self.zero.len()]))
+    }
+
+    fn mark(&mut self, key: u64) {
+        if let Some(st) = self.heads.get_mut(&key) {
+            queue_head(&mut self.dirty, key, st);
+        }
+    }
+}
+
+/// Put head `key` on the dirty queue unless it is there already.
+fn queue_head(dirty: &mut VecDeque<u64>, key: u64, st: &mut Stripe) {
+    if !st.queued {
+        st.queued = true;
+        dirty.push_back(key);
+    }
+}
+
+fn bytes(r0: u64, n: u64) -> std::ops::Range<usize> {
+    (r0 * SECTOR_BYTES) as usize..((r0 + n) * SECTOR_BYTES) as usize
+}
+
+fn copy_rows(dst: &mut Block, src: &Block, mask: SectorMask) {
+    for (r0, n) in runs(mask) {
+        dst.rows_mut(bytes(r0, n)).copy_from_slice(src.rows(bytes(r0, n)));
+    }
+}
+
+impl Stripe {
+    fn idle(&self) -> bool {
+        self.inflight == 0
+            && self.batch.is_none()
+            && self.sync.is_none()
+            && self.readers.is_empty()
+            && self.towrite_reqs.is_empty()
+            && self.towrite_mask.iter().all(|&m| m == 0)
+            && self.bad.iter().all(|&b| b == 0)
+    }
+}
+
+enum Ensure {
+    Ready,
+    Pending,
+    Lost,
+}

@@ -1,0 +1,75 @@
+//! The stripe queue's policy (md's delayed partial stripes, preread bypass): when a
+//! head's queued writes may start.
+
+use crate::api::*;
+use crate::engine::Engine;
+
+use super::*;
+
+impl Engine {
+    pub(crate) fn cache_force_all(&mut self) {
+        let keys: Vec<u64> = std::mem::take(&mut self.cache.delayed);
+        for key in keys {
+            if let Some(st) = self.cache.heads.get_mut(&key) {
+                st.force = true;
+                st.delayed_until = None;
+            }
+            self.cache.mark(key);
+        }
+        let keys: Vec<u64> = self
+            .cache
+            .heads
+            .iter()
+            .filter(|(_, st)| st.towrite_mask.iter().any(|&m| m != 0))
+            .map(|(&k, _)| k)
+            .collect();
+        for key in keys {
+            self.cache.heads.get_mut(&key).expect("head").force = true;
+            self.cache.mark(key);
+        }
+    }
+
+    pub(super) fn activate_delayed(&mut self, now: Option<TimeNs>) {
+        let keys = std::mem::take(&mut self.cache.delayed);
+        for key in keys {
+            let Some(st) = self.cache.heads.get_mut(&key) else { continue };
+            let due = match (now, st.delayed_until) {
+                (None, _) => true,
+                (Some(t), Some(d)) => d <= t,
+                (Some(_), None) => true,
+            };
+            if due {
+                st.force = true;
+                st.delayed_until = None;
+                self.cache.mark(key);
+            } else {
+                self.cache.delayed.push(key);
+            }
+        }
+    }
+
+    pub(crate) fn cache_unplug(&mut self) {
+        if self.cache.preread_active < IO_THRESHOLD {
+            self.activate_delayed(None);
+        }
+        self.run_stripes();
+    }
+
+    pub(crate) fn cache_next_deadline(&self) -> Option<TimeNs> {
+        self.cache.delayed.iter().filter_map(|k| self.cache.heads.get(k)?.delayed_until).min()
+    }
+
+    pub(crate) fn cache_tick(&mut self) {
+        self.activate_delayed(Some(self.now_ns));
+        self.run_stripes();
+    }
+
+    /// A member or the whole array failed: every head re-analyses what it can still do.
+    pub(crate) fn cache_rehandle_all(&mut self) {
+        let keys: Vec<u64> = self.cache.heads.keys().copied().collect();
+        for k in keys {
+            self.cache.mark(k);
+        }
+        self.run_stripes();
+    }
+}

@@ -1,0 +1,454 @@
+//! The random-workload checker behind `uraid sim`: a random workload with random faults
+//! against any level, layout and member count on simulated disks, every read checked
+//! against a reference model ([`model`]), then a power cycle: crash, re-assemble, rebuild,
+//! maybe a second power cut during the rebuild, and a full check again ([`cycle`]).
+//!
+//! The array runs as under `uraid serve`: created as `uraid create` does, started from
+//! what the members hold through the same assembly and `uraid_core::array::Array`, its
+//! superblock, bitmap and log writes member I/O beside the data's, so faults and power
+//! cuts fall on them too.
+//!
+//! md's RAID5/6 write hole is the one known exception: a power loss while degraded, or a
+//! member lost after it before resync restored parity, can damage other blocks of a stripe
+//! that was being written. Exactly that combination is counted as write-hole exposure, not
+//! as a failure.
+
+use uraid_core::array::Array;
+use uraid_core::geometry::{algorithm, layout_name, parse_layout};
+use uraid_core::rng::Rng;
+use uraid_core::*;
+
+use super::array::{RunOutcome, SimArray};
+use super::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
+use super::meta::{assemble_members, create_on_disks, member_superblock, start_array};
+use super::store::PowerLossPolicy;
+use model::{pattern, settle, verify_all, Inflight, Model, SECTOR};
+
+mod cycle;
+mod model;
+#[cfg(test)]
+mod tests;
+
+const DATA_OFFSET_BYTES: u64 = 1 << 20;
+/// md superblock 1.2: 4 KiB from the member's start.
+const SUPERBLOCK_OFFSET_BYTES: u64 = 4096;
+/// The bitmap area a write-error fault covers (header and every page the sim's arrays use).
+const BITMAP_AREA_BYTES: u64 = 64 << 10;
+
+/// A choice of `n` made by the seed alone, apart from the workload's rng stream (so a new
+/// fault kind leaves every seed's workload as it was). `tag` separates the choices.
+fn seed_pick(seed: u64, tag: u64, n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    Rng::derive(seed, tag).below(n)
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SimSpec {
+    pub seed: u64,
+    pub level: Option<Level>,
+    pub raid_devices: Option<usize>,
+    pub layout: Option<String>,
+    pub chunk_bytes: Option<u64>,
+    pub ops: usize,
+    pub queue_depth: Option<usize>,
+    pub profile: String,
+    pub member_bytes: u64,
+    pub faults: bool,
+    pub plant_bug: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SimReport {
+    pub seed: u64,
+    pub level: i32,
+    pub raid_devices: usize,
+    pub layout: String,
+    pub chunk_bytes: u64,
+    pub queue_depth: usize,
+    pub requests: u64,
+    pub member_ios: u64,
+    pub trace_hash: String,
+    pub faults: Vec<String>,
+    pub power_cycles: u32,
+    pub write_hole_exposures: u64,
+    /// Sectors silent corruption damaged where md's repair cannot tell the good copy (a
+    /// RAID4/5 data block, a RAID1/10 first copy): md's loss, counted, not a failure.
+    pub corruption_exposures: u64,
+    /// A second failure during recovery took more than the level survives, and the
+    /// array failed as md's would (served nothing wrong before or after).
+    pub array_failed_as_expected: bool,
+    /// What the re-assembly after the power cycle resynced: "none", "full from N" or
+    /// "bitmap: R regions, S sectors" (sync space).
+    pub resync_after_power_cycle: String,
+    /// A second power cut fell during the rebuild, and the recovery resumed from the
+    /// checkpoint its superblock recorded (member sectors), if it had one.
+    pub resumed_from_sectors: Option<u64>,
+    pub ok: bool,
+    pub failure: Option<String>,
+    pub reproduce: String,
+}
+
+/// Uniform pick from `v`.
+fn pick<T: Copy>(rng: &mut Rng, v: &[T]) -> T {
+    v[rng.below(v.len() as u64) as usize]
+}
+
+/// One run's shape and fault plan, shared by its phases.
+struct Run<'a> {
+    spec: &'a SimSpec,
+    level: Level,
+    n: usize,
+    layout: u32,
+    geo: Geometry,
+    /// The chunk the shape drew (a raid1 draws one too; it sizes the workload's requests).
+    chunk_sectors: u64,
+    tunables: Tunables,
+    /// Members the level survives losing at once.
+    redundancy: usize,
+    planned_failures: usize,
+    latent_planted: bool,
+    /// Members whose disk gives write or flush errors (replaced, never re-added).
+    erroring: Vec<bool>,
+    /// Members dropped while running (they come back at the power cycle).
+    dropped: Vec<bool>,
+}
+
+fn choose_shape(spec: &SimSpec, rng: &mut Rng) -> Result<(Level, usize, u32, u64), String> {
+    let level = spec.level.unwrap_or_else(|| {
+        pick(rng, &[Level::Raid0, Level::Raid1, Level::Raid10, Level::Raid4, Level::Raid5, Level::Raid6])
+    });
+    let n = spec.raid_devices.unwrap_or_else(|| match level {
+        Level::Raid0 => 2 + rng.below(4) as usize,
+        Level::Raid1 => 2 + rng.below(2) as usize,
+        Level::Raid10 => 3 + rng.below(4) as usize,
+        Level::Raid4 | Level::Raid5 => 3 + rng.below(4) as usize,
+        Level::Raid6 => 4 + rng.below(5) as usize,
+    });
+    let layout = match &spec.layout {
+        Some(l) => parse_layout(level, l)?,
+        None => match level {
+            Level::Raid0 => uraid_core::geometry::RAID0_ORIG_LAYOUT,
+            Level::Raid1 => 0,
+            Level::Raid10 => parse_layout(level, pick(rng, &["n2", "f2", "o2"]))?,
+            Level::Raid4 => algorithm::PARITY_N,
+            Level::Raid5 => rng.below(6) as u32,
+            Level::Raid6 => pick(rng, &[0u32, 1, 2, 3, 4, 5, 8, 9, 10, 16, 17, 18, 19, 20]),
+        },
+    };
+    let chunk = spec.chunk_bytes.unwrap_or_else(|| 4096 << rng.below(6));
+    Ok((level, n, layout, chunk))
+}
+
+fn survivable(level: Level, geo: &Geometry) -> usize {
+    match level {
+        Level::Raid10 => 1.min(geo.redundancy()),
+        _ => geo.redundancy(),
+    }
+}
+
+pub fn run_sim(spec: &SimSpec) -> SimReport {
+    let mut rng = Rng::derive(spec.seed, 0x5eed);
+    let mut report = SimReport { seed: spec.seed, ..SimReport::default() };
+    let result = run_inner(spec, &mut rng, &mut report);
+    report.ok = result.is_ok();
+    report.failure = result.err();
+    let mut cmd = format!("uraid sim --seed {} --ops {} --profile {}", spec.seed, spec.ops, spec.profile);
+    if let Some(l) = spec.level {
+        cmd += &format!(" --level {}", l.md_level());
+    }
+    if let Some(n) = spec.raid_devices {
+        cmd += &format!(" --raid-devices {n}");
+    }
+    if let Some(l) = &spec.layout {
+        cmd += &format!(" --layout {l}");
+    }
+    if let Some(c) = spec.chunk_bytes {
+        cmd += &format!(" --chunk {}K", c >> 10);
+    }
+    if let Some(q) = spec.queue_depth {
+        cmd += &format!(" --queue-depth {q}");
+    }
+    if spec.member_bytes != 16 << 20 {
+        cmd += &format!(" --member-size {}", spec.member_bytes);
+    }
+    if !spec.faults {
+        cmd += " --no-faults";
+    }
+    if spec.plant_bug {
+        cmd += " --plant-bug";
+    }
+    report.reproduce = cmd;
+    report
+}
+
+fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<(), String> {
+    let (level, n, layout, chunk_bytes) = choose_shape(spec, rng)?;
+    let member_sectors = (spec.member_bytes - DATA_OFFSET_BYTES) / SECTOR;
+    let geo = Geometry::new(level, n, layout, chunk_bytes / SECTOR, &vec![member_sectors; n])?;
+    report.level = level.md_level();
+    report.raid_devices = n;
+    report.layout = layout_name(level, layout);
+    report.chunk_bytes = if level == Level::Raid1 { 0 } else { chunk_bytes };
+    let qd = spec.queue_depth.unwrap_or_else(|| 1 + rng.below(16) as usize);
+    report.queue_depth = qd;
+    let tunables = Tunables {
+        stripe_cache_size: pick(rng, &[17usize, 32, 256]),
+        rmw_level: rng.below(3) as u8,
+        write_batching: rng.below(4) != 0,
+        balance: pick(
+            rng,
+            &[
+                mirror::Balance::Load,
+                mirror::Balance::RoundRobin,
+                mirror::Balance::LoadTime,
+                mirror::Balance::Split,
+                mirror::Balance::Prefer,
+            ],
+        ),
+        ..Tunables::default()
+    };
+    let sims: Vec<SimMemberConfig> = (0..n)
+        .map(|_| SimMemberConfig::builtin(&spec.profile, spec.member_bytes))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut disks = SimDisks::new(sims, spec.seed).map_err(|e| e.to_string())?;
+    // Three seeds in four get an internal bitmap with small chunks (so it limits the
+    // resync after the power cycle); decided by the seed, not the rng, which keeps the
+    // workload of each seed as it was.
+    let bitmap_chunk = (level != Level::Raid0 && !spec.seed.is_multiple_of(4)).then_some(64 << 10);
+    create_on_disks(&mut disks, &geo, spec.member_bytes, DATA_OFFSET_BYTES, bitmap_chunk, spec.seed)?;
+    // Started as `uraid serve` starts it: from what the members hold.
+    let (plan0, offered0) = assemble_members(&disks).map_err(|e| format!("assembly: {e}"))?;
+    let mut first = start_array(&disks, &plan0, &offered0, tunables.clone())?;
+    first.engine_mut().plant_bug_skip_rmw_parity(spec.plant_bug);
+    let redundancy = survivable(level, &geo);
+    let mut run = Run {
+        spec,
+        level,
+        n,
+        layout,
+        geo,
+        chunk_sectors: chunk_bytes / SECTOR,
+        tunables,
+        redundancy,
+        planned_failures: 0,
+        latent_planted: false,
+        erroring: vec![false; n],
+        dropped: vec![false; n],
+    };
+    let power_loss_at_request = plan_faults(&mut run, &mut disks, rng, report);
+    let mut model = Model::new(run.geo.array_sectors());
+    let mut array = SimArray::new(first, disks);
+    // Member queues merge what the engine sends at once (as under md): splitting the merged
+    // completions back is checked here too.
+    array.set_member_merging(true);
+    let mut next_id = 1u64;
+    let (crashed, inflight) =
+        workload(&run, &mut array, &mut model, rng, qd, power_loss_at_request, &mut next_id)?;
+    report.requests = next_id - 1;
+    if array.engine().engine().is_failed() {
+        return Err("the array failed although faults stayed within its redundancy".into());
+    }
+    if !crashed {
+        // The whole array must read back as the model says, then the power is cut anyway.
+        let mut buf = vec![0u8; SECTOR as usize];
+        verify_all(&mut array, &model, &mut next_id, &mut buf)?;
+    }
+    cycle::power_cycle(&run, array, &mut model, inflight, rng, report, next_id)
+}
+
+/// Faults within what the level survives: members that fail (stop, drop out, give write
+/// or flush errors), a latent sector, a slow member, and where the power is cut (at a
+/// request, returned, or at a member-I/O count, scheduled).
+fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut SimReport) -> Option<usize> {
+    let (spec, n) = (run.spec, run.n);
+    let member_sectors = run.geo.member_sectors[0];
+    let bitmap_at = member_superblock(disks, 0).and_then(|sb| sb.bitmap_sector()).map(|s| s * SECTOR);
+    if spec.faults && run.redundancy > 0 {
+        run.planned_failures = rng.below(run.redundancy as u64 + 1) as usize;
+        let mut victims: Vec<usize> = (0..n).collect();
+        for k in 0..run.planned_failures {
+            let i = k + rng.below((n - k) as u64) as usize;
+            victims.swap(k, i);
+            let at = 50 + rng.below(spec.ops as u64);
+            let m = victims[k];
+            // How the member goes, by the seed (no rng draw: each seed keeps its workload).
+            let (kind, what) = match seed_pick(spec.seed, 0xfa11 + k as u64, 8) {
+                0..=2 => (FaultKind::FailStop, "fail-stop".to_string()),
+                3 => {
+                    run.dropped[m] = true;
+                    (FaultKind::Dropped, "dropped (comes back at the power cycle)".to_string())
+                }
+                7 => {
+                    run.erroring[m] = true;
+                    (FaultKind::FlushErrors, "flush errors on".to_string())
+                }
+                choice => {
+                    run.erroring[m] = true;
+                    let (offset_bytes, len_bytes, area) = match (choice, bitmap_at) {
+                        // Half of the data area, where the seed says.
+                        (4, _) => {
+                            let half = (member_sectors / 2) * SECTOR;
+                            let at = seed_pick(spec.seed, 0xda7a + k as u64, member_sectors / 2) * SECTOR;
+                            (DATA_OFFSET_BYTES + at, half, "data")
+                        }
+                        (6, Some(at)) => (at, BITMAP_AREA_BYTES, "bitmap"),
+                        _ => (SUPERBLOCK_OFFSET_BYTES, 4096, "superblock"),
+                    };
+                    (FaultKind::WriteErrors { offset_bytes, len_bytes }, format!("{area} write errors on"))
+                }
+            };
+            disks.schedule(Fault { trigger: FaultTrigger::AfterMemberIos(at), member: m, kind });
+            report.faults.push(format!("{what} member {m} after {at} I/Os"));
+        }
+        if run.planned_failures < run.redundancy && rng.below(2) == 0 {
+            run.latent_planted = true;
+            let m = rng.below(n as u64) as usize;
+            let off = DATA_OFFSET_BYTES + rng.below(member_sectors - 64) * SECTOR;
+            let len = SECTOR * (1 + rng.below(16));
+            disks.schedule(Fault {
+                trigger: FaultTrigger::AtNs(0),
+                member: m,
+                kind: FaultKind::LatentErrors { offset_bytes: off, len_bytes: len },
+            });
+            report.faults.push(format!("latent errors member {m} bytes {off}+{len}"));
+        }
+        if rng.below(3) == 0 {
+            let m = rng.below(n as u64) as usize;
+            disks.schedule(Fault {
+                trigger: FaultTrigger::AtNs(0),
+                member: m,
+                kind: FaultKind::Slow { latency_percent: 400 },
+            });
+            report.faults.push(format!("slow member {m} (x4)"));
+        }
+    }
+    // The power is cut mid-workload (requests in flight) or, failing that, after it.
+    let at_request = (spec.faults && rng.below(2) == 0)
+        .then(|| spec.ops / 4 + rng.below(spec.ops as u64 * 3 / 4) as usize);
+    if let Some(at) = at_request {
+        report.faults.push(format!("power loss at request {at}"));
+    } else if spec.faults && spec.seed.is_multiple_of(3) {
+        // Or at a member-I/O count, which can fall inside a metadata round (decided by
+        // the seed, not the rng, which keeps each seed's workload as it was).
+        let at = 20 + spec.seed.wrapping_mul(7919) % 1500;
+        disks.schedule(Fault {
+            trigger: FaultTrigger::AfterMemberIos(at),
+            member: 0,
+            kind: FaultKind::PowerLoss(PowerLossPolicy::default()),
+        });
+        report.faults.push(format!("power loss after {at} member I/Os"));
+    }
+    at_request
+}
+
+/// The random workload up to `spec.ops` requests (fewer when the power is cut first),
+/// every read checked against the model. Returns whether the power was cut, and the
+/// requests still in flight (their completions may come out of the crash).
+fn workload(
+    run: &Run,
+    array: &mut SimArray<Array>,
+    model: &mut Model,
+    rng: &mut Rng,
+    qd: usize,
+    power_loss_at_request: Option<usize>,
+    next_id: &mut u64,
+) -> Result<(bool, Inflight), String> {
+    let spec = run.spec;
+    let sectors = model.sectors();
+    let stripe_sectors = run.chunk_sectors * run.n as u64;
+    let mut inflight: Inflight = Vec::new();
+    let mut issued = 0usize;
+    let mut buf = vec![0u8; SECTOR as usize];
+    loop {
+        // Top up to the queue depth; flushes wait for an empty queue (barriers).
+        while inflight.len() < qd && issued < spec.ops {
+            if inflight.iter().any(|x| x.3 == RequestOp::Flush) {
+                break;
+            }
+            let roll = rng.below(100);
+            if roll < 4 {
+                if !inflight.is_empty() {
+                    break;
+                }
+                array.submit(Request::flush(*next_id));
+                inflight.push((*next_id, 0, 0, RequestOp::Flush));
+                *next_id += 1;
+                issued += 1;
+                break;
+            }
+            let len = match rng.below(4) {
+                0 => 1 + rng.below(8),
+                1 => 8,
+                2 => 1 + rng.below(64),
+                _ => 1 + rng.below(2 * stripe_sectors),
+            }
+            .min(sectors);
+            let s0 = rng.below(sectors - len + 1);
+            if inflight.iter().any(|&(_, a, b, op)| op != RequestOp::Flush && a < s0 + len && s0 < b) {
+                break;
+            }
+            let id = *next_id;
+            *next_id += 1;
+            issued += 1;
+            let op = match roll {
+                4..=49 => RequestOp::Read,
+                50..=89 => RequestOp::Write,
+                90..=94 => RequestOp::Trim,
+                _ => RequestOp::WriteZeroes,
+            };
+            let req = match op {
+                RequestOp::Read => Request::read(id, s0 * SECTOR, len * SECTOR),
+                RequestOp::Write => {
+                    let w = id as u32;
+                    let mut data = vec![0u8; (len * SECTOR) as usize];
+                    for (k, c) in data.chunks_mut(SECTOR as usize).enumerate() {
+                        pattern(w, s0 + k as u64, c);
+                    }
+                    model.write(w, s0, len);
+                    let mut r = Request::write(id, s0 * SECTOR, data);
+                    r.fua = rng.below(20) == 0;
+                    r
+                }
+                RequestOp::Trim => {
+                    model.write(0, s0, len);
+                    Request::trim(id, s0 * SECTOR, len * SECTOR)
+                }
+                _ => {
+                    model.write(0, s0, len);
+                    Request::write_zeroes(id, s0 * SECTOR, len * SECTOR)
+                }
+            };
+            array.submit(req);
+            inflight.push((id, s0, s0 + len, op));
+        }
+        if inflight.is_empty() && issued >= spec.ops {
+            return Ok((false, inflight));
+        }
+        if power_loss_at_request.is_some_and(|at| issued >= at) {
+            return Ok((true, inflight));
+        }
+        let outcome = array.run_until(array.now_ns() + 200_000);
+        for c in array.take_completions() {
+            settle(model, &mut inflight, c.completion, &mut buf)?;
+        }
+        match outcome {
+            RunOutcome::PowerLost { .. } => return Ok((true, inflight)),
+            RunOutcome::Stalled => {
+                return Err(format!(
+                    "the array stalled: work held, nothing asked for ({})",
+                    array.engine().outstanding()
+                ))
+            }
+            RunOutcome::Idle if !inflight.is_empty() => {
+                return Err(format!(
+                    "requests never completed: {:?}",
+                    inflight.iter().map(|x| x.0).collect::<Vec<_>>()
+                ))
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The checker's reference model and its read-backs. Per 512-byte sector: the write id it
+//! must read back now (`cur`), the last value a completed flush made durable (`durable`),
+//! and every write since that flush (`since`): after a crash each sector must hold
+//! `durable` or one of `since`, never anything else.
+
+use uraid_core::array::Array;
+use uraid_core::rng::Rng;
+use uraid_core::{Request, RequestCompletion, RequestOp};
+
+use super::super::array::{RunOutcome, SimArray};
+
+pub(super) const SECTOR: u64 = 512;
+
+/// The 512 bytes write `w` puts at array sector `s` (0 = zeroes: trims, write-zeroes, never written).
+pub(super) fn pattern(w: u32, s: u64, out: &mut [u8]) {
+    if w == 0 {
+        out.fill(0);
+        return;
+    }
+    let mut r = Rng::new(((w as u64) << 40) ^ s);
+    for c in out.chunks_mut(8) {
+        c.copy_from_slice(&r.next_u64().to_le_bytes());
+    }
+}
+
+pub(super) struct Model {
+    pub cur: Vec<u32>,
+    pub durable: Vec<u32>,
+    pub since: Vec<Vec<u32>>,
+}
+
+impl Model {
+    pub fn new(sectors: u64) -> Self {
+        Model {
+            cur: vec![0; sectors as usize],
+            durable: vec![0; sectors as usize],
+            since: vec![Vec::new(); sectors as usize],
+        }
+    }
+
+    pub fn sectors(&self) -> u64 {
+        self.cur.len() as u64
+    }
+
+    pub fn write(&mut self, w: u32, s0: u64, n: u64) {
+        for s in s0..s0 + n {
+            self.cur[s as usize] = w;
+            self.since[s as usize].push(w);
+        }
+    }
+
+    pub fn flushed(&mut self) {
+        self.durable.copy_from_slice(&self.cur);
+        self.since.iter_mut().for_each(|v| v.clear());
+    }
+
+    /// After a power cycle sector `s` may hold its durable contents or any write since.
+    pub fn holds_durable_or_later(&self, s: u64, got: &[u8], buf: &mut [u8]) -> bool {
+        std::iter::once(self.durable[s as usize]).chain(self.since[s as usize].iter().copied()).any(|w| {
+            pattern(w, s, buf);
+            buf == got
+        })
+    }
+
+    /// Sectors `[s0, s1)` as read hold what the model says now.
+    pub fn check(&self, s0: u64, s1: u64, data: &[u8], buf: &mut [u8]) -> Result<(), String> {
+        for s in s0..s1 {
+            let got = &data[((s - s0) * SECTOR) as usize..((s - s0 + 1) * SECTOR) as usize];
+            pattern(self.cur[s as usize], s, buf);
+            if got != buf {
+                return Err(format!(
+                    "sector {s} differs from the model (expected write {})",
+                    self.cur[s as usize]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A request in flight: (id, first sector, end sector, op).
+pub(super) type Inflight = Vec<(u64, u64, u64, RequestOp)>;
+
+/// A request completed: a read is checked, a flush makes everything before it durable.
+pub(super) fn settle(
+    model: &mut Model,
+    inflight: &mut Inflight,
+    c: RequestCompletion,
+    buf: &mut [u8],
+) -> Result<(), String> {
+    let Some(pos) = inflight.iter().position(|x| x.0 == c.id) else {
+        return Ok(()); // a verification read
+    };
+    let (id, s0, s1, op) = inflight.swap_remove(pos);
+    let data = c.result.map_err(|e| format!("request {id} ({op:?} sectors {s0}..{s1}) failed: {e}"))?;
+    match op {
+        RequestOp::Flush => model.flushed(),
+        RequestOp::Read => model.check(s0, s1, &data, buf).map_err(|e| format!("read {id}: {e}"))?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Reads the whole array in 128 KiB pieces, handing each to `each` (first sector, result).
+/// Err when a read did not finish; `Ok(false)` when the power was lost on the way.
+pub(super) fn read_all(
+    array: &mut SimArray<Array>,
+    next_id: &mut u64,
+    mut each: impl FnMut(u64, Result<Vec<u8>, uraid_core::RequestError>) -> Result<(), String>,
+) -> Result<bool, String> {
+    let sectors = array.engine().engine().geometry().array_sectors();
+    let mut off = 0;
+    while off < sectors {
+        let len = 256.min(sectors - off);
+        let id = *next_id;
+        *next_id += 1;
+        array.submit(Request::read(id, off * SECTOR, len * SECTOR));
+        match array.run_until_idle() {
+            RunOutcome::Idle => {}
+            RunOutcome::PowerLost { .. } => return Ok(false),
+            other => return Err(format!("a read of sectors {off}+{len} ended {other:?}")),
+        }
+        let c =
+            array.take_completions().into_iter().find(|c| c.completion.id == id).ok_or("a read was lost")?;
+        each(off, c.completion.result)?;
+        off += len;
+    }
+    Ok(true)
+}
+
+/// The whole array reads back as the model says (a power loss on the way ends the check:
+/// the power cycle that follows checks everything).
+pub(super) fn verify_all(
+    array: &mut SimArray<Array>,
+    model: &Model,
+    next_id: &mut u64,
+    buf: &mut [u8],
+) -> Result<(), String> {
+    read_all(array, next_id, |off, r| {
+        let data = r.map_err(|e| format!("final read at sector {off}: {e}"))?;
+        let len = data.len() as u64 / SECTOR;
+        model.check(off, off + len, &data, buf).map_err(|e| format!("final read-back: {e}"))
+    })
+    .map(|_| ())
+}
+
+/// A failed array answers every read with an error; whatever it still serves must be
+/// something acknowledged there (durable, or a write since), never anything else.
+pub(super) fn failed_array_serves_nothing_wrong(
+    array: &mut SimArray<Array>,
+    model: &Model,
+    next_id: &mut u64,
+    buf: &mut [u8],
+) -> Result<(), String> {
+    read_all(array, next_id, |off, r| {
+        let Ok(data) = r else { return Ok(()) };
+        for (k, got) in data.chunks(SECTOR as usize).enumerate() {
+            if !model.holds_durable_or_later(off + k as u64, got, buf) {
+                return Err(format!("the failed array served sector {} wrong", off + k as u64));
+            }
+        }
+        Ok(())
+    })
+    .map(|_| ())
+}
