@@ -76,6 +76,7 @@
 pub mod array;
 pub mod check;
 pub mod corruption;
+pub mod cpu;
 pub mod disks;
 pub mod meta;
 pub mod model;
