@@ -72,6 +72,8 @@ pub struct SimArray<E: ArrayEngine> {
     /// Results of the caller's own member I/Os (array metadata), by id.
     own_io_results: HashMap<u64, Result<(), MemberIoError>>,
     next_own_io_id: u64,
+    /// `run_until_completion`: return as soon as a request completion is waiting.
+    stop_on_completion: bool,
 }
 
 /// Ids of member I/Os the caller issues itself ([`SimArray::member_io_wait`]): below the
@@ -96,6 +98,7 @@ impl<E: ArrayEngine> SimArray<E> {
             next_merged_id: 1 << 62,
             own_io_results: HashMap::new(),
             next_own_io_id: OWN_IO_ID_BASE,
+            stop_on_completion: false,
         }
     }
 
@@ -264,12 +267,25 @@ impl<E: ArrayEngine> SimArray<E> {
         self.run(Some(t_ns))
     }
 
+    /// As `run_until`, but return (with `TimeReached`) as soon as a request completion is
+    /// waiting in `completions`, the clock at its time: for a caller that reacts to each
+    /// completion when it happens.
+    pub fn run_until_completion(&mut self, t_ns: u64) -> RunOutcome {
+        self.stop_on_completion = true;
+        let outcome = self.run(Some(t_ns));
+        self.stop_on_completion = false;
+        outcome
+    }
+
     fn run(&mut self, limit_ns: Option<u64>) -> RunOutcome {
         loop {
             if let Some(at_ns) = self.disks.power_lost_at() {
                 return RunOutcome::PowerLost { at_ns };
             }
             self.pump();
+            if self.stop_on_completion && !self.completions.is_empty() {
+                return RunOutcome::TimeReached;
+            }
             let now = self.now_ns();
             let t_disk = self.disks.next_event_ns();
             let t_sub =
