@@ -3,10 +3,9 @@
 //!
 //! Each of the job's workers is a thread of its own (fio's job thread, tiobench's): it
 //! reaps the completions that arrived, then submits as many requests as bring it back to
-//! its queue depth, all under one plug through the block layer's request queue, and the
-//! batch reaches the array when the thread has done the batch's work. Completions that
-//! arrive while it works wait for its next round, so a busy thread submits in larger
-//! batches, as fio does. With the `none` model every cost is zero and the workers react
+//! its queue depth through the block layer's request queue, each reaching the array when
+//! the thread has done its work. Completions that arrive while it works wait for its next
+//! round, as fio's do. With the `none` model every cost is zero and the workers react
 //! at the instant of each completion.
 
 use std::collections::HashMap;
@@ -149,7 +148,6 @@ pub fn run_job(
                 continue;
             }
             let mut batch = Vec::new();
-            let mut cost = 0.0;
             while workers[w].outstanding < job.queue_depth {
                 let off = match job.access {
                     Access::Sequential => {
@@ -173,25 +171,33 @@ pub fn run_job(
                     RequestOp::Write => Request::write(id, off, payload.clone()),
                     _ => Request::read(id, off, bs),
                 };
-                cost += submit_cost_ns(cpu, &layout, job, &req);
+                let cost = submit_cost_ns(cpu, &layout, job, &req);
                 owner.insert(id, w);
                 workers[w].outstanding += 1;
-                batch.push(req);
+                batch.push((req, cost));
             }
-            if job.queue_replay {
-                trace.push(batch.iter().map(|r| (r.op, r.offset_bytes, r.len_bytes)).collect());
-            }
-            let before = queue.stats;
-            for r in batch {
-                queue.add(r);
-            }
-            let dispatched = queue.unplug();
-            let qcost = queue_cost_ns(cpu, nomerges, &before, &queue.stats);
-            let end = workers[w].thread.run(&cores, now, cost + qcost);
-            busy.submit_ns += cost.round() as u64;
-            busy.queue_ns += qcost;
-            for r in dispatched {
-                array.submit_at(end, r);
+            // fio submits each I/O as soon as it is ready, under a plug of its own
+            // (iodepth_batch_submit=1); the page cache's writeback submits its batch under
+            // one plug.
+            let plugs: Vec<Vec<(Request, f64)>> =
+                if job.buffered { vec![batch] } else { batch.into_iter().map(|rc| vec![rc]).collect() };
+            for plug in plugs {
+                if job.queue_replay {
+                    trace.push(plug.iter().map(|(r, _)| (r.op, r.offset_bytes, r.len_bytes)).collect());
+                }
+                let before = queue.stats;
+                let cost: f64 = plug.iter().map(|(_, c)| c).sum();
+                for (r, _) in plug {
+                    queue.add(r);
+                }
+                let dispatched = queue.unplug();
+                let qcost = queue_cost_ns(cpu, nomerges, &before, &queue.stats);
+                let end = workers[w].thread.run(&cores, now, cost + qcost);
+                busy.submit_ns += cost.round() as u64;
+                busy.queue_ns += qcost;
+                for r in dispatched {
+                    array.submit_at(end, r);
+                }
             }
         }
         if now >= end_ns {

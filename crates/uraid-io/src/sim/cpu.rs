@@ -302,14 +302,20 @@ impl Cores {
         Rc::new(RefCell::new(Cores::new(count)))
     }
 
-    /// Run `cost_ns` of work that is ready at `ready_ns` on the core free first (no
-    /// preemption: work is placed in the order it is asked for); returns when it ends.
+    /// Run `cost_ns` of work that is ready at `ready_ns` (no preemption: work is placed
+    /// in the order it is asked for); returns when it ends. Of the cores free by then it
+    /// takes the one freed last, so a thread's run of work stays on one core and leaves
+    /// the others to other threads; if none is free, the one free first.
     pub fn run(&mut self, ready_ns: u64, cost_ns: u64) -> u64 {
         self.busy_ns += cost_ns;
         if cost_ns == 0 {
             return ready_ns;
         }
-        let Some((i, &free)) = self.free_at_ns.iter().enumerate().min_by_key(|(_, &f)| f) else {
+        let free_by_then =
+            self.free_at_ns.iter().enumerate().filter(|(_, &f)| f <= ready_ns).max_by_key(|(_, &f)| f);
+        let Some((i, &free)) =
+            free_by_then.or_else(|| self.free_at_ns.iter().enumerate().min_by_key(|(_, &f)| f))
+        else {
             return ready_ns + cost_ns;
         };
         let end = ready_ns.max(free) + cost_ns;
@@ -390,6 +396,14 @@ mod tests {
         assert_eq!(b.run(&two, 0, 100.0), 100);
         // A thread's own work never overlaps itself.
         assert_eq!(a.run(&two, 0, 100.0), 200);
+        // A thread's run of work stays on its core: another thread ready meanwhile gets
+        // the other one at once.
+        let two = Cores::shared(2);
+        let (mut a, mut b) = (Thread::default(), Thread::default());
+        for k in 1..=4 {
+            assert_eq!(a.run(&two, 0, 50.0), 50 * k);
+        }
+        assert_eq!(b.run(&two, 0, 50.0), 50);
         let none = Cores::shared(u32::MAX);
         assert_eq!(Thread::default().run(&none, 7, 0.0), 7);
     }

@@ -45,6 +45,10 @@ pub struct HddProfile {
     /// Write-back cache: writes are volatile until a flush.
     pub write_cache: bool,
     pub flush_ns: u64,
+    /// The read buffer keeps data the host has read (true), or only what it has read
+    /// ahead of the host (a ring the host's reads consume), so that reading a range again
+    /// goes back to the media. Optional in a profile file; true when absent.
+    pub keeps_read_data: bool,
 }
 
 /// A flash device: parallel channels, fixed latencies, one shared link.
@@ -73,6 +77,7 @@ pub enum DiskProfile {
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     ("hdd-7200-2009", include_str!("../../profiles/hdd-7200-2009.toml")),
     ("hdd-7200-2014", include_str!("../../profiles/hdd-7200-2014.toml")),
+    ("hdd-sas-7200-2014", include_str!("../../profiles/hdd-sas-7200-2014.toml")),
     ("ssd-sata", include_str!("../../profiles/ssd-sata.toml")),
     ("nvme", include_str!("../../profiles/nvme.toml")),
 ];
@@ -238,6 +243,11 @@ impl DiskProfile {
                     max_queue_wait_ns: f.u64("max_queue_wait_ns")?,
                     write_cache: f.bool("write_cache")?,
                     flush_ns: f.u64("flush_ns")?,
+                    keeps_read_data: if f.map.contains_key("keeps_read_data") {
+                        f.bool("keeps_read_data")?
+                    } else {
+                        true
+                    },
                 };
                 if p.seek_track_to_track_ns > p.seek_third_stroke_ns
                     || p.seek_third_stroke_ns > p.seek_full_stroke_ns
