@@ -523,8 +523,8 @@ fn stripe_queue(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<Rep
             "raid5, 4 members, chunk 64 KiB, {profile}, tiobench-like: threads share a 2048 MB area, each its \
              own slice; reads synchronous; writes 32 in flight per thread (page-cache writeback), unmerged \
              (md is bio-based: nothing merges above it); batching = partial stripes wait for the rest of \
-             their stripe (stripe queue), 1:1 = every stripe handled at once. CPU% is the engine's host \
-             time per virtual second"
+             their stripe (stripe queue), 1:1 = every stripe handled at once. CPU% is the modelled \
+             CPU time of every thread ({cpu}: tiobench's, the writeback's, raid5d) per virtual second"
         ),
         tables,
         claims,

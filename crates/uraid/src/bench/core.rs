@@ -128,6 +128,9 @@ pub struct CpuArgs {
     /// 512 MiB of written data), random and in merged sequential batches.
     #[arg(long)]
     fio_target: Option<std::path::PathBuf>,
+    /// Measure nothing: print the shipped CPU profiles' costs in their era's time.
+    #[arg(long)]
+    profiles: bool,
 }
 
 /// fio's CPU (user + system) per I/O, in ns, from its JSON output.
@@ -143,7 +146,61 @@ fn fio_cpu_ns_per_io(args: &[String]) -> anyhow::Result<f64> {
     Ok(cpu * secs * 1e9 / ios)
 }
 
+/// The shipped profiles, each figure in its era's nanoseconds (rates in GB/s).
+fn print_profiles() {
+    use uraid_io::sim::cpu::{CpuCosts, HostCpu};
+    let host = HostCpu::builtin();
+    println!("host: {} ({} cores, {} MHz measured)", host.cpu, host.cores, host.clock_mhz);
+    println!(
+        "{:<13} {:>5} {:>6} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>7} {:>7} {:>8}  cpu",
+        "profile",
+        "cores",
+        "scale",
+        "submit ns",
+        "bio ns",
+        "md req",
+        "member rq",
+        "page bio",
+        "stripe",
+        "copy",
+        "parity",
+        "queue rq"
+    );
+    for name in uraid_io::sim::cpu::cpu_profile_names() {
+        let c = CpuCosts::named(name).expect("shipped profile");
+        if c.is_none() {
+            continue;
+        }
+        let rate = |ps: f64| if ps > 0.0 { format!("{:.1}", 1000.0 / ps) } else { "offload".into() };
+        println!(
+            "{:<13} {:>5} {:>6.2} {:>9.0} {:>8.0} {:>8.0} {:>9.0} {:>8.0} {:>8.0} {:>7} {:>7} {:>8.0}  {}",
+            c.name,
+            c.cores,
+            c.control_scale,
+            c.submit_request_ns,
+            c.bio_ns,
+            c.md_request_ns,
+            c.member_request_ns,
+            c.page_bio_ns,
+            c.stripe_ns,
+            if c.md_copy_ps_per_byte == 0.0 {
+                format!("{}*", rate(c.copy_ps_per_byte))
+            } else {
+                rate(c.copy_ps_per_byte)
+            },
+            rate(c.parity_ps_per_byte),
+            c.queue_request_ns,
+            c.cpu
+        );
+    }
+    println!("(copy, parity: GB/s; * md's own copies and parity on offload engines)");
+}
+
 pub fn run_cpu(args: CpuArgs) -> anyhow::Result<()> {
+    if args.profiles {
+        print_profiles();
+        return Ok(());
+    }
     let scale = args.scale.clamp(0.01, 10.0);
     let f = uraid_io::cpu_bench::measure(scale);
     println!("# uraid bench cpu on this machine (fastest of 7 runs each)");
