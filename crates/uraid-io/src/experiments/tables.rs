@@ -652,13 +652,20 @@ fn nomerges(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<Report,
 mod tests {
     use super::*;
 
-    /// Every experiment runs end to end at a small scale and reports its claims.
+    /// Every experiment runs end to end at a small scale on its era's CPU model, every
+    /// claim that does not rest on host timing holds (the model is deterministic), and
+    /// each is scored against its seed.
     #[test]
     fn every_experiment_runs_at_small_scale() {
         for name in EXPERIMENTS {
             let r = run(name, 0.05).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!r.tables.is_empty() && !r.claims.is_empty(), "{name}");
             assert!(r.tables.iter().all(|t| t.rows.iter().all(|row| row.len() == t.columns.len())), "{name}");
+            assert_eq!(r.cpu, era_cpu(name));
+            for c in r.claims.iter().filter(|c| !c.claim.contains("on this host")) {
+                assert!(c.holds, "{name}: {} ({})", c.claim, c.figures);
+            }
+            assert!(r.fidelity.as_ref().is_some_and(|f| f.total > 0), "{name}");
         }
     }
 
