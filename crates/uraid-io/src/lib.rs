@@ -11,6 +11,7 @@
 //!   tiny mirror engine that implements it for tests.
 
 pub mod bench;
+pub mod cpu_bench;
 pub mod engine;
 pub mod engine_bench;
 pub mod experiments;

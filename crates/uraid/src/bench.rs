@@ -25,6 +25,9 @@ enum BenchWhat {
     Engine(core::EngineArgs),
     /// Simulator speed: simulated member I/Os per real second.
     Sim(core::SimArgs),
+    /// What uraid's work (and fio's, with --fio-dir) costs on this machine: the figures
+    /// the simulator's CPU profiles scale to the seeds' CPUs (profiles/cpu-host.toml).
+    Cpu(core::CpuArgs),
     /// Rebuild speed of a 6-member RAID6 on tmpfs files against reading its survivors.
     Rebuild(rebuild::RebuildArgs),
     /// A `uraid reproduce` experiment's job grid on real members (files or block devices).
@@ -37,6 +40,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Nbd(a) => nbd::run(a),
         BenchWhat::Engine(a) => core::run_engine(a),
         BenchWhat::Sim(a) => core::run_sim(a),
+        BenchWhat::Cpu(a) => core::run_cpu(a),
         BenchWhat::Rebuild(a) => rebuild::run(a),
         BenchWhat::Workload(a) => workload::run(a),
     }

@@ -1,10 +1,14 @@
 //! The seeds' experiments on simulated disks: a small fio/tiobench-like job runner
 //! ([`run_job`]) and the five reproductions ([`tables`]).
 //!
-//! Time is virtual (the disks are simulated); CPU is real: every call into the engine and
-//! into the request queue is timed on the host, so "CPU%" columns compare the engine's own
-//! work between configurations, as the seeds' oprofile and CPU% columns did.
+//! Time is virtual (the disks are simulated), and so is CPU: with a CPU profile of the
+//! seed's era (`sim::cpu`), the submitters' work and md's threads' work take virtual time
+//! on modelled cores, and "CPU" columns are that modelled time. Every call into the engine
+//! is also timed on the host (`engine_cpu_ns`), and seed 002's queue is replayed on the
+//! host as a cross-check of the modelled queue.
 
+pub mod fidelity;
+pub mod sim_job;
 pub mod tables;
 
 use std::time::Instant;
@@ -14,8 +18,6 @@ use uraid_core::stats::ArrayStats;
 use uraid_core::*;
 
 use crate::engine::ArrayEngine;
-use crate::sim::array::{RunOutcome, SimArray};
-use crate::sim::disks::{SimDisks, SimMemberConfig};
 
 /// An engine whose every call is timed on the host.
 pub struct TimedEngine<E> {
@@ -84,8 +86,18 @@ pub struct Job {
     pub warmup_ns: u64,
     /// Bytes of the array the job works in (from offset 0); 0 = the whole array.
     pub region_bytes: u64,
-    /// Put a request queue with this `nomerges` in front of the engine.
+    /// Put a request queue with this `nomerges` in front of the engine (the simulated
+    /// runner always has one: `None` there is nomerges 2, plugging without merges).
     pub nomerges: Option<u8>,
+    /// CPU profile of the simulated runner (`sim::cpu`): an era's name, `host` or `none`.
+    pub cpu: String,
+    /// Buffered I/O: the submitter copies each request's bytes through the page cache.
+    pub buffered: bool,
+    /// md threads handling stripes (md's raid5d alone: 1; `group_thread_cnt` workers).
+    pub md_threads: usize,
+    /// Also time the run's request stream through the queue on the host (seed 002's
+    /// cross-check of the modelled queue).
+    pub queue_replay: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -104,12 +116,36 @@ pub struct JobResult {
     pub member_reads: u64,
     pub member_writes: u64,
     pub virtual_ns: u64,
+    /// The CPU profile the run was modelled with (empty on real members).
+    pub cpu: String,
+    pub cores: u32,
+    /// Modelled time the submitting threads worked (system calls, block layer, md's
+    /// make_request, their own member requests), ns of the measured window.
+    pub submit_cpu_ns: u64,
+    /// Modelled time the request queue in front of the array worked (part of the
+    /// submitters' time, kept apart for seed 002).
+    pub queue_model_ns: u64,
+    /// Modelled time md's threads worked.
+    pub md_cpu_ns: u64,
+    pub md_stripe_passes: u64,
+    pub md_page_bios: u64,
 }
 
 impl JobResult {
-    /// Engine (plus queue) CPU as a percentage of the virtual time: one core's share.
+    /// Whether the CPU figures are modelled (a CPU profile other than `none`).
+    pub fn cpu_modelled(&self) -> bool {
+        !self.cpu.is_empty() && self.cpu != "none"
+    }
+
+    /// CPU used as a percentage of one core over the virtual time: the modelled threads'
+    /// work, or without a model the engine's host time (plus the queue's replay).
     pub fn cpu_percent(&self) -> f64 {
-        (self.engine_cpu_ns + self.queue_cpu_ns) as f64 * 100.0 / self.virtual_ns.max(1) as f64
+        let ns = if self.cpu_modelled() {
+            self.submit_cpu_ns + self.queue_model_ns + self.md_cpu_ns
+        } else {
+            self.engine_cpu_ns + self.queue_cpu_ns
+        };
+        ns as f64 * 100.0 / self.virtual_ns.max(1) as f64
     }
 }
 
@@ -261,10 +297,8 @@ impl JobRunner for SimRunner {
     }
 }
 
-/// Step of the virtual clock between looks at completions (the workers' reaction time).
-const STEP_NS: u64 = 10_000;
-
-/// Run `job` against an engine built from `config` on simulated members of `profile`.
+/// Run `job` against an engine built from `config` on simulated members of `profile`,
+/// with the job's CPU model.
 pub fn run_job(
     config: ArrayConfig,
     profile: &str,
@@ -272,68 +306,13 @@ pub fn run_job(
     job: &Job,
     seed: u64,
 ) -> Result<JobResult, String> {
-    let n = config.geometry.raid_disks;
-    let engine = Engine::new(config).map_err(|e| e.to_string())?;
-    let sims: Vec<SimMemberConfig> = (0..n)
-        .map(|_| SimMemberConfig::builtin(profile, member_bytes))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let disks = SimDisks::new(sims, seed).map_err(|e| e.to_string())?;
-    let size = engine.size_bytes();
-    let region = if job.region_bytes == 0 { size } else { job.region_bytes.min(size) };
-    let mut array = SimArray::new(TimedEngine { inner: engine, cpu_ns: 0 }, disks);
-    // Member disks sit behind a block-layer queue that merges what md sends them at once.
-    array.set_member_merging(true);
-    let mut driver = JobDriver::new(job, region, seed);
-    let end_ns = job.warmup_ns + job.duration_ns;
-    let mut result = JobResult::default();
-    let mut cpu_at_warmup = None;
-    let mut member_at_warmup = (0, 0);
-    loop {
-        let now = array.now_ns();
-        if now < end_ns {
-            for r in driver.top_up(job) {
-                array.submit(r);
-            }
-        }
-        let outcome = array.run_until(now + STEP_NS);
-        let now = array.now_ns();
-        if cpu_at_warmup.is_none() && now >= job.warmup_ns {
-            cpu_at_warmup = Some(array.engine().cpu_ns);
-            let s = array.engine().inner.stats();
-            member_at_warmup = (s.member_reads(), s.member_writes());
-        }
-        for tc in array.take_completions() {
-            let finished = driver.complete(tc.completion)?;
-            if tc.completed_ns >= job.warmup_ns && tc.completed_ns < end_ns {
-                result.ios += finished;
-                result.bytes += finished * job.block_bytes;
-            }
-        }
-        match outcome {
-            RunOutcome::Stalled => return Err("the engine stalled".into()),
-            RunOutcome::PowerLost { .. } => return Err("unexpected power loss".into()),
-            _ => {}
-        }
-        if now >= end_ns {
-            break;
-        }
-    }
-    result.engine_cpu_ns = array.engine().cpu_ns - cpu_at_warmup.unwrap_or(0);
-    driver.finish(&mut result);
-    let s = array.engine().inner.stats();
-    result.member_reads = s.member_reads() - member_at_warmup.0;
-    result.member_writes = s.member_writes() - member_at_warmup.1;
-    result.virtual_ns = job.duration_ns;
-    let secs = job.duration_ns as f64 / 1e9;
-    result.mbps = result.bytes as f64 / secs / 1e6;
-    result.iops = result.ios as f64 / secs;
-    Ok(result)
+    let cpu = crate::sim::cpu::CpuCosts::named(&job.cpu).map_err(|e| e.to_string())?;
+    sim_job::run_job(config, profile, member_bytes, job, seed, &cpu)
 }
 
 /// Host time for the request stream `trace` through a fresh queue (adds, unplug, and the
 /// completion of every dispatched request): (fastest, median) of several replays, in ns.
-fn replay_queue_ns(nomerges: u8, trace: &[Vec<(RequestOp, u64, u64)>]) -> (f64, f64) {
+pub(crate) fn replay_queue_ns(nomerges: u8, trace: &[Vec<(RequestOp, u64, u64)>]) -> (f64, f64) {
     let mut times = Vec::new();
     for _ in 0..15 {
         let mut q = RequestQueue::new(nomerges);

@@ -68,6 +68,8 @@ pub struct SimArray<E: ArrayEngine> {
     /// Merged member I/O -> its parts (original id, byte offset in the merged I/O, length).
     merged: HashMap<u64, MergedParts>,
     next_merged_id: u64,
+    /// `run_until_completion`: return as soon as a request completion is waiting.
+    stop_on_completion: bool,
 }
 
 impl<E: ArrayEngine> SimArray<E> {
@@ -86,6 +88,7 @@ impl<E: ArrayEngine> SimArray<E> {
             merge_member_ios: false,
             merged: HashMap::new(),
             next_merged_id: 1 << 62,
+            stop_on_completion: false,
         }
     }
 
@@ -222,12 +225,25 @@ impl<E: ArrayEngine> SimArray<E> {
         self.run(Some(t_ns))
     }
 
+    /// As `run_until`, but return (with `TimeReached`) as soon as a request completion is
+    /// waiting in `completions`, the clock at its time: for a caller that reacts to each
+    /// completion when it happens.
+    pub fn run_until_completion(&mut self, t_ns: u64) -> RunOutcome {
+        self.stop_on_completion = true;
+        let outcome = self.run(Some(t_ns));
+        self.stop_on_completion = false;
+        outcome
+    }
+
     fn run(&mut self, limit_ns: Option<u64>) -> RunOutcome {
         loop {
             if let Some(at_ns) = self.disks.power_lost_at() {
                 return RunOutcome::PowerLost { at_ns };
             }
             self.pump();
+            if self.stop_on_completion && !self.completions.is_empty() {
+                return RunOutcome::TimeReached;
+            }
             let now = self.now_ns();
             let t_disk = self.disks.next_event_ns();
             let t_sub =

@@ -76,7 +76,9 @@
 pub mod array;
 pub mod check;
 pub mod corruption;
+pub mod cpu;
 pub mod disks;
+pub mod md_threads;
 pub mod meta;
 pub mod model;
 pub mod profile;

@@ -62,7 +62,14 @@ struct Segment {
     start: u64,
     end: u64,
     streaming: Option<Stream>,
+    /// Ranges `[lo, hi)` of it the host has read, for a drive that does not serve a range
+    /// twice (`keeps_read_data = false`); empty (lo == hi) otherwise. A few, because the
+    /// host reads the same stream in more than one place at once (md's re-reads follow
+    /// its bypassed reads).
+    consumed: [(u64, u64); CONSUMED_RANGES],
 }
+
+const CONSUMED_RANGES: usize = 4;
 
 #[derive(Clone, Copy, Debug)]
 struct Stream {
@@ -72,6 +79,22 @@ struct Stream {
 }
 
 impl Segment {
+    fn consumed_overlaps(&self, lo: u64, hi: u64) -> bool {
+        self.consumed.iter().any(|&(a, b)| lo < b && a < hi)
+    }
+
+    /// The host read `[lo, hi)` from it: grows a consumed range it touches (reads of one
+    /// stream, even reordered, touch each other), or replaces the lowest one.
+    fn consume(&mut self, lo: u64, hi: u64) {
+        if let Some(r) = self.consumed.iter_mut().find(|(a, b)| a < b && lo <= *b && *a <= hi) {
+            *r = (r.0.min(lo), r.1.max(hi));
+            return;
+        }
+        let lowest =
+            self.consumed.iter_mut().min_by_key(|(a, b)| if a < b { *b } else { 0 }).expect("ranges");
+        *lowest = (lo, hi);
+    }
+
     fn filled_end(&self, now_ns: u64) -> u64 {
         match self.streaming {
             Some(s) => {
@@ -436,7 +459,7 @@ impl HddModel {
         match io.op {
             MemberIoOp::Read => {
                 for (i, s) in self.segments.iter().enumerate() {
-                    if io.offset_bytes < s.start {
+                    if io.offset_bytes < s.start || s.consumed_overlaps(io.offset_bytes, end) {
                         continue;
                     }
                     if end <= s.filled_end(now_ns) {
@@ -798,7 +821,15 @@ impl HddModel {
                             if self.segments.len() >= self.p.cache_segments.max(1) as usize {
                                 self.segments.pop();
                             }
-                            self.segments.insert(0, Segment { start: io.offset_bytes, end, streaming: None });
+                            self.segments.insert(
+                                0,
+                                Segment {
+                                    start: io.offset_bytes,
+                                    end,
+                                    streaming: None,
+                                    consumed: [(0, 0); CONSUMED_RANGES],
+                                },
+                            );
                             (0, end)
                         }
                     };
@@ -807,6 +838,9 @@ impl HddModel {
                     let mut s = self.segments.remove(idx);
                     // A segment holds a bounded window behind the newest data.
                     s.start = s.start.max(end.saturating_sub(ra.max(io.len_bytes)));
+                    if !self.p.keeps_read_data {
+                        s.consume(io.offset_bytes, end);
+                    }
                     s.end = new_end;
                     let limit = (end + ra).max(new_end).min(self.p.capacity_bytes);
                     s.streaming = (limit > new_end).then_some(Stream {
@@ -818,6 +852,9 @@ impl HddModel {
                     self.head_cylinder = self.locate(end.saturating_sub(1)).0;
                 } else if let Some(i) = seg {
                     let mut s = self.segments.remove(i);
+                    if !self.p.keeps_read_data {
+                        s.consume(io.offset_bytes, end);
+                    }
                     // Reading from a live stream pushes its read-ahead further.
                     let live = now_ns < self.stream_stop_ns(&s);
                     if let (true, Some(st)) = (live, s.streaming.as_mut()) {
@@ -977,9 +1014,12 @@ mod tests {
     #[test]
     fn pick_agrees_with_the_full_scan() {
         for seed in 1..=3 {
-            for (profile, span) in
-                [("hdd-7200-2009", 64 << 20), ("hdd-7200-2009", u64::MAX), ("hdd-7200-2014", 1 << 40)]
-            {
+            for (profile, span) in [
+                ("hdd-7200-2009", 64 << 20),
+                ("hdd-7200-2009", u64::MAX),
+                ("hdd-7200-2014", 1 << 40),
+                ("hdd-sas-7200-2014", 1 << 40),
+            ] {
                 let reordered = compare_picks(profile, span, seed, 6000);
                 assert!(reordered > 1000, "{profile} {span}: only {reordered} picks were not the oldest");
             }
@@ -1006,5 +1046,36 @@ mod tests {
         let outer = m.media_ns(0, 1 << 20);
         let inner = m.media_ns(m.p.capacity_bytes - (1 << 20), 1 << 20);
         assert!(inner > outer * 1.5);
+    }
+
+    /// A drive that keeps what it read serves a range again from its buffer; one that
+    /// does not (seed 001's SAS drives) goes back to the media for it.
+    #[test]
+    fn reading_a_range_again() {
+        let read = |off: u64, seq: u64, at: u64| QueuedIo {
+            op: MemberIoOp::Read,
+            offset_bytes: off,
+            len_bytes: 128 << 10,
+            arrival_ns: at,
+            seq,
+        };
+        for (profile, again_from_buffer) in [("hdd-7200-2014", true), ("hdd-sas-7200-2014", false)] {
+            let DiskProfile::Hdd(p) = DiskProfile::builtin(profile).unwrap() else { unreachable!() };
+            let bus = p.bus_rate_bytes_per_s;
+            let mut m = HddModel::new(p, 0);
+            let first = m.start(&[read(1 << 30, 0, 0)], 0).1;
+            let t = first + 1_000_000;
+            // The next chunk, read ahead meanwhile, comes from the buffer either way.
+            let next = m.start(&[read((1 << 30) + (128 << 10), 1, t)], t).1;
+            assert!(next < 1_000_000, "{profile}: {next}");
+            let t = t + next + 1_000_000;
+            // A read further ahead, not touching the first two, between them and the re-read
+            // (md's re-read of a row comes after bypassed reads of later rows).
+            let ahead = m.start(&[read((1 << 30) + (512 << 10), 2, t)], t).1;
+            let t = t + ahead + 1_000_000;
+            let again = m.start(&[read(1 << 30, 3, t)], t).1;
+            let from_buffer = again < 200_000 + (128 << 10) * 1_000_000_000 / bus;
+            assert_eq!(from_buffer, again_from_buffer, "{profile}: reading again took {again} ns");
+        }
     }
 }

@@ -45,6 +45,10 @@ pub struct HddProfile {
     /// Write-back cache: writes are volatile until a flush.
     pub write_cache: bool,
     pub flush_ns: u64,
+    /// The read buffer keeps data the host has read (true), or only what it has read
+    /// ahead of the host (a ring the host's reads consume), so that reading a range again
+    /// goes back to the media. Optional in a profile file; true when absent.
+    pub keeps_read_data: bool,
 }
 
 /// A flash device: parallel channels, fixed latencies, one shared link.
@@ -75,10 +79,11 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     ("hdd-7200-2014", include_str!("../../profiles/hdd-7200-2014.toml")),
     ("ssd-sata", include_str!("../../profiles/ssd-sata.toml")),
     ("nvme", include_str!("../../profiles/nvme.toml")),
+    ("hdd-sas-7200-2014", include_str!("../../profiles/hdd-sas-7200-2014.toml")),
 ];
 
 #[derive(Clone, Debug, PartialEq)]
-enum Value {
+pub(crate) enum Value {
     Int(u64),
     Float(f64),
     Bool(bool),
@@ -95,7 +100,7 @@ impl std::fmt::Display for ProfileError {
 }
 impl std::error::Error for ProfileError {}
 
-fn parse_flat_toml(text: &str) -> Result<BTreeMap<String, Value>, ProfileError> {
+pub(crate) fn parse_flat_toml(text: &str) -> Result<BTreeMap<String, Value>, ProfileError> {
     let mut out = BTreeMap::new();
     for (lineno, raw) in text.lines().enumerate() {
         let line = strip_comment(raw).trim();
@@ -142,15 +147,16 @@ fn strip_comment(line: &str) -> &str {
     line
 }
 
-struct Fields {
-    map: BTreeMap<String, Value>,
+/// A parsed profile's fields, taken one by one; what is left over is an error.
+pub(crate) struct Fields {
+    pub(crate) map: BTreeMap<String, Value>,
 }
 
 impl Fields {
-    fn take(&mut self, key: &str) -> Result<Value, ProfileError> {
+    pub(crate) fn take(&mut self, key: &str) -> Result<Value, ProfileError> {
         self.map.remove(key).ok_or_else(|| ProfileError(format!("missing field `{key}`")))
     }
-    fn u64(&mut self, key: &str) -> Result<u64, ProfileError> {
+    pub(crate) fn u64(&mut self, key: &str) -> Result<u64, ProfileError> {
         match self.take(key)? {
             Value::Int(i) => Ok(i),
             // Data sheets give e.g. 8.5 ms; allow exact-integer floats only.
@@ -158,23 +164,30 @@ impl Fields {
             v => Err(ProfileError(format!("field `{key}` must be a non-negative integer, got {v:?}"))),
         }
     }
-    fn u32(&mut self, key: &str) -> Result<u32, ProfileError> {
+    pub(crate) fn u32(&mut self, key: &str) -> Result<u32, ProfileError> {
         let v = self.u64(key)?;
         u32::try_from(v).map_err(|_| ProfileError(format!("field `{key}` too large")))
     }
-    fn bool(&mut self, key: &str) -> Result<bool, ProfileError> {
+    pub(crate) fn f64(&mut self, key: &str) -> Result<f64, ProfileError> {
+        match self.take(key)? {
+            Value::Int(i) => Ok(i as f64),
+            Value::Float(f) if f.is_finite() && f >= 0.0 => Ok(f),
+            v => Err(ProfileError(format!("field `{key}` must be a non-negative number, got {v:?}"))),
+        }
+    }
+    pub(crate) fn bool(&mut self, key: &str) -> Result<bool, ProfileError> {
         match self.take(key)? {
             Value::Bool(b) => Ok(b),
             v => Err(ProfileError(format!("field `{key}` must be true or false, got {v:?}"))),
         }
     }
-    fn string(&mut self, key: &str) -> Result<String, ProfileError> {
+    pub(crate) fn string(&mut self, key: &str) -> Result<String, ProfileError> {
         match self.take(key)? {
             Value::Str(s) => Ok(s),
             v => Err(ProfileError(format!("field `{key}` must be a string, got {v:?}"))),
         }
     }
-    fn finish(self) -> Result<(), ProfileError> {
+    pub(crate) fn finish(self) -> Result<(), ProfileError> {
         if let Some(k) = self.map.keys().next() {
             return Err(ProfileError(format!("unknown field `{k}`")));
         }
@@ -230,6 +243,11 @@ impl DiskProfile {
                     max_queue_wait_ns: f.u64("max_queue_wait_ns")?,
                     write_cache: f.bool("write_cache")?,
                     flush_ns: f.u64("flush_ns")?,
+                    keeps_read_data: if f.map.contains_key("keeps_read_data") {
+                        f.bool("keeps_read_data")?
+                    } else {
+                        true
+                    },
                 };
                 if p.seek_track_to_track_ns > p.seek_third_stroke_ns
                     || p.seek_third_stroke_ns > p.seek_full_stroke_ns

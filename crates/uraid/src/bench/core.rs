@@ -117,3 +117,137 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args)]
+pub struct CpuArgs {
+    /// Fraction of the default run length (about ten seconds, plus 18 s of fio).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Also measure the kernel's I/O path with fio (libaio, 4 KiB, iodepth 32): reads of
+    /// /dev/zero, and direct reads of this block device or file (read only; at least
+    /// 512 MiB of written data), random and in merged sequential batches.
+    #[arg(long)]
+    fio_target: Option<std::path::PathBuf>,
+    /// Measure nothing: print the shipped CPU profiles' costs in their era's time.
+    #[arg(long)]
+    profiles: bool,
+}
+
+/// fio's CPU (user + system) per I/O, in ns, from its JSON output.
+fn fio_cpu_ns_per_io(args: &[String]) -> anyhow::Result<f64> {
+    let out = std::process::Command::new("fio").args(args).arg("--output-format=json").output()?;
+    anyhow::ensure!(out.status.success(), "fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let job = &v["jobs"][0];
+    let ios = job["read"]["total_ios"].as_f64().unwrap_or(0.0);
+    let secs = job["job_runtime"].as_f64().unwrap_or(0.0) / 1e3;
+    let cpu = (job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0)) / 100.0;
+    anyhow::ensure!(ios > 0.0, "fio did no I/O");
+    Ok(cpu * secs * 1e9 / ios)
+}
+
+/// The shipped profiles, each figure in its era's nanoseconds (rates in GB/s).
+fn print_profiles() {
+    use uraid_io::sim::cpu::{CpuCosts, HostCpu};
+    let host = HostCpu::builtin();
+    println!("host: {} ({} cores, {} MHz measured)", host.cpu, host.cores, host.clock_mhz);
+    println!(
+        "{:<13} {:>5} {:>6} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>7} {:>7} {:>8}  cpu",
+        "profile",
+        "cores",
+        "scale",
+        "submit ns",
+        "bio ns",
+        "md req",
+        "member rq",
+        "page bio",
+        "stripe",
+        "copy",
+        "parity",
+        "queue rq"
+    );
+    for name in uraid_io::sim::cpu::cpu_profile_names() {
+        let c = CpuCosts::named(name).expect("shipped profile");
+        if c.is_none() {
+            continue;
+        }
+        let rate = |ps: f64| if ps > 0.0 { format!("{:.1}", 1000.0 / ps) } else { "offload".into() };
+        println!(
+            "{:<13} {:>5} {:>6.2} {:>9.0} {:>8.0} {:>8.0} {:>9.0} {:>8.0} {:>8.0} {:>7} {:>7} {:>8.0}  {}",
+            c.name,
+            c.cores,
+            c.control_scale,
+            c.submit_request_ns,
+            c.bio_ns,
+            c.md_request_ns,
+            c.member_request_ns,
+            c.page_bio_ns,
+            c.stripe_ns,
+            if c.md_copy_ps_per_byte == 0.0 {
+                format!("{}*", rate(c.copy_ps_per_byte))
+            } else {
+                rate(c.copy_ps_per_byte)
+            },
+            rate(c.parity_ps_per_byte),
+            c.queue_request_ns,
+            c.cpu
+        );
+    }
+    println!("(copy, parity: GB/s; * md's own copies and parity on offload engines)");
+}
+
+pub fn run_cpu(args: CpuArgs) -> anyhow::Result<()> {
+    if args.profiles {
+        print_profiles();
+        return Ok(());
+    }
+    let scale = args.scale.clamp(0.01, 10.0);
+    let f = uraid_io::cpu_bench::measure(scale);
+    println!("# uraid bench cpu on this machine (fastest of 7 runs each)");
+    println!("engine_request_ns = {:.0}", f.engine_request_ns);
+    println!("engine_member_io_ns = {:.0}", f.engine_member_io_ns);
+    println!("engine_stripe_ns = {:.0}", f.engine_stripe_ns);
+    println!("copy_bytes_per_s = {:.0}", f.copy_bytes_per_s);
+    println!("parity_avx2_bytes_per_s = {:.0}", f.parity_avx2_bytes_per_s);
+    println!("queue_request_ns = {:.1}", f.queue_request_ns);
+    println!("queue_merge_attempt_ns = {:.1}", f.queue_merge_attempt_ns);
+    println!("queue_hash_ns = {:.1}", f.queue_hash_ns);
+    let Some(target) = args.fio_target else { return Ok(()) };
+    let secs = ((6.0 * scale).ceil() as u64).max(1);
+    let job = |name: &str, file: &str, extra: &[&str]| -> Vec<String> {
+        let mut v = vec![
+            format!("--name={name}"),
+            format!("--filename={file}"),
+            "--ioengine=libaio".into(),
+            "--bs=4k".into(),
+            "--iodepth=32".into(),
+            format!("--runtime={secs}"),
+            "--time_based".into(),
+            "--readonly".into(),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let batched = ["--iodepth_batch_submit=32", "--iodepth_batch_complete_min=16"];
+    let t = target.display().to_string();
+    let zero = fio_cpu_ns_per_io(&job("zero", "/dev/zero", &["--rw=read", "--size=100g"]))?;
+    let zero_batched = fio_cpu_ns_per_io(&job(
+        "zero-batched",
+        "/dev/zero",
+        &["--rw=read", "--size=100g", batched[0], batched[1]],
+    ))?;
+    let random = fio_cpu_ns_per_io(&job("random", &t, &["--rw=randread", "--direct=1", "--size=512m"]))?;
+    let merged = fio_cpu_ns_per_io(&job(
+        "merged",
+        &t,
+        &["--rw=read", "--direct=1", "--size=512m", batched[0], batched[1]],
+    ))?;
+    println!("# fio CPU per 4 KiB read: /dev/zero {zero:.0} ns (batched {zero_batched:.0}), {t} random {random:.0} ns, sequential merged {merged:.0} ns");
+    // fio and its system calls alone; a bio that merges (the merged run's extra over
+    // /dev/zero at the same batching); a request of its own (the random run's remainder).
+    let bio = (merged - zero_batched).max(0.0);
+    println!("submit_request_ns = {zero:.0}");
+    println!("bio_ns = {bio:.0}");
+    println!("member_request_ns = {:.0}", (random - zero - bio).max(0.0));
+    Ok(())
+}

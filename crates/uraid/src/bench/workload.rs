@@ -535,7 +535,7 @@ pub fn run(args: WorkloadArgs) -> anyhow::Result<()> {
     // A dry pass over the grids: how many cells, and how many members the largest array has.
     let mut counter = Counter { filter: filter.clone(), ..Counter::default() };
     for n in &names {
-        tables::run_with(n, 1.0, &mut counter).map_err(anyhow::Error::msg)?;
+        tables::run_with(n, &tables::Options::scale(1.0), &mut counter).map_err(anyhow::Error::msg)?;
     }
     if counter.cells == 0 {
         bail!("the selection (--bs/--threads/--op/--access) matches no cell of {}", args.experiment);
@@ -588,7 +588,7 @@ pub fn run(args: WorkloadArgs) -> anyhow::Result<()> {
     let mut out = Vec::new();
     for name in &names {
         let before = runner.cells_run;
-        let r = tables::run_with(name, 1.0, &mut runner);
+        let r = tables::run_with(name, &tables::Options::scale(1.0), &mut runner);
         runner.progress.finish();
         let mut r = r.map_err(anyhow::Error::msg)?;
         tidy_unmeasured(&mut r);

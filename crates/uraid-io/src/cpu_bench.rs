@@ -1,0 +1,244 @@
+//! What uraid's own work costs on this machine: the figures the simulator's CPU model
+//! ([`crate::sim::cpu`]) scales to the seeds' CPUs. `uraid bench cpu` prints them in the
+//! form of `profiles/cpu-host.toml`.
+//!
+//! Each figure is a difference between two runs of the real engine (or queue) that differ
+//! in one unit of work only, with member I/Os completed in process at once (no executor,
+//! no syscalls); every run is repeated and the fastest kept, so other load on the machine
+//! inflates nothing. Units follow md's: the engine is given 4 KiB chunks, so its stripe
+//! heads are md's 4 KiB stripe_heads and each member I/O one md page bio.
+
+use std::time::Instant;
+
+use uraid_core::geometry::algorithm;
+use uraid_core::queue::RequestQueue;
+use uraid_core::*;
+
+/// Host figures, ns per unit (rates in bytes per second).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostCpuFigures {
+    /// Engine work to map and complete one request, its member I/Os excluded.
+    pub engine_request_ns: f64,
+    /// Engine work per member I/O issued and completed (one 4 KiB page).
+    pub engine_member_io_ns: f64,
+    /// Engine work per stripe head handled (one pass; md's handle_stripe), with the piece
+    /// of a request it places there.
+    pub engine_stripe_ns: f64,
+    /// One thread copying memory that is not in its caches (md's copies between bio and
+    /// stripe pages).
+    pub copy_bytes_per_s: f64,
+    /// RAID6 P+Q generation (`gen_syndrome`) over 8 data blocks with the AVX2 kernel, in
+    /// data bytes per second: the widest kernel an era profile scales from.
+    pub parity_avx2_bytes_per_s: f64,
+    /// Request queue work per request added, dispatched and completed (nomerges 2).
+    pub queue_request_ns: f64,
+    /// Per merge attempt (nomerges 1 minus 2, per attempt).
+    pub queue_merge_attempt_ns: f64,
+    /// Per hash insertion or lookup (nomerges 0 minus 1, per hash operation).
+    pub queue_hash_ns: f64,
+}
+
+/// Fastest of `runs` timings of `f`, in ns.
+fn fastest_ns(runs: usize, mut f: impl FnMut() -> u64) -> f64 {
+    (0..runs).map(|_| f()).min().unwrap_or(0) as f64
+}
+
+fn engine_for(level: Level, n: usize, chunk_bytes: u64, tunables: Tunables) -> Engine {
+    let member_bytes = 1u64 << 30;
+    let layout = if level == Level::Raid0 { 0 } else { algorithm::LEFT_SYMMETRIC };
+    let geo =
+        Geometry::new(level, n, layout, chunk_bytes / 512, &vec![member_bytes / 512; n]).expect("geometry");
+    let members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; n];
+    Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false }).expect("engine")
+}
+
+/// Host ns for `requests` requests from `make` (by index) through `engine`, `depth` at a
+/// time; member I/Os complete at once (reads with zeroes). Only engine calls are timed.
+fn engine_run_ns(engine: &mut Engine, requests: u64, depth: u64, make: &dyn Fn(u64) -> Request) -> u64 {
+    let mut timed = 0u64;
+    let mut next = 0u64;
+    let mut pending: Vec<MemberIo> = Vec::new();
+    let mut done = 0u64;
+    let mut now = 0u64;
+    while done < requests {
+        let batch: Vec<Request> = (0..depth.min(requests - next))
+            .map(|_| {
+                next += 1;
+                make(next)
+            })
+            .collect();
+        let t = Instant::now();
+        for r in batch {
+            engine.submit(r, now).expect("engine accepts");
+        }
+        engine.unplug(now);
+        while let Some(io) = engine.pop_member_io() {
+            pending.push(io);
+        }
+        timed += t.elapsed().as_nanos() as u64;
+        while !pending.is_empty() {
+            let completions: Vec<MemberIoCompletion> = pending
+                .drain(..)
+                .map(|io| MemberIoCompletion {
+                    id: io.id,
+                    result: Ok(if io.op == MemberIoOp::Read {
+                        vec![0u8; io.len_bytes as usize]
+                    } else {
+                        Vec::new()
+                    }),
+                })
+                .collect();
+            now += 1_000;
+            let t = Instant::now();
+            for c in completions {
+                engine.complete_member_io(c, now);
+            }
+            while let Some(io) = engine.pop_member_io() {
+                pending.push(io);
+            }
+            while engine.pop_completion().is_some() {
+                done += 1;
+            }
+            timed += t.elapsed().as_nanos() as u64;
+        }
+    }
+    timed
+}
+
+/// ns per request of `make`'s requests on a fresh engine from `engine`, fastest of `runs`.
+fn per_request_ns(
+    runs: usize,
+    requests: u64,
+    new: &dyn Fn() -> Engine,
+    make: &dyn Fn(u64) -> Request,
+) -> f64 {
+    fastest_ns(runs, || {
+        let mut e = new();
+        engine_run_ns(&mut e, requests, 32, make)
+    }) / requests as f64
+}
+
+/// Bytes per second of one thread copying `len`-byte buffers, `total` bytes in all.
+fn copy_rate(runs: usize, len: usize, total: u64) -> f64 {
+    let src = vec![0x5au8; len];
+    let mut dst = vec![0u8; len];
+    let rounds = (total / len as u64).max(1);
+    let ns = fastest_ns(runs, || {
+        let t = Instant::now();
+        for _ in 0..rounds {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        }
+        t.elapsed().as_nanos() as u64
+    });
+    (rounds * len as u64) as f64 / (ns / 1e9)
+}
+
+/// Data bytes per second of gen_syndrome over 8 data blocks of 64 KiB with the AVX2 kernel
+/// (0 where the host has none).
+fn parity_avx2_rate(runs: usize) -> f64 {
+    let Some(kernel) = uraid_parity::Kernel::from_name("avx2").filter(|k| k.is_available()) else {
+        return 0.0;
+    };
+    let block = 64 << 10;
+    let data: Vec<Vec<u8>> = (0..8).map(|i| vec![i as u8 + 1; block]).collect();
+    let slots: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+    let (mut p, mut q) = (vec![0u8; block], vec![0u8; block]);
+    let rounds = 512u64;
+    let ns = fastest_ns(runs, || {
+        let t = Instant::now();
+        for _ in 0..rounds {
+            kernel.gen_syndrome(std::hint::black_box(&slots), &mut p, &mut q);
+        }
+        t.elapsed().as_nanos() as u64
+    });
+    (rounds * 8 * block as u64) as f64 / (ns / 1e9)
+}
+
+/// Host ns for a stream of random 4 KiB reads (batches of 32, the way seed 002's jobs
+/// arrive) through a fresh queue: added, dispatched and each dispatched one completed.
+fn queue_run_ns(nomerges: u8, batches: u64) -> (u64, u64) {
+    let mut q = RequestQueue::new(nomerges);
+    let mut rng = 0x9e3779b97f4a7c15u64;
+    let mut id = 0;
+    let t = Instant::now();
+    for _ in 0..batches {
+        for _ in 0..32 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            id += 1;
+            q.add(Request::read(id, (rng % (1 << 25)) * 4096, 4096));
+        }
+        for r in q.unplug() {
+            std::hint::black_box(q.complete(RequestCompletion { id: r.id, result: Ok(Vec::new()) }));
+        }
+    }
+    (t.elapsed().as_nanos() as u64, q.stats.merge_attempts)
+}
+
+/// Measure every figure; `scale` shortens the runs (1.0: about ten seconds).
+pub fn measure(scale: f64) -> HostCpuFigures {
+    let _ = uraid_parity::selected_kernel();
+    let runs = 7;
+    let n = ((20_000.0 * scale) as u64).max(500);
+    let raid0 = || engine_for(Level::Raid0, 4, 4096, Tunables::default());
+    let write =
+        |bytes: u64| move |i: u64| Request::write(i, (i * 7919 % 50_000) * 65536, vec![0x5a; bytes as usize]);
+    // raid0 with 4 KiB chunks: a 4 KiB write is one member I/O, a 16 KiB write four.
+    let one = per_request_ns(runs, n, &raid0, &write(4096));
+    let four = per_request_ns(runs, n, &raid0, &write(16384));
+    let member_io = ((four - one) / 3.0).max(0.0);
+    let request = (one - member_io).max(0.0);
+    // raid5 with 4 KiB chunks through the stripe cache: a 4 KiB read is one stripe head,
+    // handled when it arrives and when its read completes, one member I/O, one 4 KiB copy.
+    let cached = Tunables { aligned_read_bypass: false, ..Tunables::default() };
+    let raid5 = || engine_for(Level::Raid5, 4, 4096, cached.clone());
+    let read = |i: u64| Request::read(i, (i * 7919 % 100_000) * 4096, 4096);
+    let via_cache = per_request_ns(runs, n, &raid5, &read);
+    // The engine's 4 KiB copy is of data in the cache; md's copies (below) are of memory.
+    let cached_copy = copy_rate(runs, 4096, 256 << 20);
+    let stripe = ((via_cache - request - member_io - 4096.0 / cached_copy * 1e9) / 2.0).max(0.0);
+    let copy = copy_rate(runs, 64 << 20, 256 << 20);
+    let batches = (n / 8).max(100);
+    let q = |nm: u8| {
+        let mut attempts = 0;
+        let ns = fastest_ns(runs, || {
+            let (ns, a) = queue_run_ns(nm, batches);
+            attempts = a;
+            ns
+        });
+        (ns / (batches * 32) as f64, attempts as f64 / (batches * 32) as f64)
+    };
+    let (q2, _) = q(2);
+    let (q1, a1) = q(1);
+    let (q0, a0) = q(0);
+    let attempt = ((q1 - q2) / a1.max(1e-9)).max(0.0);
+    // nomerges 0 adds a back and a front lookup per request and two insertions per held one.
+    let hash = ((q0 - q1 - (a0 - a1) * attempt) / 4.0).max(0.0);
+    HostCpuFigures {
+        engine_request_ns: request,
+        engine_member_io_ns: member_io,
+        engine_stripe_ns: stripe,
+        copy_bytes_per_s: copy,
+        parity_avx2_bytes_per_s: parity_avx2_rate(runs),
+        queue_request_ns: q2,
+        queue_merge_attempt_ns: attempt,
+        queue_hash_ns: hash,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every figure comes out positive and in a plausible range on any machine.
+    #[test]
+    fn figures_are_measured() {
+        let f = measure(0.05);
+        assert!(f.engine_request_ns > 0.0 && f.engine_request_ns < 100_000.0, "{f:?}");
+        assert!(f.engine_stripe_ns > 0.0, "{f:?}");
+        assert!(f.copy_bytes_per_s > 1e8, "{f:?}");
+        assert!(f.queue_request_ns > 0.0, "{f:?}");
+    }
+}
