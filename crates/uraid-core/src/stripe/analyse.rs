@@ -162,10 +162,28 @@ impl Engine {
     }
 
     pub(super) fn readable_rows(&self, st: &Stripe, member: usize, rows_wanted: SectorMask) -> bool {
+        self.unreadable_rows(st, member, rows_wanted) == 0
+    }
+
+    /// The rows of `rows_wanted` that `member` cannot supply: all of them when it is gone,
+    /// those at or past its recovery_offset while it is rebuilt, those that failed to read,
+    /// and those its bad-block log lists.
+    pub(super) fn unreadable_rows(&self, st: &Stripe, member: usize, rows_wanted: SectorMask) -> SectorMask {
+        if rows_wanted == 0 {
+            return 0;
+        }
+        let m = &self.members[member];
         let hi = 128 - rows_wanted.leading_zeros() as u64;
-        st.bad[member] & rows_wanted == 0
-            && self.members[member].readable(st.base_sector + hi.saturating_sub(1))
-            && self.listed_bad_rows(st, member, rows_wanted) == 0
+        let mut out = st.bad[member] & rows_wanted;
+        if !m.readable(st.base_sector + hi.saturating_sub(1)) {
+            if !m.readable(st.base_sector) {
+                return rows_wanted;
+            }
+            // Recovering: the rows from its recovery_offset on hold nothing yet.
+            let first_unbuilt = (0..hi).find(|&r| !m.readable(st.base_sector + r)).unwrap_or(hi);
+            out |= rows_wanted & !rows(0, first_unbuilt);
+        }
+        out | self.listed_bad_rows(st, member, rows_wanted & !out)
     }
 
     /// The rows of `rows_wanted` in `member`'s bad-block log: never read (md's
@@ -217,22 +235,34 @@ impl Engine {
         }
     }
 
-    /// Rebuild `want` rows of every member that cannot supply them from the others.
+    /// Rebuild `want` rows of every member that cannot supply them from the others. Every
+    /// row a member can supply is read, its own lost ones included: a member lost for a few
+    /// rows (a latent or listed bad sector) keeps the rest as known data, never rebuilt
+    /// from parity a resync may not have reached (`uraid sim --seed 1622`).
     pub(super) fn reconstruct(&mut self, key: u64, st: &mut Stripe, want: SectorMask) -> Ensure {
         let n = self.geo.raid_disks;
-        let lost: Vec<usize> = (0..n)
-            .filter(|&o| want & !st.valid[o] != 0 && !self.readable_rows(st, o, want & !st.valid[o]))
-            .collect();
-        if lost.len() > self.geo.level.parity_disks() {
-            return Ensure::Lost;
+        let unreadable: Vec<SectorMask> =
+            (0..n).map(|o| self.unreadable_rows(st, o, want & !st.valid[o])).collect();
+        let lost: Vec<usize> = (0..n).filter(|&o| unreadable[o] != 0).collect();
+        // Lost when some row lacks more members than parity covers.
+        let parity = self.geo.level.parity_disks();
+        if lost.len() > parity {
+            let over = (0..128u64).any(|r| {
+                let row = rows(r, r + 1);
+                want & row != 0 && unreadable.iter().filter(|&&u| u & row != 0).count() > parity
+            });
+            if over {
+                return Ensure::Lost;
+            }
         }
         // A lost member's other rows may still be being read (the halves of a failed fill):
         // wait for them, so every row that fails is known and rewritten below, not only the
         // first (`uraid sim --seed 9936` left latent sectors under rebuilt parity).
         let mut pending = lost.iter().any(|&o| st.reading[o] & want != 0);
-        for o in 0..n {
-            if !lost.contains(&o) && want & !st.valid[o] != 0 {
-                self.fill(key, st, o, want & !st.valid[o]);
+        for (o, &lacks) in unreadable.iter().enumerate() {
+            let readable = want & !st.valid[o] & !lacks;
+            if readable != 0 {
+                self.fill(key, st, o, readable);
                 pending = true;
             }
         }

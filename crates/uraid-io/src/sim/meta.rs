@@ -115,15 +115,6 @@ pub fn start_array(
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
-    if std::env::var_os("URAID_SIM_DEBUG").is_some() {
-        for m in &members {
-            eprintln!(
-                "start: member {} bb {:?}",
-                m.key,
-                m.bad_blocks.as_ref().map(|b| b.entries().collect::<Vec<_>>())
-            );
-        }
-    }
     let opts = ArrayOptions {
         tunables,
         read_only: false,

@@ -67,11 +67,11 @@ fn stale_member(rp: &RebuildPlan, array: &SimArray<Array>, slot: usize) -> Optio
 /// writes. Returns what the array made of it.
 fn add_disk(array: &mut SimArray<Array>, member: usize, returning: bool) -> Result<Added, String> {
     let previous = if returning { member_superblock(array.disks(), member) } else { None };
-    // The array's own entry of this disk (faulty) leaves first, as `uraid remove` does.
+    // The array's own entry of this disk (faulty) leaves first, as `uraid remove` does (no
+    // time passes before the add: another slot failing meanwhile would take its place).
     let now = array.now_ns();
     if array.engine().superblocks().member(member as u64).is_some() {
         array.engine_mut().remove(member as u64, now)?;
-        run_idle(array)?;
     }
     let dev_sectors = array.disks().store(member).size_bytes() / 512;
     let mut uuid = [0xadu8; 16];
@@ -165,7 +165,6 @@ pub fn rebuild(
                     if array.engine().superblocks().member(slot as u64).is_some() {
                         let now = array.now_ns();
                         array.engine_mut().remove(slot as u64, now)?;
-                        run_idle(array)?;
                     }
                     array.disks_mut().replace_member(slot);
                     add_disk(array, slot, false)?
