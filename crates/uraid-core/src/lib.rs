@@ -20,6 +20,7 @@ pub mod sectors;
 pub mod stats;
 pub mod stripe;
 pub mod sync;
+pub mod testing;
 pub mod tunables;
 
 pub use api::*;

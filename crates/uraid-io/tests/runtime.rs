@@ -8,13 +8,13 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use uraid_core::stats::ArrayStats;
+use uraid_core::testing::MirrorEngine;
+use uraid_core::ArrayEngine;
 use uraid_core::{
     MemberIo, MemberIoCompletion, MemberIoOp, Request, RequestCompletion, RequestError, SubmitError, TimeNs,
 };
 use uraid_io::real::{BackendChoice, Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeError, RuntimeOptions};
-use uraid_io::testing::MirrorEngine;
-use uraid_io::ArrayEngine;
 
 /// MirrorEngine plus counters visible from the test thread.
 struct Counted {

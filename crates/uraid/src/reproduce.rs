@@ -2,7 +2,7 @@
 //! like the seed's table, with the seed's claims beside ours.
 
 use clap::Args;
-use uraid_io::experiments::tables::{self, Cell, Report, EXPERIMENTS};
+use uraid_sim::experiments::tables::{self, Cell, Report, EXPERIMENTS};
 
 #[derive(Args)]
 pub struct ReproduceArgs {
@@ -74,7 +74,7 @@ pub fn report_json(r: &Report) -> serde_json::Value {
             })
             .collect();
         serde_json::json!({"share": (f.share * 1000.0).round() / 1000.0, "within": f.within, "total": f.total,
-            "tolerance": uraid_io::experiments::fidelity::TOLERANCE, "normalised": tables})
+            "tolerance": uraid_sim::experiments::fidelity::TOLERANCE, "normalised": tables})
     });
     serde_json::json!({"experiment": r.experiment, "setup": r.setup, "cpu": r.cpu, "rows": rows,
         "claims": claims, "fidelity": fidelity})
@@ -153,7 +153,7 @@ pub fn print_report(r: &Report) {
             f.share,
             f.within,
             f.total,
-            uraid_io::experiments::fidelity::TOLERANCE * 100.0,
+            uraid_sim::experiments::fidelity::TOLERANCE * 100.0,
             r.cpu
         );
     }
@@ -167,12 +167,12 @@ pub fn run(args: ReproduceArgs) -> anyhow::Result<()> {
         anyhow::bail!("--scale must be in (0, 10]");
     }
     if let Some(cpu) = &args.cpu {
-        uraid_io::sim::cpu::CpuCosts::named(cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
+        uraid_sim::cpu::CpuCosts::named(cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
     }
     let mut out = Vec::new();
     for name in names {
         let opts = tables::Options { scale: args.scale, cpu: args.cpu.clone() };
-        let r = tables::run_with(name, &opts, &mut uraid_io::experiments::SimRunner)
+        let r = tables::run_with(name, &opts, &mut uraid_sim::experiments::SimRunner)
             .map_err(anyhow::Error::msg)?;
         if args.json {
             out.push(report_json(&r));

@@ -1,8 +1,8 @@
-//! `uraid sim`: the simulator's random-workload checker (`uraid_io::sim::check`) on the
+//! `uraid sim`: the simulator's random-workload checker (`uraid_sim::check`) on the
 //! command line: one summary line per run, the reproducing command for a failure.
 
 use clap::Args;
-use uraid_io::sim::check::{run_sim, SimSpec};
+use uraid_sim::check::{run_sim, SimSpec};
 
 use crate::explain::parse_level;
 use crate::size_arg::parse_size_bytes;

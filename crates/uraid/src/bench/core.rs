@@ -72,16 +72,16 @@ const TARGET_IOS_PER_S: f64 = 1_000_000.0;
 
 pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
-    uraid_io::bench::warm_up_sim(400_000);
+    uraid_sim::bench::warm_up_sim(400_000);
     for (profile, qd) in [("nvme", 32usize), ("ssd-sata", 32), ("hdd-7200-2009", 1), ("hdd-7200-2009", 32)] {
-        let s = uraid_io::bench::sim_speed(profile, 8, qd, 400_000);
+        let s = uraid_sim::bench::sim_speed(profile, 8, qd, 400_000);
         rows.push((format!("disks only, {profile}, qd {qd}"), s.member_ios, s.real_seconds));
     }
     // The whole simulator: engine, disks, faults, the model checker.
     let t = Instant::now();
     let mut ios = 0;
     for seed in 1..=args.seeds.max(1) {
-        let spec = uraid_io::sim::check::SimSpec {
+        let spec = uraid_sim::check::SimSpec {
             seed,
             ops: 2000,
             profile: "nvme".into(),
@@ -89,7 +89,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             faults: true,
             ..Default::default()
         };
-        let r = uraid_io::sim::check::run_sim(&spec);
+        let r = uraid_sim::check::run_sim(&spec);
         anyhow::ensure!(r.ok, "simulation seed {seed} failed: {:?}", r.failure);
         ios += r.member_ios;
     }
@@ -148,7 +148,7 @@ fn fio_cpu_ns_per_io(args: &[String]) -> anyhow::Result<f64> {
 
 /// The shipped profiles, each figure in its era's nanoseconds (rates in GB/s).
 fn print_profiles() {
-    use uraid_io::sim::cpu::{CpuCosts, HostCpu};
+    use uraid_sim::cpu::{CpuCosts, HostCpu};
     let host = HostCpu::builtin();
     println!("host: {} ({} cores, {} MHz measured)", host.cpu, host.cores, host.clock_mhz);
     println!(
@@ -166,7 +166,7 @@ fn print_profiles() {
         "parity",
         "queue rq"
     );
-    for name in uraid_io::sim::cpu::cpu_profile_names() {
+    for name in uraid_sim::cpu::cpu_profile_names() {
         let c = CpuCosts::named(name).expect("shipped profile");
         if c.is_none() {
             continue;
@@ -202,7 +202,7 @@ pub fn run_cpu(args: CpuArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let scale = args.scale.clamp(0.01, 10.0);
-    let f = uraid_io::cpu_bench::measure(scale);
+    let f = uraid_sim::cpu_bench::measure(scale);
     println!("# uraid bench cpu on this machine (fastest of 7 runs each)");
     println!("engine_request_ns = {:.0}", f.engine_request_ns);
     println!("engine_member_io_ns = {:.0}", f.engine_member_io_ns);

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::anyhow;
 use plotters::prelude::*;
-use uraid_io::experiments::tables::{Cell, Report, Table};
+use uraid_sim::experiments::tables::{Cell, Report, Table};
 
 use crate::size_arg::parse_size_bytes;
 

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use uraid_core::{ArrayConfig, Engine, Geometry, RequestCompletion, RequestOp};
-use uraid_io::experiments::tables::{self, Cell, Report, Table, EXPERIMENTS};
-use uraid_io::experiments::{Access, Job, JobDriver, JobResult, JobRunner, TimedEngine};
 use uraid_io::real::{BackendKind, Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeHandle, RuntimeOptions};
+use uraid_sim::experiments::tables::{self, Cell, Report, Table, EXPERIMENTS};
+use uraid_sim::experiments::{Access, Job, JobDriver, JobResult, JobRunner, TimedEngine};
 
 use super::plot;
 use crate::reproduce::{print_report, report_json};

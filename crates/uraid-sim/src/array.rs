@@ -12,9 +12,9 @@ type MergedParts = Vec<(u64, u64, u64)>;
 /// Largest member I/O a merge builds (Linux's default max_sectors_kb is 1280 KiB on SATA).
 pub const MAX_MERGED_MEMBER_IO_BYTES: u64 = 1 << 20;
 
-use super::disks::SimDisks;
-use super::store::PowerLossPolicy;
-use crate::engine::ArrayEngine;
+use crate::disks::SimDisks;
+use crate::store::PowerLossPolicy;
+use uraid_core::ArrayEngine;
 
 /// A finished request with its virtual times.
 #[derive(Clone, Debug, PartialEq, Eq)]

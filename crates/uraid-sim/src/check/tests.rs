@@ -5,10 +5,10 @@ use uraid_core::array::Array;
 use uraid_core::meta::role;
 use uraid_core::*;
 
-use super::super::array::{RunOutcome, SimArray};
-use super::super::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
-use super::super::meta::{assemble_members, create_on_disks, member_superblock, start_array};
 use super::*;
+use crate::array::{RunOutcome, SimArray};
+use crate::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
+use crate::meta::{assemble_members, create_on_disks, member_superblock, start_array};
 
 fn spec(seed: u64, level: Level) -> SimSpec {
     SimSpec {
@@ -181,7 +181,7 @@ fn a_write_or_flush_error_fails_the_member_and_clients_see_no_error() {
         array.disks_mut().schedule(Fault { trigger: FaultTrigger::AtNs(0), member: 1, kind });
         write_and_flush(&mut array);
         if what == "data" {
-            let bb = super::super::meta::member_metadata(array.disks(), 1).bad_blocks.unwrap().unwrap();
+            let bb = crate::meta::member_metadata(array.disks(), 1).bad_blocks.unwrap().unwrap();
             assert!(!bb.is_empty(), "data: member 1's log lists nothing");
             assert_eq!(array.engine().engine().member_states()[1], MemberState::InSync);
             continue;

@@ -1,5 +1,5 @@
 //! [`run_job`]: a job on simulated disks, with the submitters and md's threads as modelled
-//! threads on modelled cores ([`crate::sim::cpu`]).
+//! threads on modelled cores ([`crate::cpu`]).
 //!
 //! Each of the job's workers is a thread of its own (fio's job thread, tiobench's): it
 //! reaps the completions that arrived, then submits as many requests as bring it back to
@@ -14,10 +14,10 @@ use uraid_core::queue::RequestQueue;
 use uraid_core::*;
 
 use super::{Access, Job, JobResult, TimedEngine};
-use crate::sim::array::{RunOutcome, SimArray};
-use crate::sim::cpu::{Cores, CpuCosts, Thread};
-use crate::sim::disks::{SimDisks, SimMemberConfig};
-use crate::sim::md_threads::{MdLayout, MdThreads, MdWork};
+use crate::array::{RunOutcome, SimArray};
+use crate::cpu::{Cores, CpuCosts, Thread};
+use crate::disks::{SimDisks, SimMemberConfig};
+use crate::md_threads::{MdLayout, MdThreads, MdWork};
 
 struct Worker {
     thread: Thread,
@@ -273,8 +273,8 @@ pub fn run_job(
 mod tests {
     use super::*;
     use crate::experiments::array_config;
-    use crate::sim::RunOutcome;
-    use crate::testing::MirrorEngine;
+    use crate::RunOutcome;
+    use uraid_core::testing::MirrorEngine;
 
     /// `run_until_completion` stops at the first completion, at its time.
     #[test]

@@ -12,14 +12,14 @@ use uraid_core::meta::ResyncNeed;
 use uraid_core::rng::Rng;
 use uraid_core::*;
 
-use super::super::array::SimArray;
-use super::super::corruption::corrupt_and_repair;
-use super::super::meta::{assemble_members, failure_recorded, member_metadata, start_array};
-use super::super::rebuild::{rebuild, survives_second_failure, RebuildPlan, RebuildReport, Rebuilt};
-use super::super::store::PowerLossPolicy;
-use super::super::verify::{direct_digests, members_agree, sector_digest};
 use super::model::{failed_array_serves_nothing_wrong, read_all, settle, Inflight, Model, SECTOR};
 use super::{seed_pick, Run, SimReport, DATA_OFFSET_BYTES};
+use crate::array::SimArray;
+use crate::corruption::corrupt_and_repair;
+use crate::meta::{assemble_members, failure_recorded, member_metadata, start_array};
+use crate::rebuild::{rebuild, survives_second_failure, RebuildPlan, RebuildReport, Rebuilt};
+use crate::store::PowerLossPolicy;
+use crate::verify::{direct_digests, members_agree, sector_digest};
 
 /// Fraction of a recovery after which the second power cut falls.
 const SECOND_CUT_AT: f64 = 0.4;

@@ -1,5 +1,5 @@
 //! md's raid5d (or its `group_thread_cnt` workers) as modelled threads around an engine,
-//! so the array's work takes virtual time ([`super::cpu`]).
+//! so the array's work takes virtual time ([`crate::cpu`]).
 //!
 //! What md does in the submitter's context happens at once: raid0/1/10 requests, and the
 //! chunk-aligned reads of raid4/5/6 that go straight to a member (md splits reads at chunk
@@ -11,7 +11,7 @@
 //! has run. The engine's policies decide as they would without the model (the 1:1 model
 //! still handles each stripe as its write arrives); only when things happen moves.
 //!
-//! Off by default: [`crate::sim::SimArray`] runs any engine without it, and `uraid sim`
+//! Off by default: [`crate::SimArray`] runs any engine without it, and `uraid sim`
 //! never uses it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -22,8 +22,8 @@ use uraid_core::{
     RequestCompletion, RequestId, RequestOp, SubmitError, TimeNs, Tunables,
 };
 
-use super::cpu::{CpuCosts, SharedCores, Thread, MD_PAGE_BYTES};
-use crate::engine::ArrayEngine;
+use crate::cpu::{CpuCosts, SharedCores, Thread, MD_PAGE_BYTES};
+use uraid_core::ArrayEngine;
 
 /// Ids the wrapper gives the chunk pieces of split reads: above any caller's, below the
 /// request queue's merged ids.
@@ -530,9 +530,9 @@ impl<E: ArrayEngine> ArrayEngine for MdThreads<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::array::SimArray;
-    use crate::sim::cpu::Cores;
-    use crate::sim::disks::{SimDisks, SimMemberConfig};
+    use crate::array::SimArray;
+    use crate::cpu::Cores;
+    use crate::disks::{SimDisks, SimMemberConfig};
     use uraid_core::geometry::algorithm;
     use uraid_core::{Engine, MemberConfig};
 
@@ -572,7 +572,7 @@ mod tests {
     }
 
     fn done_at(a: &mut SimArray<MdThreads<Engine>>, id: RequestId) -> (u64, Vec<u8>) {
-        assert!(matches!(a.run_until_idle(), crate::sim::RunOutcome::Idle));
+        assert!(matches!(a.run_until_idle(), crate::RunOutcome::Idle));
         let c = a.completions().iter().find(|c| c.completion.id == id).expect("completed").clone();
         (c.completed_ns, c.completion.result.expect("ok"))
     }

@@ -1,9 +1,9 @@
 //! Simulator faults, power-loss semantics and determinism, on the storage layer and through
 //! SimArray with the small mirror engine.
 
+use uraid_core::testing::MirrorEngine;
 use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp, Request};
-use uraid_io::sim::*;
-use uraid_io::testing::MirrorEngine;
+use uraid_sim::*;
 
 const SECTOR: u64 = 512;
 

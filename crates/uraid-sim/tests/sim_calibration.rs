@@ -2,7 +2,7 @@
 //! a second of real time).
 
 use uraid_core::{MemberIo, MemberIoOp};
-use uraid_io::sim::{DiskProfile, Rng, SimDisks, SimMemberConfig};
+use uraid_sim::{DiskProfile, Rng, SimDisks, SimMemberConfig};
 
 fn whole_disk(profile: &str) -> SimDisks {
     let p = DiskProfile::builtin(profile).unwrap();

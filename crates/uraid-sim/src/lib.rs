@@ -1,4 +1,5 @@
-//! The deterministic disk simulator.
+//! uraid-sim: the deterministic disk simulator, the `uraid sim` checker that runs the whole
+//! array on it, and the seeds' experiments (`uraid reproduce`).
 //!
 //! One seed reproduces a whole run: the same engine, the same submissions and the same
 //! faults give the same event sequence and the same [`SimDisks::trace_hash`] on every
@@ -7,7 +8,7 @@
 //!
 //! # Pieces
 //! - [`profile`]: disk profiles as TOML data (`hdd-7200-2009`, `hdd-7200-2014`,
-//!   `ssd-sata`, `nvme`), fields documented there and in `crates/uraid-io/profiles/`.
+//!   `ssd-sata`, `nvme`), fields documented there and in `crates/uraid-sim/profiles/`.
 //! - [`model`]: timing behind the [`model::DiskModel`] trait: a Ruemmler & Wilkes HDD
 //!   (seek curve, rotational position from the virtual time, zoned media rate, read-ahead
 //!   segments, NCQ with shortest-positioning-time-first) and a flash model (parallel
@@ -16,16 +17,18 @@
 //!   errors, silent corruption, power loss with dropped, reordered and torn writes.
 //! - [`disks::SimDisks`]: the members, the virtual clock and the event queue (a binary
 //!   heap keyed by (time, sequence)), faults, per-member statistics, the trace hash.
-//! - [`array::SimArray`]: an engine (anything implementing [`crate::ArrayEngine`],
-//!   normally `uraid_core::Engine`) driven against `SimDisks`.
-//! - [`meta`]: md superblocks and bitmap on the simulated members, kept up by the core's
-//!   `uraid_core::array::ArraySuperblocks` through member I/Os, and re-assembly after a
-//!   power cycle by `uraid_core::meta::plan_assembly`.
+//! - [`array::SimArray`]: an engine (anything implementing `uraid_core::ArrayEngine`:
+//!   `uraid_core::Engine`, or `uraid_core::array::Array`, the engine with md's upkeep)
+//!   driven against `SimDisks`.
+//! - [`meta`]: `uraid create` on the simulated members, and the array started from what
+//!   they hold through the same assembly as `uraid serve`.
+//! - [`check`]: the `uraid sim` checker; [`experiments`]: the seeds' tables; [`cpu`] and
+//!   [`md_threads`]: the CPU model the experiments charge.
 //!
 //! # Writing a random-workload checker on top (what `uraid sim` needs)
 //! ```no_run
-//! use uraid_io::sim::*;
-//! use uraid_io::testing::MirrorEngine;
+//! use uraid_sim::*;
+//! use uraid_core::testing::MirrorEngine;
 //! use uraid_core::Request;
 //!
 //! let seed = 42;
@@ -74,10 +77,13 @@
 //! zone's media rate; a latent-error read fails after its normal service time.
 
 pub mod array;
+pub mod bench;
 pub mod check;
 pub mod corruption;
 pub mod cpu;
+pub mod cpu_bench;
 pub mod disks;
+pub mod experiments;
 pub mod md_threads;
 pub mod meta;
 pub mod model;

@@ -9,8 +9,8 @@ use uraid_core::array::{Added, Array, NewMember};
 use uraid_core::meta::AssemblyPlan;
 use uraid_core::{Level, MemberState, SyncKind};
 
-use super::array::{RunOutcome, SimArray};
-use super::meta::member_superblock;
+use crate::array::{RunOutcome, SimArray};
+use crate::meta::member_superblock;
 
 /// How the rebuild ended.
 #[derive(Debug, PartialEq, Eq)]

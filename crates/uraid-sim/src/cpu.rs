@@ -16,7 +16,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::profile::{parse_flat_toml, Fields, ProfileError};
+use crate::profile::{parse_flat_toml, Fields, ProfileError};
 
 /// md's stripe_head height and bio size: one page.
 pub const MD_PAGE_BYTES: u64 = 4096;
@@ -71,14 +71,14 @@ pub struct CpuProfile {
 }
 
 pub const BUILTIN_CPU_PROFILES: &[(&str, &str)] = &[
-    ("iop348-2007", include_str!("../../profiles/cpu-iop348-2007.toml")),
-    ("opteron-2008", include_str!("../../profiles/cpu-opteron-2008.toml")),
-    ("core2-2009", include_str!("../../profiles/cpu-core2-2009.toml")),
-    ("xeon-2010", include_str!("../../profiles/cpu-xeon-2010.toml")),
-    ("xeon-2015", include_str!("../../profiles/cpu-xeon-2015.toml")),
+    ("iop348-2007", include_str!("../profiles/cpu-iop348-2007.toml")),
+    ("opteron-2008", include_str!("../profiles/cpu-opteron-2008.toml")),
+    ("core2-2009", include_str!("../profiles/cpu-core2-2009.toml")),
+    ("xeon-2010", include_str!("../profiles/cpu-xeon-2010.toml")),
+    ("xeon-2015", include_str!("../profiles/cpu-xeon-2015.toml")),
 ];
 
-pub const HOST_CPU: &str = include_str!("../../profiles/cpu-host.toml");
+pub const HOST_CPU: &str = include_str!("../profiles/cpu-host.toml");
 
 /// Names `--cpu` takes: the era profiles, `host` (this machine's own figures) and `none`
 /// (no CPU cost: the array's work takes no virtual time).

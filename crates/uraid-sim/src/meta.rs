@@ -11,7 +11,7 @@ use uraid_core::meta::{
 };
 use uraid_core::{Geometry, Level, Tunables};
 
-use super::disks::SimDisks;
+use crate::disks::SimDisks;
 
 /// Virtual seconds start here (superblock ctime/utime).
 pub const EPOCH_SECONDS: u64 = 1_700_000_000;

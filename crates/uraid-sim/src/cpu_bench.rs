@@ -1,5 +1,5 @@
 //! What uraid's own work costs on this machine: the figures the simulator's CPU model
-//! ([`crate::sim::cpu`]) scales to the seeds' CPUs. `uraid bench cpu` prints them in the
+//! ([`crate::cpu`]) scales to the seeds' CPUs. `uraid bench cpu` prints them in the
 //! form of `profiles/cpu-host.toml`.
 //!
 //! Each figure is a difference between two runs of the real engine (or queue) that differ

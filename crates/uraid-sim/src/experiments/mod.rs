@@ -17,7 +17,7 @@ use uraid_core::queue::{QueueStats, RequestQueue};
 use uraid_core::stats::ArrayStats;
 use uraid_core::*;
 
-use crate::engine::ArrayEngine;
+use uraid_core::ArrayEngine;
 
 /// An engine whose every call is timed on the host.
 pub struct TimedEngine<E> {
@@ -306,7 +306,7 @@ pub fn run_job(
     job: &Job,
     seed: u64,
 ) -> Result<JobResult, String> {
-    let cpu = crate::sim::cpu::CpuCosts::named(&job.cpu).map_err(|e| e.to_string())?;
+    let cpu = crate::cpu::CpuCosts::named(&job.cpu).map_err(|e| e.to_string())?;
     sim_job::run_job(config, profile, member_bytes, job, seed, &cpu)
 }
 

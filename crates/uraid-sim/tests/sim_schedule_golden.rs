@@ -6,7 +6,7 @@
 //! model's behaviour re-records the values here and says so in its commit.
 
 use uraid_core::{MemberIo, MemberIoOp};
-use uraid_io::sim::{DiskProfile, Rng, SimDisks, SimMemberConfig};
+use uraid_sim::{DiskProfile, Rng, SimDisks, SimMemberConfig};
 
 /// (trace hash, virtual ns at the end, completed I/Os)
 fn run(profile: &str, member_bytes: u64, qd: usize, total: u64, seed: u64) -> (u64, u64, u64) {

@@ -1,5 +1,5 @@
 //! Disk timing models behind one trait. A model only says how long things take and which
-//! queued command goes next; contents live in [`super::store::MemberStore`].
+//! queued command goes next; contents live in [`crate::store::MemberStore`].
 //!
 //! Everything is a pure function of the commands and the virtual time, so runs are
 //! reproducible: rotational position, for one, comes from the time and a per-member
@@ -7,7 +7,7 @@
 
 use uraid_core::MemberIoOp;
 
-use super::profile::{DiskProfile, HddProfile, SsdProfile};
+use crate::profile::{DiskProfile, HddProfile, SsdProfile};
 
 /// A command the device holds, as the model sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -976,7 +976,7 @@ mod tests {
         let mut fast = HddModel::new(p.clone(), seed.wrapping_mul(7919));
         assert!(fast.prune, "{profile}: the pick compared must be the bounded search");
         let mut full = HddModel::new(p, seed.wrapping_mul(7919));
-        let mut rng = crate::sim::Rng::new(seed);
+        let mut rng = crate::Rng::new(seed);
         let (mut queue, mut seq, mut now) = (Vec::<QueuedIo>::new(), 0u64, 0u64);
         let mut cursors = [0u64, span_bytes / 3, span_bytes / 2];
         let mut reordered = 0;

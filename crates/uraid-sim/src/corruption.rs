@@ -11,9 +11,9 @@ use std::collections::BTreeSet;
 use uraid_core::array::Array;
 use uraid_core::{Geometry, Level, ScrubKind};
 
-use super::array::{RunOutcome, SimArray};
-use super::disks::{Fault, FaultKind, FaultTrigger};
-use super::verify::{direct_digests, members_agree};
+use crate::array::{RunOutcome, SimArray};
+use crate::disks::{Fault, FaultKind, FaultTrigger};
+use crate::verify::{direct_digests, members_agree};
 
 const SECTOR: u64 = 512;
 

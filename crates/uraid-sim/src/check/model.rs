@@ -7,7 +7,7 @@ use uraid_core::array::Array;
 use uraid_core::rng::Rng;
 use uraid_core::{Request, RequestCompletion, RequestOp};
 
-use super::super::array::{RunOutcome, SimArray};
+use crate::array::{RunOutcome, SimArray};
 
 pub(super) const SECTOR: u64 = 512;
 

@@ -6,13 +6,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use uraid_core::stats::ArrayStats;
-use uraid_core::{
+use crate::stats::ArrayStats;
+use crate::{
     MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp, Request, RequestCompletion, RequestError,
     RequestOp, SubmitError, TimeNs,
 };
 
-use crate::engine::ArrayEngine;
+use crate::api::ArrayEngine;
 
 #[derive(Debug)]
 struct Inflight {

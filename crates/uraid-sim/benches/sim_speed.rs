@@ -1,13 +1,13 @@
 //! Simulator speed: simulated member I/Os per second of real time, one core.
 //! `cargo bench -p uraid-io --bench sim_speed`
 
-use uraid_io::bench::sim_speed;
+use uraid_sim::bench::sim_speed;
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     // The size `uraid bench sim` uses: within the simulated members' page pool (1 GiB).
     let n = if quick { 200_000 } else { 400_000 };
-    uraid_io::bench::warm_up_sim(n);
+    uraid_sim::bench::warm_up_sim(n);
     for (profile, members, qd) in
         [("nvme", 8, 32), ("ssd-sata", 8, 32), ("hdd-7200-2009", 8, 32), ("hdd-7200-2009", 8, 1)]
     {

@@ -7,10 +7,10 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
 
-use super::model::{model_for, DiskModel, QueuedIo};
-use super::profile::{DiskProfile, ProfileError};
-use super::store::{MemberStore, PowerLossPolicy, PowerLossReport};
-use super::trace::TraceHasher;
+use crate::model::{model_for, DiskModel, QueuedIo};
+use crate::profile::{DiskProfile, ProfileError};
+use crate::store::{MemberStore, PowerLossPolicy, PowerLossReport};
+use crate::trace::TraceHasher;
 use uraid_core::rng::Rng;
 
 /// Queue depths at or above this share the histogram's last bucket.

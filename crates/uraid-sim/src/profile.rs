@@ -75,11 +75,11 @@ pub enum DiskProfile {
 }
 
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
-    ("hdd-7200-2009", include_str!("../../profiles/hdd-7200-2009.toml")),
-    ("hdd-7200-2014", include_str!("../../profiles/hdd-7200-2014.toml")),
-    ("ssd-sata", include_str!("../../profiles/ssd-sata.toml")),
-    ("nvme", include_str!("../../profiles/nvme.toml")),
-    ("hdd-sas-7200-2014", include_str!("../../profiles/hdd-sas-7200-2014.toml")),
+    ("hdd-7200-2009", include_str!("../profiles/hdd-7200-2009.toml")),
+    ("hdd-7200-2014", include_str!("../profiles/hdd-7200-2014.toml")),
+    ("ssd-sata", include_str!("../profiles/ssd-sata.toml")),
+    ("nvme", include_str!("../profiles/nvme.toml")),
+    ("hdd-sas-7200-2014", include_str!("../profiles/hdd-sas-7200-2014.toml")),
 ];
 
 #[derive(Clone, Debug, PartialEq)]

@@ -7,8 +7,8 @@
 
 use uraid_core::{Geometry, Level};
 
-use super::disks::SimDisks;
-use super::meta::member_metadata;
+use crate::disks::SimDisks;
+use crate::meta::member_metadata;
 
 const SECTOR: u64 = 512;
 
