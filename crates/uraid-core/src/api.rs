@@ -269,3 +269,40 @@ pub trait ArrayEngine {
         Some(flush)
     }
 }
+
+/// Work a completion leaves to the end of the round of completions it was made in: an NBD
+/// connection's replies, sent in one syscall per round instead of one per reply.
+pub trait RoundWork: Send + Sync {
+    fn round_end(&self);
+}
+
+/// The completions a thread makes in one round (the array thread's loop, or a connection
+/// thread that ran a request itself): each completion callback gets it, and whoever ran
+/// the round ends it once nothing more completes before the thread would wait.
+#[derive(Default)]
+pub struct CompletionRound {
+    deferred: Vec<std::sync::Arc<dyn RoundWork>>,
+}
+
+impl CompletionRound {
+    /// `work` runs at the round's end (once, however often it is deferred).
+    pub fn defer(&mut self, work: std::sync::Arc<dyn RoundWork>) {
+        if !self.deferred.iter().any(|w| std::sync::Arc::ptr_eq(w, &work)) {
+            self.deferred.push(work);
+        }
+    }
+
+    /// Runs what was deferred.
+    pub fn end(&mut self) {
+        for w in self.deferred.drain(..) {
+            w.round_end();
+        }
+    }
+}
+
+impl Drop for CompletionRound {
+    /// A round is never left with work undone (a thread that stops ends it).
+    fn drop(&mut self) {
+        self.end();
+    }
+}

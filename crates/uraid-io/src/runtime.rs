@@ -37,12 +37,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use uraid_core::stats::ArrayStats;
-use uraid_core::{Request, RequestCompletion, RequestError, SubmitError};
+use uraid_core::{CompletionRound, Request, RequestCompletion, RequestError, SubmitError};
 
 use crate::engine::ArrayEngine;
 use crate::real::{BackendKind, Executor, Sleeper, Waker};
 
-pub type Callback = Box<dyn FnOnce(RequestCompletion) + Send>;
+/// A request's completion callback, with the completing thread's round (see
+/// [`CompletionRound`]): the runtime thread ends its round at the end of each loop, a
+/// client thread that ran a request itself ends its own when it chooses.
+pub type Callback = Box<dyn FnOnce(RequestCompletion, &mut CompletionRound) + Send>;
 
 /// Work run on the runtime thread with the engine, the executor and the runtime clock (ns).
 /// One message serves every control-path need (add a member, read the array's state,
@@ -53,10 +56,6 @@ pub type ControlFn<E> = Box<dyn FnOnce(&mut E, &mut Executor, u64) + Send>;
 pub struct RuntimeOptions {
     /// Requests (and control messages) the channel holds before `submit` blocks.
     pub channel_capacity: usize,
-    /// Run on the runtime thread after each round of its loop (after that round's
-    /// completion callbacks) and once before the thread ends. Rounds a submitter runs
-    /// itself do not call it.
-    pub round_end: Option<RoundHook>,
     /// `submit` runs the round of a request of up to this many bytes on the calling thread
     /// when the runtime thread is not using the engine (see the module comment); its
     /// callback may then run on the submitting thread, before `submit` returns. 0: never.
@@ -73,21 +72,8 @@ impl Default for RuntimeOptions {
     fn default() -> Self {
         RuntimeOptions {
             channel_capacity: 1024,
-            round_end: None,
             run_on_submitter_max_bytes: DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES,
         }
-    }
-}
-
-/// See [`RuntimeOptions::round_end`]: lets clients finish, once per round, what their
-/// callbacks queued (the NBD server sends all of a round's replies to a connection in one
-/// syscall). Keep it short, like callbacks.
-#[derive(Clone)]
-pub struct RoundHook(pub Arc<dyn Fn() + Send + Sync>);
-
-impl std::fmt::Debug for RoundHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RoundHook")
     }
 }
 
@@ -136,7 +122,12 @@ trait SubmitterRound: Send + Sync {
     /// Largest request run on the submitter.
     fn max_bytes(&self) -> u64;
     /// Runs `req`'s round on this thread if the state is free; gives it back otherwise.
-    fn try_run(&self, req: Request, done: Callback) -> Result<(), (Request, Callback)>;
+    fn try_run(
+        &self,
+        req: Request,
+        done: Callback,
+        round: &mut CompletionRound,
+    ) -> Result<(), (Request, Callback)>;
 }
 
 /// A cheap, cloneable way in for clients.
@@ -194,13 +185,18 @@ impl<E> RuntimeHandle<E> {
 
     /// Queue a request; `done` runs when it completes (keep it short), on the runtime
     /// thread or, for a small request (`RuntimeOptions::run_on_submitter_max_bytes`), possibly
-    /// on this thread before `submit` returns.
+    /// on this thread before `submit` returns, with `round`, this thread's round.
     /// The request's `id` is the caller's and comes back in the completion; the runtime
     /// uses its own ids inside, so clients need not coordinate theirs. Blocks while the
     /// channel is full.
-    pub fn submit(&self, req: Request, done: Callback) -> Result<(), RuntimeError> {
+    pub fn submit(
+        &self,
+        req: Request,
+        done: Callback,
+        round: &mut CompletionRound,
+    ) -> Result<(), RuntimeError> {
         let (req, done) = match &self.submitter_round {
-            Some(round) if req.len_bytes <= round.max_bytes() => match round.try_run(req, done) {
+            Some(sr) if req.len_bytes <= sr.max_bytes() => match sr.try_run(req, done, round) {
                 Ok(()) => return Ok(()),
                 Err(back) => back,
             },
@@ -212,12 +208,15 @@ impl<E> RuntimeHandle<E> {
     /// Submit and wait for the completion (for control paths and tests).
     pub fn submit_wait(&self, req: Request) -> Result<RequestCompletion, RuntimeError> {
         let (tx, rx) = mpsc::channel();
+        let mut round = CompletionRound::default();
         self.submit(
             req,
-            Box::new(move |c| {
+            Box::new(move |c, _| {
                 let _ = tx.send(c);
             }),
+            &mut round,
         )?;
+        round.end();
         rx.recv().map_err(|_| RuntimeError::Stopped)
     }
 
@@ -260,8 +259,7 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
             sleeping: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
         });
-        let state: SharedLoop<E> =
-            Arc::new(Mutex::new(Some(Loop::new(engine, executor, wake.clone(), opts.round_end.clone()))));
+        let state: SharedLoop<E> = Arc::new(Mutex::new(Some(Loop::new(engine, executor, wake.clone()))));
         let max_bytes = opts.run_on_submitter_max_bytes;
         let submitter_round = (max_bytes > 0).then(|| {
             Arc::new(Submitters { state: state.clone(), wake: wake.clone(), max_bytes })
@@ -277,8 +275,13 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
         self.handle.clone()
     }
 
-    pub fn submit(&self, req: Request, done: Callback) -> Result<(), RuntimeError> {
-        self.handle.submit(req, done)
+    pub fn submit(
+        &self,
+        req: Request,
+        done: Callback,
+        round: &mut CompletionRound,
+    ) -> Result<(), RuntimeError> {
+        self.handle.submit(req, done, round)
     }
 
     pub fn submit_wait(&self, req: Request) -> Result<RequestCompletion, RuntimeError> {
@@ -400,14 +403,19 @@ impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
         self.max_bytes
     }
 
-    fn try_run(&self, req: Request, done: Callback) -> Result<(), (Request, Callback)> {
+    fn try_run(
+        &self,
+        req: Request,
+        done: Callback,
+        round: &mut CompletionRound,
+    ) -> Result<(), (Request, Callback)> {
         let mut guard = match self.state.try_lock() {
             Ok(g) => g,
             // Busy, or poisoned by a panic on the runtime thread, which is going away.
             Err(TryLockError::WouldBlock) | Err(TryLockError::Poisoned(_)) => return Err((req, done)),
         };
         let Some(lp) = guard.as_mut() else { return Err((req, done)) };
-        let need_runtime = match catch_unwind(AssertUnwindSafe(|| lp.submitter_round(req, done))) {
+        let need_runtime = match catch_unwind(AssertUnwindSafe(|| lp.submitter_round(req, done, round))) {
             Ok(Ok(need)) => need,
             Ok(Err(back)) => return Err(back),
             Err(_) => {
@@ -444,14 +452,15 @@ struct Loop<E: ArrayEngine> {
     requests_completed: u64,
     member_ios_completed: u64,
     io_done: Vec<uraid_core::MemberIoCompletion>,
-    round_end: Option<RoundHook>,
+    /// The runtime thread's round of completions, ended at the end of each loop.
+    round: CompletionRound,
     /// When the sleeping runtime thread wakes by itself (runtime clock); `u64::MAX` while
     /// it is awake. A submitter whose round needs the engine ticked earlier wakes it.
     sleep_until_ns: u64,
 }
 
 impl<E: ArrayEngine + 'static> Loop<E> {
-    fn new(engine: E, ex: Executor, wake: Arc<Wake>, round_end: Option<RoundHook>) -> Self {
+    fn new(engine: E, ex: Executor, wake: Arc<Wake>) -> Self {
         Loop {
             engine,
             ex,
@@ -466,15 +475,15 @@ impl<E: ArrayEngine + 'static> Loop<E> {
             requests_completed: 0,
             member_ios_completed: 0,
             io_done: Vec::new(),
-            round_end,
+            round: CompletionRound::default(),
             sleep_until_ns: u64::MAX,
         }
     }
 
-    fn round_end(&self) {
-        if let Some(h) = &self.round_end {
-            let _ = catch_unwind(AssertUnwindSafe(|| (h.0)()));
-        }
+    /// Ends the runtime thread's round: what its completions deferred (replies) goes out.
+    fn round_end(&mut self) {
+        let round = &mut self.round;
+        let _ = catch_unwind(AssertUnwindSafe(|| round.end()));
     }
 
     fn now_ns(&self) -> u64 {
@@ -519,7 +528,11 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         match msg {
             Msg::Request(req, cb) => {
                 if self.closing.is_some() {
-                    call(cb, RequestCompletion { id: req.id, result: Err(RequestError::ArrayFailed) });
+                    call(
+                        cb,
+                        RequestCompletion { id: req.id, result: Err(RequestError::ArrayFailed) },
+                        &mut self.round,
+                    );
                     return false;
                 }
                 submitted = self.take_request(req, cb, now);
@@ -543,15 +556,24 @@ impl<E: ArrayEngine + 'static> Loop<E> {
     /// back, or an engine deadline before it would wake), or the request back when the
     /// runtime must take it through the channel (shutting down, a request already held, or
     /// messages waiting in the channel, which it must not overtake).
-    fn submitter_round(&mut self, req: Request, cb: Callback) -> Result<bool, (Request, Callback)> {
+    fn submitter_round(
+        &mut self,
+        req: Request,
+        cb: Callback,
+        round: &mut CompletionRound,
+    ) -> Result<bool, (Request, Callback)> {
         if self.closing.is_some() || self.held.is_some() || self.wake.queued.load(Ordering::SeqCst) > 0 {
             return Err((req, cb));
         }
         let now = self.now_ns();
         self.ex.set_guest(true);
+        // The completions of this round are the submitter's: its round holds them (the
+        // runtime thread's is empty while it sleeps, when a submitter may run).
+        std::mem::swap(&mut self.round, round);
         self.take_request(req, cb, now);
         self.engine.unplug(now);
         while self.pump() {}
+        std::mem::swap(&mut self.round, round);
         self.ex.set_guest(false);
         let deadline_early = self.engine.next_deadline_ns().is_some_and(|d| d < self.sleep_until_ns);
         Ok(self.ex.has_deferred() || self.held.is_some() || deadline_early)
@@ -665,7 +687,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
             }
             if let Some((client_id, cb)) = self.callbacks.remove(&c.id) {
                 self.requests_completed += 1;
-                call(cb, RequestCompletion { id: client_id, result: c.result });
+                call(cb, RequestCompletion { id: client_id, result: c.result }, &mut self.round);
             }
         }
         any
@@ -714,9 +736,11 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         // Refuse whatever raced in behind the shutdown.
         while let Ok(msg) = inbox.next() {
             match msg {
-                Msg::Request(req, cb) => {
-                    call(cb, RequestCompletion { id: req.id, result: Err(RequestError::ArrayFailed) })
-                }
+                Msg::Request(req, cb) => call(
+                    cb,
+                    RequestCompletion { id: req.id, result: Err(RequestError::ArrayFailed) },
+                    &mut self.round,
+                ),
                 Msg::Stats(tx) => {
                     let _ = tx.send(self.stats());
                 }
@@ -748,6 +772,6 @@ struct Closing {
 }
 
 /// A client's callback that panics must not take the array down with it.
-fn call(cb: Callback, c: RequestCompletion) {
-    let _ = catch_unwind(AssertUnwindSafe(move || cb(c)));
+fn call(cb: Callback, c: RequestCompletion, round: &mut CompletionRound) {
+    let _ = catch_unwind(AssertUnwindSafe(move || cb(c, round)));
 }

@@ -11,7 +11,8 @@ use uraid_core::stats::ArrayStats;
 use uraid_core::testing::MirrorEngine;
 use uraid_core::ArrayEngine;
 use uraid_core::{
-    MemberIo, MemberIoCompletion, MemberIoOp, Request, RequestCompletion, RequestError, SubmitError, TimeNs,
+    CompletionRound, MemberIo, MemberIoCompletion, MemberIoOp, Request, RequestCompletion, RequestError,
+    SubmitError, TimeNs,
 };
 use uraid_io::real::{BackendChoice, Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeError, RuntimeOptions};
@@ -102,7 +103,8 @@ fn runtime_test(backend: BackendChoice) {
                     let off = (t * 100 + i) * 4096;
                     let tx = tx.clone();
                     let req = Request::write(i, off, vec![(t * 100 + i) as u8; 4096]);
-                    h.submit(req, Box::new(move |c| tx.send(c).unwrap())).unwrap();
+                    h.submit(req, Box::new(move |c, _| tx.send(c).unwrap()), &mut CompletionRound::default())
+                        .unwrap();
                 }
             })
         })
@@ -142,13 +144,21 @@ fn runtime_test(backend: BackendChoice) {
     assert_eq!(stats.array.members[1].reads, 1);
 
     // A panicking callback does not take the runtime down.
-    rt.submit(Request::read(10, 0, 4096), Box::new(|_| panic!("client bug"))).unwrap();
+    rt.submit(
+        Request::read(10, 0, 4096),
+        Box::new(|_, _| panic!("client bug")),
+        &mut CompletionRound::default(),
+    )
+    .unwrap();
     let handle = rt.handle();
     let report = rt.shutdown().unwrap();
     assert_eq!(report.flush, Ok(()));
     assert_eq!(report.stats.requests_completed, 403, "the final flush is the runtime's own");
     assert!(report.stats.array.members[1].flushes >= 1, "shutdown flushed the live member");
-    assert_eq!(handle.submit(Request::flush(1), Box::new(|_| {})), Err(RuntimeError::Stopped));
+    assert_eq!(
+        handle.submit(Request::flush(1), Box::new(|_, _| {}), &mut CompletionRound::default()),
+        Err(RuntimeError::Stopped)
+    );
 
     // What was written reached the files.
     let data = std::fs::read(&paths[1]).unwrap();
@@ -175,7 +185,12 @@ fn dropping_the_runtime_shuts_it_down() {
     let ex = Executor::new(set, &ExecutorOptions { log: false, ..Default::default() }).unwrap();
     let rt = ArrayRuntime::start(MirrorEngine::new(1, 1 << 20, 0), ex, &RuntimeOptions::default()).unwrap();
     let (tx, rx) = mpsc::channel();
-    rt.submit(Request::write(1, 0, vec![3; 4096]), Box::new(move |c| tx.send(c).unwrap())).unwrap();
+    rt.submit(
+        Request::write(1, 0, vec![3; 4096]),
+        Box::new(move |c, _| tx.send(c).unwrap()),
+        &mut CompletionRound::default(),
+    )
+    .unwrap();
     drop(rt);
     assert_eq!(rx.recv().unwrap().result, Ok(vec![]), "in-flight work finished before the thread stopped");
     let _ = std::fs::remove_file(&paths[0]);
@@ -198,7 +213,12 @@ fn small_requests_run_on_the_submitting_thread() {
     let me = std::thread::current().id();
     let ran_on = |req: Request| {
         let (tx, rx) = mpsc::channel();
-        rt.submit(req, Box::new(move |c| tx.send((std::thread::current().id(), c)).unwrap())).unwrap();
+        rt.submit(
+            req,
+            Box::new(move |c, _| tx.send((std::thread::current().id(), c)).unwrap()),
+            &mut CompletionRound::default(),
+        )
+        .unwrap();
         let inline = rx.try_recv().ok();
         let (thread, c) = inline.unwrap_or_else(|| rx.recv().unwrap());
         (thread, c.result)

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
+use uraid_core::CompletionRound;
 
 /// One request against the device's byte address space. The server has already checked
 /// that `offset_bytes + len` lies inside [`BlockDevice::size_bytes`], that the device is
@@ -94,14 +95,18 @@ impl From<std::io::Error> for BlockError {
 }
 
 /// Completion callback: `Ok(data)` carries the read data for `Read` and an empty vector
-/// for everything else.
-pub type Completion = Box<dyn FnOnce(Result<Vec<u8>, BlockError>) + Send>;
+/// for everything else; the round is the completing thread's (see
+/// `uraid_core::CompletionRound`): what the callback leaves to the round's end (the reply
+/// to the client) happens when that thread ends it.
+pub type Completion = Box<dyn FnOnce(Result<Vec<u8>, BlockError>, &mut CompletionRound) + Send>;
 
 /// What the NBD server needs from the thing it exports.
 ///
 /// Contract:
 /// - `submit` must not block for long: queue the work and return. It may also complete
-///   the request inline (call `done` before returning); the server holds no lock then.
+///   the request inline (call `done` with `round`, the calling connection thread's, before
+///   returning); the server holds no lock then. A device completing on a thread of its own
+///   passes that thread's round and ends it before the thread waits.
 /// - `done` is called exactly once per request, from any thread, in any order.
 /// - A completed write is visible to every later read, whatever connection sends it.
 /// - `Flush` covers every write that completed before the flush was submitted;
@@ -120,7 +125,7 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn block_size(&self) -> BlockSizeConstraints {
         BlockSizeConstraints::default()
     }
-    fn submit(&self, req: BlockRequest, done: Completion);
+    fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound);
 }
 
 /// Counters of requests that reached a device; tests use them to prove that flushes and
@@ -308,9 +313,9 @@ impl BlockDevice for MemDevice {
     fn block_size(&self) -> BlockSizeConstraints {
         self.block_size
     }
-    fn submit(&self, req: BlockRequest, done: Completion) {
+    fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound) {
         self.counters.count(&req);
-        done(self.execute(req));
+        done(self.execute(req), round);
     }
 }
 
@@ -350,7 +355,9 @@ impl FileDevice {
                 std::thread::Builder::new().name(format!("nbd-file-{i}")).spawn(move || loop {
                     let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                     let Ok((req, done)) = job else { return };
-                    done(inner.execute(req));
+                    let mut round = CompletionRound::default();
+                    done(inner.execute(req), &mut round);
+                    round.end();
                 })
             })
             .collect::<std::io::Result<Vec<_>>>()?;
@@ -480,15 +487,15 @@ impl BlockDevice for FileDevice {
     fn multi_conn_consistent(&self) -> bool {
         true
     }
-    fn submit(&self, req: BlockRequest, done: Completion) {
+    fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound) {
         self.inner.counters.count(&req);
         match &self.queue {
             Some(q) => {
                 if let Err(mpsc::SendError((_, done))) = q.send((req, done)) {
-                    done(Err(BlockError::ShuttingDown));
+                    done(Err(BlockError::ShuttingDown), round);
                 }
             }
-            None => done(Err(BlockError::ShuttingDown)),
+            None => done(Err(BlockError::ShuttingDown), round),
         }
     }
 }
@@ -499,7 +506,7 @@ mod tests {
 
     fn run(dev: &dyn BlockDevice, req: BlockRequest) -> Result<Vec<u8>, BlockError> {
         let (tx, rx) = mpsc::channel();
-        dev.submit(req, Box::new(move |r| tx.send(r).unwrap()));
+        dev.submit(req, Box::new(move |r, _| tx.send(r).unwrap()), &mut CompletionRound::default());
         rx.recv().unwrap()
     }
 

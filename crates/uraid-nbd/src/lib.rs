@@ -23,8 +23,6 @@ pub mod proto;
 mod reply;
 pub mod server;
 
-pub use reply::flush_batched_replies;
-
 pub use codec::BlockSizeConstraints;
 pub use device::{BlockDevice, BlockError, BlockRequest, Completion, DeviceCounters, FileDevice, MemDevice};
 pub use server::{serve_tcp, serve_unix, ConfigError, Export, Server, ServerOptions, ShutdownHandle};

@@ -15,19 +15,20 @@
 //! handing them to the writer thread: the copy costs the same on either thread, the
 //! hand-off does not.
 //!
-//! A thread that completes many requests in rounds (the array runtime) can also batch:
-//! once it has called [`flush_batched_replies`], replies it makes are held back until its
-//! next call, and then each connection's share goes out in one `sendmsg`: one syscall and
+//! A reply made in a round of completions (`uraid_core::CompletionRound`: the array
+//! thread's loop, or a connection thread that ran a request itself) is held back until the
+//! round ends, and then each connection's share goes out in one `sendmsg`: one syscall and
 //! one wake-up of the client per round instead of per reply.
 //!
 //! Every submitted request holds a [`Pending`]; the writer thread ends once the reader
 //! has stopped and no request is pending, so the connection answers everything it took.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use uraid_core::{CompletionRound, RoundWork};
 
 use crate::codec::{encode_error_reply, encode_ok_reply, encode_read_reply_header};
 
@@ -65,27 +66,10 @@ struct State {
     reader_done: bool,
     /// Reused to encode headers of replies sent inline.
     scratch: Vec<u8>,
-    /// Replies held back by a batching thread, not on the wire yet.
+    /// Replies held back until the end of the round they were made in.
     batch: Vec<Queued>,
-    /// This connection is in a batching thread's list (see `BATCH`).
+    /// This connection waits for a round's end (see `Replies::round_end`).
     in_batch: bool,
-}
-
-thread_local! {
-    /// Connections with replies held back on this thread until `flush_batched_replies`;
-    /// `None` on threads that do not batch (their replies go out at once).
-    static BATCH: RefCell<Option<Vec<Arc<Replies>>>> = const { RefCell::new(None) };
-}
-
-/// Sends the replies this thread held back, and from the first call on holds back the
-/// replies this thread makes until its next call. For a thread that completes requests in
-/// rounds and calls this at the end of every round (the array runtime): nothing may stay
-/// held back after the thread's last round, so call it then too.
-pub fn flush_batched_replies() {
-    let list = BATCH.with(|b| std::mem::take(b.borrow_mut().get_or_insert_with(Vec::new)));
-    for r in list {
-        r.flush_batch();
-    }
 }
 
 /// Most iovecs one `sendmsg` gets (Linux allows 1024).
@@ -112,9 +96,10 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    pub(crate) fn reply(mut self, body: ReplyBody) {
+    /// Answers the request: held back until `round` ends.
+    pub(crate) fn reply(mut self, body: ReplyBody, round: &mut CompletionRound) {
         self.answered = true;
-        self.replies.send(self.handle, self.budget_bytes, body);
+        self.replies.send(self.handle, self.budget_bytes, body, Some(round));
     }
 }
 
@@ -125,7 +110,7 @@ impl Drop for Pending {
                 errno: crate::proto::EIO,
                 message: std::borrow::Cow::Borrowed("request lost by the device"),
             };
-            self.replies.send(self.handle, self.budget_bytes, body);
+            self.replies.send(self.handle, self.budget_bytes, body, None);
         }
     }
 }
@@ -165,6 +150,12 @@ fn send_iov(fd: &OwnedFd, iov: &mut [libc::iovec], flags: i32) -> io::Result<usi
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+    }
+}
+
+impl RoundWork for Replies {
+    fn round_end(&self) {
+        self.flush_batch();
     }
 }
 
@@ -227,7 +218,14 @@ impl Replies {
         }
     }
 
-    fn send(self: &Arc<Self>, handle: u64, budget_bytes: usize, body: ReplyBody) {
+    /// Sends the reply at once, or holds it back until `round` ends.
+    fn send(
+        self: &Arc<Self>,
+        handle: u64,
+        budget_bytes: usize,
+        body: ReplyBody,
+        round: Option<&mut CompletionRound>,
+    ) {
         let mut st = lock(&self.state);
         st.pending -= 1;
         if st.failed {
@@ -236,14 +234,13 @@ impl Replies {
             self.wake.notify_all();
             return;
         }
-        let batching = BATCH.with(|b| b.borrow().is_some());
-        if batching {
+        if let Some(round) = round {
             let mut header = Vec::with_capacity(32);
             let payload = self.encode(&mut header, handle, body);
             st.batch.push(Queued { header, payload, sent: 0, budget_bytes });
             if !std::mem::replace(&mut st.in_batch, true) {
                 drop(st);
-                BATCH.with(|b| b.borrow_mut().get_or_insert_with(Vec::new).push(Arc::clone(self)));
+                round.defer(Arc::clone(self) as Arc<dyn RoundWork>);
             }
             return;
         }
@@ -444,7 +441,9 @@ mod tests {
         for i in 0..count {
             let data = vec![(i % 251) as u8; sizes(i)];
             budget += data.len();
-            replies.pending(i, data.len()).reply(ReplyBody::Read { offset_bytes: 0, data });
+            let mut round = CompletionRound::default();
+            replies.pending(i, data.len()).reply(ReplyBody::Read { offset_bytes: 0, data }, &mut round);
+            round.end();
         }
         assert!(start.elapsed() < Duration::from_secs(5), "replying blocked on a client that does not read");
         let writer = spawn_writer(&replies);
@@ -471,8 +470,8 @@ mod tests {
         writer.join().unwrap();
     }
 
-    /// On a batching thread replies wait for `flush_batched_replies` and then all go out;
-    /// the writer thread does not end (closing the connection) while some are held back.
+    /// Replies made in a round wait for its end and then all go out; the writer thread does
+    /// not end (closing the connection) while some are held back.
     #[test]
     fn batched_replies_go_out_at_flush_and_keep_the_connection_open() {
         let (server, mut client) = UnixStream::pair().unwrap();
@@ -483,15 +482,15 @@ mod tests {
         let batcher = std::thread::spawn({
             let replies = Arc::clone(&replies);
             move || {
-                flush_batched_replies(); // from now on this thread batches
+                let mut round = CompletionRound::default();
                 for (i, p) in pending.into_iter().enumerate() {
-                    p.reply(ReplyBody::Read { offset_bytes: 0, data: vec![i as u8; 4096] });
+                    p.reply(ReplyBody::Read { offset_bytes: 0, data: vec![i as u8; 4096] }, &mut round);
                 }
                 replies.reader_done();
                 replied_tx.send(()).unwrap();
                 std::thread::sleep(Duration::from_millis(100));
                 let held = !writer.is_finished();
-                flush_batched_replies();
+                round.end();
                 writer.join().unwrap();
                 held
             }

@@ -15,14 +15,17 @@ use crate::device::{BlockDevice, BlockError, BlockRequest};
 use crate::proto::*;
 use crate::reply::{Pending, Replies, ReplyBody};
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
+use uraid_core::CompletionRound;
 
 /// One exported device.
 #[derive(Clone)]
@@ -324,18 +327,21 @@ impl Stream {
     }
 }
 
-/// The transmission phase's socket reader. The connection thread runs requests itself
-/// when the device lets it (the array runtime's submitter rounds) and holds back the
-/// replies it makes until it is about to read the socket again: the replies to a burst of
-/// requests go out in one `sendmsg`, which wakes the client once instead of once per reply
-/// (each wake-up of the client preempted the connection thread: a quarter of its time in
-/// context switches for 4 KiB writes). Held replies must go out before any wait of this
-/// thread: reading the socket (here) and waiting for budget (`Budget::acquire`).
-struct FlushingReader(Stream);
+/// The connection thread's round of completions. The thread runs requests itself when
+/// the device lets it (the array runtime's submitter rounds) and holds back the replies it
+/// makes until it is about to read the socket again: the replies to a burst of requests
+/// go out in one `sendmsg`, which wakes the client once instead of once per reply (each
+/// wake-up of the client preempted the connection thread: a quarter of its time in context
+/// switches for 4 KiB writes). The round ends before any wait of this thread: reading the
+/// socket ([`FlushingReader`]) and waiting for budget (`Budget::acquire`).
+type ConnectionRound = Rc<RefCell<CompletionRound>>;
+
+/// The transmission phase's socket reader: ends the connection's round before it reads.
+struct FlushingReader(Stream, ConnectionRound);
 
 impl Read for FlushingReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        crate::reply::flush_batched_replies();
+        self.1.borrow_mut().end();
         self.0.read(buf)
     }
 }
@@ -376,8 +382,10 @@ fn serve_connection(shared: &Shared, stream: Stream) -> io::Result<()> {
         Some((session, leftover)) => {
             stream.set_read_timeout(None)?;
             // The handshake consumed everything the reader had buffered (it is in `leftover`).
-            let reader = BufReader::with_capacity(READ_BUFFER_BYTES, FlushingReader(reader.into_inner()));
-            transmission(shared, session, io::Cursor::new(leftover).chain(reader), writer)
+            let round = ConnectionRound::default();
+            let flushing = FlushingReader(reader.into_inner(), round.clone());
+            let reader = BufReader::with_capacity(READ_BUFFER_BYTES, flushing);
+            transmission(shared, session, io::Cursor::new(leftover).chain(reader), writer, &round)
         }
         None => Ok(()),
     };
@@ -435,7 +443,7 @@ struct Budget {
 }
 
 impl Budget {
-    fn acquire(&self, bytes: usize) {
+    fn acquire(&self, bytes: usize, round: &ConnectionRound) {
         let full = |st: &(usize, usize, bool)| {
             st.0 > 0 && (st.0 >= self.max_requests || st.1 + bytes > self.max_bytes)
         };
@@ -443,7 +451,7 @@ impl Budget {
         if full(&st) {
             // Replies this thread holds back release budget: send them before waiting.
             drop(st);
-            crate::reply::flush_batched_replies();
+            round.borrow_mut().end();
             st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         }
         while full(&st) {
@@ -464,7 +472,13 @@ impl Budget {
     }
 }
 
-fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer: Stream) -> io::Result<()> {
+fn transmission(
+    shared: &Shared,
+    session: Session,
+    mut reader: impl Read,
+    writer: Stream,
+    round: &ConnectionRound,
+) -> io::Result<()> {
     let export = &shared.exports[session.export_index];
     let info = &shared.infos[session.export_index];
     let device = Arc::clone(&export.device);
@@ -515,9 +529,9 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
                 if let Err(e) = discard(&mut reader, discard_payload_bytes) {
                     break Err(e);
                 }
-                budget.acquire(0);
+                budget.acquire(0, round);
                 let body = ReplyBody::Error { errno, message: Cow::Borrowed(message) };
-                replies.pending(header.handle, 0).reply(body);
+                replies.pending(header.handle, 0).reply(body, &mut round.borrow_mut());
                 continue;
             }
             Decision::Execute(Command::Disconnect) => break Ok(()),
@@ -531,7 +545,7 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
             Command::Write { offset_bytes, len_bytes, fua } => {
                 // Take the budget before reading the payload: a full budget stops the
                 // socket being read at all.
-                budget.acquire(len_bytes as usize);
+                budget.acquire(len_bytes as usize, round);
                 let data = match read_payload(&mut reader, len_bytes as usize) {
                     Ok(d) => d,
                     Err(e) => {
@@ -540,7 +554,8 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
                     }
                 };
                 let request = BlockRequest::Write { offset_bytes, data, fua };
-                submit(&*device, request, replies.pending(handle, len_bytes as usize), None);
+                let pending = replies.pending(handle, len_bytes as usize);
+                submit(&*device, request, pending, None, &mut round.borrow_mut());
                 continue;
             }
             Command::Flush => (BlockRequest::Flush, 0, None),
@@ -557,12 +572,18 @@ fn transmission(shared: &Shared, session: Session, mut reader: impl Read, writer
             }
             Command::Disconnect => break Ok(()),
         };
-        budget.acquire(budget_bytes);
-        submit(&*device, request, replies.pending(handle, budget_bytes), read_offset);
+        budget.acquire(budget_bytes, round);
+        submit(
+            &*device,
+            request,
+            replies.pending(handle, budget_bytes),
+            read_offset,
+            &mut round.borrow_mut(),
+        );
     };
     // The writer ends once every submitted request has been answered, so joining it waits
     // for the device to finish what was submitted. Replies held on this thread go first.
-    crate::reply::flush_batched_replies();
+    round.borrow_mut().end();
     replies.reader_done();
     let _ = writer_thread.join();
     result
@@ -589,7 +610,13 @@ fn read_payload(reader: &mut impl Read, len_bytes: usize) -> io::Result<Vec<u8>>
     Ok(data)
 }
 
-fn submit(device: &dyn BlockDevice, request: BlockRequest, pending: Pending, read_offset: Option<u64>) {
+fn submit(
+    device: &dyn BlockDevice,
+    request: BlockRequest,
+    pending: Pending,
+    read_offset: Option<u64>,
+    round: &mut CompletionRound,
+) {
     let expected_len = match &request {
         BlockRequest::Read { len_bytes, .. } => *len_bytes as usize,
         _ => 0,
@@ -603,7 +630,7 @@ fn submit(device: &dyn BlockDevice, request: BlockRequest, pending: Pending, rea
         BlockRequest::Write { data, .. } => data.is_empty(),
         BlockRequest::Flush => false,
     };
-    let done = move |result: Result<Vec<u8>, BlockError>| {
+    let done = move |result: Result<Vec<u8>, BlockError>, round: &mut CompletionRound| {
         let body = match (result, read_offset) {
             (Ok(data), Some(offset_bytes)) if data.len() == expected_len => {
                 ReplyBody::Read { offset_bytes, data }
@@ -616,12 +643,12 @@ fn submit(device: &dyn BlockDevice, request: BlockRequest, pending: Pending, rea
             (Err(BlockError::NotSupported), None) if advisory => ReplyBody::Ok,
             (Err(e), _) => ReplyBody::Error { errno: e.errno(), message: Cow::Owned(e.to_string()) },
         };
-        pending.reply(body);
+        pending.reply(body, round);
     };
     if empty {
         // Zero-length requests are legal no-ops; the device never sees them.
-        done(Ok(Vec::new()));
+        done(Ok(Vec::new()), round);
         return;
     }
-    device.submit(request, Box::new(done));
+    device.submit(request, Box::new(done), round);
 }

@@ -7,6 +7,7 @@ use common::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use uraid_core::CompletionRound;
 use uraid_nbd::proto::*;
 use uraid_nbd::{
     BlockDevice, BlockRequest, BlockSizeConstraints, Completion, DeviceCounters, Export, MemDevice,
@@ -111,8 +112,8 @@ impl BlockDevice for PerConnectionCacheDevice {
     fn multi_conn_consistent(&self) -> bool {
         false
     }
-    fn submit(&self, req: BlockRequest, done: Completion) {
-        self.0.submit(req, done)
+    fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound) {
+        self.0.submit(req, done, round)
     }
 }
 
@@ -163,9 +164,11 @@ impl GatedDevice {
     }
     fn open(&self) {
         let held = self.held.lock().unwrap().take().unwrap_or_default();
+        let mut round = CompletionRound::default();
         for (req, done) in held {
-            self.inner.submit(req, done);
+            self.inner.submit(req, done, &mut round);
         }
+        round.end();
     }
     fn wait_held(&self, n: usize) {
         let start = Instant::now();
@@ -190,7 +193,7 @@ impl BlockDevice for GatedDevice {
     fn multi_conn_consistent(&self) -> bool {
         true
     }
-    fn submit(&self, req: BlockRequest, done: Completion) {
+    fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound) {
         let mut held = self.held.lock().unwrap();
         match held.as_mut() {
             Some(v) => {
@@ -199,7 +202,7 @@ impl BlockDevice for GatedDevice {
             }
             None => {
                 drop(held);
-                self.inner.submit(req, done);
+                self.inner.submit(req, done, round);
             }
         }
     }

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use uraid_core::array::Array;
-use uraid_core::{Request, RequestCompletion, RequestError};
+use uraid_core::{CompletionRound, Request, RequestCompletion, RequestError};
 use uraid_io::runtime::RuntimeHandle;
 use uraid_nbd::{BlockDevice, BlockError, BlockRequest, Completion};
 
@@ -30,17 +30,17 @@ impl ArrayDevice {
 
     /// Submits to the runtime; if it has stopped, `done` still runs (with ArrayFailed), so
     /// no NBD request is left unanswered.
-    fn send(&self, req: Request, done: Completion) {
+    fn send(&self, req: Request, done: Completion, round: &mut CompletionRound) {
         let slot = Arc::new(Mutex::new(Some(done)));
         let in_cb = slot.clone();
-        let cb = Box::new(move |c: RequestCompletion| {
+        let cb = Box::new(move |c: RequestCompletion, round: &mut CompletionRound| {
             if let Some(d) = in_cb.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                d(c.result.map_err(to_block_error))
+                d(c.result.map_err(to_block_error), round)
             }
         });
-        if self.handle.submit(req, cb).is_err() {
+        if self.handle.submit(req, cb, round).is_err() {
             if let Some(d) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                d(Err(to_block_error(RequestError::ArrayFailed)))
+                d(Err(to_block_error(RequestError::ArrayFailed)), round)
             }
         }
     }
@@ -60,7 +60,7 @@ impl BlockDevice for ArrayDevice {
         true
     }
 
-    fn submit(&self, req: BlockRequest, done: Completion) {
+    fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound) {
         let req = match req {
             BlockRequest::Read { offset_bytes, len_bytes } => {
                 Request::read(0, offset_bytes, u64::from(len_bytes))
@@ -71,7 +71,9 @@ impl BlockDevice for ArrayDevice {
                 r
             }
             BlockRequest::Flush => Request::flush(0),
-            BlockRequest::WriteZeroes { fast_only: true, .. } => return done(Err(BlockError::NotSupported)),
+            BlockRequest::WriteZeroes { fast_only: true, .. } => {
+                return done(Err(BlockError::NotSupported), round)
+            }
             BlockRequest::WriteZeroes { offset_bytes, len_bytes, fua, .. } => {
                 let mut r = Request::write_zeroes(0, offset_bytes, u64::from(len_bytes));
                 r.fua = fua;
@@ -82,8 +84,8 @@ impl BlockDevice for ArrayDevice {
                 r.fua = fua;
                 r
             }
-            BlockRequest::Cache { .. } => return done(Ok(Vec::new())),
+            BlockRequest::Cache { .. } => return done(Ok(Vec::new()), round),
         };
-        self.send(req, done);
+        self.send(req, done, round);
     }
 }

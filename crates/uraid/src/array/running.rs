@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail, Context};
 use uraid_core::array::{Array, ArrayOptions, ArrayView, DevRole, MemberKey};
 use uraid_core::{Geometry, MemberState, SyncKind, Tunables};
 use uraid_io::real::{fault::Faults, Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
-use uraid_io::runtime::{ArrayRuntime, RoundHook, RuntimeHandle, RuntimeOptions};
+use uraid_io::runtime::{ArrayRuntime, RuntimeHandle, RuntimeOptions};
 
 use super::assembly::Assembled;
 use super::detail::{self, DetailInput, ScrubView, SlotView};
@@ -86,10 +86,7 @@ impl RunningArray {
         let exec_opts = ExecutorOptions { faults: opts.faults, ..ExecutorOptions::default() };
         let executor = Executor::new(MemberSet::from_members(exec_members), &exec_opts)
             .context("starting the I/O executor")?;
-        // The array thread completes NBD requests in rounds; it sends each round's replies
-        // to a connection in one syscall.
         let rt_opts = RuntimeOptions {
-            round_end: Some(RoundHook(Arc::new(uraid_nbd::flush_batched_replies))),
             run_on_submitter_max_bytes: opts.inline_request_max_bytes,
             ..RuntimeOptions::default()
         };

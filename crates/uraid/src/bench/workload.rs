@@ -243,13 +243,15 @@ impl RealRunner {
             if now >= end {
                 break;
             }
+            let mut round = uraid_core::CompletionRound::default();
             for r in driver.top_up(job) {
                 let tx = tx.clone();
                 h.submit(
                     r,
-                    Box::new(move |c| {
+                    Box::new(move |c, _| {
                         let _ = tx.send((c, Instant::now()));
                     }),
+                    &mut round,
                 )
                 .map_err(|e| e.to_string())?;
             }
