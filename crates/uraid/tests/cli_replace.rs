@@ -293,8 +293,18 @@ fn a_stop_in_the_middle_keeps_the_member_and_never_takes_the_unfinished_copy() {
     ok(tool("nbdcopy", &[img.to_str().unwrap(), &s.url]), "nbdcopy");
     let o = replace(&s.control, &members[1], &new, false);
     assert!(o.status.success(), "{}", text(&o));
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(s.ctl("status", None).contains("(R)"), "the copy should still run");
+    // Until the copy has made progress, so the writes below land on both sides of it.
+    let t0 = Instant::now();
+    loop {
+        let st = s.ctl("status", None);
+        assert!(st.contains("(R)"), "the copy should still run:\n{st}");
+        let copied = st.split_once("% (").and_then(|(_, r)| r.split('/').next()?.parse::<u64>().ok());
+        if copied.is_some_and(|k| k > 0) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the copy made no progress:\n{st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Writes after the copy started reach both; then the server stops mid-copy.
     ok(tool("nbdcopy", &[img.to_str().unwrap(), &s.url]), "nbdcopy again");
     s.stop();
