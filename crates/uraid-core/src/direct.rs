@@ -76,7 +76,8 @@ impl Engine {
     fn direct_read_piece(&mut self, id: RequestId, sector: u64, pos: u64, n: u64, balance: Balance) {
         let mut copies = Vec::new();
         self.geo.copies(pos, &mut copies);
-        let Some(i) = choose_copy(balance, &self.members, &copies, n, 0, &mut self.rr_next) else {
+        let Some(i) = choose_copy(balance, &self.members, &copies, n, 0, &mut self.rr_next, self.now_ns)
+        else {
             let listed = copies.iter().any(|e| self.members[e.member].has_bad_block(e.member_sector, n));
             if listed && n > 1 {
                 let half = n / 2;
@@ -185,6 +186,7 @@ impl Engine {
                         len_sectors,
                         tried,
                         &mut self.rr_next,
+                        self.now_ns,
                     ) {
                         Some(i) if !self.failed => {
                             let c = copies[i];

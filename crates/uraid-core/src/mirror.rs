@@ -9,7 +9,8 @@ pub enum Balance {
     /// stream stays on its member.
     #[default]
     Load,
-    /// The member sent a request least recently (gmirror's original `load`).
+    /// gmirror's original `load` (FreeBSD 7): the member whose last request answered
+    /// fastest, unless one was not sent anything for `LOAD_TIME_IDLE_NS`.
     LoadTime,
     RoundRobin,
     /// Reads of at least `SPLIT_SLICE_BYTES` are split across members.
@@ -39,13 +40,17 @@ impl Balance {
 /// `split` divides reads of at least this many bytes across the mirrors.
 pub const SPLIT_SLICE_BYTES: u64 = 128 * 1024;
 
+/// `load-time` sends a read to a member left unused this long (gmirror's 2 s), so a
+/// member that once answered slowly gets another chance.
+const LOAD_TIME_IDLE_NS: u64 = 2_000_000_000;
+
 /// Distances up to this many sectors count as "near"; beyond, all are equal (gmirror's view:
 /// a seek is a seek).
 const NEAR_SECTORS: u64 = 8 * 1024;
 
 /// Pick which copy serves a read of `len_sectors` from each copy's start. `copies` are the
 /// candidates; `exclude` a bit mask of candidate members already tried. Returns an index
-/// into `copies`.
+/// into `copies`. `now_ns`: the engine's clock.
 pub(crate) fn choose_copy(
     balance: Balance,
     members: &[MemberRt],
@@ -53,6 +58,7 @@ pub(crate) fn choose_copy(
     len_sectors: u64,
     exclude: u128,
     rr_next: &mut usize,
+    now_ns: u64,
 ) -> Option<usize> {
     // The whole piece must be readable: a recovering member's last sector decides (a piece
     // straddling its recovery_offset would be served partly from unrebuilt sectors), and
@@ -85,9 +91,17 @@ pub(crate) fn choose_copy(
             };
             (m.inflight as u64 * 2 + class, class, e.member)
         })?,
-        Balance::LoadTime => *candidates
-            .iter()
-            .min_by_key(|&&i| (members[copies[i].member].last_dispatch_ns, copies[i].member))?,
+        Balance::LoadTime => {
+            let idle = candidates.iter().find(|&&i| {
+                now_ns.saturating_sub(members[copies[i].member].last_dispatch_ns) >= LOAD_TIME_IDLE_NS
+            });
+            match idle {
+                Some(&i) => i,
+                None => *candidates
+                    .iter()
+                    .min_by_key(|&&i| (members[copies[i].member].last_delay_ns, copies[i].member))?,
+            }
+        }
         Balance::RoundRobin => {
             let k = *rr_next % candidates.len();
             *rr_next = rr_next.wrapping_add(1);

@@ -246,6 +246,7 @@ impl Engine {
             n,
             exclude,
             &mut self.rr_next,
+            self.now_ns,
         )?;
         Some(copies[i])
     }

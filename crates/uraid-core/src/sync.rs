@@ -583,7 +583,15 @@ impl Engine {
                 SyncKind::Replace { .. } => unreachable!("replace units start in start_direct_replace"),
             };
             if needs_write {
-                match choose_copy(Balance::Prefer, &self.members, &copies, n, exclude, &mut self.rr_next) {
+                match choose_copy(
+                    Balance::Prefer,
+                    &self.members,
+                    &copies,
+                    n,
+                    exclude,
+                    &mut self.rr_next,
+                    self.now_ns,
+                ) {
                     Some(i) => reads.push((copies[i], pos, n)),
                     None => return UnitStart::Unreadable,
                 }
@@ -699,9 +707,15 @@ impl Engine {
         };
         let mut copies = Vec::new();
         self.geo.copies(array_sector, &mut copies);
-        let Some(i) =
-            choose_copy(Balance::Prefer, &self.members, &copies, len_sectors, exclude, &mut self.rr_next)
-        else {
+        let Some(i) = choose_copy(
+            Balance::Prefer,
+            &self.members,
+            &copies,
+            len_sectors,
+            exclude,
+            &mut self.rr_next,
+            self.now_ns,
+        ) else {
             return false;
         };
         let src = copies[i];

@@ -18,6 +18,8 @@ pub(crate) struct MemberRt {
     /// Member sector just past the last I/O sent (for read balancing).
     pub last_end_sector: u64,
     pub last_dispatch_ns: TimeNs,
+    /// How long the member's last completed I/O took (gmirror's `d_delay`, for `load-time`).
+    pub last_delay_ns: TimeNs,
     /// md's write-mostly: read only when no other copy can serve.
     pub write_mostly: bool,
     /// md's bad-block log of this member (device sectors); None: no log, so a write error

@@ -104,6 +104,7 @@ impl Engine {
                 inflight: 0,
                 last_end_sector: 0,
                 last_dispatch_ns: 0,
+                last_delay_ns: 0,
                 write_mostly: false,
                 bad_blocks: None,
                 write_error_seen: false,
@@ -341,10 +342,11 @@ impl Engine {
         let Some((ctx, member, issued_ns, write_range)) = self.ios.remove(completion.id) else {
             return; // unknown or duplicate completion: nothing to do
         };
+        let busy_ns = self.now_ns.saturating_sub(issued_ns);
         if let Some(m) = self.members.get_mut(member) {
             m.inflight = m.inflight.saturating_sub(1);
+            m.last_delay_ns = busy_ns;
         }
-        let busy_ns = self.now_ns.saturating_sub(issued_ns);
         let ms = self.member_stats_mut(member);
         ms.busy_ns += busy_ns;
         if completion.result.is_err() {
