@@ -22,11 +22,11 @@
 //! does the member I/O that completes inline (small I/O of memory-backed members), delivers
 //! what completed and returns; I/O that must wait for a device is left for the runtime
 //! thread, which is woken for it. A 4 KiB request to a tmpfs array then crosses no thread
-//! at all: the NBD connection thread reads it, runs it and sends the reply. Handing it to
-//! the runtime thread cost two wake-ups (connection thread to runtime, runtime to client)
-//! and, on a VM, a fifth of the server's CPU in context switches. When the state is busy,
-//! the request goes through the channel as before. The runtime thread holds the state
-//! except while it sleeps.
+//! at all: the NBD connection thread reads it, runs it and sends the reply, saving the two
+//! wake-ups of a hand-off (connection thread to runtime, runtime to client), which cost
+//! much of the server's CPU in context switches (docs/performance.md, "Performance:
+//! NBD"). When the state is busy, the request goes through the channel as before. The
+//! runtime thread holds the state except while it sleeps.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};

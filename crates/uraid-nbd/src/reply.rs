@@ -1,19 +1,16 @@
 //! Writing a connection's replies: from the thread that completes the request when the
 //! socket takes the reply at once, from the connection's writer thread otherwise.
 //!
-//! A 4 KiB request used to cross a thread more than it had to: the device completed it
-//! on its own thread (the array runtime), which handed the reply to a writer thread
-//! through a channel, so every reply cost a wake-up and two context switches. Now the
-//! completing thread sends the reply itself with one non-blocking `sendmsg` (header and
-//! payload gathered, no copy). The writer thread only takes over what cannot go out at
-//! once: the rest of a reply the socket took only in part (a large read payload beyond
+//! The completing thread sends the reply itself with one non-blocking `sendmsg` (header
+//! and payload gathered, no copy), so a reply costs no hand-off to another thread (a
+//! wake-up and two context switches). The writer thread only takes over what cannot go out
+//! at once: the rest of a reply the socket took only in part (a large read payload beyond
 //! the free socket buffer, a client that reads slowly) and everything queued behind it,
 //! so replies never interleave on the wire. A completing thread never blocks on the
 //! socket, and copies at most one socket buffer's worth per reply; the writer thread
-//! blocks, bounded by the socket's send timeout. Measured on 2 cores (1 MiB reads over a
-//! Unix socket), sending large payloads inline too takes ~20% less CPU per request than
-//! handing them to the writer thread: the copy costs the same on either thread, the
-//! hand-off does not.
+//! blocks, bounded by the socket's send timeout. Large payloads go inline too: the copy
+//! costs the same on either thread, the hand-off does not (docs/performance.md, "Where
+//! replies are sent from").
 //!
 //! A reply made in a round of completions (`uraid_core::CompletionRound`: the array
 //! thread's loop, or a connection thread that ran a request itself) is held back until the

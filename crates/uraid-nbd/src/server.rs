@@ -331,8 +331,8 @@ impl Stream {
 /// the device lets it (the array runtime's submitter rounds) and holds back the replies it
 /// makes until it is about to read the socket again: the replies to a burst of requests
 /// go out in one `sendmsg`, which wakes the client once instead of once per reply (each
-/// wake-up of the client preempted the connection thread: a quarter of its time in context
-/// switches for 4 KiB writes). The round ends before any wait of this thread: reading the
+/// wake-up of the client preempts the connection thread; docs/performance.md, "Where
+/// replies are sent from"). The round ends before any wait of this thread: reading the
 /// socket ([`FlushingReader`]) and waiting for budget (`Budget::acquire`).
 type ConnectionRound = Rc<RefCell<CompletionRound>>;
 

@@ -13,7 +13,8 @@ const DATA_BLOCKS: usize = 8;
 
 /// Random data blocks, each 64-byte aligned as the engine's buffers are (page-aligned for
 /// O_DIRECT): plain `Vec`s are only 16-byte aligned, and then every 64-byte load splits
-/// across two cache lines, which halves in-cache throughput for uraid and ISA-L alike.
+/// across two cache lines, which slows uraid and ISA-L alike (docs/parity.md, "Aligned
+/// blocks").
 struct Stripe {
     buf: Vec<u8>,
     offset: usize,

@@ -19,12 +19,9 @@ fn fixed<'a, 'b, const N: usize>(data: &'a [&'b [u8]]) -> &'a [&'b [u8]] {
 /// Evaluates `$body` with `$data` rebound to a fixed-length slice for the block counts
 /// arrays commonly have (2..=16), and as it is for the rest.
 ///
-/// Why: a loop that reads every block through the same load instruction shows the CPU's
-/// per-instruction stride prefetcher one block's distance as the stride, and it fetches
-/// lines nobody reads. Unrolled, each instruction walks one block sequentially, which the
-/// prefetcher follows. Measured (AMD Zen 5, 8+2 gen_syndrome): in cache at 64 KiB with the
-/// blocks 320 bytes off a power-of-two spacing, 185 against 126 GB/s; out of cache at
-/// 4 KiB, 0.60 against 0.53 of the streaming-read bandwidth.
+/// Why: one load instruction for every block makes the stride prefetcher take the block
+/// spacing for the stride; unrolled, each instruction walks one block sequentially, which
+/// the prefetcher follows (docs/parity.md, "Unrolled over the blocks").
 macro_rules! with_fixed_count {
     ($data:ident, $body:expr) => {
         with_fixed_count!(@counts $data, $body, 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
@@ -154,22 +151,15 @@ macro_rules! kernel_entries {
 // Vectors per block per round: `$U` for every loop that streams its output and for the
 // other operations; `$HOT_U` for gen_syndrome with cached stores and at most
 // `$SINGLE_MAX` data blocks, in one-block steps; `$XOR_U` for xor_gen with cached
-// stores. Measured on AMD Zen 5 with `uraid bench parity`, in cache against ISA-L unless
-// said otherwise:
-// - gen_syndrome, 64-byte vectors, cached: eight vectors in one-block steps. At 8+2,
-//   4 KiB 1.51x and 64 KiB 1.05x, against 1.33-1.41x and 0.88-1.02x for two-block steps
-//   of four or eight. 6..=11 data blocks: 1.04-1.11x at 64 KiB, where two-block steps
-//   fell to 0.59x (6 blocks, eight vectors) or 0.69x (10 blocks, four). Past 11 blocks
-//   two-block steps of four win at 4 KiB (12 blocks: 1.30-1.37x against 1.10x; 16
-//   blocks: 1.13-1.19x against 0.94x). avx512bw showed no difference between the two
-//   loops (0.92 and 0.84x at 64 and 4 KiB).
-// - gen_syndrome streaming: two-block steps of four vectors, 4 KiB out of cache 0.84 of
-//   the streaming read against 0.80 with eight and 0.66 with two. The 256-bit kernels
-//   showed no difference between four and eight and keep two-block steps of four.
-// - xor_gen, 64-byte vectors: two in cache beat four at 64 KiB (0.91-1.02x ISA-L against
-//   0.79-0.84x; 4 KiB 1.32-1.40x against 1.43-1.45x); why is not established, at 64 KiB
-//   XOR is bound by how fast L2 refills L1. Out of cache two reached only 0.67 of the
-//   streaming read at 4 KiB, four 0.83.
+// stores. Each was chosen by measurement (docs/parity.md, "Loops: how many blocks and
+// vectors per step"):
+// - gen_syndrome, 64-byte vectors, cached: one-block steps of eight vectors up to 11 data
+//   blocks, because two-block steps let LLVM serialize the Horner chains at some counts;
+//   past 11 blocks two-block steps of four win at 4 KiB. avx512bw showed no difference.
+// - gen_syndrome streaming: two-block steps of four vectors. The 256-bit kernels showed
+//   no difference between four and eight and keep two-block steps of four.
+// - xor_gen, 64-byte vectors: two in cache (why two beat four is not established), four
+//   when streaming.
 kernel_entries!(scalar, [], Swar, 4, 4, 0, 4);
 #[cfg(target_arch = "x86_64")]
 kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4, 4, 0, 4);

@@ -15,13 +15,13 @@
 //! | two data       | [`recover_2data`] |
 //! | P + Q          | [`gen_syndrome`] |
 //!
-//! Speed: blocks aligned to 64 bytes (pages, as O_DIRECT buffers are) run up to twice as
-//! fast in cache as misaligned ones, whose 64-byte loads straddle cache lines. Parity and
-//! recovered blocks are written with streaming stores when the blocks read are out of
-//! cache (a timed probe now and then, see [`Stores::Auto`]) or the stripe is at least
-//! [`STREAM_MIN_STRIPE_BYTES`]. A streaming call ends with a store fence, and the
-//! caller's next stores wait for it: one that stores much right after each call loses
-//! some speed at 4 KiB blocks (64 stores after each call: 10%).
+//! Speed: blocks aligned to 64 bytes (pages, as O_DIRECT buffers are) run faster in cache
+//! than misaligned ones, whose 64-byte loads straddle cache lines (docs/parity.md,
+//! "Aligned blocks"). Parity and recovered blocks are written with streaming stores when
+//! the blocks read are out of cache (a timed probe now and then, see [`Stores::Auto`]) or
+//! the stripe is at least [`STREAM_MIN_STRIPE_BYTES`]. A streaming call ends with a store
+//! fence, and the caller's next stores wait for it: one that stores much right after each
+//! call loses some speed at 4 KiB blocks (docs/parity.md, "The store fence").
 //!
 //! The free functions run the kernel picked at first use (CPU detection plus a short
 //! benchmark, logged once to stderr like the kernel's `raid6: ... gen() N MB/s`).
@@ -47,10 +47,9 @@ pub const MAX_DATA_BLOCKS: usize = 255;
 
 /// Stripes (data plus parity) at least this large get their parity written with
 /// streaming (non-temporal) stores where the kernel has them. Such a stripe cannot stay in
-/// a core's L2 anyway (1 MiB on AMD Zen 4), so skipping the read-for-ownership of the
-/// parity lines is pure gain; below it, streaming evicts parity a hot caller is about to
-/// use. Measured with `uraid bench parity` (8+2 at 64 KiB: -10% hot, +50% cold with
-/// streaming; at 256 KiB streaming wins both).
+/// a core's L2 anyway, so skipping the read-for-ownership of the parity lines is pure
+/// gain; below it, streaming evicts parity a hot caller is about to use (docs/parity.md,
+/// "Streaming stores: when they pay").
 pub const STREAM_MIN_STRIPE_BYTES: usize = 1024 * 1024;
 
 /// [`STREAM_MIN_STRIPE_BYTES`], or `URAID_PARITY_STREAM_MIN_BYTES` when set (for measuring
@@ -78,17 +77,17 @@ pub enum Stores {
     /// Streaming when the stripe is out of cache, else cached; and streaming for every
     /// stripe of at least [`STREAM_MIN_STRIPE_BYTES`]. Out of cache is measured: each
     /// thread times a load from two data blocks now and then (every 8 MiB of work) and
-    /// keeps the answer for its calls in between. Measured with `uraid bench parity`
-    /// (8+2, AMD Zen 5): out of cache at 64 KiB blocks, streaming lifts gen_syndrome from
-    /// 0.72x to 0.88x of the core's read bandwidth; in cache it would cost 3x at 4 KiB.
+    /// keeps the answer for its calls in between. Measured because streaming pays out of
+    /// cache and costs in cache, and no block size tells the two apart (docs/parity.md,
+    /// "Streaming stores: when they pay").
     #[default]
     Auto,
     /// Ordinary stores: the parity stays in cache for a caller about to read it.
     Cached,
     /// Non-temporal stores where the kernel has them (and the output is aligned to its
     /// vector width): for parity that goes straight to a device while the caller works
-    /// through more data than the caches hold. Saves the read-for-ownership of P and Q,
-    /// about 20% of the memory traffic of an 8+2 stripe.
+    /// through more data than the caches hold. Saves the read-for-ownership of P and Q:
+    /// 2 line reads for every 8 data lines of an 8+2 stripe.
     Streaming,
 }
 

@@ -2,24 +2,20 @@
 //! choosing between ordinary and streaming stores for the parity.
 //!
 //! Why it matters: an ordinary store to a line that is not in cache first reads the line
-//! from memory (read-for-ownership). For an 8+2 stripe that is 2 extra line reads per 8
-//! data lines, and with them gen_syndrome out of cache stays near 0.75x of what the core
-//! can stream. Streaming stores skip that read but write through to memory, which costs
-//! 3x at 4 KiB and 10-20% at 64 KiB when the stripe is in cache. No block size separates
-//! the two cases; whether the stripe is cached does.
+//! from memory (read-for-ownership), 2 extra line reads per 8 data lines of an 8+2
+//! stripe. Streaming stores skip that read but write through to memory, which costs when
+//! the stripe is in cache. No block size separates the two cases; whether the stripe is
+//! cached does (docs/parity.md, "Streaming stores: when they pay").
 //!
-//! How: time one load from the last line of two data blocks with the time-stamp counter. A
-//! hit in any cache level costs tens of nanoseconds, a miss to memory well over a hundred
-//! (measured on AMD Zen 5 under KVM: L2 ~10 ns, L3 ~15-50 ns, memory ~140 ns median).
-//! The last line, not the first or the middle: a caller that walks its stripes in memory
-//! order (a rebuild over member buffers) has the hardware prefetcher running ahead of it
-//! into the start of the next call's blocks. With 4 KiB blocks laid member after member,
-//! the middle line was already in cache on a quarter to a third of the probes, the first
-//! on most of them, the last on none.
+//! How: time one load from the last line of two data blocks with the time-stamp counter; a
+//! hit in any cache level is several times faster than a miss to memory (docs/parity.md,
+//! "The cache probe: timing and cost"). The last line, not the first or the middle: a
+//! caller that walks its stripes in memory order (a rebuild over member buffers) has the
+//! hardware prefetcher running ahead of it into the start of the next call's blocks
+//! (docs/parity.md, "The cache probe reads the blocks' last line").
 //! Blocks the call reads (data, or P and Q when it recovers), not the ones it writes:
-//! streaming stores evict the written lines, so a probe of
-//! them would keep answering "out of cache" once streaming had begun, even for a stripe
-//! that is otherwise reused in cache (measured: 64 KiB in cache fell to half speed).
+//! streaming stores evict the written lines, so a probe of them would keep answering "out
+//! of cache" once streaming had begun, even for a stripe that is otherwise reused in cache.
 //! The answer is kept per thread and re-measured after every [`PROBE_EVERY_BYTES`] of
 //! work; a thread's next calls tend to touch memory the way its last ones did (a rebuild
 //! streams, a write path reuses buffers it just filled).
@@ -29,14 +25,14 @@
 use std::cell::Cell;
 
 /// Work (bytes read and written by parity calls) between two probes on one thread.
-/// At 8 MiB a probe (~50-100 ns with the fences) costs under 0.1% of a thread's time
-/// even in cache, and a thread that turns from cached to streaming work (or back) is
-/// noticed within a fraction of a millisecond.
+/// Rare enough that probing costs next to nothing even in cache, often enough that a
+/// thread that turns from cached to streaming work (or back) is noticed within a fraction
+/// of a millisecond (docs/parity.md, "The cache probe: timing and cost").
 pub(crate) const PROBE_EVERY_BYTES: usize = 8 << 20;
 
 /// A probe slower than this (net of the timer's own cost) went to memory. Between the
-/// slowest cache hits seen (L3 p99 ~50 ns on the machine above, busy) and the memory
-/// latency of any current server (90 ns and up).
+/// slowest cache hits seen and the memory latency of any current server (docs/parity.md,
+/// "The cache probe: timing and cost").
 const MISS_NS: f64 = 75.0;
 
 #[derive(Clone, Copy)]

@@ -120,23 +120,15 @@ unsafe fn horner_pq<V: Vector, const U: usize>(
     (pv, qv)
 }
 
-/// All blocks side by side, a few vectors of each per round. Walking one block at a time
-/// instead (P and Q summed in an L1-resident scratch, `Q ^= g^i * D_i` by one GFNI
-/// multiply, blocks ascending so a stripe's data is read as one sequential stream) was
-/// measured and loses out of cache: AMD Zen 5, 8+2 laid out as `uraid bench parity` lays
-/// it, streaming P/Q stores, as a fraction of the bench's streaming read: 4 KiB 0.36-0.45
-/// against 0.56-0.61 for this walk, 16 KiB 0.32-0.39 against 0.69-0.71. Even with no
-/// arithmetic and no stores, reading the data blocks one after another reached 0.62-0.70,
-/// side by side 0.78-0.83: several streams keep more misses in flight than one. Also no
-/// gain at 4 KiB: ascending order with a constant multiply per block, software prefetch
-/// of each block's first lines on entry, or 1 KiB ahead in the loop (+0.02 at 4 KiB,
-/// within the noise; 64 KiB fell from 0.84 to 0.73).
+/// All blocks side by side, a few vectors of each per round: several streams keep more
+/// misses in flight than one, so walking one block at a time (P and Q in an L1 scratch)
+/// lost out of cache (docs/parity.md, "All blocks side by side, not one block at a time").
 ///
 /// `PAIRS`: two blocks per step, so P takes one three-way XOR where the kernel has one;
-/// else one block per step, with fewer vectors live. With two blocks per step and eight
+/// else one block per step, with fewer vectors live: with two blocks per step and eight
 /// vectors, LLVM reordered the loop for some block counts into one vector's whole Horner
-/// chain after another, and 6+2 at 64 KiB in cache ran at 0.59x ISA-L (0.88 with four
-/// vectors, 1.04 in one-block steps of eight). See kernels.rs for which is used where.
+/// chain after another. See kernels.rs for which is used where, and docs/parity.md,
+/// "Loops: how many blocks and vectors per step".
 #[inline(always)]
 pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize, const PAIRS: bool>(
     data: &[&[u8]],
@@ -181,8 +173,8 @@ pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize, const PAIRS: bool>(
 }
 
 /// P = XOR of all data blocks; two blocks per round so each P update is one three-way XOR
-/// where the kernel has one. Descending order: ascending measured up to 2x slower in
-/// cache on AMD Zen 4 with blocks at a power-of-two stride (why is not understood).
+/// where the kernel has one. Descending order: ascending measured slower in cache with
+/// blocks at a power-of-two stride (docs/parity.md, "Descending block order").
 #[inline(always)]
 pub(crate) unsafe fn xor_gen<V: Vector, const U: usize>(
     data: &[&[u8]],
@@ -237,8 +229,8 @@ pub(crate) unsafe fn xor_skip<V: Vector, const U: usize>(
             Some(s) => ld::<V, U>(s.as_ptr(), off),
             None => [V::zero(); U],
         };
-        // Descending, as in gen_syndrome: measured faster than ascending on AMD Zen 4
-        // when the blocks sit at a large power-of-two stride.
+        // Descending, as in gen_syndrome: measured faster than ascending when the blocks
+        // sit at a large power-of-two stride (docs/parity.md, "Descending block order").
         let mut z = data.len();
         while z > 0 {
             z -= 1;
@@ -293,11 +285,9 @@ pub(crate) unsafe fn xor_syndrome<V: Vector, const U: usize>(
 
 /// How far ahead rmw_update prefetches its four streams.
 const RMW_PREFETCH_BYTES: usize = 1024;
-/// Blocks shorter than this are not prefetched: there the prefetch instructions cost
-/// more than they bring (A/B, 8+2 against ISA-L, AMD Zen 5: 4 KiB in cache 1.27-1.30x
-/// without against 1.02-1.04x with, 8 KiB 1.39-1.44x against 1.10, 32 KiB level; out of
-/// cache level up to 32 KiB). From 64 KiB on they pay: 64 KiB out of cache 1.42-1.46x
-/// with against 1.36-1.42x, 1 MiB in cache 1.64-1.68x against 1.47x.
+/// Blocks shorter than this are not prefetched: there the prefetch instructions take load
+/// slots the data needs and cost more than they bring; from 64 KiB on they pay
+/// (docs/parity.md, "rmw_update prefetches only blocks of 64 KiB and more").
 const RMW_PREFETCH_MIN_BYTES: usize = 64 * 1024;
 
 /// One pass over old, new, P and Q: P ^= old^new, Q ^= coef*(old^new).

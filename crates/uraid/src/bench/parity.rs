@@ -50,9 +50,7 @@ pub struct ParityArgs {
 /// blocks: the streaming read is fast because each of its streams runs on across 4 KiB
 /// pages, and so do the kernels' streams when members lie member after member. Stripe
 /// after stripe, every stream stops at its 4 KiB block and the next call starts 8 cold ones
-/// (measured on AMD Zen 5: even a plain read of the 8 data blocks of each 4 KiB stripe
-/// reaches only 0.77 of the streaming read, and the streaming read with its pages shuffled
-/// 0.44; gen_syndrome 0.91 member-major against 0.62 stripe-major).
+/// (docs/parity.md, "Layout: why 4 KiB stripes lie member after member").
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 enum Layout {
@@ -200,8 +198,7 @@ const MAX_DATA_BLOCKS: usize = 16;
 /// One operation on stripe `s` of the arena. No allocation, and as few stores as a
 /// caller that already holds its block pointers would make: streaming stores end with a
 /// store fence, and stores right after it wait for the parity to drain to memory
-/// (measured on AMD Zen 5 at 4 KiB blocks out of cache: 64 stores after each call cost
-/// 10% of gen_syndrome's speed). ISA-L's stores are all cached, so it does not care.
+/// (docs/parity.md, "The store fence"). ISA-L's stores are all cached, so it does not care.
 fn exec(ctx: &Ctx, imp: Impl, op: Op, arena: &Arena, s: usize) {
     match imp {
         Impl::Uraid(kernel) => exec_uraid(kernel, op, arena, s),
@@ -305,9 +302,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Bytes `read_all` reads from one stream before moving to the next. 512 (8 lines) reads
-/// ~15% faster than 128 on AMD Zen 5 (37-40 against 32-34 GB/s, 15 alternating runs);
-/// 1024 and 512-bit loads gain nothing more. The 128 used before understated the limit.
+/// Bytes `read_all` reads from one stream before moving to the next: 512 (8 lines) reads
+/// faster than the 128 used before, and larger steps gain nothing (docs/parity.md, "The
+/// streaming read's chunk: 512 bytes").
 const READ_STEP: usize = 512;
 
 /// Reads every byte of `buf` once with wide loads, in `streams` interleaved sequential
@@ -422,10 +419,9 @@ pub fn run(args: ParityArgs) -> anyhow::Result<()> {
                 let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
                 let bytes = op.bytes_per_call(k, block_bytes) as f64;
                 // Each cold run over the mean of the streaming reads measured just before
-                // and just after it: memory bandwidth drifts by 2x within one bench on a
-                // shared machine, and a ratio to the whole bench's median read would mostly
-                // measure that drift. One read alone still moved the ratio by +-0.03 from
-                // run to run; the two bracket the run.
+                // and just after it: memory bandwidth drifts within one bench, and the two
+                // reads bracket the run (docs/parity.md, "The streaming read, before and
+                // after").
                 let mut vs_read = Vec::new();
                 for _ in 0..args.runs {
                     let read_before = (!hot_run).then(|| stream_read_gbps(arena));
