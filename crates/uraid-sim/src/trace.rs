@@ -2,8 +2,8 @@
 //! machine for the same seed (it hashes integers in a fixed byte order, never pointers,
 //! floats or hash-map iteration order).
 
-/// FNV-1a's constants applied a 64-bit word at a time: per-byte FNV costs about 8x more
-/// and the simulator hashes several words for every member I/O.
+/// FNV-1a's constants applied a 64-bit word at a time, not per byte: the simulator hashes
+/// several words for every member I/O, and per-byte FNV would be a visible share of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceHasher {
     state: u64,
