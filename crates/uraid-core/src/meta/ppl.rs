@@ -223,6 +223,57 @@ pub fn ppl_area(sb: &Superblock) -> Option<(u64, u64)> {
     Some((start, u64::from(sb.ppl_size())))
 }
 
+/// The area as md uses it (`ppl_validate_rdev`): the partial parity space after the
+/// header rounded down to whole pages; None when not one page of it fits.
+pub fn ppl_usable_sectors(area_sectors: u64) -> Option<u64> {
+    let header = (PPL_HEADER_SIZE / 512) as u64;
+    let pp = area_sectors.checked_sub(header)? / 8 * 8;
+    (pp > 0).then_some(pp + header)
+}
+
+/// md's `ppl_init_child_log`: an area that holds two full logs keeps several one after
+/// another (MULTIPLE_PPLS), each header describing at most [`PPL_SPACE_SIZE`] of partial
+/// parity; a smaller one holds a single log at its start.
+pub fn ppl_uses_multiple(area_sectors: u64) -> bool {
+    area_sectors * 512 >= 2 * (PPL_SPACE_SIZE + PPL_HEADER_SIZE) as u64
+}
+
+/// md's `entry_space`: bytes of partial parity one header may describe in this area.
+pub fn ppl_entry_space_bytes(area_sectors: u64) -> u64 {
+    if ppl_uses_multiple(area_sectors) {
+        PPL_SPACE_SIZE as u64
+    } else {
+        (area_sectors * 512).saturating_sub(PPL_HEADER_SIZE as u64)
+    }
+}
+
+/// md's `ppl_load_distributed` scan of one member's area for the newest log: from the
+/// area's start, each valid header of this array whose generation does not go down is
+/// followed by the next one right after its partial parity; the walk stops at a header
+/// that fails its checksum or signature or is older than the one before. Returns the
+/// newest header and its offset in sectors from the area's start, or None when even the
+/// first header is not valid. `read(offset_sectors)` returns the 4 KiB there.
+pub fn latest_ppl_header(
+    area_sectors: u64,
+    signature: u32,
+    read: &mut dyn FnMut(u64) -> Result<Vec<u8>, String>,
+) -> Result<Option<(u64, PplHeader)>, String> {
+    let header_sectors = (PPL_HEADER_SIZE / 512) as u64;
+    let mut newest: Option<(u64, PplHeader)> = None;
+    let mut offset = 0u64;
+    while offset < area_sectors.saturating_sub(header_sectors) {
+        let bytes = read(offset)?;
+        let Ok(h) = PplHeader::parse(&bytes, Some(signature)) else { break };
+        if newest.as_ref().is_some_and(|(_, prev)| prev.generation > h.generation) {
+            break;
+        }
+        let next = offset + header_sectors + h.pp_bytes() / 512;
+        newest = Some((offset, h));
+        offset = next;
+    }
+    Ok(newest)
+}
+
 /// The `ppl` union as it sits in the superblock's `bitmap_offset` word.
 pub fn ppl_word(offset: i16, size: u16) -> i32 {
     ((u32::from(size) << 16) | u32::from(offset as u16)) as i32
