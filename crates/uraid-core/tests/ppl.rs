@@ -290,3 +290,74 @@ fn power_cuts(n: usize, seeds: u64) {
     }
     assert!(torn_seeds > 0, "{n} members: no power cut tore a stripe, the test shows nothing");
 }
+
+/// The newest log in `member`'s area, as md's scan finds it.
+fn newest_log(mm: &MemMembers, member: usize) -> Option<(u64, PplHeader)> {
+    let sb = metadata(mm, member).offered.superblock.unwrap();
+    let (start, sectors) = ppl_area(&sb).unwrap();
+    let img = &mm.images[member];
+    latest_ppl_header(ppl_usable_sectors(sectors).unwrap(), ppl_signature(&sb.set_uuid), &mut |off| {
+        let at = ((start + off) * 512) as usize;
+        Ok(img[at..at + PPL_HEADER_SIZE].to_vec())
+    })
+    .unwrap()
+}
+
+/// What the log holds, read before any data lands (the data writes held back): md's
+/// entries, one per run of rows writing the same data members; members between two
+/// written ones count as written (md makes such writes wait instead); the partial parity
+/// is the XOR of the members left alone, and a write to every data member logs none.
+#[test]
+fn the_log_names_each_row_run_and_its_partial_parity_as_md_writes_them() {
+    const N: usize = 5;
+    let mut mm = create(N);
+    let keys: Vec<usize> = (0..N).collect();
+    let (p, _) = plan(&mut mm, &keys, true);
+    let mut d = start(mm, &keys, &p, 5);
+    let old = pattern(7, (4 * CHUNK) as usize);
+    d.run_one(Request::write(1, 0, old.clone())).unwrap();
+    let sb = metadata(&d.members, 0).offered.superblock.unwrap();
+    let data_offset = sb.data_offset * 512;
+    // Stripe 0 (parity on slot 4): data indices 0 and 2 at rows 8K..12K in one batch,
+    // and data index 1 alone at rows 16K..24K.
+    let a = pattern(8, 4096);
+    let b = pattern(9, 4096);
+    let c = pattern(10, 8192);
+    d.submit(Request::write(2, 8192, a.clone()));
+    d.submit(Request::write(3, 2 * CHUNK + 8192, b.clone()));
+    d.submit(Request::write(4, CHUNK + 16384, c.clone()));
+    let data_write = |io: &MemberIo| io.op == MemberIoOp::Write && io.offset_bytes >= data_offset;
+    let logged = |m: &MemMembers| newest_log(m, 4).is_some_and(|(_, h)| h.generation == 2);
+    run_until_cut(&mut d, &data_write, &logged);
+    let (offset, h) = newest_log(&d.members, 4).unwrap();
+    assert_eq!(offset, 8, "right after the first log, whose full-stripe entries carry no partial parity");
+    let rows = |e: &PplEntry| (e.data_sector, e.data_size, e.pp_size, e.parity_disk);
+    let got: Vec<_> = h.entries.iter().map(rows).collect();
+    assert_eq!(
+        got,
+        vec![(16, 3 * 4096, 4096, 4), (CHUNK / 512 + 32, 2 * 4096, 2 * 4096, 4)],
+        "one entry for data indices 0..=2 of rows 8K..12K, one for index 1 of rows 16K..24K"
+    );
+    // The partial parity follows the header in entry order.
+    let sb4 = metadata(&d.members, 4).offered.superblock.unwrap();
+    let (start, _) = ppl_area(&sb4).unwrap();
+    let at = ((start + offset) * 512) as usize + PPL_HEADER_SIZE;
+    let logged_pp = &d.members.images[4][at..at + 3 * 4096];
+    let xor = |parts: &[&[u8]]| -> Vec<u8> {
+        let mut x = vec![0u8; parts[0].len()];
+        parts.iter().for_each(|p| x.iter_mut().zip(*p).for_each(|(a, b)| *a ^= b));
+        x
+    };
+    let chunk = CHUNK as usize;
+    let want_first = old[3 * chunk + 8192..3 * chunk + 12288].to_vec();
+    let rows_16k = 16384..24576;
+    let want_second = xor(&[
+        &old[rows_16k.start..rows_16k.end],
+        &old[2 * chunk + rows_16k.start..2 * chunk + rows_16k.end],
+        &old[3 * chunk + rows_16k.start..3 * chunk + rows_16k.end],
+    ]);
+    assert_eq!(&logged_pp[..4096], &want_first[..], "partial parity: data index 3, left alone");
+    assert_eq!(&logged_pp[4096..], &want_second[..], "partial parity: data indices 0, 2 and 3");
+    assert_eq!(h.entries[0].checksum, crc32c(&logged_pp[..4096]));
+    assert_eq!(h.entries[1].checksum, crc32c(&logged_pp[4096..]));
+}

@@ -310,4 +310,54 @@ mod tests {
         assert!(matches!(PplHeader::parse(&b, None), Err(PplError::Checksum { .. })));
         assert_eq!(PPL_HDR_MAX_ENTRIES, 148);
     }
+
+    /// md's scan: headers one after another while generations grow; a wrapped log
+    /// starts over at the area's start; a torn or foreign header ends the walk.
+    #[test]
+    fn the_newest_log_is_found_as_md_scans_for_it() {
+        let area = 2048u64;
+        let sig = 0xabcd_0123;
+        let mut img = vec![0u8; (area * 512) as usize];
+        let put = |img: &mut Vec<u8>, at: u64, gen: u64, pp_pages: u32| {
+            let e = PplEntry {
+                data_sector: 0,
+                pp_size: pp_pages * 4096,
+                data_size: 4096,
+                parity_disk: 0,
+                checksum: 0,
+            };
+            let h = PplHeader { signature: sig, generation: gen, entries: vec![e] };
+            let at = (at * 512) as usize;
+            img[at..at + PPL_HEADER_SIZE].copy_from_slice(&h.serialize().unwrap());
+        };
+        let scan = |img: &Vec<u8>| {
+            latest_ppl_header(area, sig, &mut |off| {
+                let at = (off * 512) as usize;
+                Ok(img[at..at + PPL_HEADER_SIZE].to_vec())
+            })
+            .unwrap()
+            .map(|(off, h)| (off, h.generation))
+        };
+        assert_eq!(scan(&img), None, "a zeroed area holds no log");
+        put(&mut img, 0, 1, 2);
+        put(&mut img, 24, 2, 1);
+        put(&mut img, 40, 3, 3);
+        assert_eq!(scan(&img), Some((40, 3)));
+        // Wrapped: a newer log at the start, an older one right after it.
+        put(&mut img, 0, 4, 1);
+        put(&mut img, 16, 1, 0);
+        assert_eq!(scan(&img), Some((0, 4)), "the walk stops where generations go down");
+        // A torn header at the start: md uses nothing from this member.
+        img[100] ^= 1;
+        assert_eq!(scan(&img), None);
+        img[100] ^= 1;
+        put(&mut img, 16, 5, 0);
+        img[16 * 512 + 600] ^= 1;
+        assert_eq!(scan(&img), Some((0, 4)), "a torn later header leaves the one before as newest");
+        assert_eq!(ppl_usable_sectors(2048), Some(2048));
+        assert_eq!(ppl_usable_sectors(2051), Some(2048));
+        assert_eq!(ppl_usable_sectors(8), None);
+        assert!(ppl_uses_multiple(2048) && !ppl_uses_multiple(264));
+        assert_eq!(ppl_entry_space_bytes(264), 264 * 512 - 4096);
+    }
 }
