@@ -361,3 +361,55 @@ fn the_log_names_each_row_run_and_its_partial_parity_as_md_writes_them() {
     assert_eq!(h.entries[0].checksum, crc32c(&logged_pp[..4096]));
     assert_eq!(h.entries[1].checksum, crc32c(&logged_pp[4096..]));
 }
+
+/// A device that joins a slot may carry a log of an older life in its area, with higher
+/// generations than this run's: md's scan would take it for the newest and replay it over
+/// parity written since. So the slot's first log write covers the whole area (md's
+/// `ppl_write_empty_header` when a member is added).
+#[test]
+fn a_member_that_joins_has_its_old_log_wiped_by_its_first_log_write() {
+    let mut mm = create(3);
+    let keys = [0usize, 1, 2];
+    let (p, _) = plan(&mut mm, &keys, true);
+    let mut d = start(mm, &keys, &p, 9);
+    d.run_one(Request::write(1, 0, pattern(1, 1 << 20))).unwrap();
+    d.members.gone[2] = true;
+    d.run_one(Request::write(2, 0, pattern(2, 4096))).unwrap();
+    d.run_until_idle();
+    assert_eq!(d.engine.engine().member_states()[2], MemberState::Faulty);
+
+    let key = d.members.add_member(MEMBER_BYTES);
+    let sb = d.engine.new_member_superblock(MEMBER_BYTES / 512, [0x66; 16], "new").unwrap();
+    let mut sb_w = sb.clone();
+    let at = (sb.super_offset * 512) as usize;
+    d.members.images[key][at..at + SB_BYTES].copy_from_slice(&sb_w.update_csum());
+    // An old log: a header at the area's start and a far newer one where this run's
+    // second header would go.
+    let (start, _) = ppl_area(&sb).unwrap();
+    let sig = ppl_signature(&sb.set_uuid);
+    for (off, generation) in [(0u64, 1u64), (16, 900)] {
+        let e = PplEntry {
+            data_sector: 0,
+            pp_size: 4096,
+            data_size: 4096,
+            parity_disk: 2,
+            checksum: crc32c(&[0; 4096]),
+        };
+        let h = PplHeader { signature: sig, generation, entries: vec![e] }.serialize().unwrap();
+        let at = ((start + off) * 512) as usize;
+        d.members.images[key][at..at + PPL_HEADER_SIZE].copy_from_slice(&h);
+    }
+    assert_eq!(newest_log(&d.members, key).map(|(off, h)| (off, h.generation)), Some((16, 900)));
+    let new = NewMember { key: key as u64, name: "new".into(), sb, previous: None, replaces: None };
+    assert!(matches!(d.engine.add_member(new, d.now_ns).unwrap(), Added::Rebuilding { slot: 2, .. }));
+    d.run_until_idle();
+    assert!(d.engine.engine().member_states().iter().all(|s| *s == MemberState::InSync));
+    // Stripe 0's parity is on slot 2: this write logs to the new member.
+    d.run_one(Request::write(3, 8192, pattern(3, 4096))).unwrap();
+    let (off, h) = newest_log(&d.members, key).expect("a log");
+    assert_eq!(off, 0);
+    assert!(h.generation < 900 && h.entries.len() == 1, "the old log was taken for the newest: {h:?}");
+    let area_end = ((start + 2048) * 512) as usize;
+    let after = ((start + 16) * 512) as usize;
+    assert!(d.members.images[key][after..area_end].iter().all(|&b| b == 0), "the old log is still there");
+}

@@ -133,10 +133,9 @@ fn recover_entry(
     let data_sectors = u64::from(e.data_size) / 512;
     let first = e.data_sector;
     let (data_disks, strip_sectors, last) = if pp_sectors < chunk {
-        let (disks, strip) = if e.pp_size > 0 {
-            (u64::from(e.data_size / e.pp_size), pp_sectors)
-        } else {
-            (all_data, data_sectors / all_data)
+        let (disks, strip) = match e.data_size.checked_div(e.pp_size) {
+            Some(disks) => (u64::from(disks), pp_sectors),
+            None => (all_data, data_sectors / all_data),
         };
         (disks, strip, first + disks.saturating_sub(1) * chunk + strip)
     } else {
@@ -146,7 +145,7 @@ fn recover_entry(
         return Err(EntryError::Mismatch);
     }
     // md reads and writes whole pages when the entry starts and ends on one.
-    let block = if first % 8 == 0 && last % 8 == 0 { 8 } else { 1 };
+    let block = if first.is_multiple_of(8) && last.is_multiple_of(8) { 8 } else { 1 };
     let bytes = (block * 512) as usize;
     let mut i = 0;
     while i < strip_sectors {
