@@ -325,9 +325,7 @@ impl AssemblyPlan {
             })
             .collect()
     }
-}
 
-impl AssemblyPlan {
     /// After md's ppl_recover: when it replayed entries and found every log sound, the
     /// stripes that were being written are consistent again and the array starts clean,
     /// with no resync (md's `ppl_init_log` sets `recovery_cp = MaxSector` then). Returns
@@ -652,7 +650,7 @@ pub fn plan_assembly(
     // hole, so md starts it dirty and degraded without --force ("starting dirty degraded
     // array with PPL").
     let ppl = super::ppl_recover::has_ppl(fresh);
-    let mut forced_dirty = ppl;
+    let mut forced_dirty = false;
     let layout_for_enough = fresh.layout;
     if opts.force && !enough(fresh.level, raid_disks, layout_for_enough, clean || ppl, &in_sync) {
         // mdadm --force: the freshest of the members that are only behind in events come
@@ -688,12 +686,13 @@ pub fn plan_assembly(
     }
     let in_sync_count = in_sync.iter().filter(|&&b| b).count() as u32;
     let rebuilding = slots.iter().flatten().count() as u32 - in_sync_count;
-    if !enough(fresh.level, raid_disks, layout_for_enough, clean || forced_dirty, &in_sync) {
+    if !enough(fresh.level, raid_disks, layout_for_enough, clean || ppl || forced_dirty, &in_sync) {
         return Err(AssemblyError::TooFewMembers {
             level: fresh.level,
             raid_disks,
             in_sync: in_sync_count,
-            clean,
+            // No --force hint: a PPL array counted as clean already.
+            clean: clean || ppl,
         });
     }
     let degraded_slots: Vec<u32> = (0..raid_disks).filter(|&s| !in_sync[s as usize]).collect();

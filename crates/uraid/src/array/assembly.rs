@@ -40,9 +40,7 @@ impl Assembled {
             })
             .collect()
     }
-}
 
-impl Assembled {
     /// A dirty RAID5 with a partial parity log: md replays the log before it starts.
     pub fn ppl_replay_due(&self) -> bool {
         let fresh = &self.superblocks[self.plan.freshest];
