@@ -204,6 +204,7 @@ impl Engine {
         m.io_member = io_member;
         m.data_offset_bytes = r.data_offset_bytes;
         m.last_end_sector = 0;
+        self.ppl_member_changed(slot);
         self.cache_rehandle_all();
         Ok(old_io_member)
     }
@@ -218,6 +219,7 @@ impl Engine {
     pub fn set_io_member(&mut self, slot: usize, io_member: usize) -> Result<(), String> {
         let m = self.members.get_mut(slot).ok_or_else(|| format!("slot {slot} does not exist"))?;
         m.io_member = io_member;
+        self.ppl_member_changed(slot);
         Ok(())
     }
 

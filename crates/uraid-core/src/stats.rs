@@ -24,6 +24,8 @@ pub struct ArrayStats {
     pub aligned_read_bypass: u64,
     pub read_errors_corrected: u64,
     pub stripe_cache_hits: u64,
+    /// md's partial parity log: log writes (one per io_unit).
+    pub ppl_log_writes: u64,
 }
 
 impl ArrayStats {

@@ -149,6 +149,8 @@ impl Engine {
             Some(r) if self.geo.level != Level::Raid10 => merge_ranges(r),
             _ => vec![(0, u64::MAX)],
         };
+        // A device back in the slot may hold an old log: emptied before the next log write.
+        self.ppl_member_changed(slot);
         let member = &mut self.members[slot];
         member.data_offset_bytes = data_offset_bytes;
         member.state = MemberState::Recovering { recovery_offset_sectors: 0 };

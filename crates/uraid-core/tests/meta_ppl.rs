@@ -101,28 +101,45 @@ fn offered(sbs: &[Option<Superblock>]) -> Vec<OfferedMember> {
         .collect()
 }
 
-/// Until uraid replays the log itself: a dirty complete PPL array is resynced in full (md's
-/// fallback when its log gives nothing), a dirty degraded one is refused, `--force` or not,
-/// naming what would start it; a clean one starts with a warning that the log is not written.
+/// md with a partial parity log: a clean array starts with no resync; a dirty one owes a
+/// full resync until its log is replayed (md keeps `recovery_cp` when the log gives
+/// nothing); a dirty degraded one starts without --force, as mdadm's Assemble counts a
+/// PPL array as clean; a replay that recovered entries drops the resync.
 #[test]
-fn a_dirty_ppl_array_is_resynced_when_complete_and_refused_when_degraded() {
+fn a_dirty_ppl_array_starts_degraded_and_its_replay_drops_the_resync() {
     let mut p = raid5_ppl();
     p.set_uuid = [3; 16];
     p.device_uuids = vec![[1; 16], [2; 16], [4; 16]];
     let mut sbs = create_array(&p).unwrap().superblocks;
     let clean = plan_assembly(&offered(&sbs), &AssembleOptions::default()).unwrap();
     assert_eq!(clean.resync, ResyncNeed::None);
-    assert!(clean.warnings.iter().any(|w| w.contains("partial parity log")), "{:?}", clean.warnings);
+    assert!(clean.warnings.is_empty(), "{:?}", clean.warnings);
 
     for sb in sbs.iter_mut().flatten() {
         sb.resync_offset = 0;
         sb.update_csum();
     }
-    let dirty = plan_assembly(&offered(&sbs), &AssembleOptions::default()).unwrap();
+    let mut dirty = plan_assembly(&offered(&sbs), &AssembleOptions::default()).unwrap();
     assert_eq!(dirty.resync, ResyncNeed::Full { from_sector: 0 });
+    assert!(dirty.warnings.iter().any(|w| w.contains("partial parity log")), "{:?}", dirty.warnings);
+    let nothing = PplRecovery::default();
+    let msg = dirty.apply_ppl_recovery(&nothing);
+    assert!(msg.contains("resync stays owed"), "{msg}");
+    assert_eq!(dirty.resync, ResyncNeed::Full { from_sector: 0 });
+    let replayed = PplRecovery { recovered_entries: 2, ..PplRecovery::default() };
+    let msg = dirty.apply_ppl_recovery(&replayed);
+    assert!(msg.contains("no resync needed"), "{msg}");
+    assert_eq!((dirty.resync.clone(), dirty.resync_offset), (ResyncNeed::None, MAX_SECTOR));
+    let torn = PplRecovery { recovered_entries: 2, mismatch_count: 1, ..PplRecovery::default() };
+    let mut again = plan_assembly(&offered(&sbs), &AssembleOptions::default()).unwrap();
+    again.apply_ppl_recovery(&torn);
+    assert_eq!(again.resync, ResyncNeed::Full { from_sector: 0 }, "an unusable log keeps the resync");
 
     sbs[1] = None;
-    let opts = AssembleOptions { run: true, force: true, ..AssembleOptions::default() };
-    let err = plan_assembly(&offered(&sbs), &opts).unwrap_err().to_string();
-    assert!(err.contains("partial parity log") && err.contains("mdadm --assemble"), "{err}");
+    let err = plan_assembly(&offered(&sbs), &AssembleOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("--run"), "degraded still needs --run: {err}");
+    let opts = AssembleOptions { run: true, ..AssembleOptions::default() };
+    let degraded = plan_assembly(&offered(&sbs), &opts).unwrap();
+    assert_eq!(degraded.degraded_slots, vec![1]);
+    assert!(!degraded.warnings.iter().any(|w| w.contains("forced")), "{:?}", degraded.warnings);
 }

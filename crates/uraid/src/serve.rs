@@ -124,7 +124,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let mut signals =
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
             .context("installing the SIGINT/SIGTERM handlers")?;
-    let assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
+    let mut assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
     // Through the tunables' table: one range and one message per tunable. A flag of a
     // tunable the level does not have (a stripe cache on a mirror) is not an error.
     let level = assembled.geometry.level;
@@ -170,6 +170,17 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         faults,
         tunables,
     };
+    // md's ppl_recover, once nothing can refuse the start any more.
+    if !args.read_only {
+        if let Some(msg) = assembled.replay_ppl()? {
+            eprintln!("uraid: {msg}");
+        }
+    } else if assembled.ppl_replay_due() {
+        eprintln!(
+            "uraid: read-only: the partial parity log is not replayed, so stripes being written when \
+             the array stopped may read back wrong where a member is missing"
+        );
+    }
     let array = RunningArray::start(assembled, opts)?;
     if !args.read_only {
         for path in stale {

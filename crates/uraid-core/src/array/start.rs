@@ -14,7 +14,10 @@ use crate::api::*;
 use crate::config::{ArrayConfig, MemberState, Tunables};
 use crate::detmap::DetMap;
 use crate::engine::Engine;
-use crate::meta::{ppl_area, ppl_signature, AssemblyPlan, BadBlocks, PplHeader, Superblock, MAX_SECTOR};
+use crate::meta::{
+    feature, has_ppl, ppl_area, ppl_signature, ppl_usable_sectors, ppl_uses_multiple, AssemblyPlan,
+    BadBlocks, PplHeader, Superblock, MAX_SECTOR,
+};
 
 /// One offered member, as the caller reads it.
 #[derive(Clone, Debug)]
@@ -80,6 +83,22 @@ impl Array {
             members.push(ArrayMember { key: m.key, sb: m.sb.clone(), role: DevRole::Spare });
             names.insert(m.key, m.name.clone());
             logs.extend(m.bad_blocks.clone().map(|bb| (m.key, bb)));
+        }
+        let ppl = !opts.read_only && members.iter().any(|m| has_ppl(&m.sb));
+        if ppl {
+            let mut areas = vec![None; plan.slots.len()];
+            for m in &mut members {
+                if let Some(slot) = m.role.active_slot() {
+                    areas[slot] = ppl_area(&m.sb);
+                }
+                // md's super_1_sync records which kind of log it keeps.
+                let multiple =
+                    ppl_area(&m.sb).and_then(|(_, s)| ppl_usable_sectors(s)).is_some_and(ppl_uses_multiple);
+                if multiple && has_ppl(&m.sb) {
+                    m.sb.feature_map = (m.sb.feature_map & !feature::PPL) | feature::MULTIPLE_PPLS;
+                }
+            }
+            engine.enable_ppl(ppl_signature(&plan.uuid), &areas);
         }
         // The freshest superblock first: new members copy its fields.
         let freshest = offered.get(plan.freshest).map(|m| m.key);
@@ -149,9 +168,9 @@ impl Array {
     }
 
     /// md's ppl_write_empty_header at every start: each active member's PPL area zeroed and
-    /// given an empty header, before any write. uraid does not log partial parity yet, so a
-    /// log md left behind must not survive this run: after a crash md would replay it over
-    /// parity that uraid's writes changed since.
+    /// given an empty header, before any write (a dirty array's log was replayed before
+    /// the start, `meta::ppl_recover`). An old log left in an area could otherwise be
+    /// taken for this run's after a crash and replayed over parity written since.
     fn empty_ppl_logs(&mut self) {
         let mut ios = Vec::new();
         for m in self.sbs.members() {

@@ -144,11 +144,41 @@ impl Engine {
         }
     }
 
+    /// Queue an I/O at absolute byte `offset_bytes` of the device in `slot` (never its
+    /// replacement): metadata the engine keeps itself, the partial parity log.
+    pub(crate) fn issue_raw_io(
+        &mut self,
+        slot: usize,
+        op: MemberIoOp,
+        offset_bytes: u64,
+        data: IoBytes,
+        ctx: IoCtx,
+    ) {
+        let len_sectors = data.len() as u64 / SECTOR_BYTES;
+        self.push_io_at(slot, op, Some(offset_bytes), 0, len_sectors, data, ctx);
+    }
+
     /// Queue one member I/O to engine member `member`: a slot, or a replacement.
     pub(super) fn push_io(
         &mut self,
         member: usize,
         op: MemberIoOp,
+        member_sector: u64,
+        len_sectors: u64,
+        data: IoBytes,
+        ctx: IoCtx,
+    ) -> MemberIoId {
+        self.push_io_at(member, op, None, member_sector, len_sectors, data, ctx)
+    }
+
+    /// `raw_offset_bytes`: an absolute device offset instead of data-relative
+    /// `member_sector` (and no bad-block bookkeeping for a write there).
+    #[allow(clippy::too_many_arguments)]
+    fn push_io_at(
+        &mut self,
+        member: usize,
+        op: MemberIoOp,
+        raw_offset_bytes: Option<u64>,
         member_sector: u64,
         len_sectors: u64,
         data: IoBytes,
@@ -180,9 +210,13 @@ impl Engine {
             }
             MemberIoOp::Flush => ms.flushes += 1,
         }
-        let offset_bytes =
-            if op == MemberIoOp::Flush { 0 } else { data_offset_bytes + member_sector * SECTOR_BYTES };
-        let write_range = (op == MemberIoOp::Write).then_some((member_sector, len_sectors));
+        let offset_bytes = match raw_offset_bytes {
+            _ if op == MemberIoOp::Flush => 0,
+            Some(at) => at,
+            None => data_offset_bytes + member_sector * SECTOR_BYTES,
+        };
+        let write_range =
+            (op == MemberIoOp::Write && raw_offset_bytes.is_none()).then_some((member_sector, len_sectors));
         let id = self.ios.insert((ctx, member, self.now_ns, write_range));
         self.out_ios.push_back(MemberIo {
             id,

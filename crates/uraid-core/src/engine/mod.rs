@@ -80,6 +80,9 @@ pub struct Engine {
     /// first call after the caller has set the engine up (member indices, bad-block logs,
     /// write-mostly): `next_deadline_ns` asks for a tick now until then.
     start_pending: bool,
+    /// md's partial parity log (RAID5 with PPL; see `stripe::ppl`). Boxed and None
+    /// otherwise, so arrays without it pay one pointer check per stripe write.
+    pub(crate) ppl: Option<Box<crate::stripe::Ppl>>,
 }
 
 impl Engine {
@@ -142,6 +145,7 @@ impl Engine {
             replacements: vec![None; config.members.len()],
             twins: DetMap::default(),
             start_pending: false,
+            ppl: None,
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();
@@ -458,7 +462,11 @@ impl Engine {
 
     /// No request, member I/O or queued work outstanding (background sync aside).
     pub fn is_idle(&self) -> bool {
-        self.reqs.is_empty() && self.ios.is_empty() && self.out_ios.is_empty() && self.flushes.is_empty()
+        self.reqs.is_empty()
+            && self.ios.is_empty()
+            && self.out_ios.is_empty()
+            && self.flushes.is_empty()
+            && self.ppl_idle()
     }
 
     /// Is a resync or recovery running, or queued and able to start? (A resync waiting for

@@ -325,6 +325,47 @@ impl AssemblyPlan {
             })
             .collect()
     }
+
+    /// After md's ppl_recover: when it replayed entries and found every log sound, the
+    /// stripes that were being written are consistent again and the array starts clean,
+    /// with no resync (md's `ppl_init_log` sets `recovery_cp = MaxSector` then). Returns
+    /// what to tell the operator.
+    pub fn apply_ppl_recovery(&mut self, r: &super::ppl_recover::PplRecovery) -> String {
+        let rows = r.writes.len();
+        let mut msg = format!(
+            "partial parity log replayed: {} entr{} recovered, {rows} parity block{} rewritten",
+            r.recovered_entries,
+            if r.recovered_entries == 1 { "y" } else { "ies" },
+            if rows == 1 { "" } else { "s" },
+        );
+        if r.skipped_rows > 0 {
+            msg += &format!(
+                ", {} row{} left as they were (a member they wrote is missing)",
+                r.skipped_rows,
+                if r.skipped_rows == 1 { "" } else { "s" }
+            );
+        }
+        if r.recovered_entries > 0 && r.mismatch_count == 0 && self.resync_offset == 0 {
+            self.resync = ResyncNeed::None;
+            self.resync_offset = MAX_SECTOR;
+            self.warnings.retain(|w| !w.contains("resync"));
+            msg += "; the array is consistent, no resync needed";
+        } else if self.resync != ResyncNeed::None {
+            let why = if r.mismatch_count > 0 {
+                format!(
+                    "{} log or entr{} unusable",
+                    r.mismatch_count,
+                    if r.mismatch_count == 1 { "y" } else { "ies" }
+                )
+            } else if r.recovered_entries == 0 {
+                "the logs name no stripe".to_string()
+            } else {
+                "a resync was already under way".to_string()
+            };
+            msg += &format!("; the resync stays owed ({why}), as md does");
+        }
+        msg
+    }
 }
 
 fn version_of(sb: &Superblock) -> SuperblockVersion {
@@ -605,9 +646,13 @@ pub fn plan_assembly(
     };
     let mut in_sync = in_sync_of(&slots);
     let clean = fresh.resync_offset == MAX_SECTOR;
+    // mdadm's Assemble counts a PPL array as clean for `enough`: its log closes the write
+    // hole, so md starts it dirty and degraded without --force ("starting dirty degraded
+    // array with PPL").
+    let ppl = super::ppl_recover::has_ppl(fresh);
     let mut forced_dirty = false;
     let layout_for_enough = fresh.layout;
-    if opts.force && !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync) {
+    if opts.force && !enough(fresh.level, raid_disks, layout_for_enough, clean || ppl, &in_sync) {
         // mdadm --force: the freshest of the members that are only behind in events come
         // back, one at a time, until the array could start.
         forcible.sort_by_key(|(ev, _, _)| std::cmp::Reverse(*ev));
@@ -627,7 +672,7 @@ pub fn plan_assembly(
             slots[slot] = Some(m);
             in_sync = in_sync_of(&slots);
         }
-        if !enough(fresh.level, raid_disks, layout_for_enough, clean, &in_sync)
+        if !enough(fresh.level, raid_disks, layout_for_enough, clean || ppl, &in_sync)
             && enough(fresh.level, raid_disks, layout_for_enough, true, &in_sync)
         {
             warnings.push(
@@ -641,12 +686,13 @@ pub fn plan_assembly(
     }
     let in_sync_count = in_sync.iter().filter(|&&b| b).count() as u32;
     let rebuilding = slots.iter().flatten().count() as u32 - in_sync_count;
-    if !enough(fresh.level, raid_disks, layout_for_enough, clean || forced_dirty, &in_sync) {
+    if !enough(fresh.level, raid_disks, layout_for_enough, clean || ppl || forced_dirty, &in_sync) {
         return Err(AssemblyError::TooFewMembers {
             level: fresh.level,
             raid_disks,
             in_sync: in_sync_count,
-            clean,
+            // No --force hint: a PPL array counted as clean already.
+            clean: clean || ppl,
         });
     }
     let degraded_slots: Vec<u32> = (0..raid_disks).filter(|&s| !in_sync[s as usize]).collect();
@@ -757,19 +803,10 @@ pub fn plan_assembly(
     if resync != ResyncNeed::None {
         warnings.push("array was not shut down cleanly: resync needed".to_string());
     }
-    if fresh.feature_map & (feature::PPL | feature::MULTIPLE_PPLS) != 0 {
-        // A dirty, complete array is resynced in full (what md falls back to when its log
-        // gives nothing); a dirty degraded one needs the log replayed, which uraid cannot do yet.
-        if !clean && degraded {
-            return Err(AssemblyError::Unsupported {
-                what: "replaying the partial parity log (PPL) of a dirty degraded raid5 (mdadm \
-                       --assemble does it)",
-            });
-        }
+    if ppl && resync != ResyncNeed::None {
         warnings.push(
-            "the array has a partial parity log (ppl), which uraid does not write yet: it runs \
-             without write-hole protection and a crash needs a full resync under md; the logs \
-             are emptied at start so that md never replays a stale one"
+            "the partial parity log (ppl) is replayed before the array starts; the resync is \
+             dropped when it recovers the stripes being written"
                 .to_string(),
         );
     }

@@ -12,6 +12,7 @@ pub mod badblocks;
 pub mod bitmap;
 pub mod create;
 pub mod ppl;
+pub mod ppl_recover;
 pub mod read;
 pub mod superblock;
 
@@ -30,9 +31,11 @@ pub use create::{
     CreateError, CreateParams, CreatedArray, CreatedBitmap, DEFAULT_CHUNK_KIB,
 };
 pub use ppl::{
-    crc32c, ppl_area, ppl_signature, PplEntry, PplError, PplHeader, PPL_AREA_SECTORS_SUPER1,
-    PPL_HDR_MAX_ENTRIES, PPL_HEADER_SIZE,
+    crc32c, crc32c_update, latest_ppl_header, ppl_area, ppl_entry_space_bytes, ppl_signature,
+    ppl_usable_sectors, ppl_uses_multiple, PplEntry, PplError, PplHeader, PPL_AREA_SECTORS_SUPER1,
+    PPL_HDR_MAX_ENTRIES, PPL_HEADER_SIZE, PPL_SPACE_SIZE,
 };
+pub use ppl_recover::{has_ppl, ppl_recover, PplParityWrite, PplRead, PplRecovery};
 pub use read::{read_member, MemberMetadata};
 pub use superblock::{
     calc_sb_1_csum, devflags, feature, format_uuid, level, parse_uuid, role, Superblock, SuperblockError,

@@ -223,6 +223,57 @@ pub fn ppl_area(sb: &Superblock) -> Option<(u64, u64)> {
     Some((start, u64::from(sb.ppl_size())))
 }
 
+/// The area as md uses it (`ppl_validate_rdev`): the partial parity space after the
+/// header rounded down to whole pages; None when not one page of it fits.
+pub fn ppl_usable_sectors(area_sectors: u64) -> Option<u64> {
+    let header = (PPL_HEADER_SIZE / 512) as u64;
+    let pp = area_sectors.checked_sub(header)? / 8 * 8;
+    (pp > 0).then_some(pp + header)
+}
+
+/// md's `ppl_init_child_log`: an area that holds two full logs keeps several one after
+/// another (MULTIPLE_PPLS), each header describing at most [`PPL_SPACE_SIZE`] of partial
+/// parity; a smaller one holds a single log at its start.
+pub fn ppl_uses_multiple(area_sectors: u64) -> bool {
+    area_sectors * 512 >= 2 * (PPL_SPACE_SIZE + PPL_HEADER_SIZE) as u64
+}
+
+/// md's `entry_space`: bytes of partial parity one header may describe in this area.
+pub fn ppl_entry_space_bytes(area_sectors: u64) -> u64 {
+    if ppl_uses_multiple(area_sectors) {
+        PPL_SPACE_SIZE as u64
+    } else {
+        (area_sectors * 512).saturating_sub(PPL_HEADER_SIZE as u64)
+    }
+}
+
+/// md's `ppl_load_distributed` scan of one member's area for the newest log: from the
+/// area's start, each valid header of this array whose generation does not go down is
+/// followed by the next one right after its partial parity; the walk stops at a header
+/// that fails its checksum or signature or is older than the one before. Returns the
+/// newest header and its offset in sectors from the area's start, or None when even the
+/// first header is not valid. `read(offset_sectors)` returns the 4 KiB there.
+pub fn latest_ppl_header(
+    area_sectors: u64,
+    signature: u32,
+    read: &mut dyn FnMut(u64) -> Result<Vec<u8>, String>,
+) -> Result<Option<(u64, PplHeader)>, String> {
+    let header_sectors = (PPL_HEADER_SIZE / 512) as u64;
+    let mut newest: Option<(u64, PplHeader)> = None;
+    let mut offset = 0u64;
+    while offset < area_sectors.saturating_sub(header_sectors) {
+        let bytes = read(offset)?;
+        let Ok(h) = PplHeader::parse(&bytes, Some(signature)) else { break };
+        if newest.as_ref().is_some_and(|(_, prev)| prev.generation > h.generation) {
+            break;
+        }
+        let next = offset + header_sectors + h.pp_bytes() / 512;
+        newest = Some((offset, h));
+        offset = next;
+    }
+    Ok(newest)
+}
+
 /// The `ppl` union as it sits in the superblock's `bitmap_offset` word.
 pub fn ppl_word(offset: i16, size: u16) -> i32 {
     ((u32::from(size) << 16) | u32::from(offset as u16)) as i32
@@ -258,5 +309,55 @@ mod tests {
         b[OFF_ENTRIES] ^= 1;
         assert!(matches!(PplHeader::parse(&b, None), Err(PplError::Checksum { .. })));
         assert_eq!(PPL_HDR_MAX_ENTRIES, 148);
+    }
+
+    /// md's scan: headers one after another while generations grow; a wrapped log
+    /// starts over at the area's start; a torn or foreign header ends the walk.
+    #[test]
+    fn the_newest_log_is_found_as_md_scans_for_it() {
+        let area = 2048u64;
+        let sig = 0xabcd_0123;
+        let mut img = vec![0u8; (area * 512) as usize];
+        let put = |img: &mut Vec<u8>, at: u64, gen: u64, pp_pages: u32| {
+            let e = PplEntry {
+                data_sector: 0,
+                pp_size: pp_pages * 4096,
+                data_size: 4096,
+                parity_disk: 0,
+                checksum: 0,
+            };
+            let h = PplHeader { signature: sig, generation: gen, entries: vec![e] };
+            let at = (at * 512) as usize;
+            img[at..at + PPL_HEADER_SIZE].copy_from_slice(&h.serialize().unwrap());
+        };
+        let scan = |img: &Vec<u8>| {
+            latest_ppl_header(area, sig, &mut |off| {
+                let at = (off * 512) as usize;
+                Ok(img[at..at + PPL_HEADER_SIZE].to_vec())
+            })
+            .unwrap()
+            .map(|(off, h)| (off, h.generation))
+        };
+        assert_eq!(scan(&img), None, "a zeroed area holds no log");
+        put(&mut img, 0, 1, 2);
+        put(&mut img, 24, 2, 1);
+        put(&mut img, 40, 3, 3);
+        assert_eq!(scan(&img), Some((40, 3)));
+        // Wrapped: a newer log at the start, an older one right after it.
+        put(&mut img, 0, 4, 1);
+        put(&mut img, 16, 1, 0);
+        assert_eq!(scan(&img), Some((0, 4)), "the walk stops where generations go down");
+        // A torn header at the start: md uses nothing from this member.
+        img[100] ^= 1;
+        assert_eq!(scan(&img), None);
+        img[100] ^= 1;
+        put(&mut img, 16, 5, 0);
+        img[16 * 512 + 600] ^= 1;
+        assert_eq!(scan(&img), Some((0, 4)), "a torn later header leaves the one before as newest");
+        assert_eq!(ppl_usable_sectors(2048), Some(2048));
+        assert_eq!(ppl_usable_sectors(2051), Some(2048));
+        assert_eq!(ppl_usable_sectors(8), None);
+        assert!(ppl_uses_multiple(2048) && !ppl_uses_multiple(264));
+        assert_eq!(ppl_entry_space_bytes(264), 264 * 512 - 4096);
     }
 }

@@ -36,6 +36,10 @@ impl Engine {
                 self.place_in_stripe(piece);
                 placed = true;
             }
+            // md's log_write_stripe_run: the batches logged in this pass go out together.
+            if self.ppl.is_some() {
+                self.ppl_submit_all();
+            }
             if !placed && self.cache.dirty.is_empty() {
                 break;
             }

@@ -142,6 +142,9 @@ impl Engine {
                     self.head_sync_done(unit, result.is_ok() && !self.failed);
                 }
             }
+            IoCtx::PplLog { .. } | IoCtx::PplLogFlush { .. } | IoCtx::PplFlush { .. } => {
+                self.ppl_io_done(ctx, member, result.is_ok())
+            }
             IoCtx::RowSyncRead { unit } => self.row_read_done(unit, member, result),
             IoCtx::RowSyncWrite { unit } => self.row_write_done(unit, member, result),
             IoCtx::ScrubStripeRead { unit } => self.scrub_read_done(unit, member, result),

@@ -24,10 +24,13 @@ mod analyse;
 mod cache;
 mod completion;
 mod head_sync;
+mod ppl;
 mod queue;
 mod row_sync;
 mod scrub;
 mod write;
+
+pub(crate) use ppl::Ppl;
 
 /// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
 /// pre-reading.
@@ -130,6 +133,17 @@ pub(crate) enum IoCtx {
         copy: u32,
     },
     ScrubDirectWrite,
+    /// md's partial parity log (see `stripe::ppl`): the log write to `slot`'s area, its
+    /// flush, and the flushes of the members a finished io_unit's batches wrote.
+    PplLog {
+        slot: usize,
+    },
+    PplLogFlush {
+        slot: usize,
+    },
+    PplFlush {
+        slot: usize,
+    },
 }
 
 /// Background work on one stripe head.
@@ -172,6 +186,10 @@ struct Batch {
     /// None while pre-reading; Some(writes outstanding) once writing.
     writing: Option<u32>,
     counted_preread: bool,
+    /// The slot whose partial parity log holds this batch (see `ppl`).
+    log_slot: Option<usize>,
+    /// Computed, waiting for its log write before its member writes go out.
+    log_wait: bool,
 }
 
 pub(crate) struct Stripe {

@@ -70,7 +70,17 @@ impl Engine {
         } else {
             span(mask.iter().fold(0, |a, &m| a | m))
         };
-        st.batch = Some(Batch { data, mask, reqs, mode, span: sp, writing: None, counted_preread: false });
+        st.batch = Some(Batch {
+            data,
+            mask,
+            reqs,
+            mode,
+            span: sp,
+            writing: None,
+            counted_preread: false,
+            log_slot: None,
+            log_wait: false,
+        });
         st.force = false;
         if st.delayed_until.take().is_some() {
             self.cache.delayed.retain(|&k| k != st.base_sector / self.cache.head_sectors);
@@ -121,6 +131,9 @@ impl Engine {
                 }
             }
         }
+        if self.ppl.is_some() {
+            self.ppl_add_needs(st, mode, mask, needs);
+        }
         let mut ready = true;
         for &(m, need) in needs.iter() {
             match self.ensure(key, st, m, need) {
@@ -158,19 +171,32 @@ impl Engine {
                 self.activate_delayed(None);
             }
         }
+        // md's partial parity comes from the stripe as it is before the write.
+        let logged = if self.ppl.is_some() { self.ppl_prepare(st, &b) } else { None };
         self.compute_batch(st, &mut b);
-        // Issue the writes.
+        for buf in b.data.iter_mut().filter_map(Option::take) {
+            self.recycle_buf(buf);
+        }
+        let waits = logged.is_some_and(|lb| self.ppl_log_batch(key, st, &mut b, lb));
+        st.batch = Some(b);
+        if !waits {
+            self.issue_batch_writes(key, st);
+        }
+    }
+
+    /// The computed batch's member writes: the new data rows and the parity span.
+    pub(super) fn issue_batch_writes(&mut self, key: u64, st: &mut Stripe) {
+        let mut b = st.batch.take().expect("batch");
+        let sp = b.span;
         let mut writes = 0u32;
-        needs.clear();
-        needs.extend(
-            st.map
-                .data_members
-                .iter()
-                .map(|&m| (m, mask[m]))
-                .chain(std::iter::once((st.map.pd_idx, sp)))
-                .chain(st.map.qd_idx.map(|q| (q, sp))),
-        );
-        for &(m, rws) in needs.iter() {
+        let n_data = st.map.data_members.len();
+        let targets = n_data + 1 + usize::from(st.map.qd_idx.is_some());
+        for i in 0..targets {
+            let (m, rws) = match i {
+                _ if i < n_data => (st.map.data_members[i], b.mask[st.map.data_members[i]]),
+                _ if i == n_data => (st.map.pd_idx, sp),
+                _ => (st.map.qd_idx.expect("Q"), sp),
+            };
             if rws == 0 || !self.members[m].writable() {
                 continue;
             }
@@ -182,9 +208,6 @@ impl Engine {
                 st.inflight += 1;
                 self.issue_io(m, MemberIoOp::Write, st.base_sector + r0, n, data, IoCtx::StripeWrite { key });
             }
-        }
-        for buf in b.data.iter_mut().filter_map(Option::take) {
-            self.recycle_buf(buf);
         }
         b.writing = Some(writes);
         st.batch = Some(b);
@@ -275,6 +298,9 @@ impl Engine {
 
     pub(super) fn finish_batch(&mut self, st: &mut Stripe) {
         let mut b = st.batch.take().expect("batch");
+        if let Some(slot) = b.log_slot {
+            self.ppl_batch_written(slot);
+        }
         // Payload views (skip_copy) leave the cache once on the member, so the cache does not
         // pin the caller's buffers; the rows are read back if wanted. A fill still in flight
         // would land in the emptied slot, so such a view is copied instead (rare).

@@ -437,6 +437,8 @@ pub struct Executor {
     /// [`Executor::start_deferred`].
     deferred: Vec<MemberIo>,
     faults: Option<std::sync::Arc<fault::Faults>>,
+    /// I/O an injected `hold` rule keeps: never performed, never completed.
+    held: Vec<MemberIo>,
 }
 
 static URING_FALLBACK_LOGGED: Once = Once::new();
@@ -484,6 +486,7 @@ impl Executor {
             guest: false,
             deferred: Vec::new(),
             faults: opts.faults.clone(),
+            held: Vec::new(),
         })
     }
 
@@ -579,9 +582,20 @@ impl Executor {
             self.ready.push(MemberIoCompletion { id: io.id, result: Err(MemberIoError::Gone) });
             return;
         }
-        if malformed || self.injected_fault(&io) {
+        if malformed {
             self.ready.push(MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) });
             return;
+        }
+        match self.injected_fault(&io) {
+            fault::FaultAction::Fail => {
+                self.ready.push(MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) });
+                return;
+            }
+            fault::FaultAction::Hold => {
+                self.held.push(io);
+                return;
+            }
+            fault::FaultAction::Pass => {}
         }
         let q = &mut self.queues[io.member];
         // Inline only behind an empty wait queue, so I/Os still start in submission order.
@@ -608,16 +622,25 @@ impl Executor {
         self.start(io);
     }
 
-    fn injected_fault(&self, io: &MemberIo) -> bool {
-        let Some(f) = &self.faults else { return false };
+    fn injected_fault(&self, io: &MemberIo) -> fault::FaultAction {
+        use fault::FaultAction::*;
+        let Some(f) = &self.faults else { return Pass };
         let op = match io.op {
             MemberIoOp::Read => fault::FaultOp::Read,
             MemberIoOp::Write => fault::FaultOp::Write,
             MemberIoOp::Flush => fault::FaultOp::Flush,
         };
         // The array's own metadata I/O also counts for `op=meta` rules.
-        let meta = uraid_core::is_array_meta_io(io.id) && f.hit(io.member, fault::FaultOp::Meta);
-        f.hit(io.member, op) | meta
+        let meta = if uraid_core::is_array_meta_io(io.id) {
+            f.hit(io.member, fault::FaultOp::Meta, io.offset_bytes)
+        } else {
+            Pass
+        };
+        match (f.hit(io.member, op, io.offset_bytes), meta) {
+            (Hold, _) | (_, Hold) => Hold,
+            (Fail, _) | (_, Fail) => Fail,
+            _ => Pass,
+        }
     }
 
     fn start(&mut self, io: MemberIo) {

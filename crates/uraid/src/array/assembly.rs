@@ -40,6 +40,45 @@ impl Assembled {
             })
             .collect()
     }
+
+    /// A dirty RAID5 with a partial parity log: md replays the log before it starts.
+    pub fn ppl_replay_due(&self) -> bool {
+        let fresh = &self.superblocks[self.plan.freshest];
+        uraid_core::meta::has_ppl(fresh) && self.plan.resync_offset != uraid_core::meta::MAX_SECTOR
+    }
+
+    /// md's ppl_recover before a dirty RAID5 with a partial parity log starts: the parity
+    /// of the stripes its logs name is rewritten and made durable before `Array::start`
+    /// empties the logs. Returns what to tell the operator (None: nothing to replay).
+    pub fn replay_ppl(&mut self) -> anyhow::Result<Option<String>> {
+        if !self.ppl_replay_due() {
+            return Ok(None);
+        }
+        let members = &self.members;
+        let rec = uraid_core::meta::ppl_recover(&self.plan, &self.superblocks, &mut |m, offset, len| {
+            let dev = &members[m];
+            match dev.read_at(offset, len) {
+                Ok(b) if b.len() == len => Ok(b),
+                Ok(_) => Err(format!("{}: short read at byte {offset}", dev.name)),
+                Err(e) => Err(format!("{}: reading byte {offset}: {e}", dev.name)),
+            }
+        })
+        .map_err(|e| anyhow!("replaying the partial parity log: {e}; nothing was written"))?;
+        let mut written = std::collections::BTreeSet::new();
+        for w in &rec.writes {
+            let dev = &self.members[w.member];
+            dev.write_at(w.offset_bytes, &w.bytes).map_err(|e| {
+                anyhow!("{}: writing recovered parity at byte {}: {e}", dev.name, w.offset_bytes)
+            })?;
+            written.insert(w.member);
+        }
+        // Durable before the logs that describe it are emptied.
+        for m in written {
+            let dev = &self.members[m];
+            dev.sync().map_err(|e| anyhow!("{}: flushing recovered parity: {e}", dev.name))?;
+        }
+        Ok(Some(self.plan.apply_ppl_recovery(&rec)))
+    }
 }
 
 /// Opens, checks and plans. `writable` decides how the files are opened (and claims
