@@ -46,7 +46,7 @@ fn a_member_back_from_a_failure_or_a_restart_rebuilds_only_what_it_missed() {
         "--raid-devices",
         "3",
         "--size",
-        "256M",
+        "1G",
         "--assume-clean",
         "--bitmap",
         "internal",
@@ -69,9 +69,9 @@ fn a_member_back_from_a_failure_or_a_restart_rebuilds_only_what_it_missed() {
     wait_idle(&served);
     // What the re-add wrote to it, from the member's I/O counts: the 1 MiB bitmap chunks
     // whose bits are still set (the 1 MiB written while it was away, and the 4 MiB before
-    // it whose bits the daemon may not have cleared yet), a few MiB, not its 256 MiB.
+    // it whose bits the daemon may not have cleared yet), a few MiB, not its 1 GiB.
     let rebuilt = slot_write_bytes(&served, 2) - before;
-    eprintln!("re-add of a 256 MiB member after 1 MiB written while away: {rebuilt} bytes written to it");
+    eprintln!("re-add of a 1 GiB member after 1 MiB written while away: {rebuilt} bytes written to it");
     assert!(rebuilt > 0 && rebuilt <= 6 << 20, "the re-add wrote {rebuilt} bytes to the member ({msg})");
     // Away across a restart: the array runs without it, then it is offered again.
     served.ctl("fail", Some(&members[1]));
