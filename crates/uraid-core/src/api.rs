@@ -285,11 +285,10 @@ pub struct CompletionRound {
 }
 
 impl CompletionRound {
-    /// `work` runs at the round's end (once, however often it is deferred).
+    /// `work` runs at the round's end, once per `defer`: work that several completions of
+    /// a round share defers itself once (an NBD connection knows it has replies waiting).
     pub fn defer(&mut self, work: std::sync::Arc<dyn RoundWork>) {
-        if !self.deferred.iter().any(|w| std::sync::Arc::ptr_eq(w, &work)) {
-            self.deferred.push(work);
-        }
+        self.deferred.push(work);
     }
 
     /// Runs what was deferred.

@@ -79,17 +79,7 @@ impl MirrorEngine {
         self.next_io += 1;
         self.io_owner.insert(id, (req_id, member));
         let ms = &mut self.stats.members[member];
-        match op {
-            MemberIoOp::Read => {
-                ms.reads += 1;
-                ms.read_bytes += len;
-            }
-            MemberIoOp::Write => {
-                ms.writes += 1;
-                ms.write_bytes += len;
-            }
-            MemberIoOp::Flush => ms.flushes += 1,
-        }
+        ms.count(op, len);
         let offset_bytes = if op == MemberIoOp::Flush { 0 } else { offset + self.data_offset_bytes };
         self.outbox.push_back(MemberIo { id, member, op, offset_bytes, len_bytes: len, data: data.into() });
     }

@@ -46,33 +46,17 @@ fn write(mm: &mut MemMembers, m: usize, at: u64, bytes: &[u8]) {
     mm.images[m][at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
 }
 
-fn metadata(mm: &MemMembers, m: usize) -> MemberMetadata {
-    let img = &mm.images[m];
-    read_member(&format!("m{m}"), img.len() as u64 / 512, &mut |off, len| {
-        let a = (off as usize).min(img.len());
-        img[a..(a + len).min(img.len())].to_vec()
-    })
-}
-
 fn superblock(mm: &MemMembers, m: usize) -> Superblock {
-    metadata(mm, m).offered.superblock.unwrap()
+    mm.metadata(m).offered.superblock.unwrap()
 }
 
 /// Assembles the members `keys` as `uraid serve` does and starts the array on them.
 fn start(mm: MemMembers, keys: &[usize]) -> Driver<Array> {
-    let metas: Vec<MemberMetadata> = keys.iter().map(|&k| metadata(&mm, k)).collect();
+    let metas: Vec<MemberMetadata> = keys.iter().map(|&k| mm.metadata(k)).collect();
     let offered: Vec<OfferedMember> = metas.iter().map(|m| m.offered.clone()).collect();
     let plan = plan_assembly(&offered, &AssembleOptions { run: true, uuid: None, force: true }).unwrap();
-    let start: Vec<StartMember> = metas
-        .into_iter()
-        .zip(keys)
-        .map(|(m, &k)| StartMember {
-            key: k as u64,
-            name: m.offered.name.clone(),
-            sb: m.offered.superblock.unwrap(),
-            bad_blocks: m.bad_blocks.unwrap(),
-        })
-        .collect();
+    let start: Vec<StartMember> =
+        metas.into_iter().zip(keys).map(|(m, &k)| StartMember::from_metadata(k as u64, m).unwrap()).collect();
     let opts = ArrayOptions { epoch_seconds: EPOCH_S, ..ArrayOptions::default() };
     Driver::new(Array::start(&plan, start, opts).unwrap(), mm, 11)
 }
@@ -201,7 +185,7 @@ fn bitmap_bits_are_durable_before_their_write_and_cleared_after_a_flush() {
     // Idle since: the daemon cleared the bit, after a flush of each member that followed
     // the data writes.
     let last_data = log.iter().rposition(|e| e.1 == MemberIoOp::Write && e.2 >= data_at).unwrap();
-    let image = metadata(&d.members, 0).offered.bitmap.unwrap();
+    let image = d.members.metadata(0).offered.bitmap.unwrap();
     let bits = BitmapImage::parse(&image).unwrap();
     assert_eq!(bits.dirty_count(), 0, "the bit was never cleared");
     let clear =
@@ -276,7 +260,7 @@ fn closing_marks_the_superblocks_clean_after_a_flush() {
         let sb = superblock(&d.members, m);
         assert_eq!(sb.resync_offset, MAX_SECTOR, "member {m} not clean after the close");
     }
-    let bits = BitmapImage::parse(&metadata(&d.members, 0).offered.bitmap.unwrap()).unwrap();
+    let bits = BitmapImage::parse(&d.members.metadata(0).offered.bitmap.unwrap()).unwrap();
     assert_eq!(bits.dirty_count(), 0, "the close clears bits whose writes reached every member");
 }
 

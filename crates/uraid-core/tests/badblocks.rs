@@ -49,6 +49,21 @@ fn read_all(d: &mut Driver, bytes: usize) -> Result<Vec<u8>, RequestError> {
     Ok(out)
 }
 
+/// Random bytes over the whole array, written and returned as the model.
+fn write_whole(d: &mut Driver, bytes: usize, seed: u64) -> Vec<u8> {
+    let mut model = vec![0u8; bytes];
+    Rng(seed).fill(&mut model);
+    d.run_one(Request::write(1, 0, model.clone())).expect("write");
+    model
+}
+
+/// A log listing `n` sectors from data-relative `sector`.
+fn listed(sector: u64, n: u64) -> Option<BadBlocks> {
+    let mut bb = BadBlocks::new(0, 8);
+    assert!(bb.set(DATA_OFFSET_SECTORS + sector, n));
+    Some(bb)
+}
+
 fn events(d: &mut Driver) -> Vec<EngineEvent> {
     std::iter::from_fn(|| d.engine.pop_event()).collect()
 }
@@ -88,15 +103,11 @@ fn a_listed_range_is_never_read_and_raid456_rewrite_it() {
         let ctx = format!("{:?}", g.level);
         let mut d = driver(&g, 5);
         let bytes = g.array_bytes() as usize;
-        let mut model = vec![0u8; bytes];
-        Rng(11).fill(&mut model);
-        d.run_one(Request::write(1, 0, model.clone())).expect("write");
+        let model = write_whole(&mut d, bytes, 11);
         // Member 1's sectors 4..12 are listed bad, and hold garbage behind the engine's back
         // (data, not parity, on raid5/6: a read needs them).
         let (s, n) = (4u64, 8u64);
-        let mut bb = BadBlocks::new(0, 8);
-        assert!(bb.set(DATA_OFFSET_SECTORS + s, n));
-        d.engine.set_bad_blocks(1, Some(bb));
+        d.engine.set_bad_blocks(1, listed(s, n));
         let a = (DATA_OFFSET + s * 512) as usize;
         d.members.images[1][a..a + (n * 512) as usize].fill(0xee);
         assert!(read_all(&mut d, bytes).unwrap() == model, "{ctx}: a listed sector was read");
@@ -205,14 +216,10 @@ fn a_recovery_never_reads_a_range_listed_bad_on_another_member() {
         let ctx = format!("{:?}", g.level);
         let mut d = driver(&g, 7);
         let bytes = g.array_bytes() as usize;
-        let mut model = vec![0u8; bytes];
-        Rng(3).fill(&mut model);
-        d.run_one(Request::write(1, 0, model.clone())).expect("write");
+        let model = write_whole(&mut d, bytes, 3);
         // Member 1's sectors 4..12 are listed bad and hold stale bytes (their write failed).
         let (s, n) = (4u64, 8u64);
-        let mut bb = BadBlocks::new(0, 8);
-        assert!(bb.set(DATA_OFFSET_SECTORS + s, n));
-        d.engine.set_bad_blocks(1, Some(bb));
+        d.engine.set_bad_blocks(1, listed(s, n));
         let a = (DATA_OFFSET + s * 512) as usize;
         let range = a..a + (n * 512) as usize;
         let good = d.members.images[1][range.clone()].to_vec();
@@ -270,9 +277,7 @@ fn a_resumed_recovery_rebuilds_around_a_listed_range_at_its_start() {
     cfg2.members[2].state = MemberState::Recovering { recovery_offset_sectors: resume };
     cfg2.tunables.hold_completions_on_member_failure = true;
     let mut e = Engine::new(cfg2).unwrap();
-    let mut bb = BadBlocks::new(0, 8);
-    assert!(bb.set(DATA_OFFSET_SECTORS + resume, 32));
-    e.set_bad_blocks(1, Some(bb));
+    e.set_bad_blocks(1, listed(resume, 32));
     let mut d = Driver::new(e, images, 4);
     d.run_until_idle();
     assert!(d.engine.member_states().iter().all(|s| *s == MemberState::InSync));
@@ -296,9 +301,7 @@ fn a_resync_reads_the_good_rows_of_a_member_with_listed_bad_rows() {
         let ctx = format!("{:?}", g.level);
         let mut d = driver(&g, 11);
         let bytes = g.array_bytes() as usize;
-        let mut model = vec![0u8; bytes];
-        Rng(7).fill(&mut model);
-        d.run_one(Request::write(1, 0, model.clone())).expect("write");
+        write_whole(&mut d, bytes, 7);
         // Stripe 0 left inconsistent: the first chunk's member changed behind the parity's
         // back (a write that landed on it alone before the cut), and it lists two other
         // rows of that chunk bad.
@@ -307,9 +310,7 @@ fn a_resync_reads_the_good_rows_of_a_member_with_listed_bad_rows() {
         for b in &mut d.members.images[m][a..a + 4 * 512] {
             *b ^= 0x5a;
         }
-        let mut bb = BadBlocks::new(0, 8);
-        assert!(bb.set(DATA_OFFSET_SECTORS + 8, 2));
-        d.engine.set_bad_blocks(m, Some(bb));
+        d.engine.set_bad_blocks(m, listed(8, 2));
         d.engine.start_resync(Some(vec![(0, 16)]), d.now_ns);
         d.run_until_idle();
         assert!(!d.engine.resync_owed(), "{ctx}");

@@ -39,18 +39,10 @@ fn create(n: usize) -> MemMembers {
     mm
 }
 
-fn metadata(mm: &MemMembers, m: usize) -> MemberMetadata {
-    let img = &mm.images[m];
-    read_member(&format!("m{m}"), img.len() as u64 / 512, &mut |off, len| {
-        let a = (off as usize).min(img.len());
-        img[a..(a + len).min(img.len())].to_vec()
-    })
-}
-
 /// Plans the members `keys` as `uraid serve --run` does; with `replay`, replays the log
 /// into the images first as `uraid serve` does. Returns the plan and the recovery.
 fn plan(mm: &mut MemMembers, keys: &[usize], replay: bool) -> (AssemblyPlan, PplRecovery) {
-    let metas: Vec<MemberMetadata> = keys.iter().map(|&k| metadata(mm, k)).collect();
+    let metas: Vec<MemberMetadata> = keys.iter().map(|&k| mm.metadata(k)).collect();
     let offered: Vec<OfferedMember> = metas.iter().map(|m| m.offered.clone()).collect();
     let mut plan = plan_assembly(&offered, &AssembleOptions { run: true, uuid: None, force: false }).unwrap();
     if !replay {
@@ -72,18 +64,8 @@ fn plan(mm: &mut MemMembers, keys: &[usize], replay: bool) -> (AssemblyPlan, Ppl
 }
 
 fn start(mm: MemMembers, keys: &[usize], plan: &AssemblyPlan, seed: u64) -> Driver<Array> {
-    let start: Vec<StartMember> = keys
-        .iter()
-        .map(|&k| {
-            let m = metadata(&mm, k);
-            StartMember {
-                key: k as u64,
-                name: m.offered.name.clone(),
-                sb: m.offered.superblock.unwrap(),
-                bad_blocks: m.bad_blocks.unwrap(),
-            }
-        })
-        .collect();
+    let start: Vec<StartMember> =
+        keys.iter().map(|&k| StartMember::from_metadata(k as u64, mm.metadata(k)).unwrap()).collect();
     let opts = ArrayOptions { epoch_seconds: EPOCH_S, ..ArrayOptions::default() };
     Driver::new(Array::start(plan, start, opts).unwrap(), mm, seed)
 }
@@ -151,7 +133,7 @@ fn a_power_cut_between_data_and_parity_on_a_degraded_raid5_with_ppl_loses_nothin
     let mut d = start(mm, &[0, 1, 2], &p, 1);
     let before = pattern(1, REGION);
     d.run_one(Request::write(1, 0, before.clone())).unwrap();
-    let data_offset = metadata(&d.members, 0).offered.superblock.unwrap().data_offset * 512;
+    let data_offset = d.members.metadata(0).offered.superblock.unwrap().data_offset * 512;
     let mut mm = d.members;
 
     // Slot 2 is gone from now on; some writes are acknowledged, then the torn one.
@@ -248,7 +230,7 @@ fn power_cuts(n: usize, seeds: u64) {
         let keys: Vec<usize> = (0..n).collect();
         let (p, _) = plan(&mut mm, &keys, true);
         let mut d = start(mm, &keys, &p, seed);
-        let data_offset = metadata(&d.members, 0).offered.superblock.unwrap().data_offset * 512;
+        let data_offset = d.members.metadata(0).offered.superblock.unwrap().data_offset * 512;
         // Old data and parity that are not zero: a partial parity that left out the old
         // parity would go unnoticed over zeroes.
         d.run_one(Request::write(1000, 0, pattern(seed + 500, region as usize))).unwrap();
@@ -293,7 +275,7 @@ fn power_cuts(n: usize, seeds: u64) {
 
 /// The newest log in `member`'s area, as md's scan finds it.
 fn newest_log(mm: &MemMembers, member: usize) -> Option<(u64, PplHeader)> {
-    let sb = metadata(mm, member).offered.superblock.unwrap();
+    let sb = mm.metadata(member).offered.superblock.unwrap();
     let (start, sectors) = ppl_area(&sb).unwrap();
     let img = &mm.images[member];
     latest_ppl_header(ppl_usable_sectors(sectors).unwrap(), ppl_signature(&sb.set_uuid), &mut |off| {
@@ -316,7 +298,7 @@ fn the_log_names_each_row_run_and_its_partial_parity_as_md_writes_them() {
     let mut d = start(mm, &keys, &p, 5);
     let old = pattern(7, (4 * CHUNK) as usize);
     d.run_one(Request::write(1, 0, old.clone())).unwrap();
-    let sb = metadata(&d.members, 0).offered.superblock.unwrap();
+    let sb = d.members.metadata(0).offered.superblock.unwrap();
     let data_offset = sb.data_offset * 512;
     // Stripe 0 (parity on slot 4): data indices 0 and 2 at rows 8K..12K in one batch,
     // and data index 1 alone at rows 16K..24K.
@@ -339,7 +321,7 @@ fn the_log_names_each_row_run_and_its_partial_parity_as_md_writes_them() {
         "one entry for data indices 0..=2 of rows 8K..12K, one for index 1 of rows 16K..24K"
     );
     // The partial parity follows the header in entry order.
-    let sb4 = metadata(&d.members, 4).offered.superblock.unwrap();
+    let sb4 = d.members.metadata(4).offered.superblock.unwrap();
     let (start, _) = ppl_area(&sb4).unwrap();
     let at = ((start + offset) * 512) as usize + PPL_HEADER_SIZE;
     let logged_pp = &d.members.images[4][at..at + 3 * 4096];

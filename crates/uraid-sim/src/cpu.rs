@@ -35,19 +35,65 @@ pub struct HostCpu {
     pub bio_ns: f64,
     /// A request dispatched to a block device and completed (driver and interrupt).
     pub member_request_ns: f64,
-    /// uraid's engine: one request mapped and completed, its member I/Os excluded.
+    /// What `uraid bench cpu` measures of uraid's own work.
+    pub measured: HostCpuFigures,
+}
+
+/// What uraid's own work costs on the host, ns per unit (rates in bytes per second):
+/// measured by `uraid bench cpu` ([`crate::cpu_bench::measure`]), kept in the host profile.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostCpuFigures {
+    /// Engine work to map and complete one request, its member I/Os excluded.
     pub engine_request_ns: f64,
-    /// uraid's engine: one member I/O issued and completed.
+    /// Engine work per member I/O issued and completed (one 4 KiB page).
     pub engine_member_io_ns: f64,
-    /// uraid's engine: one stripe head handled, with the request piece it places there.
+    /// Engine work per stripe head handled (one pass; md's handle_stripe), with the piece
+    /// of a request it places there.
     pub engine_stripe_ns: f64,
-    /// One thread copying memory that is not in its caches.
+    /// One thread copying memory that is not in its caches (md's copies between bio and
+    /// stripe pages).
     pub copy_bytes_per_s: f64,
-    /// gen_syndrome over 8 data blocks with the AVX2 kernel, data bytes per second.
+    /// RAID6 P+Q generation (`gen_syndrome`) over 8 data blocks with the AVX2 kernel, in
+    /// data bytes per second: the widest kernel an era profile scales from.
     pub parity_avx2_bytes_per_s: f64,
+    /// Request queue work per request added, dispatched and completed (nomerges 2).
     pub queue_request_ns: f64,
+    /// Per merge attempt (nomerges 1 minus 2, per attempt).
     pub queue_merge_attempt_ns: f64,
+    /// Per hash insertion or lookup (nomerges 0 minus 1, per hash operation).
     pub queue_hash_ns: f64,
+}
+
+impl HostCpuFigures {
+    /// The figures as `profiles/cpu-host.toml` holds them.
+    pub fn toml_lines(&self) -> String {
+        format!(
+            "engine_request_ns = {:.0}\nengine_member_io_ns = {:.0}\nengine_stripe_ns = {:.0}\n\
+             copy_bytes_per_s = {:.0}\nparity_avx2_bytes_per_s = {:.0}\nqueue_request_ns = {:.1}\n\
+             queue_merge_attempt_ns = {:.1}\nqueue_hash_ns = {:.1}\n",
+            self.engine_request_ns,
+            self.engine_member_io_ns,
+            self.engine_stripe_ns,
+            self.copy_bytes_per_s,
+            self.parity_avx2_bytes_per_s,
+            self.queue_request_ns,
+            self.queue_merge_attempt_ns,
+            self.queue_hash_ns
+        )
+    }
+
+    fn parse(f: &mut Fields) -> Result<HostCpuFigures, ProfileError> {
+        Ok(HostCpuFigures {
+            engine_request_ns: f.f64("engine_request_ns")?,
+            engine_member_io_ns: f.f64("engine_member_io_ns")?,
+            engine_stripe_ns: f.f64("engine_stripe_ns")?,
+            copy_bytes_per_s: f.f64("copy_bytes_per_s")?,
+            parity_avx2_bytes_per_s: f.f64("parity_avx2_bytes_per_s")?,
+            queue_request_ns: f.f64("queue_request_ns")?,
+            queue_merge_attempt_ns: f.f64("queue_merge_attempt_ns")?,
+            queue_hash_ns: f.f64("queue_hash_ns")?,
+        })
+    }
 }
 
 /// A seed's CPU relative to the host.
@@ -107,17 +153,10 @@ impl HostCpu {
             submit_request_ns: f.f64("submit_request_ns")?,
             bio_ns: f.f64("bio_ns")?,
             member_request_ns: f.f64("member_request_ns")?,
-            engine_request_ns: f.f64("engine_request_ns")?,
-            engine_member_io_ns: f.f64("engine_member_io_ns")?,
-            engine_stripe_ns: f.f64("engine_stripe_ns")?,
-            copy_bytes_per_s: f.f64("copy_bytes_per_s")?,
-            parity_avx2_bytes_per_s: f.f64("parity_avx2_bytes_per_s")?,
-            queue_request_ns: f.f64("queue_request_ns")?,
-            queue_merge_attempt_ns: f.f64("queue_merge_attempt_ns")?,
-            queue_hash_ns: f.f64("queue_hash_ns")?,
+            measured: HostCpuFigures::parse(&mut f)?,
         };
         f.finish()?;
-        if h.copy_bytes_per_s <= 0.0 || h.parity_avx2_bytes_per_s <= 0.0 {
+        if h.measured.copy_bytes_per_s <= 0.0 || h.measured.parity_avx2_bytes_per_s <= 0.0 {
             return Err(ProfileError("copy and parity rates must be > 0".into()));
         }
         Ok(h)
@@ -196,7 +235,7 @@ impl CpuCosts {
     /// cache).
     pub fn era(host: &HostCpu, profile: &CpuProfile) -> CpuCosts {
         let s = host.clock_mhz as f64 / (profile.clock_mhz as f64 * profile.relative_ipc);
-        let parity_rate = host.parity_avx2_bytes_per_s * profile.parity_width / s;
+        let parity_rate = host.measured.parity_avx2_bytes_per_s * profile.parity_width / s;
         CpuCosts {
             name: profile.name.clone(),
             cpu: profile.cpu.clone(),
@@ -205,16 +244,16 @@ impl CpuCosts {
             submit_request_ns: host.submit_request_ns * s,
             bio_ns: host.bio_ns * s,
             member_request_ns: host.member_request_ns * s,
-            md_request_ns: host.engine_request_ns * s,
-            md_page_ns: host.engine_stripe_ns * s,
-            stripe_ns: host.engine_stripe_ns * s,
-            page_bio_ns: (host.bio_ns + host.engine_member_io_ns) * s,
+            md_request_ns: host.measured.engine_request_ns * s,
+            md_page_ns: host.measured.engine_stripe_ns * s,
+            stripe_ns: host.measured.engine_stripe_ns * s,
+            page_bio_ns: (host.bio_ns + host.measured.engine_member_io_ns) * s,
             copy_ps_per_byte: 1e12 / profile.copy_bytes_per_s,
             md_copy_ps_per_byte: if profile.md_offload { 0.0 } else { 1e12 / profile.copy_bytes_per_s },
             parity_ps_per_byte: if profile.md_offload { 0.0 } else { 1e12 / parity_rate },
-            queue_request_ns: host.queue_request_ns * s,
-            queue_merge_attempt_ns: host.queue_merge_attempt_ns * s,
-            queue_hash_ns: host.queue_hash_ns * s,
+            queue_request_ns: host.measured.queue_request_ns * s,
+            queue_merge_attempt_ns: host.measured.queue_merge_attempt_ns * s,
+            queue_hash_ns: host.measured.queue_hash_ns * s,
         }
     }
 
@@ -226,7 +265,7 @@ impl CpuCosts {
             cores: host.cores,
             clock_mhz: host.clock_mhz,
             relative_ipc: 1.0,
-            copy_bytes_per_s: host.copy_bytes_per_s,
+            copy_bytes_per_s: host.measured.copy_bytes_per_s,
             parity_width: 1.0,
             md_offload: false,
         };
@@ -349,7 +388,7 @@ mod tests {
     #[test]
     fn shipped_profiles_parse() {
         let host = HostCpu::builtin();
-        assert!(host.engine_request_ns > 0.0);
+        assert!(host.measured.engine_request_ns > 0.0);
         for (name, _) in BUILTIN_CPU_PROFILES {
             let p = CpuProfile::builtin(name).unwrap();
             assert_eq!(p.name, *name);
@@ -370,7 +409,7 @@ mod tests {
         let s = host.clock_mhz as f64 / (p.clock_mhz as f64 * p.relative_ipc);
         assert!((c.control_scale - s).abs() < 1e-9);
         assert!((c.submit_request_ns - host.submit_request_ns * s).abs() < 1e-6);
-        assert!((c.stripe_ns - host.engine_stripe_ns * s).abs() < 1e-6);
+        assert!((c.stripe_ns - host.measured.engine_stripe_ns * s).abs() < 1e-6);
         assert!((c.member_request_ns - host.member_request_ns * s).abs() < 1e-6);
         assert!((c.copy_ns(1 << 20) - (1u64 << 20) as f64 / p.copy_bytes_per_s * 1e9).abs() < 1e-3);
     }

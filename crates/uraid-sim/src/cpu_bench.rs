@@ -14,29 +14,7 @@ use uraid_core::geometry::algorithm;
 use uraid_core::queue::RequestQueue;
 use uraid_core::*;
 
-/// Host figures, ns per unit (rates in bytes per second).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct HostCpuFigures {
-    /// Engine work to map and complete one request, its member I/Os excluded.
-    pub engine_request_ns: f64,
-    /// Engine work per member I/O issued and completed (one 4 KiB page).
-    pub engine_member_io_ns: f64,
-    /// Engine work per stripe head handled (one pass; md's handle_stripe), with the piece
-    /// of a request it places there.
-    pub engine_stripe_ns: f64,
-    /// One thread copying memory that is not in its caches (md's copies between bio and
-    /// stripe pages).
-    pub copy_bytes_per_s: f64,
-    /// RAID6 P+Q generation (`gen_syndrome`) over 8 data blocks with the AVX2 kernel, in
-    /// data bytes per second: the widest kernel an era profile scales from.
-    pub parity_avx2_bytes_per_s: f64,
-    /// Request queue work per request added, dispatched and completed (nomerges 2).
-    pub queue_request_ns: f64,
-    /// Per merge attempt (nomerges 1 minus 2, per attempt).
-    pub queue_merge_attempt_ns: f64,
-    /// Per hash insertion or lookup (nomerges 0 minus 1, per hash operation).
-    pub queue_hash_ns: f64,
-}
+use crate::cpu::HostCpuFigures;
 
 /// Fastest of `runs` timings of `f`, in ns.
 fn fastest_ns(runs: usize, mut f: impl FnMut() -> u64) -> f64 {

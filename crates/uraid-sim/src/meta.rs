@@ -105,15 +105,7 @@ pub fn start_array(
 ) -> Result<Array, String> {
     let members = offered
         .iter()
-        .map(|&m| {
-            let meta = member_metadata(disks, m);
-            Ok(StartMember {
-                key: m as u64,
-                name: meta.offered.name.clone(),
-                sb: meta.offered.superblock.map_err(|e| format!("member {m}: {e}"))?,
-                bad_blocks: meta.bad_blocks?,
-            })
-        })
+        .map(|&m| StartMember::from_metadata(m as u64, member_metadata(disks, m)))
         .collect::<Result<Vec<_>, String>>()?;
     let opts = ArrayOptions {
         tunables,

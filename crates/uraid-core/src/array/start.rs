@@ -30,6 +30,18 @@ pub struct StartMember {
     pub bad_blocks: Option<BadBlocks>,
 }
 
+impl StartMember {
+    /// Member `key` as `read_member` read it; an error names what md would refuse.
+    pub fn from_metadata(key: MemberKey, meta: crate::meta::MemberMetadata) -> Result<StartMember, String> {
+        Ok(StartMember {
+            key,
+            sb: meta.offered.superblock.map_err(|e| format!("{}: {e}", meta.offered.name))?,
+            name: meta.offered.name,
+            bad_blocks: meta.bad_blocks?,
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct ArrayOptions {
     pub tunables: Tunables,

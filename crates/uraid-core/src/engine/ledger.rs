@@ -199,17 +199,7 @@ impl Engine {
         };
         let len_bytes = len_sectors * SECTOR_BYTES;
         let ms = self.member_stats_mut(member);
-        match op {
-            MemberIoOp::Read => {
-                ms.reads += 1;
-                ms.read_bytes += len_bytes;
-            }
-            MemberIoOp::Write => {
-                ms.writes += 1;
-                ms.write_bytes += len_bytes;
-            }
-            MemberIoOp::Flush => ms.flushes += 1,
-        }
+        ms.count(op, len_bytes);
         let offset_bytes = match raw_offset_bytes {
             _ if op == MemberIoOp::Flush => 0,
             Some(at) => at,

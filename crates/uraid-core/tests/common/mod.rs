@@ -103,6 +103,17 @@ impl MemMembers {
     }
 }
 
+impl MemMembers {
+    /// Member `m`'s metadata as assembly reads it (`uraid_core::meta::read_member`).
+    pub fn metadata(&self, m: usize) -> uraid_core::meta::MemberMetadata {
+        let img = &self.images[m];
+        uraid_core::meta::read_member(&format!("m{m}"), img.len() as u64 / 512, &mut |off, len| {
+            let a = (off as usize).min(img.len());
+            img[a..(a + len).min(img.len())].to_vec()
+        })
+    }
+}
+
 /// Drives an engine (or an array) over `MemMembers`, completing I/Os in a seeded shuffled
 /// order.
 pub struct Driver<E: ArrayEngine = Engine> {

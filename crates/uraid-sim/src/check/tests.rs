@@ -22,18 +22,26 @@ fn spec(seed: u64, level: Level) -> SimSpec {
     }
 }
 
-/// The CI seed set: every level, 50 seeds each, with faults and a power cycle each.
+/// The CI seed set: every level, 50 seeds each, with faults and a power cycle each; run
+/// once for the tests that read it.
+fn ci_seed_reports() -> &'static [(Level, SimReport)] {
+    static REPORTS: std::sync::OnceLock<Vec<(Level, SimReport)>> = std::sync::OnceLock::new();
+    REPORTS.get_or_init(|| {
+        let levels = [Level::Raid0, Level::Raid1, Level::Raid10, Level::Raid4, Level::Raid5, Level::Raid6];
+        levels
+            .iter()
+            .flat_map(|&level| (1..=50).map(move |seed| (level, run_sim(&spec(seed, level)))))
+            .collect()
+    })
+}
+
 #[test]
 fn ci_seeds_pass_on_every_level() {
-    let mut failures = Vec::new();
-    for level in [Level::Raid0, Level::Raid1, Level::Raid10, Level::Raid4, Level::Raid5, Level::Raid6] {
-        for seed in 1..=50 {
-            let r = run_sim(&spec(seed, level));
-            if !r.ok {
-                failures.push(format!("{}: {:?}", r.reproduce, r.failure));
-            }
-        }
-    }
+    let failures: Vec<String> = ci_seed_reports()
+        .iter()
+        .filter(|(_, r)| !r.ok)
+        .map(|(_, r)| format!("{}: {:?}", r.reproduce, r.failure))
+        .collect();
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -201,44 +209,34 @@ fn a_write_or_flush_error_fails_the_member_and_clients_see_no_error() {
 #[test]
 fn the_ci_seeds_draw_every_new_fault() {
     let mut seen = std::collections::BTreeSet::new();
-    for level in [Level::Raid1, Level::Raid5, Level::Raid6] {
-        for seed in 1..=50 {
-            let r = run_sim(&SimSpec {
-                seed,
-                level: Some(level),
-                ops: 400,
-                profile: "nvme".into(),
-                member_bytes: 16 << 20,
-                faults: true,
-                ..Default::default()
-            });
-            assert!(r.ok, "{}: {:?}", r.reproduce, r.failure);
-            for f in &r.faults {
-                for key in [
-                    "data write errors",
-                    "superblock write errors",
-                    "bitmap write errors",
-                    "flush errors",
-                    "back after the power cycle, stale",
-                    "re-added from the bitmap",
-                    "failed during the recovery",
-                    "silent corruption",
-                    "replaced by a blank disk",
-                ] {
-                    if f.contains(key) {
-                        seen.insert(key);
-                    }
+    let drawing = [Level::Raid1, Level::Raid5, Level::Raid6];
+    for (_, r) in ci_seed_reports().iter().filter(|(level, _)| drawing.contains(level)) {
+        assert!(r.ok, "{}: {:?}", r.reproduce, r.failure);
+        for f in &r.faults {
+            for key in [
+                "data write errors",
+                "superblock write errors",
+                "bitmap write errors",
+                "flush errors",
+                "back after the power cycle, stale",
+                "re-added from the bitmap",
+                "failed during the recovery",
+                "silent corruption",
+                "replaced by a blank disk",
+            ] {
+                if f.contains(key) {
+                    seen.insert(key);
                 }
             }
-            if r.array_failed_as_expected {
-                seen.insert("failed as expected");
-            }
-            if r.corruption_exposures > 0 {
-                seen.insert("corruption exposure");
-            }
-            if r.resumed_from_sectors.is_some_and(|s| s > 0) {
-                seen.insert("a recovery cut by a power loss resumed from its checkpoint");
-            }
+        }
+        if r.array_failed_as_expected {
+            seen.insert("failed as expected");
+        }
+        if r.corruption_exposures > 0 {
+            seen.insert("corruption exposure");
+        }
+        if r.resumed_from_sectors.is_some_and(|s| s > 0) {
+            seen.insert("a recovery cut by a power loss resumed from its checkpoint");
         }
     }
     assert_eq!(seen.len(), 12, "drawn: {seen:?}");

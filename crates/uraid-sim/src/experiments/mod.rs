@@ -100,6 +100,36 @@ pub struct Job {
     pub queue_replay: bool,
 }
 
+impl Job {
+    /// `threads` submitters of `block_bytes` requests at `queue_depth` each, on the whole
+    /// array, direct I/O, one md thread, a queue without merges; measured for 1 s after
+    /// 100 ms (set `duration_ns` and `warmup_ns` for the experiment's own).
+    pub fn new(
+        op: RequestOp,
+        access: Access,
+        block_bytes: u64,
+        threads: usize,
+        queue_depth: usize,
+        cpu: &str,
+    ) -> Job {
+        Job {
+            op,
+            access,
+            block_bytes,
+            threads,
+            queue_depth,
+            duration_ns: 1_000_000_000,
+            warmup_ns: 100_000_000,
+            region_bytes: 0,
+            nomerges: None,
+            cpu: cpu.to_string(),
+            buffered: false,
+            md_threads: 1,
+            queue_replay: false,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct JobResult {
     pub ios: u64,

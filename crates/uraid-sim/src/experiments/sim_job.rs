@@ -295,19 +295,10 @@ mod tests {
 
     fn job(threads: usize, cpu: &str) -> Job {
         Job {
-            op: RequestOp::Read,
-            access: Access::Random,
-            block_bytes: 4096,
-            threads,
-            queue_depth: 8,
             duration_ns: 50_000_000,
             warmup_ns: 5_000_000,
-            region_bytes: 0,
             nomerges: Some(2),
-            cpu: cpu.into(),
-            buffered: false,
-            md_threads: 1,
-            queue_replay: false,
+            ..Job::new(RequestOp::Read, Access::Random, 4096, threads, 8, cpu)
         }
     }
 

@@ -141,19 +141,9 @@ fn mirror_balance(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<R
                 let g = geo(Level::Raid1, 4, 0, 0, member_bytes);
                 let t = Tunables { balance, ..Tunables::default() };
                 let job = Job {
-                    op: RequestOp::Read,
-                    access,
-                    block_bytes: bs,
-                    threads: p,
-                    queue_depth: 1,
                     duration_ns: ms(3000.0, scale),
                     warmup_ns: ms(300.0, scale),
-                    region_bytes: 0,
-                    nomerges: None,
-                    cpu: cpu.to_string(),
-                    buffered: false,
-                    md_threads: 1,
-                    queue_replay: false,
+                    ..Job::new(RequestOp::Read, access, bs, p, 1, cpu)
                 };
                 let r = runner.run(array_config(g, t, &[]), profile, member_bytes, &job, 3)?;
                 if access == Access::Sequential {
@@ -170,19 +160,9 @@ fn mirror_balance(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<R
     let single = {
         let g = geo(Level::Raid1, 1, 0, 0, member_bytes);
         let job = Job {
-            op: RequestOp::Read,
-            access: Access::Sequential,
-            block_bytes: 1 << 20,
-            threads: 1,
-            queue_depth: 1,
             duration_ns: ms(3000.0, scale),
             warmup_ns: ms(300.0, scale),
-            region_bytes: 0,
-            nomerges: None,
-            cpu: cpu.to_string(),
-            buffered: false,
-            md_threads: 1,
-            queue_replay: false,
+            ..Job::new(RequestOp::Read, Access::Sequential, 1 << 20, 1, 1, cpu)
         };
         runner.run(array_config(g, Tunables::default(), &[]), profile, member_bytes, &job, 3)?.mbps
     };
@@ -252,19 +232,10 @@ fn rmw(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<Report, Stri
             let g = geo(Level::Raid6, 10, algorithm::LEFT_SYMMETRIC, 64 << 10, member_bytes);
             let t = Tunables { rmw_level, ..Tunables::default() };
             let job = Job {
-                op: RequestOp::Write,
-                access: Access::Random,
-                block_bytes: kib << 10,
-                threads: 8,
-                queue_depth: 1,
                 duration_ns: ms(4000.0, scale),
                 warmup_ns: ms(500.0, scale),
-                region_bytes: 0,
-                nomerges: None,
-                cpu: cpu.to_string(),
-                buffered: false,
                 md_threads: 4,
-                queue_replay: false,
+                ..Job::new(RequestOp::Write, Access::Random, kib << 10, 8, 1, cpu)
             };
             let r = runner.run(array_config(g, t, &[]), profile, member_bytes, &job, 4)?;
             // From mbps (bytes / duration / 1e6) so a cell `uraid bench` did not measure (NaN)
@@ -359,23 +330,13 @@ fn degraded_read(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<Re
                 let g = geo(Level::Raid6, 10, algorithm::LEFT_SYMMETRIC, 128 << 10, member_bytes);
                 let t = Tunables { degraded_read_bypass: bypass, ..Tunables::default() };
                 let missing: &[usize] = if degraded { &[3] } else { &[] };
+                // The seed's "enough queue depth": deep enough that small sequential
+                // reads are bound by fio's thread, as the seed says they were, not by
+                // the queue (at 16 they wait on one drive at a time).
                 let job = Job {
-                    op: RequestOp::Read,
-                    access,
-                    block_bytes: kib << 10,
-                    threads: 1,
-                    // The seed's "enough queue depth": deep enough that small sequential
-                    // reads are bound by fio's thread, as the seed says they were, not by
-                    // the queue (at 16 they wait on one drive at a time).
-                    queue_depth: 128,
                     duration_ns: ms(if access == Access::Sequential { 600.0 } else { 2000.0 }, scale),
                     warmup_ns: ms(100.0, scale),
-                    region_bytes: 0,
-                    nomerges: None,
-                    cpu: cpu.to_string(),
-                    buffered: false,
-                    md_threads: 1,
-                    queue_replay: false,
+                    ..Job::new(RequestOp::Read, access, kib << 10, 1, 128, cpu)
                 };
                 let r = runner.run(array_config(g, t, missing), profile, member_bytes, &job, 1)?;
                 if access == Access::Sequential {
@@ -452,19 +413,11 @@ fn stripe_queue(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<Rep
                     // thread, merged by the block layer; reads are synchronous.
                     let qd = if op == RequestOp::Write { 32 } else { 1 };
                     let job = Job {
-                        op,
-                        access,
-                        block_bytes: bs,
-                        threads,
-                        queue_depth: qd,
                         duration_ns: ms(1200.0, scale),
                         warmup_ns: ms(200.0, scale),
                         region_bytes: 2048 << 20,
-                        nomerges: None,
-                        cpu: cpu.to_string(),
                         buffered: true,
-                        md_threads: 1,
-                        queue_replay: false,
+                        ..Job::new(op, access, bs, threads, qd, cpu)
                     };
                     res.push(runner.run(array_config(g, t, &[]), profile, member_bytes, &job, 7)?);
                 }
@@ -543,19 +496,11 @@ fn nomerges(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<Report,
     for nm in [0u8, 1, 2] {
         let g = geo(Level::Raid0, 4, uraid_core::geometry::RAID0_ORIG_LAYOUT, 64 << 10, member_bytes);
         let job = Job {
-            op: RequestOp::Read,
-            access: Access::Random,
-            block_bytes: 4096,
-            threads: 4,
-            queue_depth: 32,
             duration_ns: ms(6000.0, scale),
             warmup_ns: ms(300.0, scale),
-            region_bytes: 0,
             nomerges: Some(nm),
-            cpu: cpu.to_string(),
-            buffered: false,
-            md_threads: 1,
             queue_replay: true,
+            ..Job::new(RequestOp::Read, Access::Random, 4096, 4, 32, cpu)
         };
         let r = runner.run(array_config(g, Tunables::default(), &[]), profile, member_bytes, &job, 2)?;
         let ios = r.ios.max(1) as f64;

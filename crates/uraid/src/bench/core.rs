@@ -204,14 +204,7 @@ pub fn run_cpu(args: CpuArgs) -> anyhow::Result<()> {
     let scale = args.scale.clamp(0.01, 10.0);
     let f = uraid_sim::cpu_bench::measure(scale);
     println!("# uraid bench cpu on this machine (fastest of 7 runs each)");
-    println!("engine_request_ns = {:.0}", f.engine_request_ns);
-    println!("engine_member_io_ns = {:.0}", f.engine_member_io_ns);
-    println!("engine_stripe_ns = {:.0}", f.engine_stripe_ns);
-    println!("copy_bytes_per_s = {:.0}", f.copy_bytes_per_s);
-    println!("parity_avx2_bytes_per_s = {:.0}", f.parity_avx2_bytes_per_s);
-    println!("queue_request_ns = {:.1}", f.queue_request_ns);
-    println!("queue_merge_attempt_ns = {:.1}", f.queue_merge_attempt_ns);
-    println!("queue_hash_ns = {:.1}", f.queue_hash_ns);
+    print!("{}", f.toml_lines());
     let Some(target) = args.fio_target else { return Ok(()) };
     let secs = ((6.0 * scale).ceil() as u64).max(1);
     let job = |name: &str, file: &str, extra: &[&str]| -> Vec<String> {
