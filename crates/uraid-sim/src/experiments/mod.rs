@@ -1,5 +1,5 @@
 //! The seeds' experiments on simulated disks: a small fio/tiobench-like job runner
-//! ([`run_job`]) and the five reproductions ([`tables`]).
+//! ([`sim_job::run_job`]) and the five reproductions ([`tables`]).
 //!
 //! Time is virtual (the disks are simulated), and so is CPU: with a CPU profile of the
 //! seed's era (`sim::cpu`), the submitters' work and md's threads' work take virtual time
@@ -311,7 +311,7 @@ pub trait JobRunner {
     ) -> Result<JobResult, String>;
 }
 
-/// [`run_job`] on simulated disks: `uraid reproduce`.
+/// [`sim_job::run_job`] on simulated disks with the job's CPU model: `uraid reproduce`.
 pub struct SimRunner;
 
 impl JobRunner for SimRunner {
@@ -323,21 +323,9 @@ impl JobRunner for SimRunner {
         job: &Job,
         seed: u64,
     ) -> Result<JobResult, String> {
-        run_job(config, profile, member_bytes, job, seed)
+        let cpu = crate::cpu::CpuCosts::named(&job.cpu).map_err(|e| e.to_string())?;
+        sim_job::run_job(config, profile, member_bytes, job, seed, &cpu)
     }
-}
-
-/// Run `job` against an engine built from `config` on simulated members of `profile`,
-/// with the job's CPU model.
-pub fn run_job(
-    config: ArrayConfig,
-    profile: &str,
-    member_bytes: u64,
-    job: &Job,
-    seed: u64,
-) -> Result<JobResult, String> {
-    let cpu = crate::cpu::CpuCosts::named(&job.cpu).map_err(|e| e.to_string())?;
-    sim_job::run_job(config, profile, member_bytes, job, seed, &cpu)
 }
 
 /// Host time for the request stream `trace` through a fresh queue (adds, unplug, and the

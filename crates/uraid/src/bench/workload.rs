@@ -211,7 +211,7 @@ impl RealRunner {
         Ok(r)
     }
 
-    /// The job in real time: like the simulator's `run_job`, with the clock on the wall.
+    /// The job in real time: like the simulator's `sim_job::run_job`, with the clock on the wall.
     fn drive(
         &self,
         h: &RuntimeHandle<TimedEngine<Engine>>,
