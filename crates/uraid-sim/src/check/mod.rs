@@ -1,7 +1,7 @@
 //! The random-workload checker behind `uraid sim`: a random workload with random faults
 //! against any level, layout and member count on simulated disks, every read checked
-//! against a reference model ([`model`]), then a power cycle: crash, re-assemble, rebuild,
-//! maybe a second power cut during the rebuild, and a full check again ([`cycle`]).
+//! against a reference model (`model.rs`), then a power cycle: crash, re-assemble, rebuild,
+//! maybe a second power cut during the rebuild, and a full check again (`cycle.rs`).
 //!
 //! The array runs as under `uraid serve`: created as `uraid create` does, started from
 //! what the members hold through the same assembly and `uraid_core::array::Array`, its
