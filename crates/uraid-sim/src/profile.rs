@@ -80,6 +80,7 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     ("ssd-sata", include_str!("../profiles/ssd-sata.toml")),
     ("nvme", include_str!("../profiles/nvme.toml")),
     ("hdd-sas-7200-2014", include_str!("../profiles/hdd-sas-7200-2014.toml")),
+    ("hdd-7200-2008", include_str!("../profiles/hdd-7200-2008.toml")),
 ];
 
 #[derive(Clone, Debug, PartialEq)]
@@ -203,7 +204,7 @@ fn positive(name: &str, v: u64) -> Result<u64, ProfileError> {
 }
 
 impl DiskProfile {
-    /// One of the shipped profiles by name (`hdd-7200-2009`, `hdd-7200-2014`, `ssd-sata`, `nvme`).
+    /// One of the shipped profiles by name (`hdd-7200-2009`, `hdd-7200-2014`, `ssd-sata`, `nvme`, ...).
     pub fn builtin(name: &str) -> Result<DiskProfile, ProfileError> {
         let text = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t).ok_or_else(|| {
             let names: Vec<&str> = BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect();
