@@ -134,7 +134,7 @@ fn hdd_7200_2008_calibration() {
     let iops = random_4k_iops("hdd-7200-2008", 1, 3000);
     let (seq, outer, inner) = sequential_mb_per_s("hdd-7200-2008");
     eprintln!("hdd-7200-2008: random 4 KiB QD1 {iops:.1}/s; sequential {seq:.1} MB/s (outer {outer:.1}, inner {inner:.1})");
-    // Seed 003's one stream on one drive: 101-104 MB/s at the start of the disk.
+    // Seed 003's one stream on one drive, at the start of the disk (docs/experiments.md).
     assert!((98.0..=108.0).contains(&outer), "outer MB/s: {outer:.1}");
     assert!((75.0..=90.0).contains(&seq), "sequential MB/s over the disk: {seq:.1}");
     assert!((70.0..=85.0).contains(&iops), "random 4 KiB reads/s at QD1: {iops:.1}");

@@ -127,11 +127,10 @@ fn pct(new: f64, base: f64) -> f64 {
 // ---- 003: gmirror balance ------------------------------------------------------------------
 
 fn mirror_balance(scale: f64, cpu: &str, runner: &mut dyn JobRunner) -> Result<Report, String> {
-    // The seed's drives: one stream read 101-104 MB/s, a 2008 1 TB drive's rate.
+    // The seed's drives: its one stream on one drive read at a 2008 1 TB drive's rate.
     let profile = "hdd-7200-2008";
-    // The seed's one-process random rate (~160 tps, 6 ms a read at queue depth 1) needs
-    // short seeks: the test ran on a small area at the start of the mirror, and so do ours,
-    // both columns.
+    // The seed's one-process random rate needs short seeks: its test ran in a small area at
+    // the start of the mirror, and so do ours, both columns (docs/experiments.md).
     const AREA_BYTES: u64 = 16 << 30;
     let member_bytes = 1_000_204_886_016u64 / 4096 * 4096;
     let procs = [1usize, 2, 4, 5, 8, 16, 32];
