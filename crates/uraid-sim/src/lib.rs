@@ -7,8 +7,9 @@
 //! only from [`Rng`] streams derived from the seed).
 //!
 //! # Pieces
-//! - [`profile`]: disk profiles as TOML data (`hdd-7200-2009`, `hdd-7200-2014`,
-//!   `ssd-sata`, `nvme`), fields documented there and in `crates/uraid-sim/profiles/`.
+//! - [`profile`]: disk profiles as TOML data (`hdd-7200-2008`, `hdd-7200-2009`,
+//!   `hdd-7200-2014`, `hdd-sas-7200-2014`, `ssd-sata`, `nvme`), fields documented there and
+//!   in `crates/uraid-sim/profiles/`.
 //! - [`model`]: timing behind the [`model::DiskModel`] trait: a Ruemmler & Wilkes HDD
 //!   (seek curve, rotational position from the virtual time, zoned media rate, read-ahead
 //!   segments, NCQ with shortest-positioning-time-first) and a flash model (parallel
