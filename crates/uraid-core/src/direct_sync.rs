@@ -10,7 +10,6 @@ use crate::stripe::IoCtx;
 use crate::sync::{DirectUnit, SyncKind, UnitStart};
 
 impl Engine {
-
     pub(crate) fn start_direct_sync(&mut self, start: u64, end: u64) -> UnitStart {
         if self.direct_sync.is_some() || self.direct_write_ranges.values().any(|&(a, b)| a < end && start < b)
         {

@@ -83,7 +83,13 @@ static RAID456: Personality = Personality {
     read: Engine::stripe_read,
     write: Engine::stripe_write,
     io_done: Engine::stripe_io_done,
-    sync_unit: |e, start, end| if e.start_stripe_sync(start, end) { UnitStart::Started } else { UnitStart::Busy },
+    sync_unit: |e, start, end| {
+        if e.start_stripe_sync(start, end) {
+            UnitStart::Started
+        } else {
+            UnitStart::Busy
+        }
+    },
     sync_unit_sectors: Engine::stripe_sync_unit_sectors,
     sync_window_units: Engine::sync_window_units,
     resync_may_run: |e| e.members.iter().all(|m| m.state == MemberState::InSync),

@@ -12,9 +12,7 @@ use crate::api::*;
 use crate::config::MemberState;
 use crate::engine::{Engine, SectorRanges};
 
-
 use crate::scrub::ScrubKind;
-
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
@@ -307,11 +305,15 @@ impl Engine {
     }
 
     fn begin_job(&mut self, kind: SyncKind, ranges: Option<Vec<(u64, u64)>>) -> Option<SyncJob> {
-        let limit =
-            if self.pers.sync_in_array_sectors { self.geo.array_sectors() } else { self.member_data_sectors() };
+        let limit = if self.pers.sync_in_array_sectors {
+            self.geo.array_sectors()
+        } else {
+            self.member_data_sectors()
+        };
         let mut start_offset = 0;
         let ranges: Vec<(u64, u64)> = match (kind, ranges) {
-            (SyncKind::Recovery { .. } | SyncKind::Replace { .. }, Some(r)) if self.pers.sync_in_array_sectors => 
+            (SyncKind::Recovery { .. } | SyncKind::Replace { .. }, Some(r))
+                if self.pers.sync_in_array_sectors =>
             {
                 start_offset = r.first().map_or(0, |x| x.0);
                 vec![(0, limit)]

@@ -817,3 +817,12 @@ pub fn keep_large_buffers_on_heap() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
     }
 }
+
+impl uraid_core::drive::MemberExecutor for Executor {
+    fn issue(&mut self, io: MemberIo) {
+        self.submit(io);
+    }
+    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+        Executor::poll(self, out);
+    }
+}
