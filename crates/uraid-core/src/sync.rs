@@ -148,10 +148,10 @@ impl Engine {
         self.ppl_member_changed(slot);
         let member = &mut self.members[slot];
         member.data_offset_bytes = data_offset_bytes;
-        member.state = MemberState::Recovering { recovery_offset_sectors: 0 };
+        member.set_state(MemberState::Recovering { recovery_offset_sectors: 0 });
         if ranges.is_empty() {
             // Nothing was written while it was away: it is in sync as it stands.
-            member.state = MemberState::InSync;
+            member.set_state(MemberState::InSync);
             self.events.push_back(EngineEvent::RecoveryDone(slot));
             return Ok(());
         }
@@ -423,7 +423,8 @@ impl Engine {
             match outcome {
                 UnitStart::Busy => return, // retried on completions
                 UnitStart::Started => {
-                    job.active.insert(a);
+                    assert!(job.active.insert(a), "sync unit at {a} started while in flight");
+                    assert!(job.active.len() <= job.window, "sync units in flight beyond the window");
                     job.next_allowed_ns =
                         job.next_allowed_ns.max(self.now_ns) + unit_bytes * 1_000_000_000 / (rate_kib * 1024);
                 }
@@ -496,7 +497,7 @@ impl Engine {
         match job.kind {
             SyncKind::Recovery { member } => {
                 if matches!(self.members[member].state, MemberState::Recovering { .. }) {
-                    self.members[member].state = MemberState::InSync;
+                    self.members[member].set_state(MemberState::InSync);
                     self.events.push_back(EngineEvent::RecoveryDone(member));
                 }
             }

@@ -344,7 +344,8 @@ impl Engine {
         };
         let busy_ns = self.now_ns.saturating_sub(issued_ns);
         if let Some(m) = self.members.get_mut(member) {
-            m.inflight = m.inflight.saturating_sub(1);
+            assert!(m.inflight > 0, "member {member}: a completion with no I/O in flight");
+            m.inflight -= 1;
             m.last_delay_ns = busy_ns;
         }
         let ms = self.member_stats_mut(member);
