@@ -4,5 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
+# Build first, then lint with the same (release) profile: clippy then reuses the build's
+# dependencies instead of checking all of them again in a second profile.
+cargo test --workspace --release --no-run
+cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release

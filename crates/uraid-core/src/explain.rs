@@ -49,27 +49,40 @@ pub fn explain(
     let req = Request { id: 1, op, offset_bytes, len_bytes, fua: false, data };
     engine.submit(req, 0).map_err(|_| "engine busy".to_string())?;
     engine.unplug(0);
-    let mut ios = Vec::new();
-    let mut per_member: Vec<MemberCost> =
-        (0..n).map(|member| MemberCost { member, ..Default::default() }).collect();
-    let mut now = 0;
+    let mut rec = Recorder {
+        per_member: (0..n).map(|member| MemberCost { member, ..Default::default() }).collect(),
+        ios: Vec::new(),
+        done: Vec::new(),
+    };
     let mut result = None;
-    for _ in 0..1_000_000 {
-        if let Some(c) = engine.pop_completion() {
-            result = Some(c.result);
-            break;
-        }
-        let Some(io) = engine.pop_member_io() else {
-            match engine.next_deadline_ns() {
-                Some(t) => {
-                    now = t;
-                    engine.tick(now);
-                    continue;
-                }
-                None => break,
-            }
-        };
-        let c = &mut per_member[io.member];
+    crate::drive::run_until_idle(&mut engine, &mut rec, &mut 0, 1, |c| result = Some(c.result));
+    match result {
+        Some(Ok(_)) => {}
+        Some(Err(e)) => return Err(e.to_string()),
+        None => return Err("the request did not complete".into()),
+    }
+    let stats = engine.stats();
+    Ok(Explanation {
+        reads: rec.per_member.iter().map(|c| c.reads).sum(),
+        writes: rec.per_member.iter().map(|c| c.writes).sum(),
+        per_member: rec.per_member,
+        ios: rec.ios,
+        full_stripe_writes: stats.full_stripe_writes,
+        rmw_writes: stats.rmw_writes,
+        rcw_writes: stats.rcw_writes,
+    })
+}
+
+/// Members of zeroes that answer at once, counting what they are asked.
+struct Recorder {
+    per_member: Vec<MemberCost>,
+    ios: Vec<(usize, MemberIoOp, u64, u64)>,
+    done: Vec<MemberIoCompletion>,
+}
+
+impl crate::drive::MemberExecutor for Recorder {
+    fn issue(&mut self, io: MemberIo) {
+        let c = &mut self.per_member[io.member];
         match io.op {
             MemberIoOp::Read => {
                 c.reads += 1;
@@ -81,26 +94,13 @@ pub fn explain(
             }
             MemberIoOp::Flush => {}
         }
-        ios.push((io.member, io.op, io.offset_bytes, io.len_bytes));
+        self.ios.push((io.member, io.op, io.offset_bytes, io.len_bytes));
         let data = if io.op == MemberIoOp::Read { vec![0u8; io.len_bytes as usize] } else { Vec::new() };
-        now += 1;
-        engine.complete_member_io(MemberIoCompletion { id: io.id, result: Ok(data) }, now);
+        self.done.push(MemberIoCompletion { id: io.id, result: Ok(data) });
     }
-    match result {
-        Some(Ok(_)) => {}
-        Some(Err(e)) => return Err(e.to_string()),
-        None => return Err("the request did not complete".into()),
+    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+        out.append(&mut self.done);
     }
-    let stats = engine.stats();
-    Ok(Explanation {
-        reads: per_member.iter().map(|c| c.reads).sum(),
-        writes: per_member.iter().map(|c| c.writes).sum(),
-        per_member,
-        ios,
-        full_stripe_writes: stats.full_stripe_writes,
-        rmw_writes: stats.rmw_writes,
-        rcw_writes: stats.rcw_writes,
-    })
 }
 
 #[cfg(test)]

@@ -67,8 +67,8 @@ impl Engine {
     /// degraded array, and while another job runs or a resync/recovery is owed.
     pub fn start_scrub(&mut self, kind: ScrubKind, now_ns: TimeNs) -> Result<(), String> {
         self.now_ns = self.now_ns.max(now_ns);
-        if self.geo.level == Level::Raid0 {
-            return Err("raid0 has no redundancy to check".into());
+        if !self.pers.redundant {
+            return Err(format!("{} has no redundancy to check", self.pers.name));
         }
         if self.failed {
             return Err("the array has failed".into());

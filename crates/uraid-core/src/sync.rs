@@ -11,10 +11,8 @@ use std::collections::{BTreeSet, VecDeque};
 use crate::api::*;
 use crate::config::MemberState;
 use crate::engine::{Engine, SectorRanges};
-use crate::geometry::{Extent, Level};
-use crate::mirror::{choose_copy, Balance};
+
 use crate::scrub::ScrubKind;
-use crate::stripe::IoCtx;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
@@ -78,9 +76,6 @@ pub enum EngineEvent {
         sectors: u64,
     },
 }
-
-/// raid1/10 work unit, in array sectors.
-pub(crate) const DIRECT_UNIT_SECTORS: u64 = 2048;
 
 pub(crate) struct SyncJob {
     pub kind: SyncKind,
@@ -146,17 +141,17 @@ impl Engine {
             return Err(format!("slot {slot} still has I/O in flight; try again"));
         }
         let ranges = match ranges {
-            Some(r) if self.geo.level != Level::Raid10 => merge_ranges(r),
+            Some(r) if !self.pers.sync_in_array_sectors => merge_ranges(r),
             _ => vec![(0, u64::MAX)],
         };
         // A device back in the slot may hold an old log: emptied before the next log write.
         self.ppl_member_changed(slot);
         let member = &mut self.members[slot];
         member.data_offset_bytes = data_offset_bytes;
-        member.state = MemberState::Recovering { recovery_offset_sectors: 0 };
+        member.set_state(MemberState::Recovering { recovery_offset_sectors: 0 });
         if ranges.is_empty() {
             // Nothing was written while it was away: it is in sync as it stands.
-            member.state = MemberState::InSync;
+            member.set_state(MemberState::InSync);
             self.events.push_back(EngineEvent::RecoveryDone(slot));
             return Ok(());
         }
@@ -184,7 +179,7 @@ impl Engine {
     /// of each remain. See `resync_owed`.
     pub fn start_resync(&mut self, ranges: Option<Vec<(u64, u64)>>, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
-        if self.geo.level == Level::Raid0 {
+        if !self.pers.redundant {
             self.events.push_back(EngineEvent::ResyncDone);
             return;
         }
@@ -243,21 +238,9 @@ impl Engine {
         }
     }
 
-    /// May a resync run now? raid4/5/6 need every member in sync; mirrors two in-sync copies
-    /// of every block.
-    fn resync_may_run(&self) -> bool {
-        let not_in_sync = self.members.iter().filter(|m| m.state != MemberState::InSync).count();
-        if self.geo.level.has_parity() {
-            return not_in_sync == 0;
-        }
-        let mut copies = Vec::new();
-        self.geo.copies(0, &mut copies);
-        not_in_sync + 2 <= copies.len()
-    }
-
     /// Can a queued job of this kind start now?
     pub(crate) fn sync_may_start(&self, kind: SyncKind) -> bool {
-        kind != SyncKind::Resync || self.resync_may_run()
+        kind != SyncKind::Resync || (self.pers.resync_may_run)(self)
     }
 
     /// What a job has not finished: its units in flight and the ranges still to start.
@@ -322,16 +305,15 @@ impl Engine {
     }
 
     fn begin_job(&mut self, kind: SyncKind, ranges: Option<Vec<(u64, u64)>>) -> Option<SyncJob> {
-        let parity = self.geo.level.has_parity();
-        let limit = if parity || self.geo.level == Level::Raid1 {
-            self.member_data_sectors()
-        } else {
+        let limit = if self.pers.sync_in_array_sectors {
             self.geo.array_sectors()
+        } else {
+            self.member_data_sectors()
         };
         let mut start_offset = 0;
         let ranges: Vec<(u64, u64)> = match (kind, ranges) {
             (SyncKind::Recovery { .. } | SyncKind::Replace { .. }, Some(r))
-                if self.geo.level == Level::Raid10 =>
+                if self.pers.sync_in_array_sectors =>
             {
                 start_offset = r.first().map_or(0, |x| x.0);
                 vec![(0, limit)]
@@ -339,7 +321,7 @@ impl Engine {
             (_, Some(r)) => r,
             (_, None) => vec![(0, limit)],
         };
-        let unit = if parity { self.stripe_sync_unit_sectors() } else { DIRECT_UNIT_SECTORS };
+        let unit = (self.pers.sync_unit_sectors)(self);
         let mut todo = VecDeque::new();
         let mut total = 0;
         for (a, b) in ranges {
@@ -360,7 +342,7 @@ impl Engine {
                 return None;
             }
             if let Some(&(a, _)) = todo.front() {
-                if self.geo.level != Level::Raid10 {
+                if !self.pers.sync_in_array_sectors {
                     start_offset = a;
                 }
             }
@@ -377,7 +359,7 @@ impl Engine {
             total_sectors: total,
             next_allowed_ns: self.now_ns,
             unit_sectors: unit,
-            window: if parity { self.sync_window_units(unit) } else { 1 },
+            window: (self.pers.sync_window_units)(self, unit),
             start_offset,
         })
     }
@@ -386,7 +368,7 @@ impl Engine {
     /// member with 64 KiB heads) keep a fast member's queue full while the engine computes
     /// the units that arrived; that takes at most an eighth of the stripe cache, leaving
     /// the rest to requests, but never fewer than 8 heads (or one unit).
-    fn sync_window_units(&self, unit_sectors: u64) -> usize {
+    pub(crate) fn sync_window_units(&self, unit_sectors: u64) -> usize {
         let heads = self.sync_cache_share_heads().clamp(8, 32);
         (heads * self.cache_head_sectors() / unit_sectors).max(1) as usize
     }
@@ -409,7 +391,7 @@ impl Engine {
         loop {
             if self.sync.is_none() {
                 // A resync that may not run yet stays queued; a recovery queued after it goes first.
-                let may_resync = self.resync_may_run();
+                let may_resync = (self.pers.resync_may_run)(self);
                 let Some(i) = self.sync_queue.iter().position(|(k, _)| *k != SyncKind::Resync || may_resync)
                 else {
                     return;
@@ -436,20 +418,13 @@ impl Engine {
             // md: the floor holds under other I/O; idle, the ceiling, unless the floor is higher.
             let (min, max) = (self.tun.sync_speed_min_kib, self.tun.sync_speed_max_kib);
             let rate_kib = if busy { min } else { max.max(min) };
-            let outcome = if self.geo.level.has_parity() {
-                if self.start_stripe_sync(a, end) {
-                    UnitStart::Started
-                } else {
-                    UnitStart::Busy
-                }
-            } else {
-                self.start_direct_sync(a, end)
-            };
+            let outcome = (self.pers.sync_unit)(self, a, end);
             let job = self.sync.as_mut().expect("job");
             match outcome {
                 UnitStart::Busy => return, // retried on completions
                 UnitStart::Started => {
-                    job.active.insert(a);
+                    assert!(job.active.insert(a), "sync unit at {a} started while in flight");
+                    assert!(job.active.len() <= job.window, "sync units in flight beyond the window");
                     job.next_allowed_ns =
                         job.next_allowed_ns.max(self.now_ns) + unit_bytes * 1_000_000_000 / (rate_kib * 1024);
                 }
@@ -507,7 +482,7 @@ impl Engine {
     fn update_recovery_offset(&mut self) {
         let Some(job) = self.sync.as_ref() else { return };
         let offset =
-            if self.geo.level == Level::Raid10 { job.start_offset } else { self.lowest_unsynced(job) };
+            if self.pers.sync_in_array_sectors { job.start_offset } else { self.lowest_unsynced(job) };
         let member = match job.kind {
             SyncKind::Recovery { member } => member,
             SyncKind::Replace { slot } => return self.replacement_progress(slot, offset),
@@ -522,7 +497,7 @@ impl Engine {
         match job.kind {
             SyncKind::Recovery { member } => {
                 if matches!(self.members[member].state, MemberState::Recovering { .. }) {
-                    self.members[member].state = MemberState::InSync;
+                    self.members[member].set_state(MemberState::InSync);
                     self.events.push_back(EngineEvent::RecoveryDone(member));
                 }
             }
@@ -550,296 +525,6 @@ impl Engine {
             self.sync_aborted(job, true);
         }
         self.sync_queue.retain(|(k, _)| *k != SyncKind::Recovery { member });
-    }
-
-    // ---- raid1 / raid10 ---------------------------------------------------------------
-
-    fn start_direct_sync(&mut self, start: u64, end: u64) -> UnitStart {
-        if self.direct_sync.is_some() || self.direct_write_ranges.values().any(|&(a, b)| a < end && start < b)
-        {
-            return UnitStart::Busy;
-        }
-        let kind = self.sync.as_ref().expect("job").kind;
-        if let SyncKind::Scrub(scrub) = kind {
-            return self.start_direct_scrub(start, end, scrub);
-        }
-        let mut copies = Vec::new();
-        let mut pos = start;
-        let mut reads = Vec::new();
-        if let SyncKind::Replace { slot } = kind {
-            return self.start_direct_replace(slot, start, end);
-        }
-        while pos < end {
-            let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
-            let n = room.min(end - pos);
-            self.geo.copies(pos, &mut copies);
-            let (needs_write, exclude) = match kind {
-                SyncKind::Recovery { member } => {
-                    (copies.iter().any(|c| c.member == member), crate::direct::bit(member))
-                }
-                // Only where two copies take writes (a degraded mirror has pieces with one).
-                SyncKind::Resync => {
-                    (copies.iter().filter(|c| self.members[c.member].writable()).count() > 1, 0)
-                }
-                SyncKind::Scrub(_) => unreachable!("scrub units start in start_direct_scrub"),
-                SyncKind::Replace { .. } => unreachable!("replace units start in start_direct_replace"),
-            };
-            if needs_write {
-                match choose_copy(
-                    Balance::Prefer,
-                    &self.members,
-                    &copies,
-                    n,
-                    exclude,
-                    &mut self.rr_next,
-                    self.now_ns,
-                ) {
-                    Some(i) => reads.push((copies[i], pos, n)),
-                    None => return UnitStart::Unreadable,
-                }
-            }
-            pos += n;
-        }
-        self.start_direct_reads(start, end, reads, |array_sector, len_sectors| IoCtx::SyncRead {
-            array_sector,
-            len_sectors,
-            read_errors: 0,
-        })
-    }
-
-    /// Starts a raid1/10 sync unit's reads `(source, array sector, sectors)`, each with the
-    /// context `ctx` makes of its piece.
-    fn start_direct_reads(
-        &mut self,
-        start: u64,
-        end: u64,
-        reads: Vec<(Extent, u64, u64)>,
-        ctx: impl Fn(u64, u64) -> IoCtx,
-    ) -> UnitStart {
-        if reads.is_empty() {
-            return UnitStart::Nothing;
-        }
-        self.direct_sync =
-            Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false, scrub: None });
-        for (src, pos, n) in reads {
-            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx(pos, n));
-        }
-        UnitStart::Started
-    }
-
-    pub(crate) fn direct_sync_io_done(
-        &mut self,
-        ctx: IoCtx,
-        member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
-    ) {
-        match ctx {
-            IoCtx::SyncRead { array_sector, len_sectors, read_errors } => {
-                let kind = self.sync.as_ref().map(|j| j.kind);
-                match result {
-                    Ok(data) => {
-                        let data = IoBytes::from(data);
-                        let mut copies = Vec::new();
-                        self.geo.copies(array_sector, &mut copies);
-                        for c in copies {
-                            // Copies that failed to read are rewritten from this one (md's
-                            // fix_sync_read_error).
-                            let target = crate::direct::bit(c.member) & read_errors != 0
-                                || match kind {
-                                    Some(SyncKind::Recovery { member: r }) => c.member == r,
-                                    Some(SyncKind::Resync) => c.member != member,
-                                    Some(SyncKind::Scrub(_) | SyncKind::Replace { .. }) | None => false,
-                                };
-                            if target && self.members[c.member].writable() {
-                                if let Some(u) = self.direct_sync.as_mut() {
-                                    u.pending += 1;
-                                }
-                                self.issue_io(
-                                    c.member,
-                                    MemberIoOp::Write,
-                                    c.member_sector,
-                                    len_sectors,
-                                    data.clone(),
-                                    IoCtx::SyncWrite,
-                                );
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        // A member that is gone is failed (md_error), as a request's read
-                        // or a raid4/5/6 sync read does; a latent sector error is not.
-                        if e == MemberIoError::Gone {
-                            self.fail_member(member, self.now_ns);
-                        }
-                        // Another in-sync copy serves the piece, as md's sync read tries
-                        // every mirror before giving up.
-                        let read_errors = read_errors | crate::direct::bit(member);
-                        if self.retry_sync_read(array_sector, len_sectors, read_errors) {
-                            return;
-                        }
-                        if let Some(u) = self.direct_sync.as_mut() {
-                            u.failed = true;
-                        }
-                    }
-                }
-                self.direct_sync_part_done();
-            }
-            IoCtx::ReplaceRead { array_sector, len_sectors, tried } => {
-                self.direct_replace_read_done(array_sector, len_sectors, tried, member, result)
-            }
-            IoCtx::SyncWrite => {
-                if result.is_err() {
-                    self.fail_member(member, self.now_ns);
-                    if let Some(u) = self.direct_sync.as_mut() {
-                        u.failed = true;
-                    }
-                }
-                self.direct_sync_part_done();
-            }
-            _ => {}
-        }
-    }
-
-    /// Reads a sync unit's piece from a copy not yet tried; false when none is left. The
-    /// unit's pending count carries over to the new read.
-    fn retry_sync_read(&mut self, array_sector: u64, len_sectors: u64, read_errors: u128) -> bool {
-        let exclude = match self.sync.as_ref().map(|j| j.kind) {
-            Some(SyncKind::Recovery { member }) => read_errors | crate::direct::bit(member),
-            _ => read_errors,
-        };
-        let mut copies = Vec::new();
-        self.geo.copies(array_sector, &mut copies);
-        let Some(i) = choose_copy(
-            Balance::Prefer,
-            &self.members,
-            &copies,
-            len_sectors,
-            exclude,
-            &mut self.rr_next,
-            self.now_ns,
-        ) else {
-            return false;
-        };
-        let src = copies[i];
-        let ctx = IoCtx::SyncRead { array_sector, len_sectors, read_errors };
-        self.issue_io(src.member, MemberIoOp::Read, src.member_sector, len_sectors, IoBytes::new(), ctx);
-        true
-    }
-
-    /// A raid1/10 replacement unit: each piece holding a copy of `slot` is read from the
-    /// member (see `replace_source`) and written to the replacement.
-    fn start_direct_replace(&mut self, slot: usize, start: u64, end: u64) -> UnitStart {
-        let mut copies = Vec::new();
-        let mut reads = Vec::new();
-        let mut pos = start;
-        while pos < end {
-            let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
-            let n = room.min(end - pos);
-            self.geo.copies(pos, &mut copies);
-            if copies.iter().any(|c| c.member == slot) {
-                match self.replace_source(slot, &copies, n, 0) {
-                    Some(src) => reads.push((src, pos, n)),
-                    None => return UnitStart::Unreadable,
-                }
-            }
-            pos += n;
-        }
-        self.start_direct_reads(start, end, reads, |array_sector, len_sectors| IoCtx::ReplaceRead {
-            array_sector,
-            len_sectors,
-            tried: 0,
-        })
-    }
-
-    /// A raid1/10 replacement read came back. A failed read is tried on another copy; the
-    /// good data then goes to the replacement and back over the copies that failed it
-    /// (md's fix_sync_read_error). A write to the slot's member reaches the replacement
-    /// too, so when the member itself failed the read, that rewrite carries the copy.
-    fn direct_replace_read_done(
-        &mut self,
-        array_sector: u64,
-        len_sectors: u64,
-        tried: u128,
-        member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
-    ) {
-        let Some(SyncKind::Replace { slot }) = self.sync.as_ref().map(|j| j.kind) else {
-            return self.direct_sync_part_done();
-        };
-        let mut copies = Vec::new();
-        self.geo.copies(array_sector, &mut copies);
-        let data = match result {
-            Ok(data) => IoBytes::from(data),
-            Err(e) => {
-                if e == MemberIoError::Gone {
-                    self.fail_member(member, self.now_ns);
-                }
-                let tried = tried | crate::direct::bit(member);
-                match self.replace_source(slot, &copies, len_sectors, tried) {
-                    Some(src) if self.replacements[slot].is_some() => {
-                        // The unit's part count carries over to the retry.
-                        let ctx = IoCtx::ReplaceRead { array_sector, len_sectors, tried };
-                        self.issue_io(
-                            src.member,
-                            MemberIoOp::Read,
-                            src.member_sector,
-                            len_sectors,
-                            IoBytes::new(),
-                            ctx,
-                        );
-                    }
-                    _ => {
-                        if let Some(u) = self.direct_sync.as_mut() {
-                            u.failed = true;
-                        }
-                        self.direct_sync_part_done();
-                    }
-                }
-                return;
-            }
-        };
-        let rewrite_slot = tried & crate::direct::bit(slot) != 0 && self.members[slot].writable();
-        let mut writes = Vec::new();
-        for c in &copies {
-            let failed_here = tried & crate::direct::bit(c.member) != 0 && self.members[c.member].writable();
-            if failed_here {
-                writes.push((c.member, c.member_sector));
-            }
-            if c.member == slot && !rewrite_slot && self.replacements[slot].is_some() {
-                writes.push((self.replacement_index(slot), c.member_sector));
-            }
-        }
-        for (target, sector) in writes {
-            if let Some(u) = self.direct_sync.as_mut() {
-                u.pending += 1;
-            }
-            if self.replacement_slot(target).is_none() {
-                self.stats.read_errors_corrected += 1;
-            }
-            self.issue_io(target, MemberIoOp::Write, sector, len_sectors, data.clone(), IoCtx::SyncWrite);
-        }
-        self.direct_sync_part_done();
-    }
-
-    pub(crate) fn direct_sync_part_done(&mut self) {
-        let Some(u) = self.direct_sync.as_mut() else { return };
-        u.pending -= 1;
-        if u.pending > 0 {
-            return;
-        }
-        let u = self.direct_sync.take().expect("unit");
-        self.sync_unit_done(u.start, !u.failed);
-        // Writes that waited for this unit go now.
-        let blocked = std::mem::take(&mut self.blocked_writes);
-        for (id, sector, len, zero) in blocked {
-            self.direct_write_now(id, sector, len, zero);
-            self.part_done(id, None);
-        }
-    }
-
-    /// Does a request writing [sector, sector+len) have to wait for the sync unit in flight?
-    pub(crate) fn direct_write_blocked(&self, sector: u64, len: u64) -> bool {
-        self.direct_sync.as_ref().is_some_and(|u| u.start < sector + len && sector < u.end)
     }
 }
 

@@ -386,7 +386,7 @@ fn run_thread<E: ArrayEngine + 'static>(state: SharedLoop<E>, rx: Receiver<Msg<E
         guard = lock_state(&state);
         if let Some(lp) = guard.as_mut() {
             lp.sleep_until_ns = u64::MAX;
-            lp.collect();
+            lp.pump();
         }
     }
 }
@@ -640,57 +640,34 @@ impl<E: ArrayEngine + 'static> Loop<E> {
 
     /// Move member I/Os and completions between engine and executor; deliver completions.
     fn pump(&mut self) -> bool {
-        let mut progress = false;
         self.ex.start_deferred();
-        while let Some(io) = self.engine.pop_member_io() {
-            self.ex.submit(io);
-            progress = true;
-        }
-        progress |= self.collect();
-        progress |= self.deliver();
-        let now = self.now_ns();
-        if self.engine.next_deadline_ns().is_some_and(|d| d <= now) {
-            self.engine.tick(now);
-            progress = true;
-        }
-        progress
-    }
-
-    /// Member-I/O completions from the executor into the engine, without waiting.
-    fn collect(&mut self) -> bool {
-        self.io_done.clear();
-        if self.ex.poll(&mut self.io_done) == 0 {
-            return false;
-        }
-        let now = self.now_ns();
-        self.member_ios_completed += self.io_done.len() as u64;
-        for c in self.io_done.drain(..) {
-            self.engine.complete_member_io(c, now);
-        }
-        true
+        let clock = self.clock;
+        let (flush_id, flush_result) = (&mut self.flush_id, &mut self.flush_result);
+        let (callbacks, round, requests_completed) =
+            (&mut self.callbacks, &mut self.round, &mut self.requests_completed);
+        let pumped = uraid_core::drive::pump(
+            &mut self.engine,
+            &mut self.ex,
+            &mut || clock.elapsed().as_nanos() as u64,
+            &mut self.io_done,
+            |c| {
+                if Some(c.id) == *flush_id {
+                    *flush_id = None;
+                    *flush_result = Some(c.result.map(|_| ()));
+                } else if let Some((client_id, cb)) = callbacks.remove(&c.id) {
+                    *requests_completed += 1;
+                    call(cb, RequestCompletion { id: client_id, result: c.result }, round);
+                }
+            },
+        );
+        self.member_ios_completed += pumped.completed;
+        pumped.any()
     }
 
     /// Starts closing (see [`Closing`]); a second call only adds who hears the result.
     fn close(&mut self, report_to: Option<mpsc::Sender<ShutdownReport>>) {
         let c = self.closing.get_or_insert(Closing { report_to: Vec::new() });
         c.report_to.extend(report_to);
-    }
-
-    fn deliver(&mut self) -> bool {
-        let mut any = false;
-        while let Some(c) = self.engine.pop_completion() {
-            any = true;
-            if Some(c.id) == self.flush_id {
-                self.flush_id = None;
-                self.flush_result = Some(c.result.map(|_| ()));
-                continue;
-            }
-            if let Some((client_id, cb)) = self.callbacks.remove(&c.id) {
-                self.requests_completed += 1;
-                call(cb, RequestCompletion { id: client_id, result: c.result }, &mut self.round);
-            }
-        }
-        any
     }
 
     /// Decides to sleep (the caller then releases the state and sleeps in the returned

@@ -14,7 +14,7 @@ pub const MAX_MERGED_MEMBER_IO_BYTES: u64 = 1 << 20;
 
 use crate::disks::SimDisks;
 use crate::store::PowerLossPolicy;
-use uraid_core::ArrayEngine;
+use uraid_core::{drive, ArrayEngine};
 
 /// A finished request with its virtual times.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,57 +48,34 @@ pub struct Crash {
     pub unacknowledged: Vec<RequestId>,
 }
 
-pub struct SimArray<E: ArrayEngine> {
-    engine: E,
+/// The simulated members as the driver's executor (`uraid_core::drive`): what the engine
+/// issues at one instant waits in `issued` until `unplug` hands it to the disks, and the
+/// disks' completions wait in `done` for the driver's poll.
+struct SimMembers {
     disks: SimDisks,
-    /// (time, sequence) -> request, so equal times keep submission order.
-    scheduled: BTreeMap<(u64, u64), Request>,
-    scheduled_seq: u64,
-    /// Refused with Busy (or queued behind one that was): retried in order.
-    backlog: VecDeque<Request>,
-    submitted_ns: HashMap<RequestId, u64>,
-    completions: Vec<TimedCompletion>,
-    scratch: Vec<MemberIoCompletion>,
-    last_tick_ns: Option<u64>,
-    /// Requests completed per member I/O, for reporting.
-    requests_completed: u64,
+    issued: Vec<MemberIo>,
+    done: Vec<MemberIoCompletion>,
     /// Merge adjacent member I/Os issued at the same instant, as the member's block-layer
     /// queue does under a plug (Linux's elevator below md).
     merge_member_ios: bool,
     /// Merged member I/O -> its parts (original id, byte offset in the merged I/O, length).
     merged: HashMap<u64, MergedParts>,
     next_merged_id: u64,
-    /// `run_until_completion`: return as soon as a request completion is waiting.
-    stop_on_completion: bool,
 }
 
-impl<E: ArrayEngine> SimArray<E> {
-    pub fn new(engine: E, disks: SimDisks) -> Self {
-        SimArray {
-            engine,
-            disks,
-            scheduled: BTreeMap::new(),
-            scheduled_seq: 0,
-            backlog: VecDeque::new(),
-            submitted_ns: HashMap::new(),
-            completions: Vec::new(),
-            scratch: Vec::new(),
-            last_tick_ns: None,
-            requests_completed: 0,
-            merge_member_ios: false,
-            merged: HashMap::new(),
-            next_merged_id: 1 << 62,
-            stop_on_completion: false,
-        }
+impl drive::MemberExecutor for SimMembers {
+    fn issue(&mut self, io: MemberIo) {
+        self.issued.push(io);
     }
-
-    /// Merge adjacent reads (and writes) the engine issues to one member at one instant,
-    /// up to `MAX_MERGED_MEMBER_IO_BYTES`, like a member disk's request queue under a plug.
-    pub fn set_member_merging(&mut self, on: bool) {
-        self.merge_member_ios = on;
+    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+        out.append(&mut self.done);
     }
+}
 
-    fn submit_member_ios(&mut self, ios: Vec<MemberIo>) {
+impl SimMembers {
+    /// Hands what was issued at this instant to the disks, merged as a plugged queue would.
+    fn unplug(&mut self) {
+        let ios = std::mem::take(&mut self.issued);
         if !self.merge_member_ios {
             for io in ios {
                 self.disks.submit(io);
@@ -151,9 +128,10 @@ impl<E: ArrayEngine> SimArray<E> {
         }
     }
 
-    fn complete_member_io(&mut self, c: MemberIoCompletion, now: u64) {
+    /// A disk's completion, split back into the engine's I/Os if it was a merge.
+    fn completed(&mut self, c: MemberIoCompletion) {
         let Some(parts) = self.merged.remove(&c.id) else {
-            self.engine.complete_member_io(c, now);
+            self.done.push(c);
             return;
         };
         for (id, at, len) in parts {
@@ -162,12 +140,61 @@ impl<E: ArrayEngine> SimArray<E> {
                 Ok(_) => Ok(Vec::new()),
                 Err(e) => Err(*e),
             };
-            self.engine.complete_member_io(MemberIoCompletion { id, result }, now);
+            self.done.push(MemberIoCompletion { id, result });
+        }
+    }
+}
+
+pub struct SimArray<E: ArrayEngine> {
+    engine: E,
+    members: SimMembers,
+    /// (time, sequence) -> request, so equal times keep submission order.
+    scheduled: BTreeMap<(u64, u64), Request>,
+    scheduled_seq: u64,
+    /// Refused with Busy (or queued behind one that was): retried in order.
+    backlog: VecDeque<Request>,
+    submitted_ns: HashMap<RequestId, u64>,
+    completions: Vec<TimedCompletion>,
+    scratch: Vec<MemberIoCompletion>,
+    last_tick_ns: Option<u64>,
+    /// Requests completed per member I/O, for reporting.
+    requests_completed: u64,
+    /// `run_until_completion`: return as soon as a request completion is waiting.
+    stop_on_completion: bool,
+}
+
+impl<E: ArrayEngine> SimArray<E> {
+    pub fn new(engine: E, disks: SimDisks) -> Self {
+        SimArray {
+            engine,
+            members: SimMembers {
+                disks,
+                issued: Vec::new(),
+                done: Vec::new(),
+                merge_member_ios: false,
+                merged: HashMap::new(),
+                next_merged_id: 1 << 62,
+            },
+            scheduled: BTreeMap::new(),
+            scheduled_seq: 0,
+            backlog: VecDeque::new(),
+            submitted_ns: HashMap::new(),
+            completions: Vec::new(),
+            scratch: Vec::new(),
+            last_tick_ns: None,
+            requests_completed: 0,
+            stop_on_completion: false,
         }
     }
 
+    /// Merge adjacent reads (and writes) the engine issues to one member at one instant,
+    /// up to `MAX_MERGED_MEMBER_IO_BYTES`, like a member disk's request queue under a plug.
+    pub fn set_member_merging(&mut self, on: bool) {
+        self.members.merge_member_ios = on;
+    }
+
     pub fn now_ns(&self) -> u64 {
-        self.disks.now_ns()
+        self.members.disks.now_ns()
     }
     pub fn engine(&self) -> &E {
         &self.engine
@@ -176,10 +203,10 @@ impl<E: ArrayEngine> SimArray<E> {
         &mut self.engine
     }
     pub fn disks(&self) -> &SimDisks {
-        &self.disks
+        &self.members.disks
     }
     pub fn disks_mut(&mut self) -> &mut SimDisks {
-        &mut self.disks
+        &mut self.members.disks
     }
     pub fn requests_completed(&self) -> u64 {
         self.requests_completed
@@ -237,7 +264,7 @@ impl<E: ArrayEngine> SimArray<E> {
 
     fn run(&mut self, limit_ns: Option<u64>) -> RunOutcome {
         loop {
-            if let Some(at_ns) = self.disks.power_lost_at() {
+            if let Some(at_ns) = self.members.disks.power_lost_at() {
                 return RunOutcome::PowerLost { at_ns };
             }
             self.pump();
@@ -245,7 +272,7 @@ impl<E: ArrayEngine> SimArray<E> {
                 return RunOutcome::TimeReached;
             }
             let now = self.now_ns();
-            let t_disk = self.disks.next_event_ns();
+            let t_disk = self.members.disks.next_event_ns();
             let t_sub =
                 if self.backlog.is_empty() { self.scheduled.keys().next().map(|k| k.0) } else { None };
             let t_dead = self.engine.next_deadline_ns().map(|d| {
@@ -259,34 +286,42 @@ impl<E: ArrayEngine> SimArray<E> {
             });
             let next = [t_disk, t_sub, t_dead].into_iter().flatten().min();
             let Some(next) = next else {
-                if self.engine.is_idle() && self.backlog.is_empty() && self.disks.is_idle() {
+                if self.engine.is_idle() && self.backlog.is_empty() && self.members.disks.is_idle() {
                     return RunOutcome::Idle;
                 }
                 return RunOutcome::Stalled;
             };
             if let Some(limit) = limit_ns {
                 if next > limit {
-                    self.disks.advance_to(limit, &mut self.scratch);
+                    self.members.disks.advance_to(limit, &mut self.scratch);
                     debug_assert!(self.scratch.is_empty());
                     return RunOutcome::TimeReached;
                 }
             }
             if t_disk == Some(next) {
                 self.scratch.clear();
-                self.disks.run_next(&mut self.scratch);
-                let now = self.now_ns();
-                let done: Vec<MemberIoCompletion> = self.scratch.drain(..).collect();
-                for c in done {
-                    self.complete_member_io(c, now);
+                self.members.disks.run_next(&mut self.scratch);
+                for c in std::mem::take(&mut self.scratch) {
+                    self.members.completed(c);
                 }
             } else {
-                self.disks.advance_to(next, &mut self.scratch);
+                self.members.disks.advance_to(next, &mut self.scratch);
             }
             let now = self.now_ns();
-            if self.engine.next_deadline_ns().is_some_and(|d| d <= now)
-                && self.disks.power_lost_at().is_none()
-            {
-                self.engine.tick(now);
+            if self.members.disks.power_lost_at().is_some() {
+                // What landed before the cut still reaches the engine; no timer runs after it.
+                for c in std::mem::take(&mut self.members.done) {
+                    self.engine.complete_member_io(c, now);
+                }
+                continue;
+            }
+            let pumped =
+                drive::pump(&mut self.engine, &mut self.members, &mut || now, &mut self.scratch, |c| {
+                    self.requests_completed += 1;
+                    let submitted_ns = self.submitted_ns.remove(&c.id).unwrap_or(now);
+                    self.completions.push(TimedCompletion { completion: c, submitted_ns, completed_ns: now });
+                });
+            if pumped.ticked {
                 self.last_tick_ns = Some(now);
             }
         }
@@ -326,19 +361,16 @@ impl<E: ArrayEngine> SimArray<E> {
                 self.engine.unplug(now);
                 submitted = false;
             }
-            let mut progressed = false;
-            let mut ios = Vec::new();
-            while let Some(io) = self.engine.pop_member_io() {
-                ios.push(io);
-                progressed = true;
-            }
-            self.submit_member_ios(ios);
-            while let Some(c) = self.engine.pop_completion() {
-                let submitted_ns = self.submitted_ns.remove(&c.id).unwrap_or(now);
-                self.requests_completed += 1;
-                self.completions.push(TimedCompletion { completion: c, submitted_ns, completed_ns: now });
-                progressed = true;
-            }
+            let (completions, submitted_ns, requests_completed) =
+                (&mut self.completions, &mut self.submitted_ns, &mut self.requests_completed);
+            let pumped =
+                drive::exchange(&mut self.engine, &mut self.members, &mut || now, &mut self.scratch, |c| {
+                    *requests_completed += 1;
+                    let submitted_ns = submitted_ns.remove(&c.id).unwrap_or(now);
+                    completions.push(TimedCompletion { completion: c, submitted_ns, completed_ns: now });
+                });
+            self.members.unplug();
+            let progressed = pumped.any();
             // A completion may have freed room for a request refused with Busy, or led the
             // engine to issue more (an array's metadata round after a flush it waited for).
             if !progressed {
@@ -351,18 +383,18 @@ impl<E: ArrayEngine> SimArray<E> {
     /// dropped mid-flight, the members keep only what was durable (plus whatever unflushed
     /// writes `policy` lets survive).
     pub fn crash(mut self, policy: &PowerLossPolicy) -> Crash {
-        if self.disks.take_power_loss().is_none() {
-            self.disks.power_loss(policy);
+        if self.members.disks.take_power_loss().is_none() {
+            self.members.disks.power_loss(policy);
         }
         let mut unacknowledged: Vec<RequestId> = self.submitted_ns.keys().copied().collect();
         unacknowledged.extend(self.backlog.iter().map(|r| r.id));
         unacknowledged.sort_unstable();
         unacknowledged.dedup();
-        Crash { disks: self.disks, completions: self.completions, unacknowledged }
+        Crash { disks: self.members.disks, completions: self.completions, unacknowledged }
     }
 
     /// Stop without a crash: the disks as they are (unflushed writes still volatile).
     pub fn into_disks(self) -> SimDisks {
-        self.disks
+        self.members.disks
     }
 }

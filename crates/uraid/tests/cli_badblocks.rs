@@ -25,15 +25,6 @@ fn detail(s: &Served) -> String {
     text(&o)
 }
 
-/// The whole array through NBD.
-fn read_all(dir: &TempDir, url: &str) -> Vec<u8> {
-    let out = dir.path("readback");
-    let _ = std::fs::remove_file(&out);
-    let o = bounded("nbdcopy", &[url, out.to_str().unwrap()], Duration::from_secs(30));
-    assert!(o.status.success(), "nbdcopy out: {}", text(&o));
-    std::fs::read(&out).unwrap()
-}
-
 /// The "SECTOR for LEN sectors" lines after "Bad-blocks on NAME:".
 fn listed(out: &str, name: &str) -> Vec<(u64, u64)> {
     let head = format!("Bad-blocks on {name}:");
@@ -73,7 +64,7 @@ fn a_failed_member_write_is_logged_not_fatal_and_md_agrees() {
     assert!(status(&served).contains("[UU]"), "the member was failed:\n{}", status(&served));
     let shown = listed(&detail(&served), &m1);
     assert!(!shown.is_empty(), "detail lists no bad block:\n{}", detail(&served));
-    let whole = read_all(&dir, &served.url);
+    let whole = read_array(&dir, &served.url);
     assert_eq!(&whole[..data.len()], &data[..], "a read returned what the failed write left");
     served.stop();
 
@@ -91,7 +82,7 @@ fn a_failed_member_write_is_logged_not_fatal_and_md_agrees() {
     // The next assembly reads the log back: still listed, reads still right.
     let again = Served::start(&dir, &members, &[]);
     assert_eq!(listed(&detail(&again), &m1), shown);
-    assert_eq!(read_all(&dir, &again.url), whole);
+    assert_eq!(read_array(&dir, &again.url), whole);
     again.stop();
 
     // Real md: the same entries, in mdadm's listing and in md's sysfs after assembly.

@@ -14,15 +14,6 @@ use common::*;
 
 const BLOCK: u64 = 64 << 10;
 
-fn read_all(dir: &TempDir, url: &str, tag: &str) -> Vec<u8> {
-    let out = dir.path(&format!("image-{tag}"));
-    let o = tool("nbdcopy", &[url, out.to_str().unwrap()]);
-    assert!(o.status.success(), "nbdcopy: {}", text(&o));
-    let data = std::fs::read(&out).unwrap();
-    std::fs::remove_file(&out).unwrap();
-    data
-}
-
 fn wait_idle(s: &Served) {
     let t0 = Instant::now();
     let c = s.control.display().to_string();
@@ -87,7 +78,7 @@ fn crash_and_check(level: &str, n: usize) {
     // Restart: the array was dirty, so it resyncs (bitmap-limited).
     let restarted = Served::start(&dir, &members, &[]);
     wait_idle(&restarted);
-    let whole = read_all(&dir, &restarted.url, "all");
+    let whole = read_array(&dir, &restarted.url);
     for k in &acked {
         let at = (k * BLOCK) as usize;
         let want = (1 + k % 250) as u8;
@@ -108,7 +99,7 @@ fn crash_and_check(level: &str, n: usize) {
         let rest: Vec<PathBuf> =
             members.iter().enumerate().filter(|(i, _)| *i != skip).map(|(_, p)| p.clone()).collect();
         let s = Served::start(&dir, &rest, &["--run", "--read-only"]);
-        let image = read_all(&dir, &s.url, &format!("skip{skip}"));
+        let image = read_array(&dir, &s.url);
         assert!(image == whole, "{level}: without member {skip} the array reads differently");
         s.stop();
     }
@@ -175,7 +166,7 @@ fn a_member_failed_under_writes_and_rebuilt_passes_md_check() {
         let c = s.control.display().to_string();
         ok(uraid(&["add", fresh.to_str().unwrap(), "--control", &c]), "uraid add");
         wait_idle(&s);
-        let whole = read_all(&dir, &s.url, "rebuilt");
+        let whole = read_array(&dir, &s.url);
         for k in 0..64u64 {
             let at = (k * BLOCK) as usize;
             assert!(
@@ -219,7 +210,7 @@ fn a_dirty_degraded_raid5_starts_only_with_force() {
 
     let forced = Served::start(&dir, two, &["--run", "--force"]);
     assert!(forced.log_text().contains("forced"), "{}", forced.log_text());
-    let data = read_all(&dir, &forced.url, "forced");
+    let data = read_array(&dir, &forced.url);
     assert!(data[..4 << 20].iter().all(|&b| b == 0x6b), "the flushed writes did not read back");
     forced.stop();
 }

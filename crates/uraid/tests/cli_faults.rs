@@ -57,14 +57,6 @@ fn copy_in(src: &Path, url: &str) {
     assert!(o.status.success(), "nbdcopy in: {}", text(&o));
 }
 
-fn read_back(dir: &TempDir, url: &str, len: usize) -> Vec<u8> {
-    let out = dir.path("readback");
-    let _ = std::fs::remove_file(&out);
-    let o = bounded("nbdcopy", &[url, out.to_str().unwrap()], Duration::from_secs(30));
-    assert!(o.status.success(), "nbdcopy out: {}", text(&o));
-    std::fs::read(&out).unwrap()[..len].to_vec()
-}
-
 #[test]
 fn a_failing_superblock_and_bitmap_write_fails_the_member_not_the_client() {
     let dir = TempDir::new("metafault");
@@ -73,11 +65,11 @@ fn a_failing_superblock_and_bitmap_write_fails_the_member_not_the_client() {
     let src = pattern_file(&dir, 1 << 20, 3);
     copy_in(&src, &served.url);
     wait_status(&served, "[U_U]");
-    assert_eq!(read_back(&dir, &served.url, 1 << 20), std::fs::read(&src).unwrap());
+    assert_eq!(read_array(&dir, &served.url)[..1 << 20].to_vec(), std::fs::read(&src).unwrap());
     served.stop();
     // The others recorded the failure: the next start leaves member 1 out and the data stays.
     let again = Served::start(&dir, &members, &["--run"]);
-    assert_eq!(read_back(&dir, &again.url, 1 << 20), std::fs::read(&src).unwrap());
+    assert_eq!(read_array(&dir, &again.url)[..1 << 20].to_vec(), std::fs::read(&src).unwrap());
     again.stop();
 }
 
@@ -97,7 +89,7 @@ fn a_member_flush_failing_under_the_clean_marking_flush_does_not_hang() {
         "the member failed under a metadata write, not the clean-marking flush:\n{}",
         served.log_text()
     );
-    assert_eq!(read_back(&dir, &served.url, 1 << 20), std::fs::read(&src).unwrap());
+    assert_eq!(read_array(&dir, &served.url)[..1 << 20].to_vec(), std::fs::read(&src).unwrap());
     let stopped = Instant::now();
     served.stop();
     assert!(stopped.elapsed() < Duration::from_secs(15), "stopping took {:?}", stopped.elapsed());
@@ -111,7 +103,7 @@ fn a_data_write_error_fails_the_member_and_writes_go_on() {
     let src = pattern_file(&dir, 4 << 20, 9);
     copy_in(&src, &served.url);
     wait_status(&served, "[UUU_]");
-    assert_eq!(read_back(&dir, &served.url, 4 << 20), std::fs::read(&src).unwrap());
+    assert_eq!(read_array(&dir, &served.url)[..4 << 20].to_vec(), std::fs::read(&src).unwrap());
     served.stop();
 }
 
@@ -128,7 +120,7 @@ fn a_superblock_write_goes_through_the_executor_and_its_failed_flush_fails_the_m
     wait_status(&served, "[U_]");
     let log = served.log_text();
     assert!(log.contains("writing the superblock failed"), "{log}");
-    assert_eq!(read_back(&dir, &served.url, 1 << 20), std::fs::read(&src).unwrap());
+    assert_eq!(read_array(&dir, &served.url)[..1 << 20].to_vec(), std::fs::read(&src).unwrap());
     served.stop();
 }
 
@@ -164,7 +156,7 @@ fn second_failure_during_recovery(op: &str) {
     wait_status(&served, "[UUU_]");
     let mut want = std::fs::read(&before).unwrap();
     want[..2 << 20].copy_from_slice(&std::fs::read(&during).unwrap());
-    assert_eq!(read_back(&dir, &served.url, 4 << 20), want);
+    assert_eq!(read_array(&dir, &served.url)[..4 << 20].to_vec(), want);
     let log = served.stop();
     assert!(log.contains("slot 3 failed"), "{log}");
     std::fs::remove_file(&arm).unwrap();

@@ -124,7 +124,7 @@ impl Rounds {
     /// Starts `round` (or raw `ios`) as round `seq`: the first I/O of every member's part
     /// is issued. A round with no I/O is finished at once (see [`Rounds::take_finished`]).
     pub(super) fn start(&mut self, seq: RoundSeq, round: Option<MetaRound>, raw: Vec<MetaIo>) {
-        debug_assert!(self.running.is_none(), "one metadata round at a time");
+        assert!(self.running.is_none(), "one metadata round at a time");
         let ios = round.as_ref().map_or(&raw[..], |r| &r.ios[..]);
         let mut chains: Vec<Chain> = Vec::new();
         for io in ios {
@@ -195,7 +195,7 @@ impl Rounds {
 
     /// Round `seq` and what it led to are done.
     pub(super) fn mark_done(&mut self, seq: RoundSeq) {
-        debug_assert!(seq > self.done_seq, "rounds finish in order");
+        assert!(seq > self.done_seq, "rounds finish in order");
         self.done_seq = seq;
     }
 

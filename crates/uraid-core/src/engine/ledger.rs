@@ -335,11 +335,7 @@ impl Engine {
     }
 
     pub(super) fn io_done(&mut self, ctx: IoCtx, member: usize, result: Result<Vec<u8>, MemberIoError>) {
-        if self.geo.level.has_parity() {
-            self.stripe_io_done(ctx, member, result);
-        } else {
-            self.direct_io_done(ctx, member, result);
-        }
+        (self.pers.io_done)(self, ctx, member, result);
     }
 }
 

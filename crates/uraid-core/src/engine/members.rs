@@ -34,6 +34,20 @@ pub(crate) struct MemberRt {
 }
 
 impl MemberRt {
+    /// The slot's state moves only as md moves an rdev's: a working member fails, a free
+    /// slot takes a device to rebuild, a rebuilt one joins. Anything else is an engine bug.
+    pub(crate) fn set_state(&mut self, to: MemberState) {
+        use MemberState::*;
+        let legal = matches!(
+            (self.state, to),
+            (InSync | Recovering { .. }, Faulty)
+                | (Faulty | Missing, Recovering { .. })
+                | (Recovering { .. }, InSync)
+        );
+        assert!(legal, "member state {:?} -> {to:?}: not a move md makes", self.state);
+        self.state = to;
+    }
+
     /// May this member be read at data-relative `sector`?
     pub fn readable(&self, sector: u64) -> bool {
         match self.state {
@@ -90,7 +104,7 @@ impl Engine {
         // the replacement take the slot as a recovering member; here the slot is rebuilt
         // anew, `uraid add`).
         self.fail_replacement(member, now_ns);
-        self.members[member].state = MemberState::Faulty;
+        self.members[member].set_state(MemberState::Faulty);
         self.metadata_pending |= self.tun.hold_completions_on_member_failure;
         self.events.push_back(EngineEvent::MemberFaulty(member));
         self.sync_member_failed(member);

@@ -15,6 +15,7 @@ use crate::detmap::DetMap;
 use crate::api::*;
 use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::Geometry;
+use crate::personality::Personality;
 use crate::stats::ArrayStats;
 use crate::stripe::{IoCtx, StripeCache};
 use crate::sync::{DirectUnit, EngineEvent, SyncJob, SyncKind};
@@ -34,6 +35,8 @@ pub(crate) type SectorRanges = Vec<(u64, u64)>;
 
 pub struct Engine {
     pub(crate) geo: Geometry,
+    /// What this level does differently (see `personality`).
+    pub(crate) pers: &'static Personality,
     pub(crate) members: Vec<MemberRt>,
     pub(crate) tun: Tunables,
     read_only: bool,
@@ -115,6 +118,7 @@ impl Engine {
             .collect();
         let mut engine = Engine {
             cache: StripeCache::new(&geo),
+            pers: Personality::of(geo.level),
             geo,
             members,
             tun: config.tunables,
@@ -309,22 +313,14 @@ impl Engine {
     fn start_read(&mut self, id: RequestId, offset_bytes: u64, len_bytes: u64) {
         let sector = offset_bytes / SECTOR_BYTES;
         let len = len_bytes / SECTOR_BYTES;
-        if self.geo.level.has_parity() {
-            self.stripe_read(id, sector, len);
-        } else {
-            self.direct_read(id, sector, len);
-        }
+        (self.pers.read)(self, id, sector, len);
     }
 
     fn start_write(&mut self, id: RequestId, op: RequestOp, offset_bytes: u64, len_bytes: u64) {
         let sector = offset_bytes / SECTOR_BYTES;
         let len = len_bytes / SECTOR_BYTES;
         let zero = op != RequestOp::Write;
-        if self.geo.level.has_parity() {
-            self.stripe_write(id, sector, len, zero);
-        } else {
-            self.direct_write(id, sector, len, zero);
-        }
+        (self.pers.write)(self, id, sector, len, zero);
     }
 
     /// The caller has no more requests to submit right now (md's unplug): partial stripes
@@ -348,7 +344,8 @@ impl Engine {
         };
         let busy_ns = self.now_ns.saturating_sub(issued_ns);
         if let Some(m) = self.members.get_mut(member) {
-            m.inflight = m.inflight.saturating_sub(1);
+            assert!(m.inflight > 0, "member {member}: a completion with no I/O in flight");
+            m.inflight -= 1;
             m.last_delay_ns = busy_ns;
         }
         let ms = self.member_stats_mut(member);

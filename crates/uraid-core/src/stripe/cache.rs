@@ -40,14 +40,17 @@ impl Engine {
         let base_sector = key * self.cache.head_sectors;
         if let Some(mut st) = self.cache.free_heads.pop() {
             // Evicted heads are idle: only the per-member vectors need resetting.
-            debug_assert!(st.idle() && st.cache.len() == n);
+            assert!(st.idle() && st.cache.len() == n, "a recycled stripe head still busy");
             st.base_sector = base_sector;
             st.map = map;
             st.dd_of = dd_of;
             for v in [&mut st.valid, &mut st.reading, &mut st.bad, &mut st.rewriting, &mut st.towrite_mask] {
                 v.iter_mut().for_each(|m| *m = 0);
             }
-            debug_assert!(st.cache.iter().chain(&st.towrite).all(Option::is_none));
+            assert!(
+                st.cache.iter().chain(&st.towrite).all(Option::is_none),
+                "a recycled stripe head holds buffers"
+            );
             st.delayed_until = None;
             st.force = false;
             st.queued = false;

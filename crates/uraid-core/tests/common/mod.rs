@@ -134,35 +134,25 @@ impl<E: ArrayEngine> Driver<E> {
         self.engine.submit(req, self.now_ns).expect("engine accepted");
     }
 
-    /// Complete some outstanding member I/Os; false when nothing was left to do.
+    /// One pass of the shared driver (`uraid_core::drive::pump`), completing a random
+    /// handful of the member I/Os outstanding; when nothing moved, the clock goes on to the
+    /// engine's next deadline. False when nothing was left to do.
     pub fn step(&mut self) -> bool {
         self.now_ns += 10_000;
-        while let Some(io) = self.engine.pop_member_io() {
-            self.pending.push(io);
+        let now = self.now_ns;
+        let mut ex = Shuffled { members: &mut self.members, rng: &mut self.rng, pending: &mut self.pending };
+        let done = &mut self.done;
+        let pumped = drive::pump(&mut self.engine, &mut ex, &mut || now, &mut Vec::new(), |c| done.push(c));
+        if pumped.any() {
+            return true;
         }
-        if self.pending.is_empty() {
-            if let Some(d) = self.engine.next_deadline_ns() {
+        match self.engine.next_deadline_ns() {
+            Some(d) => {
                 self.now_ns = self.now_ns.max(d);
                 self.engine.tick(self.now_ns);
-                return true;
+                true
             }
-            self.collect();
-            return false;
-        }
-        let k = 1 + self.rng.below(self.pending.len() as u64) as usize;
-        for _ in 0..k {
-            let i = self.rng.below(self.pending.len() as u64) as usize;
-            let io = self.pending.swap_remove(i);
-            let c = self.members.perform(io);
-            self.engine.complete_member_io(c, self.now_ns);
-        }
-        self.collect();
-        true
-    }
-
-    fn collect(&mut self) {
-        while let Some(c) = self.engine.pop_completion() {
-            self.done.push(c);
+            None => false,
         }
     }
 
@@ -188,6 +178,30 @@ impl<E: ArrayEngine> Driver<E> {
     pub fn take_done(&mut self, id: RequestId) -> Option<RequestCompletion> {
         let i = self.done.iter().position(|c| c.id == id)?;
         Some(self.done.swap_remove(i))
+    }
+}
+
+/// `MemMembers` as the driver's executor: I/Os wait in `pending` and a seeded random
+/// handful of them completes, in a random order, each time the driver polls.
+struct Shuffled<'a> {
+    members: &'a mut MemMembers,
+    rng: &'a mut Rng,
+    pending: &'a mut Vec<MemberIo>,
+}
+
+impl drive::MemberExecutor for Shuffled<'_> {
+    fn issue(&mut self, io: MemberIo) {
+        self.pending.push(io);
+    }
+    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let k = 1 + self.rng.below(self.pending.len() as u64) as usize;
+        for _ in 0..k {
+            let i = self.rng.below(self.pending.len() as u64) as usize;
+            out.push(self.members.perform(self.pending.swap_remove(i)));
+        }
     }
 }
 

@@ -1,0 +1,300 @@
+//! md's raid1/raid10 sync_request: background units of array sectors (recovery, resync,
+//! replacement copies) read from one good copy and written to the others. Requests writing
+//! into the unit in flight wait for it (md's barrier; see `direct_write_blocked`).
+
+use crate::api::*;
+use crate::engine::Engine;
+use crate::geometry::{Extent, Level};
+use crate::mirror::{choose_copy, Balance};
+use crate::stripe::IoCtx;
+use crate::sync::{DirectUnit, SyncKind, UnitStart};
+
+impl Engine {
+    pub(crate) fn start_direct_sync(&mut self, start: u64, end: u64) -> UnitStart {
+        if self.direct_sync.is_some() || self.direct_write_ranges.values().any(|&(a, b)| a < end && start < b)
+        {
+            return UnitStart::Busy;
+        }
+        let kind = self.sync.as_ref().expect("job").kind;
+        if let SyncKind::Scrub(scrub) = kind {
+            return self.start_direct_scrub(start, end, scrub);
+        }
+        let mut copies = Vec::new();
+        let mut pos = start;
+        let mut reads = Vec::new();
+        if let SyncKind::Replace { slot } = kind {
+            return self.start_direct_replace(slot, start, end);
+        }
+        while pos < end {
+            let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
+            let n = room.min(end - pos);
+            self.geo.copies(pos, &mut copies);
+            let (needs_write, exclude) = match kind {
+                SyncKind::Recovery { member } => {
+                    (copies.iter().any(|c| c.member == member), crate::direct::bit(member))
+                }
+                // Only where two copies take writes (a degraded mirror has pieces with one).
+                SyncKind::Resync => {
+                    (copies.iter().filter(|c| self.members[c.member].writable()).count() > 1, 0)
+                }
+                SyncKind::Scrub(_) => unreachable!("scrub units start in start_direct_scrub"),
+                SyncKind::Replace { .. } => unreachable!("replace units start in start_direct_replace"),
+            };
+            if needs_write {
+                match choose_copy(
+                    Balance::Prefer,
+                    &self.members,
+                    &copies,
+                    n,
+                    exclude,
+                    &mut self.rr_next,
+                    self.now_ns,
+                ) {
+                    Some(i) => reads.push((copies[i], pos, n)),
+                    None => return UnitStart::Unreadable,
+                }
+            }
+            pos += n;
+        }
+        self.start_direct_reads(start, end, reads, |array_sector, len_sectors| IoCtx::SyncRead {
+            array_sector,
+            len_sectors,
+            read_errors: 0,
+        })
+    }
+
+    /// Starts a raid1/10 sync unit's reads `(source, array sector, sectors)`, each with the
+    /// context `ctx` makes of its piece.
+    fn start_direct_reads(
+        &mut self,
+        start: u64,
+        end: u64,
+        reads: Vec<(Extent, u64, u64)>,
+        ctx: impl Fn(u64, u64) -> IoCtx,
+    ) -> UnitStart {
+        if reads.is_empty() {
+            return UnitStart::Nothing;
+        }
+        self.direct_sync =
+            Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false, scrub: None });
+        for (src, pos, n) in reads {
+            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx(pos, n));
+        }
+        UnitStart::Started
+    }
+
+    pub(crate) fn direct_sync_io_done(
+        &mut self,
+        ctx: IoCtx,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
+        match ctx {
+            IoCtx::SyncRead { array_sector, len_sectors, read_errors } => {
+                let kind = self.sync.as_ref().map(|j| j.kind);
+                match result {
+                    Ok(data) => {
+                        let data = IoBytes::from(data);
+                        let mut copies = Vec::new();
+                        self.geo.copies(array_sector, &mut copies);
+                        for c in copies {
+                            // Copies that failed to read are rewritten from this one (md's
+                            // fix_sync_read_error).
+                            let target = crate::direct::bit(c.member) & read_errors != 0
+                                || match kind {
+                                    Some(SyncKind::Recovery { member: r }) => c.member == r,
+                                    Some(SyncKind::Resync) => c.member != member,
+                                    Some(SyncKind::Scrub(_) | SyncKind::Replace { .. }) | None => false,
+                                };
+                            if target && self.members[c.member].writable() {
+                                if let Some(u) = self.direct_sync.as_mut() {
+                                    u.pending += 1;
+                                }
+                                self.issue_io(
+                                    c.member,
+                                    MemberIoOp::Write,
+                                    c.member_sector,
+                                    len_sectors,
+                                    data.clone(),
+                                    IoCtx::SyncWrite,
+                                );
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // A member that is gone is failed (md_error), as a request's read
+                        // or a raid4/5/6 sync read does; a latent sector error is not.
+                        if e == MemberIoError::Gone {
+                            self.fail_member(member, self.now_ns);
+                        }
+                        // Another in-sync copy serves the piece, as md's sync read tries
+                        // every mirror before giving up.
+                        let read_errors = read_errors | crate::direct::bit(member);
+                        if self.retry_sync_read(array_sector, len_sectors, read_errors) {
+                            return;
+                        }
+                        if let Some(u) = self.direct_sync.as_mut() {
+                            u.failed = true;
+                        }
+                    }
+                }
+                self.direct_sync_part_done();
+            }
+            IoCtx::ReplaceRead { array_sector, len_sectors, tried } => {
+                self.direct_replace_read_done(array_sector, len_sectors, tried, member, result)
+            }
+            IoCtx::SyncWrite => {
+                if result.is_err() {
+                    self.fail_member(member, self.now_ns);
+                    if let Some(u) = self.direct_sync.as_mut() {
+                        u.failed = true;
+                    }
+                }
+                self.direct_sync_part_done();
+            }
+            _ => {}
+        }
+    }
+
+    /// Reads a sync unit's piece from a copy not yet tried; false when none is left. The
+    /// unit's pending count carries over to the new read.
+    fn retry_sync_read(&mut self, array_sector: u64, len_sectors: u64, read_errors: u128) -> bool {
+        let exclude = match self.sync.as_ref().map(|j| j.kind) {
+            Some(SyncKind::Recovery { member }) => read_errors | crate::direct::bit(member),
+            _ => read_errors,
+        };
+        let mut copies = Vec::new();
+        self.geo.copies(array_sector, &mut copies);
+        let Some(i) = choose_copy(
+            Balance::Prefer,
+            &self.members,
+            &copies,
+            len_sectors,
+            exclude,
+            &mut self.rr_next,
+            self.now_ns,
+        ) else {
+            return false;
+        };
+        let src = copies[i];
+        let ctx = IoCtx::SyncRead { array_sector, len_sectors, read_errors };
+        self.issue_io(src.member, MemberIoOp::Read, src.member_sector, len_sectors, IoBytes::new(), ctx);
+        true
+    }
+
+    /// A raid1/10 replacement unit: each piece holding a copy of `slot` is read from the
+    /// member (see `replace_source`) and written to the replacement.
+    fn start_direct_replace(&mut self, slot: usize, start: u64, end: u64) -> UnitStart {
+        let mut copies = Vec::new();
+        let mut reads = Vec::new();
+        let mut pos = start;
+        while pos < end {
+            let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
+            let n = room.min(end - pos);
+            self.geo.copies(pos, &mut copies);
+            if copies.iter().any(|c| c.member == slot) {
+                match self.replace_source(slot, &copies, n, 0) {
+                    Some(src) => reads.push((src, pos, n)),
+                    None => return UnitStart::Unreadable,
+                }
+            }
+            pos += n;
+        }
+        self.start_direct_reads(start, end, reads, |array_sector, len_sectors| IoCtx::ReplaceRead {
+            array_sector,
+            len_sectors,
+            tried: 0,
+        })
+    }
+
+    /// A raid1/10 replacement read came back. A failed read is tried on another copy; the
+    /// good data then goes to the replacement and back over the copies that failed it
+    /// (md's fix_sync_read_error). A write to the slot's member reaches the replacement
+    /// too, so when the member itself failed the read, that rewrite carries the copy.
+    fn direct_replace_read_done(
+        &mut self,
+        array_sector: u64,
+        len_sectors: u64,
+        tried: u128,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
+        let Some(SyncKind::Replace { slot }) = self.sync.as_ref().map(|j| j.kind) else {
+            return self.direct_sync_part_done();
+        };
+        let mut copies = Vec::new();
+        self.geo.copies(array_sector, &mut copies);
+        let data = match result {
+            Ok(data) => IoBytes::from(data),
+            Err(e) => {
+                if e == MemberIoError::Gone {
+                    self.fail_member(member, self.now_ns);
+                }
+                let tried = tried | crate::direct::bit(member);
+                match self.replace_source(slot, &copies, len_sectors, tried) {
+                    Some(src) if self.replacements[slot].is_some() => {
+                        // The unit's part count carries over to the retry.
+                        let ctx = IoCtx::ReplaceRead { array_sector, len_sectors, tried };
+                        self.issue_io(
+                            src.member,
+                            MemberIoOp::Read,
+                            src.member_sector,
+                            len_sectors,
+                            IoBytes::new(),
+                            ctx,
+                        );
+                    }
+                    _ => {
+                        if let Some(u) = self.direct_sync.as_mut() {
+                            u.failed = true;
+                        }
+                        self.direct_sync_part_done();
+                    }
+                }
+                return;
+            }
+        };
+        let rewrite_slot = tried & crate::direct::bit(slot) != 0 && self.members[slot].writable();
+        let mut writes = Vec::new();
+        for c in &copies {
+            let failed_here = tried & crate::direct::bit(c.member) != 0 && self.members[c.member].writable();
+            if failed_here {
+                writes.push((c.member, c.member_sector));
+            }
+            if c.member == slot && !rewrite_slot && self.replacements[slot].is_some() {
+                writes.push((self.replacement_index(slot), c.member_sector));
+            }
+        }
+        for (target, sector) in writes {
+            if let Some(u) = self.direct_sync.as_mut() {
+                u.pending += 1;
+            }
+            if self.replacement_slot(target).is_none() {
+                self.stats.read_errors_corrected += 1;
+            }
+            self.issue_io(target, MemberIoOp::Write, sector, len_sectors, data.clone(), IoCtx::SyncWrite);
+        }
+        self.direct_sync_part_done();
+    }
+
+    pub(crate) fn direct_sync_part_done(&mut self) {
+        let Some(u) = self.direct_sync.as_mut() else { return };
+        u.pending -= 1;
+        if u.pending > 0 {
+            return;
+        }
+        let u = self.direct_sync.take().expect("unit");
+        self.sync_unit_done(u.start, !u.failed);
+        // Writes that waited for this unit go now.
+        let blocked = std::mem::take(&mut self.blocked_writes);
+        for (id, sector, len, zero) in blocked {
+            self.direct_write_now(id, sector, len, zero);
+            self.part_done(id, None);
+        }
+    }
+
+    /// Does a request writing [sector, sector+len) have to wait for the sync unit in flight?
+    pub(crate) fn direct_write_blocked(&self, sector: u64, len: u64) -> bool {
+        self.direct_sync.as_ref().is_some_and(|u| u.start < sector + len && sector < u.end)
+    }
+}

@@ -1,0 +1,106 @@
+//! md's personalities (`struct md_personality`: raid0, raid1, raid10, raid456) as one table
+//! of functions per level, chosen when the engine is built, in the shape of SPDK's
+//! `raid_bdev_module`. What differs between the levels is read here, not branched on
+//! inside the shared rooms (ledger, sync, members). See docs/architecture.md.
+
+use crate::api::{MemberIoError, RequestId};
+use crate::config::MemberState;
+use crate::engine::Engine;
+use crate::geometry::Level;
+use crate::stripe::IoCtx;
+use crate::sync::UnitStart;
+
+/// raid0/1/10 background unit, in array sectors (raid1: member sectors, the same thing).
+const DIRECT_UNIT_SECTORS: u64 = 2048;
+
+pub(crate) struct Personality {
+    /// md's name for it, as /proc/mdstat prints it.
+    pub name: &'static str,
+    /// md's make_request for a read of [sector, sector + len) array sectors.
+    pub read: fn(&mut Engine, RequestId, u64, u64),
+    /// md's make_request for a write (`zero`: write zeroes or discard, no payload).
+    pub write: fn(&mut Engine, RequestId, u64, u64, bool),
+    /// The end of one of the personality's member I/Os (md's `end_request` callbacks).
+    pub io_done: fn(&mut Engine, IoCtx, usize, Result<Vec<u8>, MemberIoError>),
+    /// md's sync_request: start one background unit [start, end) of the job's sectors.
+    pub sync_unit: fn(&mut Engine, u64, u64) -> UnitStart,
+    /// Sectors a background unit covers.
+    pub sync_unit_sectors: fn(&Engine) -> u64,
+    /// Background units worked on at once.
+    pub sync_window_units: fn(&Engine, u64) -> usize,
+    /// May a resync run with the members as they are?
+    pub resync_may_run: fn(&Engine) -> bool,
+    /// Background jobs walk array sectors rather than member sectors (raid10, whose copies
+    /// of one member's data are spread over the array's address space).
+    pub sync_in_array_sectors: bool,
+    /// The level keeps redundancy: there is something to resync and bad blocks to list.
+    pub redundant: bool,
+}
+
+impl Personality {
+    /// The personality of `level`.
+    pub(crate) fn of(level: Level) -> &'static Personality {
+        match level {
+            Level::Raid0 => &RAID0,
+            Level::Raid1 => &RAID1,
+            Level::Raid10 => &RAID10,
+            Level::Raid4 | Level::Raid5 | Level::Raid6 => &RAID456,
+        }
+    }
+}
+
+static RAID0: Personality = Personality {
+    name: "raid0",
+    redundant: false,
+    sync_in_array_sectors: true,
+    resync_may_run: |_| false,
+    ..MIRRORED
+};
+
+static RAID1: Personality = Personality { name: "raid1", sync_in_array_sectors: false, ..MIRRORED };
+
+static RAID10: Personality = Personality { name: "raid10", ..MIRRORED };
+
+/// raid1 and raid10: requests map straight onto member I/Os (`direct.rs`), background work
+/// copies units of array sectors one at a time (`direct_sync.rs`).
+const MIRRORED: Personality = Personality {
+    name: "raid10",
+    read: Engine::direct_read,
+    write: Engine::direct_write,
+    io_done: Engine::direct_io_done,
+    sync_unit: Engine::start_direct_sync,
+    sync_unit_sectors: |_| DIRECT_UNIT_SECTORS,
+    sync_window_units: |_, _| 1,
+    resync_may_run: mirrors_may_resync,
+    sync_in_array_sectors: true,
+    redundant: true,
+};
+
+/// raid4, raid5, raid6: everything through stripe heads (`stripe/`), background work a
+/// window of stripe units at a time (`stripe/row_sync.rs`).
+static RAID456: Personality = Personality {
+    name: "raid456",
+    read: Engine::stripe_read,
+    write: Engine::stripe_write,
+    io_done: Engine::stripe_io_done,
+    sync_unit: |e, start, end| {
+        if e.start_stripe_sync(start, end) {
+            UnitStart::Started
+        } else {
+            UnitStart::Busy
+        }
+    },
+    sync_unit_sectors: Engine::stripe_sync_unit_sectors,
+    sync_window_units: Engine::sync_window_units,
+    resync_may_run: |e| e.members.iter().all(|m| m.state == MemberState::InSync),
+    sync_in_array_sectors: false,
+    redundant: true,
+};
+
+/// Mirrors resync among their in-sync copies while two of every block remain.
+fn mirrors_may_resync(e: &Engine) -> bool {
+    let not_in_sync = e.members.iter().filter(|m| m.state != MemberState::InSync).count();
+    let mut copies = Vec::new();
+    e.geo.copies(0, &mut copies);
+    not_in_sync + 2 <= copies.len()
+}
