@@ -28,10 +28,24 @@ fn ci_seed_reports() -> &'static [(Level, SimReport)] {
     static REPORTS: std::sync::OnceLock<Vec<(Level, SimReport)>> = std::sync::OnceLock::new();
     REPORTS.get_or_init(|| {
         let levels = [Level::Raid0, Level::Raid1, Level::Raid10, Level::Raid4, Level::Raid5, Level::Raid6];
-        levels
-            .iter()
-            .flat_map(|&level| (1..=50).map(move |seed| (level, run_sim(&spec(seed, level)))))
-            .collect()
+        let runs: Vec<(Level, u64)> =
+            levels.iter().flat_map(|&level| (1..=50).map(move |seed| (level, seed))).collect();
+        // Runs are independent: one share per core, joined back in order.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let share = runs.len().div_ceil(cores);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = runs
+                .chunks(share)
+                .map(|part| {
+                    s.spawn(move || {
+                        part.iter()
+                            .map(|&(level, seed)| (level, run_sim(&spec(seed, level))))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            parts.into_iter().flat_map(|h| h.join().expect("a CI seed run panicked")).collect()
+        })
     })
 }
 
