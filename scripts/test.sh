@@ -8,4 +8,4 @@ cargo fmt --all -- --check
 # dependencies instead of checking all of them again in a second profile.
 cargo test --workspace --release --no-run
 cargo clippy --workspace --all-targets --release -- -D warnings
-cargo test --workspace --release
+bash scripts/run-tests.sh

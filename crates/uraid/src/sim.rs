@@ -33,7 +33,7 @@ pub struct SimArgs {
     /// Requests in flight (default: chosen from the seed).
     #[arg(long = "queue-depth")]
     queue_depth: Option<usize>,
-    /// Disk profile: hdd-7200-2009, hdd-7200-2014, hdd-sas-7200-2014, ssd-sata, nvme.
+    /// Disk profile: hdd-7200-2008, hdd-7200-2009, hdd-7200-2014, hdd-sas-7200-2014, ssd-sata, nvme.
     #[arg(long, default_value = "nvme")]
     profile: String,
     /// Size of each simulated member.
