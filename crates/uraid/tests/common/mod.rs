@@ -231,8 +231,8 @@ pub fn md_check(images: &[PathBuf]) -> MdView {
     MdView { sha256: sha256.expect("sha256"), mismatch_cnt }
 }
 
-/// md's `check` alone: `mismatch_cnt`, without hashing the array (under the VM's TCG a
-/// sha256 costs about half a minute per GiB, where md's check of the same GiB takes seconds).
+/// md's `check` alone: `mismatch_cnt`, without hashing the array (under the VM's TCG the
+/// hash of a large array costs several times md's own check of it; see docs/reliability.md).
 pub fn md_mismatch_cnt(images: &[PathBuf]) -> u64 {
     md_verify(images, false).1
 }
