@@ -54,16 +54,16 @@ static RAID0: Personality = Personality {
     redundant: false,
     sync_in_array_sectors: true,
     resync_may_run: |_| false,
-    ..MIRRORED
+    ..DIRECT
 };
 
-static RAID1: Personality = Personality { name: "raid1", sync_in_array_sectors: false, ..MIRRORED };
+static RAID1: Personality = Personality { name: "raid1", sync_in_array_sectors: false, ..DIRECT };
 
-static RAID10: Personality = Personality { name: "raid10", ..MIRRORED };
+static RAID10: Personality = Personality { name: "raid10", ..DIRECT };
 
-/// raid1 and raid10: requests map straight onto member I/Os (`direct.rs`), background work
-/// copies units of array sectors one at a time (`direct_sync.rs`).
-const MIRRORED: Personality = Personality {
+/// raid0, raid1 and raid10: requests map straight onto member I/Os (`direct.rs`); on the
+/// mirrors background work copies units of array sectors one at a time (`direct_sync.rs`).
+const DIRECT: Personality = Personality {
     name: "raid10",
     read: Engine::direct_read,
     write: Engine::direct_write,
