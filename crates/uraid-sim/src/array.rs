@@ -301,7 +301,7 @@ impl<E: ArrayEngine> SimArray<E> {
             if t_disk == Some(next) {
                 self.scratch.clear();
                 self.members.disks.run_next(&mut self.scratch);
-                for c in std::mem::take(&mut self.scratch) {
+                for c in self.scratch.drain(..) {
                     self.members.completed(c);
                 }
             } else {

@@ -51,12 +51,12 @@ fn engine_run_ns(engine: &mut Engine, requests: u64, depth: u64, make: &dyn Fn(u
             engine.submit(r, now).expect("engine accepts");
         }
         engine.unplug(now);
-        let mut t = Some(t);
+        timed += t.elapsed().as_nanos() as u64;
         loop {
             now += 1_000;
-            let start = t.take().unwrap_or_else(Instant::now);
+            let t = Instant::now();
             let pumped = drive::pump(engine, &mut ex, &mut || now, &mut scratch, |_| done += 1);
-            timed += start.elapsed().as_nanos() as u64;
+            timed += t.elapsed().as_nanos() as u64;
             if !pumped.any() {
                 break;
             }

@@ -39,17 +39,21 @@ fn random_4k_iops(profile: &str, qd: usize, n: usize) -> f64 {
     let mut out = Vec::new();
     let mut issued = 0;
     let mut done = 0;
-    while issued < qd.min(n) {
-        let off = rng.below(blocks) * 4096;
-        disks.submit(MemberIo {
-            id: issued as u64,
+    let mut submit_one = |disks: &mut SimDisks, issued: &mut usize| {
+        let offset_bytes = rng.below(blocks) * 4096;
+        let io = MemberIo {
+            id: *issued as u64,
             member: 0,
             op: MemberIoOp::Read,
-            offset_bytes: off,
+            offset_bytes,
             len_bytes: 4096,
             data: Default::default(),
-        });
-        issued += 1;
+        };
+        disks.submit(io);
+        *issued += 1;
+    };
+    while issued < qd.min(n) {
+        submit_one(&mut disks, &mut issued);
     }
     while done < n {
         out.clear();
@@ -57,16 +61,7 @@ fn random_4k_iops(profile: &str, qd: usize, n: usize) -> f64 {
         for _ in out.drain(..) {
             done += 1;
             if issued < n {
-                let off = rng.below(blocks) * 4096;
-                disks.submit(MemberIo {
-                    id: issued as u64,
-                    member: 0,
-                    op: MemberIoOp::Read,
-                    offset_bytes: off,
-                    len_bytes: 4096,
-                    data: Default::default(),
-                });
-                issued += 1;
+                submit_one(&mut disks, &mut issued);
             }
         }
     }
