@@ -103,6 +103,23 @@ pub enum MemberIoOp {
     Flush,
 }
 
+impl MemberIoOp {
+    /// Counts one member I/O of this kind over `len_bytes` in `ms`.
+    pub fn count_in(self, ms: &mut crate::stats::MemberStats, len_bytes: u64) {
+        match self {
+            MemberIoOp::Read => {
+                ms.reads += 1;
+                ms.read_bytes += len_bytes;
+            }
+            MemberIoOp::Write => {
+                ms.writes += 1;
+                ms.write_bytes += len_bytes;
+            }
+            MemberIoOp::Flush => ms.flushes += 1,
+        }
+    }
+}
+
 /// The payload of a member write: a shared, read-only view of a buffer, so a stripe-cache
 /// buffer can feed the member write without a copy while the cache keeps using it.
 #[derive(Clone)]

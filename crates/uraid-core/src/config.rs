@@ -46,7 +46,7 @@ pub struct Tunables {
     /// MD_SB_CHANGE_PENDING): otherwise a crash could bring the failed member back as in sync.
     pub hold_completions_on_member_failure: bool,
     /// Read balancing for mirrors (raid1, raid10).
-    pub balance: crate::mirror::Balance,
+    pub balance: Balance,
     /// Background resync/recovery floor while other I/O runs, KiB/s per member (md default 1000).
     pub sync_speed_min_kib: u64,
     /// Background resync/recovery ceiling when the array is otherwise idle, KiB/s (md default 200000).
@@ -65,7 +65,7 @@ impl Default for Tunables {
             aligned_read_bypass: true,
             degraded_read_bypass: false,
             hold_completions_on_member_failure: false,
-            balance: crate::mirror::Balance::Load,
+            balance: Balance::Load,
             sync_speed_min_kib: 1000,
             sync_speed_max_kib: 200_000,
         }
@@ -108,3 +108,38 @@ impl std::fmt::Display for ConfigError {
     }
 }
 impl std::error::Error for ConfigError {}
+
+/// md has no read balancing tunable; gmirror's `balance` (see `mirror`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Balance {
+    /// Outstanding queue depth plus distance from the member's last position; a sequential
+    /// stream stays on its member.
+    #[default]
+    Load,
+    /// gmirror's original `load` (FreeBSD 7): the member whose last request answered
+    /// fastest, unless one was not sent anything for `LOAD_TIME_IDLE_NS`.
+    LoadTime,
+    RoundRobin,
+    /// Reads of at least `SPLIT_SLICE_BYTES` are split across members.
+    Split,
+    /// Lowest-numbered working member first.
+    Prefer,
+}
+
+impl Balance {
+    pub const NAMES: &'static [(&'static str, Balance)] = &[
+        ("load", Balance::Load),
+        ("load-time", Balance::LoadTime),
+        ("round-robin", Balance::RoundRobin),
+        ("split", Balance::Split),
+        ("prefer", Balance::Prefer),
+    ];
+    pub fn parse(text: &str) -> Result<Balance, String> {
+        Self::NAMES.iter().find(|(n, _)| *n == text).map(|&(_, b)| b).ok_or_else(|| {
+            format!("unknown balance {text:?}: use load, load-time, round-robin, split or prefer")
+        })
+    }
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(_, b)| *b == self).map(|(n, _)| *n).unwrap_or("load")
+    }
+}

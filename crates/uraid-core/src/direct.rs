@@ -3,8 +3,8 @@
 use crate::api::*;
 use crate::engine::Engine;
 use crate::geometry::{Extent, Level};
+use crate::ledger::IoCtx;
 use crate::mirror::{choose_copy, Balance, SPLIT_SLICE_BYTES};
-use crate::stripe::IoCtx;
 
 /// Largest single member I/O a raid1 request is cut into.
 const MAX_MIRROR_IO_SECTORS: u64 = 2048;

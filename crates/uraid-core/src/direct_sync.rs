@@ -5,8 +5,8 @@
 use crate::api::*;
 use crate::engine::Engine;
 use crate::geometry::{Extent, Level};
+use crate::ledger::IoCtx;
 use crate::mirror::{choose_copy, Balance};
-use crate::stripe::IoCtx;
 use crate::sync::{DirectUnit, SyncKind, UnitStart};
 
 impl Engine {

@@ -12,10 +12,14 @@ pub mod engine;
 pub mod explain;
 pub mod geometry;
 mod inflight;
+#[cfg(test)]
+mod layering;
+mod ledger;
 pub mod meta;
 pub mod mirror;
 mod personality;
 pub mod queue;
+mod rdev;
 pub mod replace;
 pub mod rng;
 pub mod scrub;

@@ -1,41 +1,9 @@
 //! Read balancing across copies for raid1 and raid10 (gmirror's algorithms, seed 003).
 
-use crate::engine::MemberRt;
 use crate::geometry::Extent;
+use crate::rdev::MemberRt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Balance {
-    /// Outstanding queue depth plus distance from the member's last position; a sequential
-    /// stream stays on its member.
-    #[default]
-    Load,
-    /// gmirror's original `load` (FreeBSD 7): the member whose last request answered
-    /// fastest, unless one was not sent anything for `LOAD_TIME_IDLE_NS`.
-    LoadTime,
-    RoundRobin,
-    /// Reads of at least `SPLIT_SLICE_BYTES` are split across members.
-    Split,
-    /// Lowest-numbered working member first.
-    Prefer,
-}
-
-impl Balance {
-    pub const NAMES: &'static [(&'static str, Balance)] = &[
-        ("load", Balance::Load),
-        ("load-time", Balance::LoadTime),
-        ("round-robin", Balance::RoundRobin),
-        ("split", Balance::Split),
-        ("prefer", Balance::Prefer),
-    ];
-    pub fn parse(text: &str) -> Result<Balance, String> {
-        Self::NAMES.iter().find(|(n, _)| *n == text).map(|&(_, b)| b).ok_or_else(|| {
-            format!("unknown balance {text:?}: use load, load-time, round-robin, split or prefer")
-        })
-    }
-    pub fn name(self) -> &'static str {
-        Self::NAMES.iter().find(|(_, b)| *b == self).map(|(n, _)| *n).unwrap_or("load")
-    }
-}
+pub use crate::config::Balance;
 
 /// `split` divides reads of at least this many bytes across the mirrors.
 pub const SPLIT_SLICE_BYTES: u64 = 128 * 1024;

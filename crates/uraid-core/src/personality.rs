@@ -3,39 +3,13 @@
 //! `raid_bdev_module`. What differs between the levels is read here, not branched on
 //! inside the shared rooms (ledger, sync, members). See docs/architecture.md.
 
-use crate::api::{MemberIoError, RequestId};
 use crate::config::MemberState;
-use crate::engine::Engine;
+use crate::engine::{Engine, Personality};
 use crate::geometry::Level;
-use crate::stripe::IoCtx;
 use crate::sync::UnitStart;
 
 /// raid0/1/10 background unit, in array sectors (raid1: member sectors, the same thing).
 const DIRECT_UNIT_SECTORS: u64 = 2048;
-
-pub(crate) struct Personality {
-    /// md's name for it, as /proc/mdstat prints it.
-    pub name: &'static str,
-    /// md's make_request for a read of [sector, sector + len) array sectors.
-    pub read: fn(&mut Engine, RequestId, u64, u64),
-    /// md's make_request for a write (`zero`: write zeroes or discard, no payload).
-    pub write: fn(&mut Engine, RequestId, u64, u64, bool),
-    /// The end of one of the personality's member I/Os (md's `end_request` callbacks).
-    pub io_done: fn(&mut Engine, IoCtx, usize, Result<Vec<u8>, MemberIoError>),
-    /// md's sync_request: start one background unit [start, end) of the job's sectors.
-    pub sync_unit: fn(&mut Engine, u64, u64) -> UnitStart,
-    /// Sectors a background unit covers.
-    pub sync_unit_sectors: fn(&Engine) -> u64,
-    /// Background units worked on at once.
-    pub sync_window_units: fn(&Engine, u64) -> usize,
-    /// May a resync run with the members as they are?
-    pub resync_may_run: fn(&Engine) -> bool,
-    /// Background jobs walk array sectors rather than member sectors (raid10, whose copies
-    /// of one member's data are spread over the array's address space).
-    pub sync_in_array_sectors: bool,
-    /// The level keeps redundancy: there is something to resync and bad blocks to list.
-    pub redundant: bool,
-}
 
 impl Personality {
     /// The personality of `level`.

@@ -27,35 +27,10 @@ use crate::api::*;
 use crate::config::MemberState;
 use crate::engine::Engine;
 use crate::geometry::Level;
-use crate::stripe::IoCtx;
+use crate::rdev::Replacement;
 use crate::sync::{EngineEvent, SyncKind};
 
-/// The device being rebuilt to replace a slot's member.
-#[derive(Clone, Debug)]
-pub(crate) struct Replacement {
-    /// The caller's member index for its I/O (`MemberIo::member`).
-    pub io_member: usize,
-    pub data_offset_bytes: u64,
-    /// Member data sectors below this are copied (md's recovery_offset).
-    pub recovery_offset_sectors: u64,
-    /// The copy is done; it waits for `promote_replacement`.
-    pub copied: bool,
-}
-
-/// A replacement as the caller sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReplacementStatus {
-    pub slot: usize,
-    pub io_member: usize,
-    pub recovery_offset_sectors: u64,
-    /// Copied in full and waiting for `Engine::promote_replacement`.
-    pub copied: bool,
-}
-
-/// A write to a slot with a replacement: its twin write to the replacement is in flight;
-/// the slot write's completion, if it came first, waits here (with the write's member
-/// sectors, for the bad-block log).
-pub(crate) type HeldCompletion = Option<(IoCtx, usize, Result<Vec<u8>, MemberIoError>, Option<(u64, u64)>)>;
+pub use crate::rdev::ReplacementStatus;
 
 impl Engine {
     /// Start replacing the member in `slot` by a device the caller reaches as `io_member`

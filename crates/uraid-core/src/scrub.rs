@@ -17,50 +17,14 @@
 use crate::api::*;
 use crate::config::MemberState;
 use crate::engine::Engine;
-use crate::geometry::{Extent, Level};
-use crate::stripe::IoCtx;
-use crate::sync::{DirectUnit, EngineEvent, SyncKind, UnitStart};
+use crate::geometry::Level;
+use crate::ledger::IoCtx;
+use crate::sync::{DirectScrub, DirectUnit, EngineEvent, SyncKind, UnitStart};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScrubKind {
-    /// Read and compare everything, change nothing (md's `check`).
-    Check,
-    /// As check, and rewrite what is inconsistent (md's `repair`).
-    Repair,
-}
-
-impl ScrubKind {
-    /// md's sync_action word.
-    pub fn name(self) -> &'static str {
-        match self {
-            ScrubKind::Check => "check",
-            ScrubKind::Repair => "repair",
-        }
-    }
-}
-
-/// md's sync_action / last_sync_action word for a job.
-pub fn action_name(kind: SyncKind) -> &'static str {
-    match kind {
-        // md's sync_action says "recover" while a replacement is rebuilt too.
-        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recover",
-        SyncKind::Resync => "resync",
-        SyncKind::Scrub(k) => k.name(),
-    }
-}
+pub use crate::sync::{action_name, ScrubKind};
 
 /// md's RESYNC_PAGES in sectors: the largest raid1/10 sync bio.
 const RESYNC_BIO_SECTORS: u64 = 128;
-
-/// A raid1/10 scrub unit: its pieces (each contiguous on every copy) and every copy's read.
-pub(crate) struct DirectScrub {
-    kind: ScrubKind,
-    /// (array sector, sectors, copies in md's order).
-    pieces: Vec<(u64, u64, Vec<Extent>)>,
-    /// bufs[piece][copy].
-    bufs: Vec<Vec<Option<Vec<u8>>>>,
-    compared: bool,
-}
 
 impl Engine {
     /// Start md's `check` or `repair`. Refused, as md refuses it, on raid0, on a failed or

@@ -12,24 +12,6 @@ pub struct MemberStats {
     pub busy_ns: u64,
 }
 
-impl MemberStats {
-    /// Counts one member I/O of `op` over `len_bytes`.
-    pub fn count(&mut self, op: crate::api::MemberIoOp, len_bytes: u64) {
-        use crate::api::MemberIoOp;
-        match op {
-            MemberIoOp::Read => {
-                self.reads += 1;
-                self.read_bytes += len_bytes;
-            }
-            MemberIoOp::Write => {
-                self.writes += 1;
-                self.write_bytes += len_bytes;
-            }
-            MemberIoOp::Flush => self.flushes += 1,
-        }
-    }
-}
-
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ArrayStats {
     pub members: Vec<MemberStats>,

@@ -79,7 +79,7 @@ impl MirrorEngine {
         self.next_io += 1;
         self.io_owner.insert(id, (req_id, member));
         let ms = &mut self.stats.members[member];
-        ms.count(op, len);
+        op.count_in(ms, len);
         let offset_bytes = if op == MemberIoOp::Flush { 0 } else { offset + self.data_offset_bytes };
         self.outbox.push_back(MemberIo { id, member, op, offset_bytes, len_bytes: len, data: data.into() });
     }

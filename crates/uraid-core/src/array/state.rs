@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::admission::{Held, Internal, Rmw, Split, WriteInFlight, INTERNAL_TAG, WRITE_TAG};
 use super::rounds::{RoundSeq, Rounds};
 use super::superblocks::{ArraySuperblocks, MemberKey};
 use super::upkeep::UpkeepClock;
@@ -329,4 +328,66 @@ impl ArrayEngine for Array {
         self.settle();
         r
     }
+}
+
+/// Set on the ids of writes the array hands the engine (callers' ids stay below it).
+pub(super) const WRITE_TAG: RequestId = 1 << 57;
+/// Set on the ids of the array's own requests.
+pub(super) const INTERNAL_TAG: RequestId = 1 << 58;
+
+/// A write held until round `wait_seq` is done.
+pub(super) struct Held {
+    pub req: Request,
+    pub wait_seq: RoundSeq,
+    pub arrival: u64,
+    /// Array sectors `[start, end)`.
+    pub span: (u64, u64),
+    pub sync_range: Option<(u64, u64)>,
+}
+
+/// A write in the engine (by the id the engine has).
+pub(super) struct WriteInFlight {
+    pub span: (u64, u64),
+    pub sync_range: Option<(u64, u64)>,
+}
+
+/// A caller's request split into several of the array's own.
+pub(super) struct Split {
+    pub parts_left: u32,
+    pub error: Option<RequestError>,
+}
+
+/// A read-modify-write of the edge sectors `span` of a caller's unaligned write.
+pub(super) struct Rmw {
+    pub arrival: u64,
+    pub caller: RequestId,
+    pub span: (u64, u64),
+    /// Where the caller's bytes go in the span, and what they are (None: zeroes).
+    pub patch_at: usize,
+    pub patch_len: usize,
+    pub patch: Option<Vec<u8>>,
+    pub fua: bool,
+    pub started: bool,
+}
+
+/// A request of the array's own, by its id.
+pub(super) enum Internal {
+    Flush(AfterFlush),
+    /// An unaligned read, widened to whole sectors: the caller's id, bytes to drop in front,
+    /// the caller's length.
+    WidenedRead {
+        caller: RequestId,
+        skip: usize,
+        len: usize,
+    },
+    /// The sector-aligned middle of a caller's unaligned write.
+    Part {
+        caller: RequestId,
+    },
+    RmwRead {
+        arrival: u64,
+    },
+    RmwWrite {
+        arrival: u64,
+    },
 }

@@ -4,9 +4,11 @@
 //! through stripe heads (`stripe/`) unless a chunk-aligned read may bypass the cache.
 //! Every event ends by re-analysing what it touched, as md's `handle_stripe` does.
 //!
-//! Rooms: this file holds the engine's state and its entry points; [`ledger`] the requests
-//! and member I/Os in flight (issue, route, complete, flush); [`members`] each slot's state
-//! (failure, bad-block log, write-mostly, whether the data survives).
+//! Rooms: this file holds the engine's state and its entry points; `route` issues member
+//! I/O and routes completions through the ledger of requests and member I/Os in flight
+//! (`crate::ledger`); `members` changes each slot's state (`crate::rdev`: failure, bad-block
+//! log, write-mostly, whether the data survives). State types sit in leaf files that import
+//! no room, so no file imports in a circle (see `crate::layering`).
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -15,23 +17,14 @@ use crate::detmap::DetMap;
 use crate::api::*;
 use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::Geometry;
-use crate::personality::Personality;
+use crate::ledger::{FlushWait, HeldCompletion, InflightIo, IoCtx, ReqState};
+use crate::rdev::{MemberRt, Replacement};
 use crate::stats::ArrayStats;
-use crate::stripe::{IoCtx, StripeCache};
-use crate::sync::{DirectUnit, EngineEvent, SyncJob, SyncKind};
+use crate::stripe::{Ppl, StripeCache};
+use crate::sync::{DirectUnit, EngineEvent, SectorRanges, SyncJob, SyncKind, UnitStart};
 
-mod ledger;
 mod members;
-
-pub(crate) use ledger::{FlushWait, ReqState};
-pub(crate) use members::MemberRt;
-
-/// A member I/O in flight: why, which member, when issued, and the data-relative
-/// (sector, len) of a write (a success there clears listed bad blocks).
-pub(crate) type InflightIo = (IoCtx, usize, TimeNs, Option<(u64, u64)>);
-
-/// Member-sector ranges [start, end) a background job covers.
-pub(crate) type SectorRanges = Vec<(u64, u64)>;
+mod route;
 
 pub struct Engine {
     pub(crate) geo: Geometry,
@@ -75,17 +68,43 @@ pub struct Engine {
     /// md's last_sync_action: the name of the last job started ("none" before any).
     pub(crate) last_sync_action: &'static str,
     /// Per slot: the device being rebuilt to replace its member (see `replace`).
-    pub(crate) replacements: Vec<Option<crate::replace::Replacement>>,
+    pub(crate) replacements: Vec<Option<Replacement>>,
     /// Writes to a slot with a replacement whose twin write is still in flight, with the
     /// slot write's completion once it came (it is handled when both landed).
-    twins: DetMap<MemberIoId, crate::replace::HeldCompletion>,
+    twins: DetMap<MemberIoId, HeldCompletion>,
     /// Work queued at construction (a recovery resumed from its checkpoint) waits for the
     /// first call after the caller has set the engine up (member indices, bad-block logs,
     /// write-mostly): `next_deadline_ns` asks for a tick now until then.
     start_pending: bool,
     /// md's partial parity log (RAID5 with PPL; see `stripe::ppl`). Boxed and None
     /// otherwise, so arrays without it pay one pointer check per stripe write.
-    pub(crate) ppl: Option<Box<crate::stripe::Ppl>>,
+    pub(crate) ppl: Option<Box<Ppl>>,
+}
+
+/// md's `struct md_personality`: what a level does differently, one static table per level
+/// (`crate::personality`), chosen when the engine is built.
+pub(crate) struct Personality {
+    /// md's name for it, as /proc/mdstat prints it.
+    pub name: &'static str,
+    /// md's make_request for a read of [sector, sector + len) array sectors.
+    pub read: fn(&mut Engine, RequestId, u64, u64),
+    /// md's make_request for a write (`zero`: write zeroes or discard, no payload).
+    pub write: fn(&mut Engine, RequestId, u64, u64, bool),
+    /// The end of one of the personality's member I/Os (md's `end_request` callbacks).
+    pub io_done: fn(&mut Engine, IoCtx, usize, Result<Vec<u8>, MemberIoError>),
+    /// md's sync_request: start one background unit [start, end) of the job's sectors.
+    pub sync_unit: fn(&mut Engine, u64, u64) -> UnitStart,
+    /// Sectors a background unit covers.
+    pub sync_unit_sectors: fn(&Engine) -> u64,
+    /// Background units worked on at once.
+    pub sync_window_units: fn(&Engine, u64) -> usize,
+    /// May a resync run with the members as they are?
+    pub resync_may_run: fn(&Engine) -> bool,
+    /// Background jobs walk array sectors rather than member sectors (raid10, whose copies
+    /// of one member's data are spread over the array's address space).
+    pub sync_in_array_sectors: bool,
+    /// The level keeps redundancy: there is something to resync and bad blocks to list.
+    pub redundant: bool,
 }
 
 impl Engine {

@@ -18,6 +18,8 @@ use std::sync::Arc;
 use crate::api::*;
 use crate::block::Block;
 use crate::geometry::{Geometry, StripeMap};
+use crate::ledger::IoCtx;
+use crate::meta::ppl::PplEntry;
 use crate::sectors::{rows, runs, SectorMask};
 
 mod analyse;
@@ -29,8 +31,6 @@ mod queue;
 mod row_sync;
 mod scrub;
 mod write;
-
-pub(crate) use ppl::Ppl;
 
 /// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
 /// pre-reading.
@@ -46,105 +46,6 @@ type Buf = Block;
 /// A stripe map and each member's logical data index under it, shared by every head of
 /// the same residue.
 type SharedMap = (Arc<StripeMap>, Arc<Vec<Option<usize>>>);
-
-/// Why a member I/O was issued; routes its completion.
-#[derive(Clone, Debug)]
-pub(crate) enum IoCtx {
-    DirectRead {
-        req: RequestId,
-        array_sector: u64,
-        len_sectors: u64,
-        dest_off: usize,
-        tried: u128,
-        errored: u128,
-    },
-    DirectWrite {
-        req: RequestId,
-        array_sector: u64,
-        len_sectors: u64,
-    },
-    /// Read-error correction: rewrite rows that failed to read (key u64::MAX = no stripe;
-    /// then `req` is the read that waits for it, as md completes a read only after fixing).
-    Rewrite {
-        key: u64,
-        rows: SectorMask,
-        req: Option<RequestId>,
-    },
-    MemberFlush {
-        flush: RequestId,
-    },
-    FuaFlush {
-        req: RequestId,
-    },
-    BypassRead {
-        req: RequestId,
-        array_sector: u64,
-        len_sectors: u64,
-        dest_off: usize,
-    },
-    Fill {
-        key: u64,
-        rows: SectorMask,
-    },
-    StripeWrite {
-        key: u64,
-    },
-    /// raid1/10 sync: read the good copy of a unit's piece. `read_errors`: the members
-    /// whose copy of it failed to read already (tried again elsewhere, then rewritten).
-    SyncRead {
-        array_sector: u64,
-        len_sectors: u64,
-        read_errors: u128,
-    },
-    SyncWrite,
-    /// raid1/10 replacement copy: a piece read from the member being replaced, or from
-    /// another copy once the members in `tried` failed it (see `replace`).
-    ReplaceRead {
-        array_sector: u64,
-        len_sectors: u64,
-        tried: u128,
-    },
-    /// The replacement's copy of the slot write `primary` (see `replace`).
-    ReplaceTwin {
-        primary: MemberIoId,
-    },
-    /// raid4/5/6 sync: a rebuilt member block or recomputed parity of a stripe head.
-    StripeSyncWrite {
-        key: u64,
-    },
-    /// raid4/5/6 recovery of a row unit (see `row_sync`): a survivor's range, the rebuilt range.
-    RowSyncRead {
-        unit: u64,
-    },
-    RowSyncWrite {
-        unit: u64,
-    },
-    /// raid4/5/6 check/repair of a row unit (see `stripe::scrub`): every member's range,
-    /// then the rewritten pages.
-    ScrubStripeRead {
-        unit: u64,
-    },
-    ScrubStripeWrite {
-        unit: u64,
-    },
-    /// raid1/10 check/repair (see `scrub`): copy `copy` of piece `piece`, then a rewrite.
-    ScrubDirectRead {
-        piece: u32,
-        copy: u32,
-    },
-    ScrubDirectWrite,
-    /// md's partial parity log (see `stripe::ppl`): the log write to `slot`'s area, its
-    /// flush, and the flushes of the members a finished io_unit's batches wrote.
-    PplLog {
-        slot: usize,
-    },
-    PplLogFlush {
-        slot: usize,
-    },
-    PplFlush {
-        slot: usize,
-    },
-}
 
 /// Background work on one stripe head.
 struct SyncOp {
@@ -271,11 +172,11 @@ pub(crate) struct StripeCache {
     zero: IoBytes,
     running: bool,
     /// Row units of the running sync, by unit start (member sector).
-    rows: DetMap<u64, row_sync::RowUnit>,
+    rows: DetMap<u64, RowUnit>,
     /// Job units handed to per-head syncs, by unit start.
-    heads_left: DetMap<u64, row_sync::HeadsLeft>,
+    heads_left: DetMap<u64, HeadsLeft>,
     /// Check/repair units of the running scrub, by unit start (member sector).
-    scrubs: DetMap<u64, scrub::ScrubUnit>,
+    scrubs: DetMap<u64, ScrubUnit>,
     /// Row units' read buffers for reuse; a zeroed row for syndrome gaps (DDF layouts).
     row_pool: Vec<Vec<u8>>,
     row_zero: Vec<u8>,
@@ -361,4 +262,121 @@ enum Ensure {
     Ready,
     Pending,
     Lost,
+}
+
+// ---- the state of row recovery units (`row_sync`), scrub units (`scrub`), the log (`ppl`)
+
+/// A recovery unit over consecutive heads of one chunk row.
+pub(crate) struct RowUnit {
+    /// The member being rebuilt.
+    target: usize,
+    /// Keys of the claimed heads, in order.
+    heads: Vec<u64>,
+    /// Heads that have no write batch left and have stopped taking new ones.
+    heads_ready: usize,
+    /// The survivors' reads were issued (the unit no longer waits for its heads).
+    started: bool,
+    /// Member I/Os in flight (reads, then the write).
+    pending: u32,
+    /// Each survivor's range, once read.
+    bufs: Vec<Option<Vec<u8>>>,
+    /// A survivor read failed: the per-head path redoes the unit.
+    read_failed: bool,
+    /// The rebuilt range being written, kept to reuse its buffer once the write is done.
+    written: Option<Arc<Vec<u8>>>,
+}
+
+/// Per-head syncs standing in for one job unit (a row unit's fallback): the unit is done
+/// when the last of them is.
+pub(crate) struct HeadsLeft {
+    left: u32,
+    ok: bool,
+}
+
+/// A raid4/5/6 scrub unit over consecutive heads (see `scrub`).
+pub(crate) struct ScrubUnit {
+    /// Keys of the claimed heads, in order.
+    heads: Vec<u64>,
+    heads_ready: usize,
+    /// The members' reads were issued.
+    started: bool,
+    /// Member I/Os in flight (reads, then repair writes).
+    pending: u32,
+    bufs: Vec<Option<Vec<u8>>>,
+    failed: bool,
+    /// Members repair wrote: the claimed heads' cached rows of them are dropped.
+    written: Vec<bool>,
+}
+
+/// Every member's log (md's `ppl_conf`).
+pub(crate) struct Ppl {
+    signature: u32,
+    /// md's `seq`: the generation of the last io_unit made, over all logs.
+    seq: u64,
+    /// Per slot; None where the member has no area.
+    logs: Vec<Option<PplLog>>,
+}
+
+/// One member's log (md's `ppl_log`).
+struct PplLog {
+    /// Absolute first sector of the area on the slot's device, and its size as md uses it.
+    area_sector: u64,
+    area_sectors: u64,
+    entry_space_bytes: u64,
+    multiple: bool,
+    next_io_sector: u64,
+    /// A device newly in the slot: its area may hold an old log, which a replay must never
+    /// take for this one, so the next log write covers the whole area (md's
+    /// `ppl_write_empty_header` when a member is added).
+    reset_pending: bool,
+    /// io_units, oldest first: only the first is ever being written; the last gathers.
+    units: VecDeque<IoUnit>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UnitState {
+    /// Gathering batches (or waiting its turn).
+    Open,
+    /// The log write, then its flush (md writes it FUA).
+    Logging,
+    /// The batches' member writes were released.
+    Logged,
+    /// Every batch landed; flushes of the members they wrote outstanding.
+    Flushing(u32),
+}
+
+/// md's `ppl_io_unit`: one log write.
+struct IoUnit {
+    generation: u64,
+    /// `checksum` holds the running CRC register until the unit is written.
+    entries: Vec<PplEntry>,
+    pp: Vec<u8>,
+    heads: Vec<u64>,
+    /// Heads whose member writes have not landed yet.
+    pending_heads: u32,
+    /// Members the heads write (md's `disk_flush_bitmap`).
+    written: u128,
+    state: UnitState,
+    /// The last row group logged: (member sector, first and last data index, full), for
+    /// md's rule that the next row of the same data members joins the last entry.
+    last: Option<(u64, usize, usize, bool)>,
+}
+
+/// One 4 KiB row group of a batch, as it is logged.
+struct Group {
+    /// Data-relative member sector of the group's first row.
+    member_sector: u64,
+    /// Logical data indices the entry covers (written ones and any between them).
+    lo: usize,
+    hi: usize,
+    /// Every data member covered: no partial parity (md's STRIPE_FULL_WRITE).
+    full: bool,
+}
+
+/// What a batch logs: its groups, their partial parity (4 KiB per group that is not
+/// full, in order) and the members it writes.
+pub(super) struct PplBatch {
+    groups: Vec<Group>,
+    pp: Vec<u8>,
+    written: u128,
 }

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 
 use crate::engine::Engine;
 use crate::geometry::Level;
-use crate::meta::{
+use crate::meta::ppl::{
     crc32c_update, ppl_entry_space_bytes, ppl_usable_sectors, ppl_uses_multiple, PplEntry, PplHeader,
     PPL_HDR_MAX_ENTRIES, PPL_HEADER_SIZE,
 };
@@ -31,79 +31,6 @@ use super::*;
 const GROUP_SECTORS: u64 = 8;
 const GROUP_BYTES: usize = 4096;
 const HEADER_SECTORS: u64 = (PPL_HEADER_SIZE / 512) as u64;
-
-/// Every member's log (md's `ppl_conf`).
-pub(crate) struct Ppl {
-    signature: u32,
-    /// md's `seq`: the generation of the last io_unit made, over all logs.
-    seq: u64,
-    /// Per slot; None where the member has no area.
-    logs: Vec<Option<PplLog>>,
-}
-
-/// One member's log (md's `ppl_log`).
-struct PplLog {
-    /// Absolute first sector of the area on the slot's device, and its size as md uses it.
-    area_sector: u64,
-    area_sectors: u64,
-    entry_space_bytes: u64,
-    multiple: bool,
-    next_io_sector: u64,
-    /// A device newly in the slot: its area may hold an old log, which a replay must never
-    /// take for this one, so the next log write covers the whole area (md's
-    /// `ppl_write_empty_header` when a member is added).
-    reset_pending: bool,
-    /// io_units, oldest first: only the first is ever being written; the last gathers.
-    units: VecDeque<IoUnit>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum UnitState {
-    /// Gathering batches (or waiting its turn).
-    Open,
-    /// The log write, then its flush (md writes it FUA).
-    Logging,
-    /// The batches' member writes were released.
-    Logged,
-    /// Every batch landed; flushes of the members they wrote outstanding.
-    Flushing(u32),
-}
-
-/// md's `ppl_io_unit`: one log write.
-struct IoUnit {
-    generation: u64,
-    /// `checksum` holds the running CRC register until the unit is written.
-    entries: Vec<PplEntry>,
-    pp: Vec<u8>,
-    heads: Vec<u64>,
-    /// Heads whose member writes have not landed yet.
-    pending_heads: u32,
-    /// Members the heads write (md's `disk_flush_bitmap`).
-    written: u128,
-    state: UnitState,
-    /// The last row group logged: (member sector, first and last data index, full), for
-    /// md's rule that the next row of the same data members joins the last entry.
-    last: Option<(u64, usize, usize, bool)>,
-}
-
-/// One 4 KiB row group of a batch, as it is logged.
-struct Group {
-    /// Data-relative member sector of the group's first row.
-    member_sector: u64,
-    /// Logical data indices the entry covers (written ones and any between them).
-    lo: usize,
-    hi: usize,
-    /// Every data member covered: no partial parity (md's STRIPE_FULL_WRITE).
-    full: bool,
-}
-
-/// What a batch logs: its groups, their partial parity (4 KiB per group that is not
-/// full, in order) and the members it writes.
-pub(super) struct PplBatch {
-    groups: Vec<Group>,
-    pp: Vec<u8>,
-    written: u128,
-}
 
 fn bit(m: usize) -> u128 {
     1u128 << m

@@ -18,40 +18,13 @@
 
 use std::sync::Arc;
 
-use super::{IoCtx, SyncOp};
+use super::{HeadsLeft, IoCtx, RowUnit, SyncOp};
 use crate::api::*;
 use crate::engine::Engine;
 use crate::sync::SyncKind;
 
 /// Heads a row unit covers at most (1 MiB of each member with 64 KiB heads).
 pub(crate) const MAX_ROW_HEADS: u64 = 16;
-
-/// A recovery unit over consecutive heads of one chunk row.
-pub(crate) struct RowUnit {
-    /// The member being rebuilt.
-    target: usize,
-    /// Keys of the claimed heads, in order.
-    heads: Vec<u64>,
-    /// Heads that have no write batch left and have stopped taking new ones.
-    heads_ready: usize,
-    /// The survivors' reads were issued (the unit no longer waits for its heads).
-    started: bool,
-    /// Member I/Os in flight (reads, then the write).
-    pending: u32,
-    /// Each survivor's range, once read.
-    bufs: Vec<Option<Vec<u8>>>,
-    /// A survivor read failed: the per-head path redoes the unit.
-    read_failed: bool,
-    /// The rebuilt range being written, kept to reuse its buffer once the write is done.
-    written: Option<Arc<Vec<u8>>>,
-}
-
-/// Per-head syncs standing in for one job unit (a row unit's fallback): the unit is done
-/// when the last of them is.
-pub(crate) struct HeadsLeft {
-    left: u32,
-    ok: bool,
-}
 
 /// A claimed head leaves its unit before the unit started (the array failed while it
 /// waited for its batch); true when the unit has no head left.

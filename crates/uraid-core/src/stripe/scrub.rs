@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::IoCtx;
+use super::{IoCtx, ScrubUnit};
 use crate::api::*;
 use crate::engine::Engine;
 use crate::scrub::ScrubKind;
@@ -23,20 +23,6 @@ use crate::sync::SyncKind;
 /// stripe_head found inconsistent adds that many sectors to resync_mismatches.
 pub(crate) const STRIPE_PAGE_SECTORS: u64 = 8;
 const PAGE_BYTES: usize = (STRIPE_PAGE_SECTORS * SECTOR_BYTES) as usize;
-
-pub(crate) struct ScrubUnit {
-    /// Keys of the claimed heads, in order.
-    heads: Vec<u64>,
-    heads_ready: usize,
-    /// The members' reads were issued.
-    started: bool,
-    /// Member I/Os in flight (reads, then repair writes).
-    pending: u32,
-    bufs: Vec<Option<Vec<u8>>>,
-    failed: bool,
-    /// Members repair wrote: the claimed heads' cached rows of them are dropped.
-    written: Vec<bool>,
-}
 
 impl Engine {
     pub(super) fn new_scrub_unit(&mut self, unit: u64, heads: Vec<u64>) {

@@ -4,8 +4,8 @@
 
 use std::fmt;
 
-use super::bitmap::{BitmapError, BitmapImage, WriteIntentBitmap};
-mod plan;
+use super::bitmap::{BitmapError, BitmapImage};
+pub(crate) mod plan;
 pub use plan::*;
 
 use super::superblock::{feature, level, role, Superblock, SuperblockError, SuperblockVersion, MAX_SECTOR};
@@ -60,8 +60,8 @@ impl fmt::Display for RefusedMember {
             RefuseReason::OtherArray { uuid, expected } => write!(
                 f,
                 "{name}: member of another array ({}), not of {}: leave it out",
-                super::format_uuid(uuid),
-                super::format_uuid(expected)
+                super::superblock::format_uuid(uuid),
+                super::superblock::format_uuid(expected)
             ),
             RefuseReason::OfferedTwice { first } => write!(
                 f,

@@ -1,6 +1,6 @@
 //! What assembly decided: the plan an array is started from (`plan_assembly` makes it).
 
-use super::*;
+use crate::meta::bitmap::{BitmapImage, WriteIntentBitmap};
 
 /// The member chosen for a slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,46 +161,5 @@ impl AssemblyPlan {
                 },
             })
             .collect()
-    }
-
-    /// After md's ppl_recover: when it replayed entries and found every log sound, the
-    /// stripes that were being written are consistent again and the array starts clean,
-    /// with no resync (md's `ppl_init_log` sets `recovery_cp = MaxSector` then). Returns
-    /// what to tell the operator.
-    pub fn apply_ppl_recovery(&mut self, r: &crate::meta::ppl_recover::PplRecovery) -> String {
-        let rows = r.writes.len();
-        let mut msg = format!(
-            "partial parity log replayed: {} entr{} recovered, {rows} parity block{} rewritten",
-            r.recovered_entries,
-            if r.recovered_entries == 1 { "y" } else { "ies" },
-            if rows == 1 { "" } else { "s" },
-        );
-        if r.skipped_rows > 0 {
-            msg += &format!(
-                ", {} row{} left as they were (a member they wrote is missing)",
-                r.skipped_rows,
-                if r.skipped_rows == 1 { "" } else { "s" }
-            );
-        }
-        if r.recovered_entries > 0 && r.mismatch_count == 0 && self.resync_offset == 0 {
-            self.resync = ResyncNeed::None;
-            self.resync_offset = MAX_SECTOR;
-            self.warnings.retain(|w| !w.contains("resync"));
-            msg += "; the array is consistent, no resync needed";
-        } else if self.resync != ResyncNeed::None {
-            let why = if r.mismatch_count > 0 {
-                format!(
-                    "{} log or entr{} unusable",
-                    r.mismatch_count,
-                    if r.mismatch_count == 1 { "y" } else { "ies" }
-                )
-            } else if r.recovered_entries == 0 {
-                "the logs name no stripe".to_string()
-            } else {
-                "a resync was already under way".to_string()
-            };
-            msg += &format!("; the resync stays owed ({why}), as md does");
-        }
-        msg
     }
 }

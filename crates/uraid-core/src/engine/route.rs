@@ -1,123 +1,9 @@
-//! The requests and member I/Os in flight: a request's parts and read buffer, member I/O
-//! issued and routed back by why it was issued, flushes and FUA that wait for the writes
-//! before them.
+//! Issue, route, complete and flush: the engine's side of the ledger (`crate::ledger`).
 
 use crate::api::*;
-use crate::stripe::IoCtx;
+use crate::ledger::IoCtx;
 
 use super::Engine;
-
-#[derive(Debug)]
-pub(crate) struct ReqState {
-    pub op: RequestOp,
-    pub fua: bool,
-    /// Read: the data being gathered (allocated on first use: a read served by one member
-    /// I/O takes that I/O's buffer instead). Write: the payload.
-    pub buf: Vec<u8>,
-    pub len_bytes: u64,
-    /// Write payload shared with member writes (raid0/1/10: no copy per piece or mirror).
-    pub shared: Option<std::sync::Arc<Vec<u8>>>,
-    /// Outstanding parts; the request completes when this reaches zero.
-    pub parts: u32,
-    pub error: Option<RequestError>,
-    /// Writes: order number for flush accounting.
-    pub write_seq: Option<u64>,
-    /// FUA writes: member flushes still outstanding after the data landed.
-    pub fua_flushes: Option<u32>,
-    /// Read: byte ranges `[start, end)` that `deliver` wrote into `buf`'s spare capacity
-    /// while `buf` is still empty; see `deliver`.
-    pub gathered: Vec<(usize, usize)>,
-}
-
-impl ReqState {
-    /// The read buffer as a whole: allocated zeroed the first time a part lands in it, or
-    /// completed from what `deliver` gathered (the gaps zeroed).
-    pub fn read_target(&mut self) -> &mut [u8] {
-        let total = self.len_bytes as usize;
-        if self.buf.len() != total {
-            self.buf.clear();
-            self.buf.reserve_exact(total);
-            let mut pos = 0;
-            for &(start, end) in covered(&mut self.gathered) {
-                self.buf.spare_capacity_mut()[pos..start].fill(std::mem::MaybeUninit::new(0));
-                pos = end;
-            }
-            self.buf.spare_capacity_mut()[pos..total].fill(std::mem::MaybeUninit::new(0));
-            // SAFETY: every byte below `total` is either gathered (written by `deliver`)
-            // or was just zeroed.
-            unsafe { self.buf.set_len(total) };
-            self.gathered.clear();
-        }
-        &mut self.buf
-    }
-
-    /// Put a member read's data at `dest_off`; a read that is one member I/O keeps its buffer.
-    /// The pieces of a read made of several member reads (a read across chunks, a RAID0
-    /// stripe) land in the buffer's spare capacity and are not zeroed first: the pieces
-    /// cover it all, and zeroing 1 MiB before copying 1 MiB over it cost as much as the copy.
-    pub fn deliver(&mut self, dest_off: usize, mut data: Vec<u8>, len: usize) {
-        let total = self.len_bytes as usize;
-        if dest_off == 0 && len == total && self.buf.is_empty() && data.len() >= len {
-            data.truncate(len);
-            self.buf = data;
-            return;
-        }
-        let n = len.min(data.len()).min(total.saturating_sub(dest_off));
-        if self.buf.len() == total {
-            self.buf[dest_off..dest_off + n].copy_from_slice(&data[..n]);
-            return;
-        }
-        if self.gathered.is_empty() {
-            self.buf.clear();
-            self.buf.reserve_exact(total);
-        }
-        let spare = &mut self.buf.spare_capacity_mut()[dest_off..dest_off + n];
-        // SAFETY: `spare` is n bytes of this vector's capacity, disjoint from `data`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), spare.as_mut_ptr().cast::<u8>(), n) };
-        self.gathered.push((dest_off, dest_off + n));
-        if covered(&mut self.gathered) == [(0, total)] {
-            // SAFETY: the gathered ranges cover every byte below `total`.
-            unsafe { self.buf.set_len(total) };
-            self.gathered.clear();
-        }
-    }
-
-    /// A finished read's data.
-    pub fn into_read_data(mut self) -> Vec<u8> {
-        if !self.gathered.is_empty() {
-            self.read_target();
-        }
-        self.buf
-    }
-
-    /// The write payload as a shared buffer (taken out of `buf` the first time).
-    pub fn shared_payload(&mut self) -> std::sync::Arc<Vec<u8>> {
-        self.shared.get_or_insert_with(|| std::sync::Arc::new(std::mem::take(&mut self.buf))).clone()
-    }
-}
-
-/// `ranges` sorted and merged into their union (touching ranges join).
-fn covered(ranges: &mut Vec<(usize, usize)>) -> &[(usize, usize)] {
-    ranges.sort_unstable();
-    // In place: `next` joins `prev` when it starts inside or right after it.
-    ranges.dedup_by(|next, prev| {
-        let joins = next.0 <= prev.1;
-        if joins {
-            prev.1 = prev.1.max(next.1);
-        }
-        joins
-    });
-    ranges
-}
-
-pub(crate) struct FlushWait {
-    pub req: RequestId,
-    /// The flush covers every write submitted before this sequence number.
-    pub seq: u64,
-    /// Member flushes outstanding, once issued.
-    pub pending: Option<u32>,
-    pub error: Option<RequestError>,
-}
 
 impl Engine {
     // ---- member I/O issue ------------------------------------------------------------
@@ -199,7 +85,7 @@ impl Engine {
         };
         let len_bytes = len_sectors * SECTOR_BYTES;
         let ms = self.member_stats_mut(member);
-        ms.count(op, len_bytes);
+        op.count_in(ms, len_bytes);
         let offset_bytes = match raw_offset_bytes {
             _ if op == MemberIoOp::Flush => 0,
             Some(at) => at,
@@ -336,67 +222,5 @@ impl Engine {
 
     pub(super) fn io_done(&mut self, ctx: IoCtx, member: usize, result: Result<Vec<u8>, MemberIoError>) {
         (self.pers.io_done)(self, ctx, member, result);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn read_state(len: usize) -> ReqState {
-        ReqState {
-            op: RequestOp::Read,
-            fua: false,
-            buf: Vec::new(),
-            len_bytes: len as u64,
-            shared: None,
-            parts: 0,
-            error: None,
-            write_seq: None,
-            fua_flushes: None,
-            gathered: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn pieces_delivered_in_any_order_make_the_whole_read() {
-        let want: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
-        let mut r = read_state(4096);
-        r.deliver(3072, want[3072..].to_vec(), 1024);
-        r.deliver(0, want[..1024].to_vec(), 1024);
-        assert!(r.buf.is_empty(), "not whole yet");
-        r.deliver(1024, want[1024..3072].to_vec(), 2048);
-        assert_eq!(r.buf, want, "whole once the pieces cover it");
-        assert!(r.gathered.is_empty());
-    }
-
-    #[test]
-    fn a_cache_copy_between_pieces_keeps_them_and_zeroes_only_the_gaps() {
-        let mut r = read_state(3000);
-        r.deliver(2000, vec![7; 1000], 1000);
-        r.deliver(0, vec![5; 500], 500);
-        // The cache path needs the whole buffer: gathered bytes stay, the gap is zeroed.
-        let whole = r.read_target();
-        assert_eq!(&whole[..500], &[5; 500][..]);
-        assert_eq!(&whole[500..2000], &[0; 1500][..]);
-        assert_eq!(&whole[2000..], &[7; 1000][..]);
-        whole[500..2000].fill(9);
-        r.deliver(0, vec![6; 500], 500);
-        let mut want = vec![6u8; 500];
-        want.extend([9; 1500]);
-        want.extend([7; 1000]);
-        assert_eq!(r.into_read_data(), want);
-    }
-
-    #[test]
-    fn a_read_finished_with_gaps_has_them_zeroed() {
-        let mut r = read_state(100);
-        r.deliver(50, vec![1; 50], 50);
-        r.deliver(60, vec![2; 10], 10);
-        let mut want = vec![0u8; 50];
-        want.extend([1; 10]);
-        want.extend([2; 10]);
-        want.extend([1; 30]);
-        assert_eq!(r.into_read_data(), want);
     }
 }
