@@ -236,11 +236,14 @@ pub enum MemberIoError {
     Gone,
 }
 
+/// What a member I/O came back with: a read's data, or why it failed.
+pub type MemberIoResult = Result<Vec<u8>, MemberIoError>;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberIoCompletion {
     pub id: MemberIoId,
     /// The data of a `Read` (exactly `len_bytes`); empty for other ops.
-    pub result: Result<Vec<u8>, MemberIoError>,
+    pub result: MemberIoResult,
 }
 
 /// Member I/O ids from here up to twice this are the array's own (superblock, bitmap and

@@ -1,15 +1,16 @@
 //! raid0, raid1 and raid10: requests become member I/Os with no stripe cache.
 
 use crate::api::*;
-use crate::engine::Engine;
+use crate::engine::Mddev;
 use crate::geometry::{Extent, Level};
 use crate::ledger::IoCtx;
+use crate::ledger::Ledger;
 use crate::mirror::{choose_copy, Balance, SPLIT_SLICE_BYTES};
 
 /// Largest single member I/O a raid1 request is cut into.
 const MAX_MIRROR_IO_SECTORS: u64 = 2048;
 
-impl Engine {
+impl Mddev {
     /// Array pieces of [sector, sector+len) that each map contiguously on every copy.
     fn direct_pieces(&self, sector: u64, len: u64) -> Vec<(u64, u64)> {
         let mut pieces: Vec<(u64, u64)> = Vec::new();
@@ -43,7 +44,7 @@ impl Engine {
         pieces
     }
 
-    pub(crate) fn direct_read(&mut self, id: RequestId, sector: u64, len: u64) {
+    pub(crate) fn direct_read(&mut self, led: &mut Ledger, id: RequestId, sector: u64, len: u64) {
         let mut pieces = self.direct_pieces(sector, len);
         if self.geo.level == Level::Raid1
             && self.tun.balance == Balance::Split
@@ -66,14 +67,22 @@ impl Engine {
             } else {
                 self.tun.balance
             };
-            self.direct_read_piece(id, sector, pos, n, balance);
+            self.direct_read_piece(led, id, sector, pos, n, balance);
         }
     }
 
     /// One piece of a read from one copy. When bad-block logs leave no copy clean for the
     /// whole piece, its halves are tried apart (md's read_balance shortens the read to
     /// where a copy is good); a sector no copy can serve fails the request.
-    fn direct_read_piece(&mut self, id: RequestId, sector: u64, pos: u64, n: u64, balance: Balance) {
+    fn direct_read_piece(
+        &mut self,
+        led: &mut Ledger,
+        id: RequestId,
+        sector: u64,
+        pos: u64,
+        n: u64,
+        balance: Balance,
+    ) {
         let mut copies = Vec::new();
         self.geo.copies(pos, &mut copies);
         let Some(i) = choose_copy(balance, &self.members, &copies, n, 0, &mut self.rr_next, self.now_ns)
@@ -81,17 +90,17 @@ impl Engine {
             let listed = copies.iter().any(|e| self.members[e.member].has_bad_block(e.member_sector, n));
             if listed && n > 1 {
                 let half = n / 2;
-                self.direct_read_piece(id, sector, pos, half, balance);
-                self.direct_read_piece(id, sector, pos + half, n - half, balance);
+                self.direct_read_piece(led, id, sector, pos, half, balance);
+                self.direct_read_piece(led, id, sector, pos + half, n - half, balance);
                 return;
             }
             let err = if listed { RequestError::Io } else { RequestError::ArrayFailed };
-            self.reqs.get_mut(&id).expect("request").error = Some(err);
+            led.reqs.get_mut(&id).expect("request").error = Some(err);
             return;
         };
         let e = copies[i];
         let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
-        self.reqs.get_mut(&id).expect("request").parts += 1;
+        led.reqs.get_mut(&id).expect("request").parts += 1;
         let ctx = IoCtx::DirectRead {
             req: id,
             array_sector: pos,
@@ -100,22 +109,36 @@ impl Engine {
             tried: bit(e.member),
             errored: 0,
         };
-        self.issue_io(e.member, MemberIoOp::Read, e.member_sector, n, IoBytes::new(), ctx);
+        self.issue_io(led, e.member, MemberIoOp::Read, e.member_sector, n, IoBytes::new(), ctx);
     }
 
-    pub(crate) fn direct_write(&mut self, id: RequestId, sector: u64, len: u64, zero: bool) {
-        self.direct_write_ranges.insert(id, (sector, sector + len));
+    pub(crate) fn direct_write(
+        &mut self,
+        led: &mut Ledger,
+        id: RequestId,
+        sector: u64,
+        len: u64,
+        zero: bool,
+    ) {
+        led.direct_write_ranges.insert(id, (sector, sector + len));
         if self.direct_write_blocked(sector, len) {
             // Waits for the sync unit over this range (md's barrier); one part holds it open.
-            self.reqs.get_mut(&id).expect("request").parts += 1;
+            led.reqs.get_mut(&id).expect("request").parts += 1;
             self.blocked_writes.push((id, sector, len, zero));
             return;
         }
-        self.direct_write_now(id, sector, len, zero);
+        self.direct_write_now(led, id, sector, len, zero);
     }
 
-    pub(crate) fn direct_write_now(&mut self, id: RequestId, sector: u64, len: u64, zero: bool) {
-        if !self.reqs.contains_key(&id) {
+    pub(crate) fn direct_write_now(
+        &mut self,
+        led: &mut Ledger,
+        id: RequestId,
+        sector: u64,
+        len: u64,
+        zero: bool,
+    ) {
+        if !led.reqs.contains_key(&id) {
             return;
         }
         let mut copies = Vec::new();
@@ -126,19 +149,20 @@ impl Engine {
             let targets: Vec<Extent> =
                 copies.iter().copied().filter(|e| self.members[e.member].writable()).collect();
             if targets.is_empty() {
-                self.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
+                led.reqs.get_mut(&id).expect("request").error = Some(RequestError::ArrayFailed);
                 continue;
             }
             let data: IoBytes = if zero {
                 vec![0u8; bytes].into()
             } else {
-                let payload = self.reqs.get_mut(&id).expect("request").shared_payload();
+                let payload = led.reqs.get_mut(&id).expect("request").shared_payload();
                 IoBytes::slice(&payload, src_off..src_off + bytes)
             };
             for e in targets {
                 let data = data.clone();
-                self.reqs.get_mut(&id).expect("request").parts += 1;
+                led.reqs.get_mut(&id).expect("request").parts += 1;
                 self.issue_io(
+                    led,
                     e.member,
                     MemberIoOp::Write,
                     e.member_sector,
@@ -152,28 +176,29 @@ impl Engine {
 
     pub(crate) fn direct_io_done(
         &mut self,
+        led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
         result: Result<Vec<u8>, MemberIoError>,
     ) {
         match ctx {
             IoCtx::SyncRead { .. } | IoCtx::SyncWrite | IoCtx::ReplaceRead { .. } => {
-                self.direct_sync_io_done(ctx, member, result)
+                self.direct_sync_io_done(led, ctx, member, result)
             }
             IoCtx::ScrubDirectRead { .. } | IoCtx::ScrubDirectWrite => {
-                self.direct_scrub_io_done(ctx, member, result)
+                self.direct_scrub_io_done(led, ctx, member, result)
             }
             IoCtx::DirectRead { req, array_sector, len_sectors, dest_off, tried, errored } => match result {
                 Ok(data) => {
-                    self.rewrite_bad_copies(req, array_sector, len_sectors, errored, &data);
-                    if let Some(r) = self.reqs.get_mut(&req) {
+                    self.rewrite_bad_copies(led, req, array_sector, len_sectors, errored, &data);
+                    if let Some(r) = led.reqs.get_mut(&req) {
                         r.deliver(dest_off, data, (len_sectors * SECTOR_BYTES) as usize);
                     }
-                    self.part_done(req, None);
+                    self.part_done(led, req, None);
                 }
                 Err(e) => {
                     if e == MemberIoError::Gone && self.geo.level != Level::Raid0 {
-                        self.fail_member(member, self.now_ns);
+                        self.fail_member(led, member, self.now_ns);
                     }
                     let tried = tried | bit(member);
                     let errored = if e == MemberIoError::Io { errored | bit(member) } else { errored };
@@ -199,6 +224,7 @@ impl Engine {
                                 errored,
                             };
                             self.issue_io(
+                                led,
                                 c.member,
                                 MemberIoOp::Read,
                                 c.member_sector,
@@ -209,7 +235,7 @@ impl Engine {
                         }
                         _ => {
                             let err = if self.failed { RequestError::ArrayFailed } else { RequestError::Io };
-                            self.part_done(req, Some(err));
+                            self.part_done(led, req, Some(err));
                         }
                     }
                 }
@@ -217,28 +243,28 @@ impl Engine {
             IoCtx::DirectWrite { req, array_sector, len_sectors } => {
                 if let Err(e) = result {
                     if self.geo.level == Level::Raid0 {
-                        self.part_done(req, Some(RequestError::Io));
+                        self.part_done(led, req, Some(RequestError::Io));
                         return;
                     }
-                    if e == MemberIoError::Io && self.record_write_error(member) {
+                    if e == MemberIoError::Io && self.record_write_error(led, member) {
                         // md completes the write if a copy holds it; with every copy listed
                         // bad there, the data is nowhere and the write failed.
                         let held = self.some_copy_readable(array_sector, len_sectors);
-                        self.part_done(req, (!held).then_some(RequestError::Io));
+                        self.part_done(led, req, (!held).then_some(RequestError::Io));
                         return;
                     }
-                    self.fail_member(member, self.now_ns);
+                    self.fail_member(led, member, self.now_ns);
                 }
-                self.part_done(req, None);
+                self.part_done(led, req, None);
             }
             IoCtx::Rewrite { req, .. } => {
                 if result.is_ok() {
                     self.stats.read_errors_corrected += 1;
-                } else if !(result == Err(MemberIoError::Io) && self.record_write_error(member)) {
-                    self.fail_member(member, self.now_ns);
+                } else if !(result == Err(MemberIoError::Io) && self.record_write_error(led, member)) {
+                    self.fail_member(led, member, self.now_ns);
                 }
                 if let Some(req) = req {
-                    self.part_done(req, None);
+                    self.part_done(led, req, None);
                 }
             }
             _ => {}
@@ -259,6 +285,7 @@ impl Engine {
     /// failed to read, so the latent error is gone.
     fn rewrite_bad_copies(
         &mut self,
+        led: &mut Ledger,
         req: RequestId,
         array_sector: u64,
         len_sectors: u64,
@@ -273,10 +300,11 @@ impl Engine {
         for c in copies {
             if c.member < 128 && errored & bit(c.member) != 0 && self.members[c.member].writable() {
                 let ctx = IoCtx::Rewrite { key: u64::MAX, rows: 0, req: Some(req) };
-                if let Some(r) = self.reqs.get_mut(&req) {
+                if let Some(r) = led.reqs.get_mut(&req) {
                     r.parts += 1;
                 }
                 self.issue_io(
+                    led,
                     c.member,
                     MemberIoOp::Write,
                     c.member_sector,

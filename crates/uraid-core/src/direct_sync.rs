@@ -3,27 +3,28 @@
 //! into the unit in flight wait for it (md's barrier; see `direct_write_blocked`).
 
 use crate::api::*;
-use crate::engine::Engine;
+use crate::engine::Mddev;
 use crate::geometry::{Extent, Level};
 use crate::ledger::IoCtx;
+use crate::ledger::Ledger;
 use crate::mirror::{choose_copy, Balance};
 use crate::sync::{DirectUnit, SyncKind, UnitStart};
 
-impl Engine {
-    pub(crate) fn start_direct_sync(&mut self, start: u64, end: u64) -> UnitStart {
-        if self.direct_sync.is_some() || self.direct_write_ranges.values().any(|&(a, b)| a < end && start < b)
+impl Mddev {
+    pub(crate) fn start_direct_sync(&mut self, led: &mut Ledger, start: u64, end: u64) -> UnitStart {
+        if self.direct_sync.is_some() || led.direct_write_ranges.values().any(|&(a, b)| a < end && start < b)
         {
             return UnitStart::Busy;
         }
         let kind = self.sync.as_ref().expect("job").kind;
         if let SyncKind::Scrub(scrub) = kind {
-            return self.start_direct_scrub(start, end, scrub);
+            return self.start_direct_scrub(led, start, end, scrub);
         }
         let mut copies = Vec::new();
         let mut pos = start;
         let mut reads = Vec::new();
         if let SyncKind::Replace { slot } = kind {
-            return self.start_direct_replace(slot, start, end);
+            return self.start_direct_replace(led, slot, start, end);
         }
         while pos < end {
             let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
@@ -56,7 +57,7 @@ impl Engine {
             }
             pos += n;
         }
-        self.start_direct_reads(start, end, reads, |array_sector, len_sectors| IoCtx::SyncRead {
+        self.start_direct_reads(led, start, end, reads, |array_sector, len_sectors| IoCtx::SyncRead {
             array_sector,
             len_sectors,
             read_errors: 0,
@@ -67,6 +68,7 @@ impl Engine {
     /// context `ctx` makes of its piece.
     fn start_direct_reads(
         &mut self,
+        led: &mut Ledger,
         start: u64,
         end: u64,
         reads: Vec<(Extent, u64, u64)>,
@@ -78,13 +80,22 @@ impl Engine {
         self.direct_sync =
             Some(DirectUnit { start, end, pending: reads.len() as u32, failed: false, scrub: None });
         for (src, pos, n) in reads {
-            self.issue_io(src.member, MemberIoOp::Read, src.member_sector, n, IoBytes::new(), ctx(pos, n));
+            self.issue_io(
+                led,
+                src.member,
+                MemberIoOp::Read,
+                src.member_sector,
+                n,
+                IoBytes::new(),
+                ctx(pos, n),
+            );
         }
         UnitStart::Started
     }
 
     pub(crate) fn direct_sync_io_done(
         &mut self,
+        led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
         result: Result<Vec<u8>, MemberIoError>,
@@ -111,6 +122,7 @@ impl Engine {
                                     u.pending += 1;
                                 }
                                 self.issue_io(
+                                    led,
                                     c.member,
                                     MemberIoOp::Write,
                                     c.member_sector,
@@ -125,12 +137,12 @@ impl Engine {
                         // A member that is gone is failed (md_error), as a request's read
                         // or a raid4/5/6 sync read does; a latent sector error is not.
                         if e == MemberIoError::Gone {
-                            self.fail_member(member, self.now_ns);
+                            self.fail_member(led, member, self.now_ns);
                         }
                         // Another in-sync copy serves the piece, as md's sync read tries
                         // every mirror before giving up.
                         let read_errors = read_errors | crate::direct::bit(member);
-                        if self.retry_sync_read(array_sector, len_sectors, read_errors) {
+                        if self.retry_sync_read(led, array_sector, len_sectors, read_errors) {
                             return;
                         }
                         if let Some(u) = self.direct_sync.as_mut() {
@@ -138,19 +150,19 @@ impl Engine {
                         }
                     }
                 }
-                self.direct_sync_part_done();
+                self.direct_sync_part_done(led);
             }
             IoCtx::ReplaceRead { array_sector, len_sectors, tried } => {
-                self.direct_replace_read_done(array_sector, len_sectors, tried, member, result)
+                self.direct_replace_read_done(led, array_sector, len_sectors, tried, member, result)
             }
             IoCtx::SyncWrite => {
                 if result.is_err() {
-                    self.fail_member(member, self.now_ns);
+                    self.fail_member(led, member, self.now_ns);
                     if let Some(u) = self.direct_sync.as_mut() {
                         u.failed = true;
                     }
                 }
-                self.direct_sync_part_done();
+                self.direct_sync_part_done(led);
             }
             _ => {}
         }
@@ -158,7 +170,13 @@ impl Engine {
 
     /// Reads a sync unit's piece from a copy not yet tried; false when none is left. The
     /// unit's pending count carries over to the new read.
-    fn retry_sync_read(&mut self, array_sector: u64, len_sectors: u64, read_errors: u128) -> bool {
+    fn retry_sync_read(
+        &mut self,
+        led: &mut Ledger,
+        array_sector: u64,
+        len_sectors: u64,
+        read_errors: u128,
+    ) -> bool {
         let exclude = match self.sync.as_ref().map(|j| j.kind) {
             Some(SyncKind::Recovery { member }) => read_errors | crate::direct::bit(member),
             _ => read_errors,
@@ -178,13 +196,13 @@ impl Engine {
         };
         let src = copies[i];
         let ctx = IoCtx::SyncRead { array_sector, len_sectors, read_errors };
-        self.issue_io(src.member, MemberIoOp::Read, src.member_sector, len_sectors, IoBytes::new(), ctx);
+        self.issue_io(led, src.member, MemberIoOp::Read, src.member_sector, len_sectors, IoBytes::new(), ctx);
         true
     }
 
     /// A raid1/10 replacement unit: each piece holding a copy of `slot` is read from the
     /// member (see `replace_source`) and written to the replacement.
-    fn start_direct_replace(&mut self, slot: usize, start: u64, end: u64) -> UnitStart {
+    fn start_direct_replace(&mut self, led: &mut Ledger, slot: usize, start: u64, end: u64) -> UnitStart {
         let mut copies = Vec::new();
         let mut reads = Vec::new();
         let mut pos = start;
@@ -200,7 +218,7 @@ impl Engine {
             }
             pos += n;
         }
-        self.start_direct_reads(start, end, reads, |array_sector, len_sectors| IoCtx::ReplaceRead {
+        self.start_direct_reads(led, start, end, reads, |array_sector, len_sectors| IoCtx::ReplaceRead {
             array_sector,
             len_sectors,
             tried: 0,
@@ -213,6 +231,7 @@ impl Engine {
     /// too, so when the member itself failed the read, that rewrite carries the copy.
     fn direct_replace_read_done(
         &mut self,
+        led: &mut Ledger,
         array_sector: u64,
         len_sectors: u64,
         tried: u128,
@@ -220,7 +239,7 @@ impl Engine {
         result: Result<Vec<u8>, MemberIoError>,
     ) {
         let Some(SyncKind::Replace { slot }) = self.sync.as_ref().map(|j| j.kind) else {
-            return self.direct_sync_part_done();
+            return self.direct_sync_part_done(led);
         };
         let mut copies = Vec::new();
         self.geo.copies(array_sector, &mut copies);
@@ -228,7 +247,7 @@ impl Engine {
             Ok(data) => IoBytes::from(data),
             Err(e) => {
                 if e == MemberIoError::Gone {
-                    self.fail_member(member, self.now_ns);
+                    self.fail_member(led, member, self.now_ns);
                 }
                 let tried = tried | crate::direct::bit(member);
                 match self.replace_source(slot, &copies, len_sectors, tried) {
@@ -236,6 +255,7 @@ impl Engine {
                         // The unit's part count carries over to the retry.
                         let ctx = IoCtx::ReplaceRead { array_sector, len_sectors, tried };
                         self.issue_io(
+                            led,
                             src.member,
                             MemberIoOp::Read,
                             src.member_sector,
@@ -248,7 +268,7 @@ impl Engine {
                         if let Some(u) = self.direct_sync.as_mut() {
                             u.failed = true;
                         }
-                        self.direct_sync_part_done();
+                        self.direct_sync_part_done(led);
                     }
                 }
                 return;
@@ -272,24 +292,32 @@ impl Engine {
             if self.replacement_slot(target).is_none() {
                 self.stats.read_errors_corrected += 1;
             }
-            self.issue_io(target, MemberIoOp::Write, sector, len_sectors, data.clone(), IoCtx::SyncWrite);
+            self.issue_io(
+                led,
+                target,
+                MemberIoOp::Write,
+                sector,
+                len_sectors,
+                data.clone(),
+                IoCtx::SyncWrite,
+            );
         }
-        self.direct_sync_part_done();
+        self.direct_sync_part_done(led);
     }
 
-    pub(crate) fn direct_sync_part_done(&mut self) {
+    pub(crate) fn direct_sync_part_done(&mut self, led: &mut Ledger) {
         let Some(u) = self.direct_sync.as_mut() else { return };
         u.pending -= 1;
         if u.pending > 0 {
             return;
         }
         let u = self.direct_sync.take().expect("unit");
-        self.sync_unit_done(u.start, !u.failed);
+        self.sync_unit_done(led, u.start, !u.failed);
         // Writes that waited for this unit go now.
         let blocked = std::mem::take(&mut self.blocked_writes);
         for (id, sector, len, zero) in blocked {
-            self.direct_write_now(id, sector, len, zero);
-            self.part_done(id, None);
+            self.direct_write_now(led, id, sector, len, zero);
+            self.part_done(led, id, None);
         }
     }
 

@@ -2,8 +2,44 @@
 //! issued and routed back by why it was issued, flushes and FUA that wait for the writes
 //! before them.
 
+use std::collections::{BTreeSet, VecDeque};
+
 use crate::api::*;
+use crate::detmap::DetMap;
+use crate::inflight::InflightIos;
 use crate::sectors::SectorMask;
+
+/// Every request and member I/O in flight, and what waits on them. The engine's rooms (the
+/// stripe machine, the direct path, the sync processes) take it as an argument: what they
+/// issue and finish goes through here, and nothing else of theirs is shared through it.
+#[derive(Default)]
+pub(crate) struct Ledger {
+    pub reqs: DetMap<RequestId, ReqState>,
+    pub ios: InflightIos<InflightIo>,
+    /// Member I/Os issued and not yet handed to the caller.
+    pub out_ios: VecDeque<MemberIo>,
+    /// Finished requests not yet handed to the caller.
+    pub out_done: VecDeque<RequestCompletion>,
+    pub next_write_seq: u64,
+    /// Sequence numbers of the writes in flight (a flush waits for the ones before it).
+    pub inflight_writes: BTreeSet<u64>,
+    pub flushes: Vec<FlushWait>,
+    /// Writes to a slot with a replacement whose twin write is still in flight, with the
+    /// slot write's completion once it came (it is handled when both landed).
+    pub twins: DetMap<MemberIoId, HeldCompletion>,
+    /// The member range of the write whose completion is being handled (see
+    /// `record_write_error`).
+    pub completing_write: Option<(u64, u64)>,
+    /// raid1/10 writes in flight, in array sectors, so a sync unit never overlaps one.
+    pub direct_write_ranges: DetMap<RequestId, (u64, u64)>,
+}
+
+impl Ledger {
+    /// Has engine member `member` I/O in flight (a failed member's last I/O still draining)?
+    pub fn member_io_in_flight(&self, member: usize) -> bool {
+        self.ios.values().any(|(_, m, _, _)| *m == member)
+    }
+}
 
 /// Why a member I/O was issued; routes its completion.
 #[derive(Clone, Debug)]

@@ -4,7 +4,7 @@
 //! inside the shared rooms (ledger, sync, members). See docs/architecture.md.
 
 use crate::config::MemberState;
-use crate::engine::{Engine, Personality};
+use crate::engine::{Mddev, Personality};
 use crate::geometry::Level;
 use crate::sync::UnitStart;
 
@@ -39,10 +39,10 @@ static RAID10: Personality = Personality { name: "raid10", ..DIRECT };
 /// mirrors background work copies units of array sectors one at a time (`direct_sync.rs`).
 const DIRECT: Personality = Personality {
     name: "raid10",
-    read: Engine::direct_read,
-    write: Engine::direct_write,
-    io_done: Engine::direct_io_done,
-    sync_unit: Engine::start_direct_sync,
+    read: Mddev::direct_read,
+    write: Mddev::direct_write,
+    io_done: Mddev::direct_io_done,
+    sync_unit: Mddev::start_direct_sync,
     sync_unit_sectors: |_| DIRECT_UNIT_SECTORS,
     sync_window_units: |_, _| 1,
     resync_may_run: mirrors_may_resync,
@@ -54,25 +54,25 @@ const DIRECT: Personality = Personality {
 /// window of stripe units at a time (`stripe/row_sync.rs`).
 static RAID456: Personality = Personality {
     name: "raid456",
-    read: Engine::stripe_read,
-    write: Engine::stripe_write,
-    io_done: Engine::stripe_io_done,
-    sync_unit: |e, start, end| {
+    read: Mddev::stripe_read,
+    write: Mddev::stripe_write,
+    io_done: Mddev::stripe_io_done,
+    sync_unit: |e, _, start, end| {
         if e.start_stripe_sync(start, end) {
             UnitStart::Started
         } else {
             UnitStart::Busy
         }
     },
-    sync_unit_sectors: Engine::stripe_sync_unit_sectors,
-    sync_window_units: Engine::sync_window_units,
+    sync_unit_sectors: Mddev::stripe_sync_unit_sectors,
+    sync_window_units: Mddev::sync_window_units,
     resync_may_run: |e| e.members.iter().all(|m| m.state == MemberState::InSync),
     sync_in_array_sectors: false,
     redundant: true,
 };
 
 /// Mirrors resync among their in-sync copies while two of every block remain.
-fn mirrors_may_resync(e: &Engine) -> bool {
+fn mirrors_may_resync(e: &Mddev) -> bool {
     let not_in_sync = e.members.iter().filter(|m| m.state != MemberState::InSync).count();
     let mut copies = Vec::new();
     e.geo.copies(0, &mut copies);

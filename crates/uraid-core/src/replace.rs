@@ -25,19 +25,18 @@
 
 use crate::api::*;
 use crate::config::MemberState;
-use crate::engine::Engine;
+use crate::engine::Mddev;
 use crate::geometry::Level;
+use crate::ledger::Ledger;
 use crate::rdev::Replacement;
 use crate::sync::{EngineEvent, SyncKind};
 
 pub use crate::rdev::ReplacementStatus;
 
-impl Engine {
-    /// Start replacing the member in `slot` by a device the caller reaches as `io_member`
-    /// (md's want_replacement). `from_sectors` resumes a copy from its recovery_offset.
-    /// Refused, with nothing changed, where md refuses.
-    pub fn start_replacement(
+impl Mddev {
+    pub(crate) fn start_replacement(
         &mut self,
+        led: &mut Ledger,
         slot: usize,
         io_member: usize,
         data_offset_bytes: u64,
@@ -76,13 +75,12 @@ impl Engine {
         });
         self.sync_queue.push_back((SyncKind::Replace { slot }, Some(vec![(from_sectors, u64::MAX)])));
         self.events.push_back(EngineEvent::RecoveryStarted(slot));
-        self.pump_sync();
-        self.run_stripes();
+        self.pump_sync(led);
+        self.run_stripes(led);
         Ok(())
     }
 
-    /// The replacements being rebuilt.
-    pub fn replacements(&self) -> Vec<ReplacementStatus> {
+    pub(crate) fn replacements(&self) -> Vec<ReplacementStatus> {
         self.replacements
             .iter()
             .enumerate()
@@ -98,9 +96,7 @@ impl Engine {
             .collect()
     }
 
-    /// Stop replacing `slot` (its replacement failed, or the caller gave up): the member
-    /// stays. Nothing happens if there is no replacement.
-    pub fn fail_replacement(&mut self, slot: usize, now_ns: TimeNs) {
+    pub(crate) fn fail_replacement(&mut self, led: &mut Ledger, slot: usize, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         if self.replacements.get_mut(slot).and_then(Option::take).is_none() {
             return;
@@ -111,7 +107,7 @@ impl Engine {
         }
         self.sync_queue.retain(|(k, _)| *k != SyncKind::Replace { slot });
         self.events.push_back(EngineEvent::ReplacementFaulty(slot));
-        self.cache_rehandle_all();
+        self.cache_rehandle_all(led);
     }
 
     /// The engine member index of `slot`'s replacement.
@@ -158,11 +154,9 @@ impl Engine {
         self.events.push_back(EngineEvent::ReplacementCopied(slot));
     }
 
-    /// The copied replacement of `slot` takes the slot, reached from now on as
-    /// `io_member`; the member that was there gets no more I/O (md marks it Faulty and
-    /// removes it). Returns the caller's index of that member. The slot stays in sync.
-    pub fn promote_replacement(
+    pub(crate) fn promote_replacement(
         &mut self,
+        led: &mut Ledger,
         slot: usize,
         io_member: usize,
         now_ns: TimeNs,
@@ -180,18 +174,15 @@ impl Engine {
         m.data_offset_bytes = r.data_offset_bytes;
         m.last_end_sector = 0;
         self.ppl_member_changed(slot);
-        self.cache_rehandle_all();
+        self.cache_rehandle_all(led);
         Ok(old_io_member)
     }
 
-    /// The caller's index of the device in `slot` (what its member I/O carries).
-    pub fn io_member(&self, slot: usize) -> usize {
+    pub(crate) fn io_member(&self, slot: usize) -> usize {
         self.members.get(slot).map_or(slot, |m| m.io_member)
     }
 
-    /// The caller reaches the slot's device through another of its member indices (a
-    /// spare taking the slot, say).
-    pub fn set_io_member(&mut self, slot: usize, io_member: usize) -> Result<(), String> {
+    pub(crate) fn set_io_member(&mut self, slot: usize, io_member: usize) -> Result<(), String> {
         let m = self.members.get_mut(slot).ok_or_else(|| format!("slot {slot} does not exist"))?;
         m.io_member = io_member;
         self.ppl_member_changed(slot);

@@ -16,9 +16,10 @@
 
 use crate::api::*;
 use crate::config::MemberState;
-use crate::engine::Engine;
+use crate::engine::Mddev;
 use crate::geometry::Level;
 use crate::ledger::IoCtx;
+use crate::ledger::Ledger;
 use crate::sync::{DirectScrub, DirectUnit, EngineEvent, SyncKind, UnitStart};
 
 pub use crate::sync::{action_name, ScrubKind};
@@ -26,10 +27,13 @@ pub use crate::sync::{action_name, ScrubKind};
 /// md's RESYNC_PAGES in sectors: the largest raid1/10 sync bio.
 const RESYNC_BIO_SECTORS: u64 = 128;
 
-impl Engine {
-    /// Start md's `check` or `repair`. Refused, as md refuses it, on raid0, on a failed or
-    /// degraded array, and while another job runs or a resync/recovery is owed.
-    pub fn start_scrub(&mut self, kind: ScrubKind, now_ns: TimeNs) -> Result<(), String> {
+impl Mddev {
+    pub(crate) fn start_scrub(
+        &mut self,
+        led: &mut Ledger,
+        kind: ScrubKind,
+        now_ns: TimeNs,
+    ) -> Result<(), String> {
         self.now_ns = self.now_ns.max(now_ns);
         if !self.pers.redundant {
             return Err(format!("{} has no redundancy to check", self.pers.name));
@@ -51,13 +55,11 @@ impl Engine {
         }
         self.mismatch_cnt_sectors = 0;
         self.sync_queue.push_back((SyncKind::Scrub(kind), None));
-        self.pump_sync();
+        self.pump_sync(led);
         Ok(())
     }
 
-    /// md's `idle`: stop a running or queued check/repair. Units in flight finish (their
-    /// rewrites land) but count nothing more. True if there was one to stop.
-    pub fn stop_scrub(&mut self) -> bool {
+    pub(crate) fn stop_scrub(&mut self, led: &mut Ledger) -> bool {
         let queued = self.sync_queue.len();
         self.sync_queue.retain(|(k, _)| !matches!(k, SyncKind::Scrub(_)));
         let mut stopped = queued != self.sync_queue.len();
@@ -66,25 +68,22 @@ impl Engine {
             self.events.push_back(EngineEvent::SyncAborted(kind));
             stopped = true;
         }
-        self.pump_sync();
+        self.pump_sync(led);
         stopped
     }
 
-    /// md's mismatch_cnt, in sectors: what the last (or running) check/repair found.
-    pub fn mismatch_cnt(&self) -> u64 {
+    pub(crate) fn mismatch_cnt(&self) -> u64 {
         self.mismatch_cnt_sectors
     }
 
-    /// md's sync_action: the job running, else one queued that may start, else "idle".
-    pub fn sync_action(&self) -> &'static str {
+    pub(crate) fn sync_action(&self) -> &'static str {
         if let Some(j) = self.sync.as_ref() {
             return action_name(j.kind);
         }
         self.sync_queue.iter().find(|(k, _)| self.sync_may_start(*k)).map_or("idle", |(k, _)| action_name(*k))
     }
 
-    /// md's last_sync_action: the last job started ("none" before any).
-    pub fn last_sync_action(&self) -> &'static str {
+    pub(crate) fn last_sync_action(&self) -> &'static str {
         self.last_sync_action
     }
 
@@ -104,7 +103,13 @@ impl Engine {
     }
 
     /// Read every copy of array sectors [start, end); the caller checked the barrier.
-    pub(crate) fn start_direct_scrub(&mut self, start: u64, end: u64, kind: ScrubKind) -> UnitStart {
+    pub(crate) fn start_direct_scrub(
+        &mut self,
+        led: &mut Ledger,
+        start: u64,
+        end: u64,
+        kind: ScrubKind,
+    ) -> UnitStart {
         let mut pieces = Vec::new();
         let mut pos = start;
         while pos < end {
@@ -134,13 +139,14 @@ impl Engine {
         self.direct_sync = Some(DirectUnit { start, end, pending: reads, failed: false, scrub: Some(scrub) });
         for (member, sector, n, piece, copy) in ios {
             let ctx = IoCtx::ScrubDirectRead { piece, copy };
-            self.issue_io(member, MemberIoOp::Read, sector, n, IoBytes::new(), ctx);
+            self.issue_io(led, member, MemberIoOp::Read, sector, n, IoBytes::new(), ctx);
         }
         UnitStart::Started
     }
 
     pub(crate) fn direct_scrub_io_done(
         &mut self,
+        led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
         result: Result<Vec<u8>, MemberIoError>,
@@ -159,7 +165,7 @@ impl Engine {
             }
         }
         if fail_member {
-            self.fail_member(member, self.now_ns);
+            self.fail_member(led, member, self.now_ns);
         }
         let compare = self
             .direct_sync
@@ -168,15 +174,15 @@ impl Engine {
         // Only a running scrub counts; a stopped one lets its unit go.
         let running = matches!(self.sync.as_ref().map(|j| j.kind), Some(SyncKind::Scrub(_)));
         if compare && running {
-            self.direct_scrub_compare();
+            self.direct_scrub_compare(led);
         }
-        self.direct_sync_part_done();
+        self.direct_sync_part_done(led);
     }
 
     /// All copies read: compare each md sync bio window's copies with the first, count,
     /// and on repair write the first copy over the others (md copies from the first copy
     /// that read; every copy read here).
-    fn direct_scrub_compare(&mut self) {
+    fn direct_scrub_compare(&mut self, led: &mut Ledger) {
         let w = self.resync_bio_sectors();
         let u = self.direct_sync.as_mut().expect("unit");
         let (start, end) = (u.start, u.end);
@@ -216,7 +222,7 @@ impl Engine {
                 continue;
             }
             self.direct_sync.as_mut().expect("unit").pending += 1;
-            self.issue_io(member, MemberIoOp::Write, sector, n, data.into(), IoCtx::ScrubDirectWrite);
+            self.issue_io(led, member, MemberIoOp::Write, sector, n, data.into(), IoCtx::ScrubDirectWrite);
         }
     }
 }

@@ -7,12 +7,11 @@ use crate::geometry::Level;
 use crate::meta::badblocks::BadBlocks;
 use crate::sync::EngineEvent;
 
-use super::Engine;
+use super::Mddev;
+use crate::ledger::Ledger;
 
-impl Engine {
-    /// md's write-mostly flag of a mirror member (raid1/raid10): reads avoid it while
-    /// another in-sync copy can serve them; writes go to it as to every copy.
-    pub fn set_write_mostly(&mut self, member: usize, on: bool) -> Result<(), String> {
+impl Mddev {
+    pub(crate) fn set_write_mostly(&mut self, member: usize, on: bool) -> Result<(), String> {
         if !matches!(self.geo.level, Level::Raid1 | Level::Raid10) {
             return Err("write-mostly applies to raid1 and raid10 members only".into());
         }
@@ -21,12 +20,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Mark a member faulty (mdadm --fail); the array continues degraded if it can.
-    pub fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
+    pub(crate) fn fail_member(&mut self, led: &mut Ledger, member: usize, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         if let Some(slot) = self.replacement_slot(member) {
             // An I/O to a replacement failed: md_error on the replacement, not the slot.
-            self.fail_replacement(slot, now_ns);
+            self.fail_replacement(led, slot, now_ns);
             return;
         }
         if member >= self.members.len() || matches!(self.members[member].state, MemberState::Faulty) {
@@ -38,28 +36,25 @@ impl Engine {
         // A member failing while it is replaced ends the replacement first (md would let
         // the replacement take the slot as a recovering member; here the slot is rebuilt
         // anew, `uraid add`).
-        self.fail_replacement(member, now_ns);
+        self.fail_replacement(led, member, now_ns);
         self.members[member].set_state(MemberState::Faulty);
         self.metadata_pending |= self.tun.hold_completions_on_member_failure;
         self.events.push_back(EngineEvent::MemberFaulty(member));
         self.sync_member_failed(member);
         if !self.data_survives() {
-            self.fail_array();
+            self.fail_array(led);
         } else {
-            self.cache_rehandle_all();
+            self.cache_rehandle_all(led);
         }
     }
 
-    /// md's bad-block log of the member in `slot` as read at assembly (device sectors):
-    /// reads avoid its ranges, a write error there joins it instead of failing the
-    /// member. None (the default): no log. raid0 keeps none, as md's raid0 ignores it.
-    pub fn set_bad_blocks(&mut self, slot: usize, bad_blocks: Option<BadBlocks>) {
+    pub(crate) fn set_bad_blocks(&mut self, slot: usize, bad_blocks: Option<BadBlocks>) {
         if let Some(m) = self.members.get_mut(slot) {
             m.bad_blocks = bad_blocks.filter(|_| self.geo.level != Level::Raid0);
         }
     }
 
-    pub fn bad_blocks(&self, slot: usize) -> Option<&BadBlocks> {
+    pub(crate) fn bad_blocks(&self, slot: usize) -> Option<&BadBlocks> {
         self.members.get(slot)?.bad_blocks.as_ref()
     }
 
@@ -67,8 +62,8 @@ impl Engine {
     /// the member's log and completions wait until the caller wrote the log
     /// (`EngineEvent::BadBlocksRecorded`, then `metadata_committed`). False when the
     /// member has no log or it is full: the caller fails the member (md_error).
-    pub(crate) fn record_write_error(&mut self, member: usize) -> bool {
-        let Some((sector, len)) = self.completing_write else { return false };
+    pub(crate) fn record_write_error(&mut self, led: &mut Ledger, member: usize) -> bool {
+        let Some((sector, len)) = led.completing_write else { return false };
         let m = &mut self.members[member];
         let abs = m.data_offset_bytes / SECTOR_BYTES + sector;
         if !m.writable() || !m.bad_blocks.as_mut().is_some_and(|bb| bb.set(abs, len)) {
@@ -119,32 +114,32 @@ impl Engine {
     }
 
     /// More members lost than the level survives: every pending and later request fails.
-    pub(crate) fn fail_array(&mut self) {
+    pub(crate) fn fail_array(&mut self, led: &mut Ledger) {
         if self.failed {
             return;
         }
         self.failed = true;
         self.events.push_back(EngineEvent::ArrayFailed);
-        let ids: Vec<RequestId> = self.reqs.keys().copied().collect();
+        let ids: Vec<RequestId> = led.reqs.keys().copied().collect();
         for id in ids {
-            if let Some(r) = self.reqs.get_mut(&id) {
+            if let Some(r) = led.reqs.get_mut(&id) {
                 r.error = Some(RequestError::ArrayFailed);
             }
         }
-        self.cache_rehandle_all();
-        for f in &mut self.flushes {
+        self.cache_rehandle_all(led);
+        for f in &mut led.flushes {
             f.error = Some(RequestError::ArrayFailed);
         }
         // Requests whose I/Os are still in flight complete as those I/Os return.
-        let idle: Vec<RequestId> = self
+        let idle: Vec<RequestId> = led
             .reqs
             .iter()
             .filter(|(_, r)| r.parts == 0 && r.fua_flushes.is_none())
             .map(|(&id, _)| id)
             .collect();
         for id in idle {
-            self.finish_request(id);
+            self.finish_request(led, id);
         }
-        self.progress_flushes();
+        self.progress_flushes(led);
     }
 }

@@ -10,23 +10,35 @@
 //! log, write-mostly, whether the data survives). State types sit in leaf files that import
 //! no room, so no file imports in a circle (see `crate::layering`).
 
-use std::collections::{BTreeSet, VecDeque};
-
-use crate::detmap::DetMap;
+use std::collections::VecDeque;
 
 use crate::api::*;
 use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::Geometry;
-use crate::ledger::{FlushWait, HeldCompletion, InflightIo, IoCtx, ReqState};
+use crate::ledger::{IoCtx, Ledger};
+use crate::meta::badblocks::BadBlocks;
+use crate::rdev::ReplacementStatus;
 use crate::rdev::{MemberRt, Replacement};
 use crate::stats::ArrayStats;
 use crate::stripe::{Ppl, StripeCache};
-use crate::sync::{DirectUnit, EngineEvent, SectorRanges, SyncJob, SyncKind, UnitStart};
+use crate::sync::{
+    DirectUnit, EngineEvent, ScrubKind, SectorRanges, SyncJob, SyncKind, SyncStatus, UnitStart,
+};
 
+mod entry;
 mod members;
 mod route;
 
+/// The engine: the ledger of requests and member I/Os in flight, and the array they run
+/// on. Every room takes the ledger as an argument (see docs/architecture.md).
 pub struct Engine {
+    pub(crate) led: Ledger,
+    pub(crate) md: Mddev,
+}
+
+/// md's `struct mddev` with its personality's private state (`conf`): everything but
+/// the ledger.
+pub(crate) struct Mddev {
     pub(crate) geo: Geometry,
     /// What this level does differently (see `personality`).
     pub(crate) pers: &'static Personality,
@@ -35,17 +47,7 @@ pub struct Engine {
     read_only: bool,
     pub(crate) failed: bool,
     pub(crate) now_ns: TimeNs,
-    pub(crate) reqs: DetMap<RequestId, ReqState>,
-    pub(crate) ios: crate::inflight::InflightIos<InflightIo>,
-    /// The member range of the write whose completion is being handled (see
-    /// `record_write_error`).
-    completing_write: Option<(u64, u64)>,
-    out_ios: VecDeque<MemberIo>,
-    out_done: VecDeque<RequestCompletion>,
     pub(crate) cache: StripeCache,
-    next_write_seq: u64,
-    inflight_writes: BTreeSet<u64>,
-    flushes: Vec<FlushWait>,
     pub(crate) stats: ArrayStats,
     pub(crate) rr_next: usize,
     pub(crate) sync: Option<SyncJob>,
@@ -57,8 +59,6 @@ pub struct Engine {
     pub(crate) direct_sync: Option<DirectUnit>,
     /// raid1/10 writes waiting for the sync unit they overlap: (request, sector, len, zero).
     pub(crate) blocked_writes: Vec<(RequestId, u64, u64, bool)>,
-    /// raid1/10 writes in flight, in array sectors, so a sync unit never overlaps one.
-    pub(crate) direct_write_ranges: DetMap<RequestId, (u64, u64)>,
     /// Test-only sabotage: read-modify-write leaves P and Q untouched (see `plant_bug`).
     pub(crate) planted_skip_rmw_parity: bool,
     /// A member failed and the caller has not yet committed that to the metadata.
@@ -69,9 +69,6 @@ pub struct Engine {
     pub(crate) last_sync_action: &'static str,
     /// Per slot: the device being rebuilt to replace its member (see `replace`).
     pub(crate) replacements: Vec<Option<Replacement>>,
-    /// Writes to a slot with a replacement whose twin write is still in flight, with the
-    /// slot write's completion once it came (it is handled when both landed).
-    twins: DetMap<MemberIoId, HeldCompletion>,
     /// Work queued at construction (a recovery resumed from its checkpoint) waits for the
     /// first call after the caller has set the engine up (member indices, bad-block logs,
     /// write-mostly): `next_deadline_ns` asks for a tick now until then.
@@ -87,19 +84,19 @@ pub(crate) struct Personality {
     /// md's name for it, as /proc/mdstat prints it.
     pub name: &'static str,
     /// md's make_request for a read of [sector, sector + len) array sectors.
-    pub read: fn(&mut Engine, RequestId, u64, u64),
+    pub read: fn(&mut Mddev, &mut Ledger, RequestId, u64, u64),
     /// md's make_request for a write (`zero`: write zeroes or discard, no payload).
-    pub write: fn(&mut Engine, RequestId, u64, u64, bool),
+    pub write: fn(&mut Mddev, &mut Ledger, RequestId, u64, u64, bool),
     /// The end of one of the personality's member I/Os (md's `end_request` callbacks).
-    pub io_done: fn(&mut Engine, IoCtx, usize, Result<Vec<u8>, MemberIoError>),
+    pub io_done: fn(&mut Mddev, &mut Ledger, IoCtx, usize, MemberIoResult),
     /// md's sync_request: start one background unit [start, end) of the job's sectors.
-    pub sync_unit: fn(&mut Engine, u64, u64) -> UnitStart,
+    pub sync_unit: fn(&mut Mddev, &mut Ledger, u64, u64) -> UnitStart,
     /// Sectors a background unit covers.
-    pub sync_unit_sectors: fn(&Engine) -> u64,
+    pub sync_unit_sectors: fn(&Mddev) -> u64,
     /// Background units worked on at once.
-    pub sync_window_units: fn(&Engine, u64) -> usize,
+    pub sync_window_units: fn(&Mddev, u64) -> usize,
     /// May a resync run with the members as they are?
-    pub resync_may_run: fn(&Engine) -> bool,
+    pub resync_may_run: fn(&Mddev) -> bool,
     /// Background jobs walk array sectors rather than member sectors (raid10, whose copies
     /// of one member's data are spread over the array's address space).
     pub sync_in_array_sectors: bool,
@@ -109,391 +106,284 @@ pub(crate) struct Personality {
 
 impl Engine {
     pub fn new(config: ArrayConfig) -> Result<Self, ConfigError> {
-        let geo = config.geometry;
-        if config.members.len() != geo.raid_disks {
-            return Err(ConfigError::Members(format!(
-                "{} members given for {} raid devices",
-                config.members.len(),
-                geo.raid_disks
-            )));
-        }
-        config.tunables.check().map_err(ConfigError::Tunable)?;
-        let members: Vec<MemberRt> = config
-            .members
-            .iter()
-            .enumerate()
-            .map(|(slot, m)| MemberRt {
-                io_member: slot,
-                state: m.state,
-                data_offset_bytes: m.data_offset_bytes,
-                inflight: 0,
-                last_end_sector: 0,
-                last_dispatch_ns: 0,
-                last_delay_ns: 0,
-                write_mostly: false,
-                bad_blocks: None,
-                write_error_seen: false,
-            })
-            .collect();
-        let mut engine = Engine {
-            cache: StripeCache::new(&geo),
-            pers: Personality::of(geo.level),
-            geo,
-            members,
-            tun: config.tunables,
-            read_only: config.read_only,
-            failed: false,
-            now_ns: 0,
-            reqs: DetMap::default(),
-            ios: Default::default(),
-            completing_write: None,
-            out_ios: VecDeque::new(),
-            out_done: VecDeque::new(),
-            next_write_seq: 0,
-            inflight_writes: BTreeSet::new(),
-            flushes: Vec::new(),
-            stats: ArrayStats::new(config.members.len()),
-            rr_next: 0,
-            sync: None,
-            sync_queue: VecDeque::new(),
-            resync_held: Vec::new(),
-            events: VecDeque::new(),
-            direct_sync: None,
-            blocked_writes: Vec::new(),
-            direct_write_ranges: DetMap::default(),
-            planted_skip_rmw_parity: false,
-            metadata_pending: false,
-            mismatch_cnt_sectors: 0,
-            last_sync_action: "none",
-            replacements: vec![None; config.members.len()],
-            twins: DetMap::default(),
-            start_pending: false,
-            ppl: None,
-        };
-        if !engine.data_survives() {
-            let missing = engine.members.iter().filter(|m| !m.writable()).count();
-            return Err(ConfigError::TooDegraded { missing, survivable: engine.geo.redundancy() });
-        }
-        for slot in 0..engine.members.len() {
-            if let MemberState::Recovering { recovery_offset_sectors } = engine.members[slot].state {
-                engine.sync_queue.push_back((
-                    SyncKind::Recovery { member: slot },
-                    Some(vec![(recovery_offset_sectors, u64::MAX)]),
-                ));
-                engine.events.push_back(EngineEvent::RecoveryStarted(slot));
-                engine.start_pending = true;
-            }
-        }
-        Ok(engine)
+        Ok(Engine { led: Ledger::default(), md: Mddev::new(config)? })
     }
 
     /// Sabotage for testing the testers: with `on`, read-modify-write skips the parity
     /// update, so the simulator's checker must catch the damage once a member is lost.
     #[doc(hidden)]
     pub fn plant_bug_skip_rmw_parity(&mut self, on: bool) {
-        self.planted_skip_rmw_parity = on;
+        self.md.plant_bug_skip_rmw_parity(on)
     }
 
     pub fn geometry(&self) -> &Geometry {
-        &self.geo
+        self.md.geometry()
     }
 
     pub fn tunables(&self) -> &Tunables {
-        &self.tun
+        self.md.tunables()
     }
 
     /// md's sysfs write: tunable `name` (see [`crate::tunables::TUNABLES`]) set to `value`
     /// while I/O runs; refused (nothing changed) when out of range or not of this level.
     pub fn set_tunable(&mut self, name: &str, value: &str) -> Result<(), String> {
-        let mut t = self.tun.clone();
-        t.set_named(self.geo.level, name, value)?;
-        self.set_tunables(t).map_err(|e| e.to_string())
+        self.md.set_tunable(&mut self.led, name, value)
     }
 
     /// Every tunable at once (tests, experiments); a smaller stripe cache evicts only idle
     /// stripe heads.
     pub fn set_tunables(&mut self, t: Tunables) -> Result<(), ConfigError> {
-        t.check().map_err(ConfigError::Tunable)?;
-        let shrink = t.stripe_cache_size < self.tun.stripe_cache_size;
-        self.tun = t;
-        if shrink {
-            self.shrink_cache();
-        }
-        Ok(())
+        self.md.set_tunables(&mut self.led, t)
     }
 
     /// Bytes of array address space.
     pub fn size_bytes(&self) -> u64 {
-        self.geo.array_bytes()
+        self.md.size_bytes()
     }
 
     /// True once more members are lost than the level survives.
     pub fn is_failed(&self) -> bool {
-        self.failed
+        self.md.is_failed()
     }
 
     pub fn is_degraded(&self) -> bool {
-        self.members.iter().any(|m| !matches!(m.state, MemberState::InSync))
+        self.md.is_degraded()
     }
 
     /// Hand a request to the engine. Back-pressure returns it untouched.
     pub fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError> {
-        self.now_ns = self.now_ns.max(now_ns);
-        if self.reqs.len() >= self.tun.max_inflight_requests {
-            return Err(SubmitError::Busy(req));
-        }
-        self.stats.requests += 1;
-        if let Some(err) = self.check_request(&req) {
-            self.out_done.push_back(RequestCompletion { id: req.id, result: Err(err) });
-            return Ok(());
-        }
-        let id = req.id;
-        let is_write = matches!(req.op, RequestOp::Write | RequestOp::Trim | RequestOp::WriteZeroes);
-        let write_seq = if is_write {
-            self.next_write_seq += 1;
-            self.inflight_writes.insert(self.next_write_seq);
-            Some(self.next_write_seq)
-        } else {
-            None
-        };
-        if req.op == RequestOp::Flush {
-            self.flushes.push(FlushWait {
-                req: id,
-                seq: self.next_write_seq + 1,
-                pending: None,
-                error: None,
-            });
-            self.cache_force_all();
-            self.progress_flushes();
-            return Ok(());
-        }
-        let buf = req.data;
-        self.reqs.insert(
-            id,
-            ReqState {
-                op: req.op,
-                fua: req.fua,
-                buf,
-                len_bytes: req.len_bytes,
-                shared: None,
-                parts: 1,
-                error: None,
-                write_seq,
-                fua_flushes: None,
-                gathered: Vec::new(),
-            },
-        );
-        if req.len_bytes > 0 {
-            match req.op {
-                RequestOp::Read => self.start_read(id, req.offset_bytes, req.len_bytes),
-                op => self.start_write(id, op, req.offset_bytes, req.len_bytes),
-            }
-        }
-        self.part_done(id, None);
-        self.after_event();
-        Ok(())
-    }
-
-    /// Every entry point ends here: background work may start, dirty stripes are handled.
-    fn after_event(&mut self) {
-        self.start_pending = false;
-        self.pump_sync();
-        self.run_stripes();
-    }
-
-    fn check_request(&self, req: &Request) -> Option<RequestError> {
-        if self.failed {
-            return Some(RequestError::ArrayFailed);
-        }
-        let writes = matches!(req.op, RequestOp::Write | RequestOp::Trim | RequestOp::WriteZeroes);
-        if writes && self.read_only {
-            return Some(RequestError::ReadOnly);
-        }
-        if req.op == RequestOp::Flush {
-            return None;
-        }
-        if req.op == RequestOp::Write && req.data.len() as u64 != req.len_bytes {
-            return Some(RequestError::Invalid);
-        }
-        let end = req.offset_bytes.checked_add(req.len_bytes);
-        if end.is_none_or(|e| e > self.size_bytes()) {
-            return Some(RequestError::OutOfRange);
-        }
-        if !req.offset_bytes.is_multiple_of(SECTOR_BYTES) || !req.len_bytes.is_multiple_of(SECTOR_BYTES) {
-            // Sub-sector requests are widened by the caller (the NBD server does RMW at the edges).
-            return Some(RequestError::Invalid);
-        }
-        if req.op == RequestOp::Read && req.len_bytes > (1 << 30) {
-            return Some(RequestError::Invalid);
-        }
-        None
-    }
-
-    fn start_read(&mut self, id: RequestId, offset_bytes: u64, len_bytes: u64) {
-        let sector = offset_bytes / SECTOR_BYTES;
-        let len = len_bytes / SECTOR_BYTES;
-        (self.pers.read)(self, id, sector, len);
-    }
-
-    fn start_write(&mut self, id: RequestId, op: RequestOp, offset_bytes: u64, len_bytes: u64) {
-        let sector = offset_bytes / SECTOR_BYTES;
-        let len = len_bytes / SECTOR_BYTES;
-        let zero = op != RequestOp::Write;
-        (self.pers.write)(self, id, sector, len, zero);
+        self.md.submit(&mut self.led, req, now_ns)
     }
 
     /// The caller has no more requests to submit right now (md's unplug): partial stripes
     /// waiting for more writes may be started.
     pub fn unplug(&mut self, now_ns: TimeNs) {
-        self.now_ns = self.now_ns.max(now_ns);
-        self.cache_unplug();
-        self.after_event();
+        self.md.unplug(&mut self.led, now_ns)
     }
 
     /// Next member I/O the caller must perform.
     pub fn pop_member_io(&mut self) -> Option<MemberIo> {
-        self.out_ios.pop_front()
+        self.led.out_ios.pop_front()
     }
 
     /// Report a member I/O's result.
     pub fn complete_member_io(&mut self, completion: MemberIoCompletion, now_ns: TimeNs) {
-        self.now_ns = self.now_ns.max(now_ns);
-        let Some((ctx, member, issued_ns, write_range)) = self.ios.remove(completion.id) else {
-            return; // unknown or duplicate completion: nothing to do
-        };
-        let busy_ns = self.now_ns.saturating_sub(issued_ns);
-        if let Some(m) = self.members.get_mut(member) {
-            assert!(m.inflight > 0, "member {member}: a completion with no I/O in flight");
-            m.inflight -= 1;
-            m.last_delay_ns = busy_ns;
-        }
-        let ms = self.member_stats_mut(member);
-        ms.busy_ns += busy_ns;
-        if completion.result.is_err() {
-            ms.errors += 1;
-        }
-        if let IoCtx::ReplaceTwin { primary } = ctx {
-            // The replacement's copy of a slot write: a failure drops the replacement, never
-            // the write; the slot write completes once both landed.
-            if completion.result.is_err() {
-                if let Some(slot) = self.replacement_slot(member) {
-                    self.fail_replacement(slot, self.now_ns);
-                }
-            }
-            if let Some(Some((ctx, member, result, write_range))) = self.twins.remove(&primary) {
-                self.dispatch_completion(ctx, member, result, write_range);
-            }
-            self.after_event();
-            return;
-        }
-        // Twins exist only while a replacement runs: no map lookup per completion otherwise.
-        if let Some(held) = (!self.twins.is_empty()).then(|| self.twins.get_mut(&completion.id)).flatten() {
-            *held = Some((ctx, member, completion.result, write_range));
-            return;
-        }
-        self.dispatch_completion(ctx, member, completion.result, write_range);
-        self.after_event();
-    }
-
-    /// `write_range`: a write's member sectors, which clear bad-block entries once written.
-    fn dispatch_completion(
-        &mut self,
-        ctx: IoCtx,
-        member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
-        write_range: Option<(u64, u64)>,
-    ) {
-        if let (Some((sector, len)), Ok(_)) = (write_range, &result) {
-            if member < self.members.len() {
-                self.made_good(member, sector, len);
-            }
-        }
-        self.completing_write = write_range;
-        match ctx {
-            IoCtx::MemberFlush { flush } => self.member_flush_done(flush, member, result.is_ok()),
-            IoCtx::FuaFlush { req } => self.fua_flush_done(req, member, result.is_ok()),
-            ctx => self.io_done(ctx, member, result),
-        }
-        self.completing_write = None;
-    }
-
-    /// The accounting of engine member `member` (a slot, or a replacement: see `replace`).
-    fn member_stats_mut(&mut self, member: usize) -> &mut crate::stats::MemberStats {
-        if member >= self.stats.members.len() {
-            self.stats.members.resize(member + 1, Default::default());
-        }
-        &mut self.stats.members[member]
+        self.md.complete_member_io(&mut self.led, completion, now_ns)
     }
 
     /// Next finished request.
     pub fn pop_completion(&mut self) -> Option<RequestCompletion> {
-        if self.metadata_pending {
-            return None;
-        }
-        self.out_done.pop_front()
+        self.md.pop_completion(&mut self.led)
     }
 
     /// The caller has made the member failures it was told of (`EngineEvent::MemberFaulty`)
     /// durable in the superblocks: held completions may go (see
     /// `Tunables::hold_completions_on_member_failure`).
     pub fn metadata_committed(&mut self) {
-        self.metadata_pending = false;
+        self.md.metadata_committed()
     }
 
     /// Are completions held until `metadata_committed`?
     pub fn metadata_pending(&self) -> bool {
-        self.metadata_pending
+        self.md.metadata_pending()
     }
 
     /// When `tick` must next be called even if nothing else happens.
     pub fn next_deadline_ns(&self) -> Option<TimeNs> {
-        if self.start_pending {
-            return Some(self.now_ns);
-        }
-        match (self.cache_next_deadline(), self.sync_next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.md.next_deadline_ns()
     }
 
     /// Let time-driven work (batching deadlines) run.
     pub fn tick(&mut self, now_ns: TimeNs) {
-        self.now_ns = self.now_ns.max(now_ns);
-        self.cache_tick();
-        self.after_event();
+        self.md.tick(&mut self.led, now_ns)
     }
 
     pub fn member_states(&self) -> Vec<MemberState> {
-        self.members.iter().map(|m| m.state).collect()
+        self.md.member_states()
     }
 
     pub fn stats(&self) -> &ArrayStats {
-        &self.stats
+        self.md.stats()
     }
 
     /// Reset the accounting (e.g. between the phases of an experiment).
     pub fn reset_stats(&mut self) {
-        self.stats = ArrayStats::new(self.members.len());
+        self.md.reset_stats()
     }
 
     /// No request, member I/O or queued work outstanding (background sync aside).
     pub fn is_idle(&self) -> bool {
-        self.reqs.is_empty()
-            && self.ios.is_empty()
-            && self.out_ios.is_empty()
-            && self.flushes.is_empty()
-            && self.ppl_idle()
+        self.md.is_idle(&self.led)
     }
 
     /// Is a resync or recovery running, or queued and able to start? (A resync waiting for
     /// a degraded array's recovery is not; see `resync_owed`.)
     pub fn sync_active(&self) -> bool {
-        self.sync.is_some() || self.sync_queue.iter().any(|(k, _)| self.sync_may_start(*k))
+        self.md.sync_active()
     }
 
     /// Requests accepted and not yet completed.
     pub fn inflight_requests(&self) -> usize {
-        self.reqs.len()
+        self.led.reqs.len()
+    }
+
+    /// Start replacing the member in `slot` by a device the caller reaches as `io_member`
+    /// (md's want_replacement). `from_sectors` resumes a copy from its recovery_offset.
+    /// Refused, with nothing changed, where md refuses.
+    pub fn start_replacement(
+        &mut self,
+        slot: usize,
+        io_member: usize,
+        data_offset_bytes: u64,
+        from_sectors: u64,
+        now_ns: TimeNs,
+    ) -> Result<(), String> {
+        self.md.start_replacement(&mut self.led, slot, io_member, data_offset_bytes, from_sectors, now_ns)
+    }
+
+    /// The replacements being rebuilt.
+    pub fn replacements(&self) -> Vec<ReplacementStatus> {
+        self.md.replacements()
+    }
+
+    /// Stop replacing `slot` (its replacement failed, or the caller gave up): the member
+    /// stays. Nothing happens if there is no replacement.
+    pub fn fail_replacement(&mut self, slot: usize, now_ns: TimeNs) {
+        self.md.fail_replacement(&mut self.led, slot, now_ns)
+    }
+
+    /// The copied replacement of `slot` takes the slot, reached from now on as
+    /// `io_member`; the member that was there gets no more I/O (md marks it Faulty and
+    /// removes it). Returns the caller's index of that member. The slot stays in sync.
+    pub fn promote_replacement(
+        &mut self,
+        slot: usize,
+        io_member: usize,
+        now_ns: TimeNs,
+    ) -> Result<usize, String> {
+        self.md.promote_replacement(&mut self.led, slot, io_member, now_ns)
+    }
+
+    /// The caller's index of the device in `slot` (what its member I/O carries).
+    pub fn io_member(&self, slot: usize) -> usize {
+        self.md.io_member(slot)
+    }
+
+    /// The caller reaches the slot's device through another of its member indices (a
+    /// spare taking the slot, say).
+    pub fn set_io_member(&mut self, slot: usize, io_member: usize) -> Result<(), String> {
+        self.md.set_io_member(slot, io_member)
+    }
+
+    /// Start md's `check` or `repair`. Refused, as md refuses it, on raid0, on a failed or
+    /// degraded array, and while another job runs or a resync/recovery is owed.
+    pub fn start_scrub(&mut self, kind: ScrubKind, now_ns: TimeNs) -> Result<(), String> {
+        self.md.start_scrub(&mut self.led, kind, now_ns)
+    }
+
+    /// md's `idle`: stop a running or queued check/repair. Units in flight finish (their
+    /// rewrites land) but count nothing more. True if there was one to stop.
+    pub fn stop_scrub(&mut self) -> bool {
+        self.md.stop_scrub(&mut self.led)
+    }
+
+    /// md's mismatch_cnt, in sectors: what the last (or running) check/repair found.
+    pub fn mismatch_cnt(&self) -> u64 {
+        self.md.mismatch_cnt()
+    }
+
+    /// md's sync_action: the job running, else one queued that may start, else "idle".
+    pub fn sync_action(&self) -> &'static str {
+        self.md.sync_action()
+    }
+
+    /// md's last_sync_action: the last job started ("none" before any).
+    pub fn last_sync_action(&self) -> &'static str {
+        self.md.last_sync_action()
+    }
+
+    /// md's write-mostly flag of a mirror member (raid1/raid10): reads avoid it while
+    /// another in-sync copy can serve them; writes go to it as to every copy.
+    pub fn set_write_mostly(&mut self, member: usize, on: bool) -> Result<(), String> {
+        self.md.set_write_mostly(member, on)
+    }
+
+    /// Mark a member faulty (mdadm --fail); the array continues degraded if it can.
+    pub fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
+        self.md.fail_member(&mut self.led, member, now_ns)
+    }
+
+    /// md's bad-block log of the member in `slot` as read at assembly (device sectors):
+    /// reads avoid its ranges, a write error there joins it instead of failing the
+    /// member. None (the default): no log. raid0 keeps none, as md's raid0 ignores it.
+    pub fn set_bad_blocks(&mut self, slot: usize, bad_blocks: Option<BadBlocks>) {
+        self.md.set_bad_blocks(slot, bad_blocks)
+    }
+
+    pub fn bad_blocks(&self, slot: usize) -> Option<&BadBlocks> {
+        self.md.bad_blocks(slot)
+    }
+
+    /// md's `ppl_init_log`: log partial parity before every RAID5 stripe write, to each
+    /// slot's PPL area, `areas[slot]` = (absolute first sector, sectors) as its superblock
+    /// gives them. The areas must be empty (`Array::start` empties them first). Nothing
+    /// changes for other levels, or for chunks md could not log (below 4 KiB).
+    pub fn enable_ppl(&mut self, signature: u32, areas: &[Option<(u64, u64)>]) {
+        self.md.enable_ppl(signature, areas)
+    }
+
+    /// Does this engine log partial parity?
+    pub fn ppl_enabled(&self) -> bool {
+        self.md.ppl_enabled()
+    }
+
+    /// Put a replacement into a `Faulty` or `Missing` slot and start rebuilding it
+    /// (mdadm --add). `data_offset_bytes` is where data starts on the new member.
+    pub fn add_member(&mut self, slot: usize, data_offset_bytes: u64, now_ns: TimeNs) -> Result<(), String> {
+        self.md.add_member(&mut self.led, slot, data_offset_bytes, now_ns)
+    }
+
+    /// md's re-add with a write-intent bitmap: a member that left the array comes back
+    /// into `slot` and only `ranges` (the sync-space regions whose bits were set while it
+    /// was away) are rebuilt; `None` rebuilds it all. raid10's bitmap counts array sectors
+    /// while its recovery walks member sectors, so raid10 always rebuilds in full.
+    pub fn readd_member(
+        &mut self,
+        slot: usize,
+        data_offset_bytes: u64,
+        ranges: Option<Vec<(u64, u64)>>,
+        now_ns: TimeNs,
+    ) -> Result<(), String> {
+        self.md.readd_member(&mut self.led, slot, data_offset_bytes, ranges, now_ns)
+    }
+
+    /// Has `slot` member I/O in flight (a failed member's last I/O still draining)?
+    pub fn member_io_in_flight(&self, slot: usize) -> bool {
+        self.led.member_io_in_flight(slot)
+    }
+
+    /// Resync the given member-sector ranges (a bitmap's dirty regions), or everything.
+    /// On raid4/5/6 a resync waits while the array is degraded and runs once recovery is
+    /// done (md keeps recovery_cp); raid1/10 resync among their in-sync copies while two
+    /// of each remain. See `resync_owed`.
+    pub fn start_resync(&mut self, ranges: Option<Vec<(u64, u64)>>, now_ns: TimeNs) {
+        self.md.start_resync(&mut self.led, ranges, now_ns)
+    }
+
+    /// Does the array still owe a resync: one running, queued, waiting for recovery to end,
+    /// or stopped short by unreadable data? While it does, a finished recovery does not make
+    /// the array in sync: the caller must keep the write-intent bits (and md's resync_offset).
+    pub fn resync_owed(&self) -> bool {
+        self.md.resync_owed()
+    }
+
+    pub fn sync_status(&self) -> Option<SyncStatus> {
+        self.md.sync_status()
+    }
+
+    /// Next event for the caller (superblock updates, monitoring).
+    pub fn pop_event(&mut self) -> Option<EngineEvent> {
+        self.md.pop_event()
     }
 }
 

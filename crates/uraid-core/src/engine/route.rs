@@ -3,14 +3,17 @@
 use crate::api::*;
 use crate::ledger::IoCtx;
 
-use super::Engine;
+use super::Mddev;
+use crate::ledger::Ledger;
 
-impl Engine {
+impl Mddev {
     // ---- member I/O issue ------------------------------------------------------------
 
     /// Queue a data I/O at data-relative `member_sector`.
+    #[allow(clippy::too_many_arguments)] // a bio's fields, and the ledger it joins
     pub(crate) fn issue_io(
         &mut self,
+        led: &mut Ledger,
         member: usize,
         op: MemberIoOp,
         member_sector: u64,
@@ -22,11 +25,11 @@ impl Engine {
         let twin = (op == MemberIoOp::Write)
             .then(|| self.replacements.get(member).and_then(|r| r.as_ref()).map(|_| data.clone()))
             .flatten();
-        let primary = self.push_io(member, op, member_sector, len_sectors, data, ctx);
+        let primary = self.push_io(led, member, op, member_sector, len_sectors, data, ctx);
         if let Some(data) = twin {
-            self.twins.insert(primary, None);
+            led.twins.insert(primary, None);
             let r = self.replacement_index(member);
-            self.push_io(r, op, member_sector, len_sectors, data, IoCtx::ReplaceTwin { primary });
+            self.push_io(led, r, op, member_sector, len_sectors, data, IoCtx::ReplaceTwin { primary });
         }
     }
 
@@ -34,6 +37,7 @@ impl Engine {
     /// replacement): metadata the engine keeps itself, the partial parity log.
     pub(crate) fn issue_raw_io(
         &mut self,
+        led: &mut Ledger,
         slot: usize,
         op: MemberIoOp,
         offset_bytes: u64,
@@ -41,12 +45,14 @@ impl Engine {
         ctx: IoCtx,
     ) {
         let len_sectors = data.len() as u64 / SECTOR_BYTES;
-        self.push_io_at(slot, op, Some(offset_bytes), 0, len_sectors, data, ctx);
+        self.push_io_at(led, slot, op, Some(offset_bytes), 0, len_sectors, data, ctx);
     }
 
     /// Queue one member I/O to engine member `member`: a slot, or a replacement.
+    #[allow(clippy::too_many_arguments)] // a bio's fields, and the ledger it joins
     pub(super) fn push_io(
         &mut self,
+        led: &mut Ledger,
         member: usize,
         op: MemberIoOp,
         member_sector: u64,
@@ -54,7 +60,7 @@ impl Engine {
         data: IoBytes,
         ctx: IoCtx,
     ) -> MemberIoId {
-        self.push_io_at(member, op, None, member_sector, len_sectors, data, ctx)
+        self.push_io_at(led, member, op, None, member_sector, len_sectors, data, ctx)
     }
 
     /// `raw_offset_bytes`: an absolute device offset instead of data-relative
@@ -62,6 +68,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     fn push_io_at(
         &mut self,
+        led: &mut Ledger,
         member: usize,
         op: MemberIoOp,
         raw_offset_bytes: Option<u64>,
@@ -93,8 +100,8 @@ impl Engine {
         };
         let write_range =
             (op == MemberIoOp::Write && raw_offset_bytes.is_none()).then_some((member_sector, len_sectors));
-        let id = self.ios.insert((ctx, member, self.now_ns, write_range));
-        self.out_ios.push_back(MemberIo {
+        let id = led.ios.insert((ctx, member, self.now_ns, write_range));
+        led.out_ios.push_back(MemberIo {
             id,
             member: io_member,
             op,
@@ -108,8 +115,8 @@ impl Engine {
     // ---- request completion ----------------------------------------------------------
 
     /// One part of request `id` finished (with an error, maybe).
-    pub(crate) fn part_done(&mut self, id: RequestId, error: Option<RequestError>) {
-        let Some(r) = self.reqs.get_mut(&id) else { return };
+    pub(crate) fn part_done(&mut self, led: &mut Ledger, id: RequestId, error: Option<RequestError>) {
+        let Some(r) = led.reqs.get_mut(&id) else { return };
         if error.is_some() && r.error.is_none() {
             r.error = error;
         }
@@ -119,70 +126,71 @@ impl Engine {
         }
         if r.fua && r.error.is_none() && r.fua_flushes.is_none() && r.op != RequestOp::Read {
             let targets = self.flush_targets();
-            self.reqs.get_mut(&id).expect("present").fua_flushes = Some(targets.len() as u32);
+            led.reqs.get_mut(&id).expect("present").fua_flushes = Some(targets.len() as u32);
             for m in targets {
-                self.issue_io(m, MemberIoOp::Flush, 0, 0, IoBytes::new(), IoCtx::FuaFlush { req: id });
+                self.issue_io(led, m, MemberIoOp::Flush, 0, 0, IoBytes::new(), IoCtx::FuaFlush { req: id });
             }
             return;
         }
         if r.fua_flushes.is_some() {
             return;
         }
-        self.finish_request(id);
+        self.finish_request(led, id);
     }
 
-    pub(super) fn fua_flush_done(&mut self, id: RequestId, member: usize, ok: bool) {
+    pub(super) fn fua_flush_done(&mut self, led: &mut Ledger, id: RequestId, member: usize, ok: bool) {
         if !ok {
-            self.fail_member(member, self.now_ns);
+            self.fail_member(led, member, self.now_ns);
         }
-        let Some(r) = self.reqs.get_mut(&id) else { return };
+        let Some(r) = led.reqs.get_mut(&id) else { return };
         let left = r.fua_flushes.unwrap_or(1).saturating_sub(1);
         r.fua_flushes = Some(left);
         if left == 0 {
             if self.failed && r.error.is_none() {
                 r.error = Some(RequestError::ArrayFailed);
             }
-            self.finish_request(id);
+            self.finish_request(led, id);
         }
     }
 
-    pub(super) fn finish_request(&mut self, id: RequestId) {
-        let Some(r) = self.reqs.remove(&id) else { return };
+    pub(super) fn finish_request(&mut self, led: &mut Ledger, id: RequestId) {
+        let Some(r) = led.reqs.remove(&id) else { return };
         let write_seq = r.write_seq;
         if let Some(seq) = write_seq {
-            self.inflight_writes.remove(&seq);
+            led.inflight_writes.remove(&seq);
         }
         let result = match r.error {
             Some(e) => Err(e),
             None if r.op == RequestOp::Read => Ok(r.into_read_data()),
             None => Ok(Vec::new()),
         };
-        self.out_done.push_back(RequestCompletion { id, result });
-        self.direct_write_ranges.remove(&id);
+        led.out_done.push_back(RequestCompletion { id, result });
+        led.direct_write_ranges.remove(&id);
         if write_seq.is_some() {
-            self.progress_flushes();
+            self.progress_flushes(led);
         }
     }
 
     // ---- flush ------------------------------------------------------------------------
 
-    pub(super) fn progress_flushes(&mut self) {
-        let oldest_write = self.inflight_writes.iter().next().copied();
+    pub(super) fn progress_flushes(&mut self, led: &mut Ledger) {
+        let oldest_write = led.inflight_writes.iter().next().copied();
         let mut i = 0;
-        while i < self.flushes.len() {
-            let f = &self.flushes[i];
+        while i < led.flushes.len() {
+            let f = &led.flushes[i];
             if let Some(err) = f.error {
                 if f.pending.is_none_or(|p| p == 0) {
-                    let f = self.flushes.remove(i);
-                    self.out_done.push_back(RequestCompletion { id: f.req, result: Err(err) });
+                    let f = led.flushes.remove(i);
+                    led.out_done.push_back(RequestCompletion { id: f.req, result: Err(err) });
                     continue;
                 }
             } else if f.pending.is_none() && oldest_write.is_none_or(|w| w >= f.seq) {
                 let targets = self.flush_targets();
                 let flush_id = f.req;
-                self.flushes[i].pending = Some(targets.len() as u32);
+                led.flushes[i].pending = Some(targets.len() as u32);
                 for m in targets {
                     self.issue_io(
+                        led,
                         m,
                         MemberIoOp::Flush,
                         0,
@@ -191,9 +199,9 @@ impl Engine {
                         IoCtx::MemberFlush { flush: flush_id },
                     );
                 }
-                if self.flushes[i].pending == Some(0) {
-                    let f = self.flushes.remove(i);
-                    self.out_done.push_back(RequestCompletion { id: f.req, result: Ok(Vec::new()) });
+                if led.flushes[i].pending == Some(0) {
+                    let f = led.flushes.remove(i);
+                    led.out_done.push_back(RequestCompletion { id: f.req, result: Ok(Vec::new()) });
                     continue;
                 }
             }
@@ -201,26 +209,32 @@ impl Engine {
         }
     }
 
-    pub(super) fn member_flush_done(&mut self, flush: RequestId, member: usize, ok: bool) {
+    pub(super) fn member_flush_done(&mut self, led: &mut Ledger, flush: RequestId, member: usize, ok: bool) {
         if !ok {
-            self.fail_member(member, self.now_ns);
+            self.fail_member(led, member, self.now_ns);
         }
-        let Some(i) = self.flushes.iter().position(|f| f.req == flush) else { return };
-        let f = &mut self.flushes[i];
+        let Some(i) = led.flushes.iter().position(|f| f.req == flush) else { return };
+        let f = &mut led.flushes[i];
         let left = f.pending.unwrap_or(1).saturating_sub(1);
         f.pending = Some(left);
         if left == 0 {
-            let f = self.flushes.remove(i);
+            let f = led.flushes.remove(i);
             let result = match (f.error, self.failed) {
                 (Some(e), _) => Err(e),
                 (None, true) => Err(RequestError::ArrayFailed),
                 (None, false) => Ok(Vec::new()),
             };
-            self.out_done.push_back(RequestCompletion { id: f.req, result });
+            led.out_done.push_back(RequestCompletion { id: f.req, result });
         }
     }
 
-    pub(super) fn io_done(&mut self, ctx: IoCtx, member: usize, result: Result<Vec<u8>, MemberIoError>) {
-        (self.pers.io_done)(self, ctx, member, result);
+    pub(super) fn io_done(
+        &mut self,
+        led: &mut Ledger,
+        ctx: IoCtx,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
+        (self.pers.io_done)(self, led, ctx, member, result);
     }
 }

@@ -3,14 +3,15 @@
 
 use crate::api::*;
 use crate::block::Block;
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 use crate::sectors::{rows, runs, SectorMask};
 
 use super::*;
 
-impl Engine {
+impl Mddev {
     /// Re-analyse every head marked dirty until nothing changes.
-    pub(crate) fn run_stripes(&mut self) {
+    pub(crate) fn run_stripes(&mut self, led: &mut Ledger) {
         if self.cache.running {
             return; // the outer loop picks up what this call would do
         }
@@ -19,7 +20,7 @@ impl Engine {
             while let Some(key) = self.cache.dirty.pop_front() {
                 let Some(mut st) = self.cache.heads.remove(&key) else { continue };
                 st.queued = false;
-                self.handle_stripe(key, &mut st);
+                self.handle_stripe(led, key, &mut st);
                 let idle = st.idle();
                 self.cache.heads.insert(key, st);
                 if idle {
@@ -33,12 +34,12 @@ impl Engine {
                     break;
                 }
                 let piece = self.cache.waiting.pop_front().expect("front");
-                self.place_in_stripe(piece);
+                self.place_in_stripe(led, piece);
                 placed = true;
             }
             // md's log_write_stripe_run: the batches logged in this pass go out together.
             if self.ppl.is_some() {
-                self.ppl_submit_all();
+                self.ppl_submit_all(led);
             }
             if !placed && self.cache.dirty.is_empty() {
                 break;
@@ -47,21 +48,21 @@ impl Engine {
         self.cache.running = false;
     }
 
-    pub(super) fn handle_stripe(&mut self, key: u64, st: &mut Stripe) {
+    pub(super) fn handle_stripe(&mut self, led: &mut Ledger, key: u64, st: &mut Stripe) {
         if self.failed {
             for r in std::mem::take(&mut st.readers) {
-                self.part_done(r.req, Some(RequestError::ArrayFailed));
+                self.part_done(led, r.req, Some(RequestError::ArrayFailed));
             }
             for req in std::mem::take(&mut st.towrite_reqs) {
-                self.part_done(req, Some(RequestError::ArrayFailed));
+                self.part_done(led, req, Some(RequestError::ArrayFailed));
             }
             st.towrite_mask.iter_mut().for_each(|m| *m = 0);
             if st.sync.as_ref().is_some_and(|s| s.row) {
-                self.row_head_failed(key, st);
+                self.row_head_failed(led, key, st);
             }
             if st.sync.as_ref().is_some_and(|s| s.writing.is_none()) {
                 let op = st.sync.take().expect("sync");
-                self.head_sync_done(op.unit, false);
+                self.head_sync_done(led, op.unit, false);
             }
             if st.batch.as_ref().is_some_and(|b| b.writing.is_none()) {
                 let b = st.batch.take().expect("batch");
@@ -69,17 +70,17 @@ impl Engine {
                     self.cache.preread_active -= 1;
                 }
                 for req in b.reqs {
-                    self.part_done(req, Some(RequestError::ArrayFailed));
+                    self.part_done(led, req, Some(RequestError::ArrayFailed));
                 }
             }
             return;
         }
-        self.serve_readers(key, st);
+        self.serve_readers(led, key, st);
         if st.batch.is_some() {
-            self.advance_batch(key, st);
+            self.advance_batch(led, key, st);
         }
         if st.batch.is_none() && st.sync.is_some() {
-            self.advance_sync(key, st);
+            self.advance_sync(led, key, st);
         }
         let sync_writing = st.sync.as_ref().is_some_and(|s| s.writing.is_some());
         if st.batch.is_none() && !sync_writing && st.towrite_mask.iter().any(|&m| m != 0) {
@@ -94,7 +95,7 @@ impl Engine {
                     }
                 }
                 self.start_batch(st);
-                self.advance_batch(key, st);
+                self.advance_batch(led, key, st);
             } else if st.delayed_until.is_none() {
                 st.delayed_until = Some(self.now_ns + self.tun.stripe_batch_deadline_ns);
                 // It starts at the caller's next unplug if nothing is pre-reading, or at the deadline.
@@ -103,7 +104,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn serve_readers(&mut self, key: u64, st: &mut Stripe) {
+    pub(super) fn serve_readers(&mut self, led: &mut Ledger, key: u64, st: &mut Stripe) {
         let mut i = 0;
         while i < st.readers.len() {
             let r = &st.readers[i];
@@ -111,18 +112,18 @@ impl Engine {
             // Once the batch is writing, its rows are in the cache (and its buffers recycled).
             let batch_mask = st.batch.as_ref().filter(|b| b.writing.is_none()).map_or(0, |b| b.mask[member]);
             let from_cache = want & !st.towrite_mask[member] & !batch_mask;
-            match self.ensure(key, st, member, from_cache) {
+            match self.ensure(led, key, st, member, from_cache) {
                 Ensure::Pending => i += 1,
                 Ensure::Lost => {
                     let r = st.readers.swap_remove(i);
-                    self.part_done(r.req, Some(RequestError::Io));
+                    self.part_done(led, r.req, Some(RequestError::Io));
                 }
                 Ensure::Ready => {
                     let r = st.readers.swap_remove(i);
                     if from_cache == want {
                         self.stats.stripe_cache_hits += 1;
                     }
-                    if let Some(req) = self.reqs.get_mut(&r.req) {
+                    if let Some(req) = led.reqs.get_mut(&r.req) {
                         let (r0, n) = runs(want).next().expect("non-empty");
                         let dest =
                             &mut req.read_target()[r.dest_off..r.dest_off + (n * SECTOR_BYTES) as usize];
@@ -145,7 +146,7 @@ impl Engine {
                             shift(buf, st.towrite_mask[member], dest);
                         }
                     }
-                    self.part_done(r.req, None);
+                    self.part_done(led, r.req, None);
                 }
             }
         }
@@ -153,16 +154,23 @@ impl Engine {
 
     /// Make `need` rows of `member` valid in the cache: read them, or reconstruct them when
     /// the member cannot be read there.
-    pub(super) fn ensure(&mut self, key: u64, st: &mut Stripe, member: usize, need: SectorMask) -> Ensure {
+    pub(super) fn ensure(
+        &mut self,
+        led: &mut Ledger,
+        key: u64,
+        st: &mut Stripe,
+        member: usize,
+        need: SectorMask,
+    ) -> Ensure {
         let missing = need & !st.valid[member];
         if missing == 0 {
             return Ensure::Ready;
         }
         if self.readable_rows(st, member, missing) {
-            self.fill(key, st, member, missing);
+            self.fill(led, key, st, member, missing);
             return Ensure::Pending;
         }
-        self.reconstruct(key, st, missing)
+        self.reconstruct(led, key, st, missing)
     }
 
     pub(super) fn readable_rows(&self, st: &Stripe, member: usize, rows_wanted: SectorMask) -> bool {
@@ -210,7 +218,14 @@ impl Engine {
         bad
     }
 
-    pub(super) fn fill(&mut self, key: u64, st: &mut Stripe, member: usize, missing: SectorMask) {
+    pub(super) fn fill(
+        &mut self,
+        led: &mut Ledger,
+        key: u64,
+        st: &mut Stripe,
+        member: usize,
+        missing: SectorMask,
+    ) {
         let to_read = missing & !st.reading[member];
         if to_read == 0 {
             return;
@@ -228,14 +243,14 @@ impl Engine {
             st.reading[member] |= to_read;
             st.inflight += 1;
             let ctx = IoCtx::Fill { key, rows: to_read };
-            self.issue_io(member, MemberIoOp::Read, st.base_sector, self.cache.head_sectors, spare, ctx);
+            self.issue_io(led, member, MemberIoOp::Read, st.base_sector, self.cache.head_sectors, spare, ctx);
             return;
         }
         for (r0, n) in runs(to_read) {
             st.reading[member] |= rows(r0, r0 + n);
             st.inflight += 1;
             let ctx = IoCtx::Fill { key, rows: rows(r0, r0 + n) };
-            self.issue_io(member, MemberIoOp::Read, st.base_sector + r0, n, IoBytes::new(), ctx);
+            self.issue_io(led, member, MemberIoOp::Read, st.base_sector + r0, n, IoBytes::new(), ctx);
         }
     }
 
@@ -243,7 +258,13 @@ impl Engine {
     /// row a member can supply is read, its own lost ones included: a member lost for a few
     /// rows (a latent or listed bad sector) keeps the rest as known data, never rebuilt
     /// from parity a resync may not have reached (`uraid sim --seed 1622`).
-    pub(super) fn reconstruct(&mut self, key: u64, st: &mut Stripe, want: SectorMask) -> Ensure {
+    pub(super) fn reconstruct(
+        &mut self,
+        led: &mut Ledger,
+        key: u64,
+        st: &mut Stripe,
+        want: SectorMask,
+    ) -> Ensure {
         let n = self.geo.raid_disks;
         let unreadable: Vec<SectorMask> =
             (0..n).map(|o| self.unreadable_rows(st, o, want & !st.valid[o])).collect();
@@ -266,7 +287,7 @@ impl Engine {
         for (o, &lacks) in unreadable.iter().enumerate() {
             let readable = want & !st.valid[o] & !lacks;
             if readable != 0 {
-                self.fill(key, st, o, readable);
+                self.fill(led, key, st, o, readable);
                 pending = true;
             }
         }
@@ -317,7 +338,7 @@ impl Engine {
                     st.inflight += 1;
                     st.rewriting[o] |= rows(r0, r0 + n);
                     let ctx = IoCtx::Rewrite { key, rows: rows(r0, r0 + n), req: None };
-                    self.issue_io(o, MemberIoOp::Write, st.base_sector + r0, n, data, ctx);
+                    self.issue_io(led, o, MemberIoOp::Write, st.base_sector + r0, n, data, ctx);
                 }
             }
         }

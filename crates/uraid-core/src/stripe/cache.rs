@@ -3,12 +3,13 @@
 
 use crate::api::*;
 use crate::block::Block;
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 use crate::sectors::{rows, runs, SectorMask};
 
 use super::*;
 
-impl Engine {
+impl Mddev {
     pub(super) fn head_key(&self, sector: u64) -> (u64, usize, u64, u64) {
         let (stripe, dd, off) = self.geo.parity_locate(sector);
         let h = self.cache.head_sectors;
@@ -151,25 +152,25 @@ impl Engine {
         }
     }
 
-    pub(crate) fn shrink_cache(&mut self) {
+    pub(crate) fn shrink_cache(&mut self, led: &mut Ledger) {
         while self.cache.heads.len() > self.tun.stripe_cache_size {
             let Some(victim) = self.least_recently_used() else { break };
             self.evict(victim);
         }
-        self.run_stripes();
+        self.run_stripes(led);
     }
 
-    pub(super) fn place(&mut self, piece: Piece) {
+    pub(super) fn place(&mut self, led: &mut Ledger, piece: Piece) {
         if !self.cache.waiting.is_empty() || !self.get_stripe(piece.key()) {
             self.cache.waiting.push_back(piece);
             // Pressure: start every delayed stripe so heads free up.
             self.cache_force_all();
             return;
         }
-        self.place_in_stripe(piece);
+        self.place_in_stripe(led, piece);
     }
 
-    pub(super) fn place_in_stripe(&mut self, piece: Piece) {
+    pub(super) fn place_in_stripe(&mut self, led: &mut Ledger, piece: Piece) {
         let key = piece.key();
         let hb = self.cache.zero.len();
         match piece {
@@ -179,7 +180,7 @@ impl Engine {
                 st.readers.push(ReadWaiter { req, member, rows, dest_off });
             }
             Piece::Write { req, dd, rows, src_off, zero, .. } => {
-                let r = self.reqs.get_mut(&req).expect("request");
+                let r = led.reqs.get_mut(&req).expect("request");
                 let fua = r.fua;
                 let (r0, n) = runs(rows).next().expect("non-empty piece");
                 let rg = bytes(r0, n);
@@ -225,13 +226,13 @@ impl Engine {
         out
     }
 
-    pub(crate) fn stripe_read(&mut self, id: RequestId, sector: u64, len: u64) {
+    pub(crate) fn stripe_read(&mut self, led: &mut Ledger, id: RequestId, sector: u64, len: u64) {
         let optimal = self.members.iter().all(|m| matches!(m.state, crate::config::MemberState::InSync));
         // md since 4.1 bypasses only on an optimal array (seed 001); the old behaviour, bypass
         // whenever the target member can serve the read, stays available to measure.
         let allowed = optimal || self.tun.degraded_read_bypass;
         if !(self.tun.aligned_read_bypass && allowed) {
-            self.stripe_read_via_cache(id, sector, len, 0);
+            self.stripe_read_via_cache(led, id, sector, len, 0);
             return;
         }
         // md's chunk_aligned_read splits a read at chunk boundaries and sends each piece
@@ -242,8 +243,8 @@ impl Engine {
         while pos < end {
             let n = ((pos / chunk + 1) * chunk).min(end) - pos;
             let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
-            if !self.bypass_read(id, pos, n, dest_off) {
-                self.stripe_read_via_cache(id, pos, n, dest_off);
+            if !self.bypass_read(led, id, pos, n, dest_off) {
+                self.stripe_read_via_cache(led, id, pos, n, dest_off);
             }
             pos += n;
         }
@@ -252,7 +253,14 @@ impl Engine {
     /// Reads `len` sectors inside one chunk straight from the member holding them (md's
     /// raid5_read_one_chunk), if that member can serve them and the cache holds nothing
     /// newer for them. Returns whether it did.
-    pub(super) fn bypass_read(&mut self, id: RequestId, sector: u64, len: u64, dest_off: usize) -> bool {
+    pub(super) fn bypass_read(
+        &mut self,
+        led: &mut Ledger,
+        id: RequestId,
+        sector: u64,
+        len: u64,
+        dest_off: usize,
+    ) -> bool {
         let (key, ..) = self.head_key(sector);
         let (key_end, ..) = self.head_key(sector + len - 1);
         let (ext, _) = self.geo.map_sector(sector);
@@ -268,27 +276,41 @@ impl Engine {
             return false;
         }
         self.stats.aligned_read_bypass += 1;
-        self.reqs.get_mut(&id).expect("request").parts += 1;
+        led.reqs.get_mut(&id).expect("request").parts += 1;
         let ctx = IoCtx::BypassRead { req: id, array_sector: sector, len_sectors: len, dest_off };
-        self.issue_io(ext.member, MemberIoOp::Read, ext.member_sector, len, IoBytes::new(), ctx);
+        self.issue_io(led, ext.member, MemberIoOp::Read, ext.member_sector, len, IoBytes::new(), ctx);
         true
     }
 
-    pub(super) fn stripe_read_via_cache(&mut self, id: RequestId, sector: u64, len: u64, dest_base: usize) {
+    pub(super) fn stripe_read_via_cache(
+        &mut self,
+        led: &mut Ledger,
+        id: RequestId,
+        sector: u64,
+        len: u64,
+        dest_base: usize,
+    ) {
         for (key, dd, rows, rel) in self.parity_pieces(sector, len) {
-            self.reqs.get_mut(&id).expect("request").parts += 1;
+            led.reqs.get_mut(&id).expect("request").parts += 1;
             let dest_off = dest_base + (rel * SECTOR_BYTES) as usize;
-            self.place(Piece::Read { req: id, key, dd, rows, dest_off });
+            self.place(led, Piece::Read { req: id, key, dd, rows, dest_off });
         }
-        self.run_stripes();
+        self.run_stripes(led);
     }
 
-    pub(crate) fn stripe_write(&mut self, id: RequestId, sector: u64, len: u64, zero: bool) {
+    pub(crate) fn stripe_write(
+        &mut self,
+        led: &mut Ledger,
+        id: RequestId,
+        sector: u64,
+        len: u64,
+        zero: bool,
+    ) {
         for (key, dd, rows, rel) in self.parity_pieces(sector, len) {
-            self.reqs.get_mut(&id).expect("request").parts += 1;
+            led.reqs.get_mut(&id).expect("request").parts += 1;
             let src_off = (rel * SECTOR_BYTES) as usize;
-            self.place(Piece::Write { req: id, key, dd, rows, src_off, zero });
+            self.place(led, Piece::Write { req: id, key, dd, rows, src_off, zero });
         }
-        self.run_stripes();
+        self.run_stripes(led);
     }
 }

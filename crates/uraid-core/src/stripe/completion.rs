@@ -2,14 +2,16 @@
 
 use crate::api::*;
 use crate::block::Block;
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 use crate::sectors::{rows, runs};
 
 use super::*;
 
-impl Engine {
+impl Mddev {
     pub(crate) fn stripe_io_done(
         &mut self,
+        led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
         result: Result<Vec<u8>, MemberIoError>,
@@ -17,20 +19,20 @@ impl Engine {
         match ctx {
             IoCtx::BypassRead { req, array_sector, len_sectors, dest_off } => match result {
                 Ok(data) => {
-                    if let Some(r) = self.reqs.get_mut(&req) {
+                    if let Some(r) = led.reqs.get_mut(&req) {
                         r.deliver(dest_off, data, (len_sectors * SECTOR_BYTES) as usize);
                     }
-                    self.part_done(req, None);
+                    self.part_done(led, req, None);
                 }
                 Err(e) => {
                     // md retries a failed aligned read through the stripe cache.
                     if e == MemberIoError::Gone {
-                        self.fail_member(member, self.now_ns);
+                        self.fail_member(led, member, self.now_ns);
                     }
-                    if let Some(r) = self.reqs.get_mut(&req) {
+                    if let Some(r) = led.reqs.get_mut(&req) {
                         r.parts -= 1;
                     }
-                    self.stripe_read_via_cache(req, array_sector, len_sectors, dest_off);
+                    self.stripe_read_via_cache(led, req, array_sector, len_sectors, dest_off);
                     return;
                 }
             },
@@ -84,7 +86,7 @@ impl Engine {
                         st.inflight += 1;
                         let base = st.base_sector;
                         let ctx = IoCtx::Fill { key, rows: rows(a, a + len) };
-                        self.issue_io(member, MemberIoOp::Read, base + a, len, IoBytes::new(), ctx);
+                        self.issue_io(led, member, MemberIoOp::Read, base + a, len, IoBytes::new(), ctx);
                     }
                 }
                 // A write batch waits for all its reads: while others are in flight, and no
@@ -96,7 +98,7 @@ impl Engine {
                     queue_head(&mut self.cache.dirty, key, st);
                 }
                 if gone {
-                    self.fail_member(member, self.now_ns);
+                    self.fail_member(led, member, self.now_ns);
                 }
             }
             IoCtx::StripeWrite { key } => {
@@ -107,13 +109,15 @@ impl Engine {
                 b.writing = Some(left);
                 // md's R5_WriteError: the rows join the member's bad-block log if it has room
                 // (the cache and parity hold them), else the member fails.
-                if result.is_err() && !(result == Err(MemberIoError::Io) && self.record_write_error(member)) {
-                    self.fail_member(member, self.now_ns);
+                if result.is_err()
+                    && !(result == Err(MemberIoError::Io) && self.record_write_error(led, member))
+                {
+                    self.fail_member(led, member, self.now_ns);
                 }
                 // Until the batch's last write lands the head cannot move on: no re-analysis.
                 if left == 0 {
                     let mut st = self.cache.heads.remove(&key).expect("head");
-                    self.finish_batch(&mut st);
+                    self.finish_batch(led, &mut st);
                     self.cache.heads.insert(key, st);
                     self.cache.mark(key);
                 }
@@ -136,19 +140,19 @@ impl Engine {
                     self.cache.mark(key);
                 }
                 if result.is_err() {
-                    self.fail_member(member, self.now_ns);
+                    self.fail_member(led, member, self.now_ns);
                 }
                 if left == 0 {
-                    self.head_sync_done(unit, result.is_ok() && !self.failed);
+                    self.head_sync_done(led, unit, result.is_ok() && !self.failed);
                 }
             }
             IoCtx::PplLog { .. } | IoCtx::PplLogFlush { .. } | IoCtx::PplFlush { .. } => {
-                self.ppl_io_done(ctx, member, result.is_ok())
+                self.ppl_io_done(led, ctx, member, result.is_ok())
             }
-            IoCtx::RowSyncRead { unit } => self.row_read_done(unit, member, result),
-            IoCtx::RowSyncWrite { unit } => self.row_write_done(unit, member, result),
-            IoCtx::ScrubStripeRead { unit } => self.scrub_read_done(unit, member, result),
-            IoCtx::ScrubStripeWrite { unit } => self.scrub_write_done(unit, member, result),
+            IoCtx::RowSyncRead { unit } => self.row_read_done(led, unit, member, result),
+            IoCtx::RowSyncWrite { unit } => self.row_write_done(led, unit, member, result),
+            IoCtx::ScrubStripeRead { unit } => self.scrub_read_done(led, unit, member, result),
+            IoCtx::ScrubStripeWrite { unit } => self.scrub_write_done(led, unit, member, result),
             IoCtx::Rewrite { key, rows: rws, .. } => {
                 if let Some(st) = self.cache.heads.get_mut(&key) {
                     st.inflight -= 1;
@@ -160,8 +164,8 @@ impl Engine {
                 if result.is_ok() {
                     self.stats.read_errors_corrected += 1;
                 } else {
-                    if !(result == Err(MemberIoError::Io) && self.record_write_error(member)) {
-                        self.fail_member(member, self.now_ns);
+                    if !(result == Err(MemberIoError::Io) && self.record_write_error(led, member)) {
+                        self.fail_member(led, member, self.now_ns);
                     }
                     if let Some(st) = self.cache.heads.get_mut(&key) {
                         st.bad[member] &= !rws;
@@ -171,6 +175,6 @@ impl Engine {
             }
             _ => {}
         }
-        self.run_stripes();
+        self.run_stripes(led);
     }
 }

@@ -1,23 +1,24 @@
 //! Background work on one head at a time: a recovery, a replacement copy or a resync
 //! of the rows a unit covers (row units and scrubs have rooms of their own).
 
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 
 use super::*;
 
-impl Engine {
+impl Mddev {
     pub(crate) fn cache_head_sectors(&self) -> u64 {
         self.cache.head_sectors
     }
 
-    pub(super) fn advance_sync(&mut self, key: u64, st: &mut Stripe) {
+    pub(super) fn advance_sync(&mut self, led: &mut Ledger, key: u64, st: &mut Stripe) {
         let Some(op) = st.sync.as_mut() else { return };
         if op.row {
             // A row unit does the I/O; it only waits for the head's batch and rewrites.
             if !op.ready && st.batch.is_none() && st.rewriting.iter().all(|&r| r == 0) {
                 op.ready = true;
                 let unit = op.unit;
-                self.row_head_ready(unit);
+                self.row_head_ready(led, unit);
             }
             return;
         }
@@ -31,14 +32,14 @@ impl Engine {
             crate::sync::SyncKind::Recovery { member } => {
                 if !self.members[member].writable() {
                     st.sync = None;
-                    self.head_sync_done(unit, false);
+                    self.head_sync_done(led, unit, false);
                     return;
                 }
-                match self.ensure(key, st, member, full) {
+                match self.ensure(led, key, st, member, full) {
                     Ensure::Pending => return,
                     Ensure::Lost => {
                         st.sync = None;
-                        self.head_sync_done(unit, false);
+                        self.head_sync_done(led, unit, false);
                         return;
                     }
                     Ensure::Ready => vec![(member, member)],
@@ -49,14 +50,14 @@ impl Engine {
             crate::sync::SyncKind::Replace { slot } => {
                 if self.replacements[slot].is_none() {
                     st.sync = None;
-                    self.head_sync_done(unit, false);
+                    self.head_sync_done(led, unit, false);
                     return;
                 }
-                match self.ensure(key, st, slot, full) {
+                match self.ensure(led, key, st, slot, full) {
                     Ensure::Pending => return,
                     Ensure::Lost => {
                         st.sync = None;
-                        self.head_sync_done(unit, false);
+                        self.head_sync_done(led, unit, false);
                         return;
                     }
                     // Not while the rebuilt rows are being rewritten to the member: the
@@ -68,18 +69,18 @@ impl Engine {
             // Scrub units always claim their heads as a row (see `stripe::scrub`).
             crate::sync::SyncKind::Scrub(_) => {
                 st.sync = None;
-                self.head_sync_done(unit, false);
+                self.head_sync_done(led, unit, false);
                 return;
             }
             crate::sync::SyncKind::Resync => {
                 let mut ready = true;
                 for &m in &st.map.data_members.clone() {
-                    match self.ensure(key, st, m, full) {
+                    match self.ensure(led, key, st, m, full) {
                         Ensure::Ready => {}
                         Ensure::Pending => ready = false,
                         Ensure::Lost => {
                             st.sync = None;
-                            self.head_sync_done(unit, false);
+                            self.head_sync_done(led, unit, false);
                             return;
                         }
                     }
@@ -110,11 +111,11 @@ impl Engine {
             writes += 1;
             st.inflight += 1;
             let n = self.cache.head_sectors;
-            self.issue_io(m, MemberIoOp::Write, st.base_sector, n, data, IoCtx::StripeSyncWrite { key });
+            self.issue_io(led, m, MemberIoOp::Write, st.base_sector, n, data, IoCtx::StripeSyncWrite { key });
         }
         if writes == 0 {
             st.sync = None;
-            self.head_sync_done(unit, true);
+            self.head_sync_done(led, unit, true);
         } else {
             st.sync.as_mut().expect("sync").writing = Some(writes);
         }

@@ -17,8 +17,9 @@
 
 use std::collections::VecDeque;
 
-use crate::engine::Engine;
+use crate::engine::Mddev;
 use crate::geometry::Level;
+use crate::ledger::Ledger;
 use crate::meta::ppl::{
     crc32c_update, ppl_entry_space_bytes, ppl_usable_sectors, ppl_uses_multiple, PplEntry, PplHeader,
     PPL_HDR_MAX_ENTRIES, PPL_HEADER_SIZE,
@@ -36,12 +37,8 @@ fn bit(m: usize) -> u128 {
     1u128 << m
 }
 
-impl Engine {
-    /// md's `ppl_init_log`: log partial parity before every RAID5 stripe write, to each
-    /// slot's PPL area, `areas[slot]` = (absolute first sector, sectors) as its superblock
-    /// gives them. The areas must be empty (`Array::start` empties them first). Nothing
-    /// changes for other levels, or for chunks md could not log (below 4 KiB).
-    pub fn enable_ppl(&mut self, signature: u32, areas: &[Option<(u64, u64)>]) {
+impl Mddev {
+    pub(crate) fn enable_ppl(&mut self, signature: u32, areas: &[Option<(u64, u64)>]) {
         if self.geo.level != Level::Raid5 || !self.geo.chunk_sectors.is_multiple_of(GROUP_SECTORS) {
             return;
         }
@@ -63,8 +60,7 @@ impl Engine {
         self.ppl = Some(Box::new(Ppl { signature, seq: 0, logs }));
     }
 
-    /// Does this engine log partial parity?
-    pub fn ppl_enabled(&self) -> bool {
+    pub(crate) fn ppl_enabled(&self) -> bool {
         self.ppl.is_some()
     }
 
@@ -249,7 +245,7 @@ impl Engine {
     }
 
     /// md's `ppl_write_stripe_run`: write every log whose first io_unit waits.
-    pub(super) fn ppl_submit_all(&mut self) {
+    pub(super) fn ppl_submit_all(&mut self, led: &mut Ledger) {
         let Some(p) = self.ppl.as_ref() else { return };
         let ready: Vec<usize> = (0..p.logs.len())
             .filter(|&s| {
@@ -259,14 +255,14 @@ impl Engine {
             })
             .collect();
         for slot in ready {
-            self.ppl_submit(slot);
+            self.ppl_submit(led, slot);
         }
     }
 
     /// md's `ppl_submit_iounit`: the header (entries with their final checksums) and the
     /// partial parity in one write at the log's next place, then a flush. A log member
     /// that cannot be written releases the batches at once.
-    fn ppl_submit(&mut self, slot: usize) {
+    fn ppl_submit(&mut self, led: &mut Ledger, slot: usize) {
         let writable = self.members[slot].writable();
         let p = self.ppl.as_mut().expect("ppl");
         let signature = p.signature;
@@ -274,7 +270,7 @@ impl Engine {
         let u = log.units.front_mut().expect("a unit");
         if !writable {
             u.state = UnitState::Logged;
-            self.ppl_release(slot);
+            self.ppl_release(led, slot);
             return;
         }
         u.state = UnitState::Logging;
@@ -299,33 +295,48 @@ impl Engine {
             log.next_io_sector += used_sectors;
         }
         self.stats.ppl_log_writes += 1;
-        self.issue_raw_io(slot, MemberIoOp::Write, at * 512, IoBytes::from(bytes), IoCtx::PplLog { slot });
+        self.issue_raw_io(
+            led,
+            slot,
+            MemberIoOp::Write,
+            at * 512,
+            IoBytes::from(bytes),
+            IoCtx::PplLog { slot },
+        );
     }
 
     /// Completions of the log's own I/O: the log write, its flush, and the flushes of the
     /// members a finished unit's batches wrote.
-    pub(super) fn ppl_io_done(&mut self, ctx: IoCtx, member: usize, ok: bool) {
+    pub(super) fn ppl_io_done(&mut self, led: &mut Ledger, ctx: IoCtx, member: usize, ok: bool) {
         if !ok {
             // md_error on the member, as md's ppl_log_endio and ppl_flush_endio do; the
             // batches go on without the log.
-            self.fail_member(member, self.now_ns);
+            self.fail_member(led, member, self.now_ns);
         }
         match ctx {
             IoCtx::PplLog { slot } if ok => {
-                self.issue_io(slot, MemberIoOp::Flush, 0, 0, IoBytes::new(), IoCtx::PplLogFlush { slot });
+                self.issue_io(
+                    led,
+                    slot,
+                    MemberIoOp::Flush,
+                    0,
+                    0,
+                    IoBytes::new(),
+                    IoCtx::PplLogFlush { slot },
+                );
             }
             IoCtx::PplLog { slot } | IoCtx::PplLogFlush { slot } => {
                 if let Some(u) = self.ppl_front(slot) {
                     u.state = UnitState::Logged;
                 }
-                self.ppl_release(slot);
+                self.ppl_release(led, slot);
             }
             IoCtx::PplFlush { slot } => {
                 let Some(u) = self.ppl_front(slot) else { return };
                 if let UnitState::Flushing(left) = u.state {
                     u.state = UnitState::Flushing(left - 1);
                     if left == 1 {
-                        self.ppl_unit_finished(slot);
+                        self.ppl_unit_finished(led, slot);
                     }
                 }
             }
@@ -338,11 +349,11 @@ impl Engine {
     }
 
     /// md's `ppl_log_endio`: the unit is on the member; its batches' writes go out.
-    fn ppl_release(&mut self, slot: usize) {
+    fn ppl_release(&mut self, led: &mut Ledger, slot: usize) {
         let Some(u) = self.ppl_front(slot) else { return };
         let heads = std::mem::take(&mut u.heads);
         if u.pending_heads == 0 {
-            self.ppl_unit_written(slot);
+            self.ppl_unit_written(led, slot);
         }
         for key in heads {
             let Some(mut st) = self.cache.heads.remove(&key) else {
@@ -351,7 +362,7 @@ impl Engine {
             };
             if let Some(b) = st.batch.as_mut().filter(|b| b.log_wait) {
                 b.log_wait = false;
-                self.issue_batch_writes(key, &mut st);
+                self.issue_batch_writes(led, key, &mut st);
             }
             self.cache.heads.insert(key, st);
             self.cache.mark(key);
@@ -359,17 +370,17 @@ impl Engine {
     }
 
     /// A logged batch's member writes all landed (`finish_batch`).
-    pub(super) fn ppl_batch_written(&mut self, slot: usize) {
+    pub(super) fn ppl_batch_written(&mut self, led: &mut Ledger, slot: usize) {
         let Some(u) = self.ppl_front(slot) else { return };
         u.pending_heads -= 1;
         if u.pending_heads == 0 && u.state == UnitState::Logged {
-            self.ppl_unit_written(slot);
+            self.ppl_unit_written(led, slot);
         }
     }
 
     /// md's `ppl_do_flush`: every batch of the unit landed; the members they wrote are
     /// flushed before the next unit's header may supersede this one.
-    fn ppl_unit_written(&mut self, slot: usize) {
+    fn ppl_unit_written(&mut self, led: &mut Ledger, slot: usize) {
         let targets: Vec<usize> = {
             let Some(u) = self.ppl_front(slot) else { return };
             let written = u.written;
@@ -378,22 +389,22 @@ impl Engine {
                 .collect()
         };
         if targets.is_empty() {
-            self.ppl_unit_finished(slot);
+            self.ppl_unit_finished(led, slot);
             return;
         }
         if let Some(u) = self.ppl_front(slot) {
             u.state = UnitState::Flushing(targets.len() as u32);
         }
         for m in targets {
-            self.issue_io(m, MemberIoOp::Flush, 0, 0, IoBytes::new(), IoCtx::PplFlush { slot });
+            self.issue_io(led, m, MemberIoOp::Flush, 0, 0, IoBytes::new(), IoCtx::PplFlush { slot });
         }
     }
 
     /// md's `ppl_io_unit_finished`: the next unit of the log may be written.
-    fn ppl_unit_finished(&mut self, slot: usize) {
+    fn ppl_unit_finished(&mut self, led: &mut Ledger, slot: usize) {
         if let Some(log) = self.ppl.as_mut().and_then(|p| p.logs.get_mut(slot)).and_then(Option::as_mut) {
             log.units.pop_front();
         }
-        self.ppl_submit_all();
+        self.ppl_submit_all(led);
     }
 }

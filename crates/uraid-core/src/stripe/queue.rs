@@ -2,11 +2,12 @@
 //! head's queued writes may start.
 
 use crate::api::*;
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 
 use super::*;
 
-impl Engine {
+impl Mddev {
     pub(crate) fn cache_force_all(&mut self) {
         let keys: Vec<u64> = std::mem::take(&mut self.cache.delayed);
         for key in keys {
@@ -48,28 +49,28 @@ impl Engine {
         }
     }
 
-    pub(crate) fn cache_unplug(&mut self) {
+    pub(crate) fn cache_unplug(&mut self, led: &mut Ledger) {
         if self.cache.preread_active < IO_THRESHOLD {
             self.activate_delayed(None);
         }
-        self.run_stripes();
+        self.run_stripes(led);
     }
 
     pub(crate) fn cache_next_deadline(&self) -> Option<TimeNs> {
         self.cache.delayed.iter().filter_map(|k| self.cache.heads.get(k)?.delayed_until).min()
     }
 
-    pub(crate) fn cache_tick(&mut self) {
+    pub(crate) fn cache_tick(&mut self, led: &mut Ledger) {
         self.activate_delayed(Some(self.now_ns));
-        self.run_stripes();
+        self.run_stripes(led);
     }
 
     /// A member or the whole array failed: every head re-analyses what it can still do.
-    pub(crate) fn cache_rehandle_all(&mut self) {
+    pub(crate) fn cache_rehandle_all(&mut self, led: &mut Ledger) {
         let keys: Vec<u64> = self.cache.heads.keys().copied().collect();
         for k in keys {
             self.cache.mark(k);
         }
-        self.run_stripes();
+        self.run_stripes(led);
     }
 }

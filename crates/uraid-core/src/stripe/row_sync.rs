@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use super::{HeadsLeft, IoCtx, RowUnit, SyncOp};
 use crate::api::*;
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 use crate::sync::SyncKind;
 
 /// Heads a row unit covers at most (1 MiB of each member with 64 KiB heads).
@@ -42,7 +43,7 @@ pub(super) fn drop_claimed_head(
     heads.is_empty()
 }
 
-impl Engine {
+impl Mddev {
     /// Member sectors of one sync job unit on raid4/5/6: the heads of a chunk row, up to
     /// `MAX_ROW_HEADS` of them and an eighth of the stripe cache (always inside one chunk,
     /// so inside one stripe).
@@ -138,7 +139,7 @@ impl Engine {
     }
 
     /// A head's per-head sync finished (ok = its writes landed).
-    pub(crate) fn head_sync_done(&mut self, unit: u64, ok: bool) {
+    pub(crate) fn head_sync_done(&mut self, led: &mut Ledger, unit: u64, ok: bool) {
         // A unit handed to the per-head path is done with its last head.
         let ok = match self.cache.heads_left.get_mut(&unit) {
             Some(hl) => {
@@ -153,14 +154,14 @@ impl Engine {
             }
             None => ok,
         };
-        self.sync_unit_done(unit, ok);
+        self.sync_unit_done(led, unit, ok);
     }
 
     /// Called by the head handler for a head claimed by a row unit that has no batch in
     /// flight: once all of the unit's heads are so, the unit reads its survivors.
-    pub(super) fn row_head_ready(&mut self, unit: u64) {
+    pub(super) fn row_head_ready(&mut self, led: &mut Ledger, unit: u64) {
         if self.cache.scrubs.contains_key(&unit) {
-            return self.scrub_head_ready(unit);
+            return self.scrub_head_ready(led, unit);
         }
         let Some(u) = self.cache.rows.get_mut(&unit) else { return };
         u.heads_ready += 1;
@@ -182,7 +183,15 @@ impl Engine {
             }
             let spare = self.row_buf(len);
             reads += 1;
-            self.issue_io(m, MemberIoOp::Read, unit, len_sectors, spare.into(), IoCtx::RowSyncRead { unit });
+            self.issue_io(
+                led,
+                m,
+                MemberIoOp::Read,
+                unit,
+                len_sectors,
+                spare.into(),
+                IoCtx::RowSyncRead { unit },
+            );
         }
         let u = self.cache.rows.get_mut(&unit).expect("row unit");
         u.pending = reads;
@@ -192,15 +201,15 @@ impl Engine {
     /// The array failed while `key`, claimed by a row unit that has not started reading,
     /// waited for its batch: release it (a unit already reading is released by its
     /// completions).
-    pub(super) fn row_head_failed(&mut self, key: u64, st: &mut super::Stripe) {
+    pub(super) fn row_head_failed(&mut self, led: &mut Ledger, key: u64, st: &mut super::Stripe) {
         let Some(unit) = st.sync.as_ref().map(|s| s.unit) else { return };
         if self.cache.scrubs.contains_key(&unit) {
-            return self.scrub_head_failed(key, st);
+            return self.scrub_head_failed(led, key, st);
         }
         let Some(u) = self.cache.rows.get_mut(&unit) else { return };
         if !u.started && drop_claimed_head(&mut u.heads, &mut u.heads_ready, key, st) {
             self.cache.rows.remove(&unit);
-            self.sync_unit_done(unit, false);
+            self.sync_unit_done(led, unit, false);
         }
     }
 
@@ -218,7 +227,13 @@ impl Engine {
         }
     }
 
-    pub(super) fn row_read_done(&mut self, unit: u64, member: usize, result: Result<Vec<u8>, MemberIoError>) {
+    pub(super) fn row_read_done(
+        &mut self,
+        led: &mut Ledger,
+        unit: u64,
+        member: usize,
+        result: Result<Vec<u8>, MemberIoError>,
+    ) {
         let Some(u) = self.cache.rows.get_mut(&unit) else { return };
         u.pending -= 1;
         let gone = matches!(result, Err(MemberIoError::Gone));
@@ -228,7 +243,7 @@ impl Engine {
         }
         let last = u.pending == 0;
         if gone {
-            self.fail_member(member, self.now_ns);
+            self.fail_member(led, member, self.now_ns);
         }
         if !last {
             return;
@@ -252,7 +267,7 @@ impl Engine {
         u.pending = 1;
         u.written = Some(out.clone());
         let (len_sectors, data) = (len as u64 / SECTOR_BYTES, IoBytes::slice(&out, 0..len));
-        self.issue_io(target, MemberIoOp::Write, unit, len_sectors, data, IoCtx::RowSyncWrite { unit });
+        self.issue_io(led, target, MemberIoOp::Write, unit, len_sectors, data, IoCtx::RowSyncWrite { unit });
     }
 
     /// The lost member's range from the survivors' (all of the stripe's other members).
@@ -288,6 +303,7 @@ impl Engine {
 
     pub(super) fn row_write_done(
         &mut self,
+        led: &mut Ledger,
         unit: u64,
         member: usize,
         result: Result<Vec<u8>, MemberIoError>,
@@ -299,7 +315,7 @@ impl Engine {
         }
         let ok = result.is_ok();
         if !ok {
-            self.fail_member(member, self.now_ns);
+            self.fail_member(led, member, self.now_ns);
         }
         for key in u.heads {
             let Some(st) = self.cache.heads.get_mut(&key) else { continue };
@@ -311,7 +327,7 @@ impl Engine {
                 self.cache.mark(key);
             }
         }
-        self.sync_unit_done(unit, ok && !self.failed);
+        self.sync_unit_done(led, unit, ok && !self.failed);
     }
 
     /// Hand the unit to the per-head path: each claimed head syncs on its own, and the job

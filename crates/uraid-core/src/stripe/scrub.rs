@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use super::{IoCtx, ScrubUnit};
 use crate::api::*;
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 use crate::scrub::ScrubKind;
 use crate::sync::SyncKind;
 
@@ -24,7 +25,7 @@ use crate::sync::SyncKind;
 pub(crate) const STRIPE_PAGE_SECTORS: u64 = 8;
 const PAGE_BYTES: usize = (STRIPE_PAGE_SECTORS * SECTOR_BYTES) as usize;
 
-impl Engine {
+impl Mddev {
     pub(super) fn new_scrub_unit(&mut self, unit: u64, heads: Vec<u64>) {
         let n = self.geo.raid_disks;
         let u = ScrubUnit {
@@ -40,7 +41,7 @@ impl Engine {
     }
 
     /// A claimed head has no batch left: once all are so, read every member's range.
-    pub(super) fn scrub_head_ready(&mut self, unit: u64) {
+    pub(super) fn scrub_head_ready(&mut self, led: &mut Ledger, unit: u64) {
         let head_sectors = self.cache.head_sectors;
         let u = self.cache.scrubs.get_mut(&unit).expect("scrub unit");
         u.heads_ready += 1;
@@ -54,6 +55,7 @@ impl Engine {
         for m in 0..self.geo.raid_disks {
             let spare = self.row_buf(len);
             self.issue_io(
+                led,
                 m,
                 MemberIoOp::Read,
                 unit,
@@ -65,17 +67,18 @@ impl Engine {
     }
 
     /// The array failed while `key` waited for its batch: release it (as `row_head_failed`).
-    pub(super) fn scrub_head_failed(&mut self, key: u64, st: &mut super::Stripe) {
+    pub(super) fn scrub_head_failed(&mut self, led: &mut Ledger, key: u64, st: &mut super::Stripe) {
         let Some(unit) = st.sync.as_ref().map(|s| s.unit) else { return };
         let Some(u) = self.cache.scrubs.get_mut(&unit) else { return };
         if !u.started && super::row_sync::drop_claimed_head(&mut u.heads, &mut u.heads_ready, key, st) {
             self.cache.scrubs.remove(&unit);
-            self.sync_unit_done(unit, false);
+            self.sync_unit_done(led, unit, false);
         }
     }
 
     pub(super) fn scrub_read_done(
         &mut self,
+        led: &mut Ledger,
         unit: u64,
         member: usize,
         result: Result<Vec<u8>, MemberIoError>,
@@ -89,7 +92,7 @@ impl Engine {
         }
         let (last, failed) = (u.pending == 0, u.failed);
         if gone {
-            self.fail_member(member, self.now_ns);
+            self.fail_member(led, member, self.now_ns);
         }
         if !last {
             return;
@@ -100,7 +103,7 @@ impl Engine {
             _ => None,
         };
         let Some(kind) = kind.filter(|_| !failed && !self.failed) else {
-            self.scrub_unit_end(unit, !failed);
+            self.scrub_unit_end(led, unit, !failed);
             return;
         };
         let u = self.cache.scrubs.get_mut(&unit).expect("scrub unit");
@@ -133,7 +136,7 @@ impl Engine {
             u.written[m] = true;
         }
         if writes.is_empty() {
-            self.scrub_unit_end(unit, true);
+            self.scrub_unit_end(led, unit, true);
             return;
         }
         for (m, page, n_pages, buf) in writes {
@@ -141,7 +144,7 @@ impl Engine {
             let data = IoBytes::slice(&buf, a..a + n_pages as usize * PAGE_BYTES);
             let sector = unit + page * STRIPE_PAGE_SECTORS;
             let ctx = IoCtx::ScrubStripeWrite { unit };
-            self.issue_io(m, MemberIoOp::Write, sector, n_pages * STRIPE_PAGE_SECTORS, data, ctx);
+            self.issue_io(led, m, MemberIoOp::Write, sector, n_pages * STRIPE_PAGE_SECTORS, data, ctx);
         }
     }
 
@@ -210,6 +213,7 @@ impl Engine {
 
     pub(super) fn scrub_write_done(
         &mut self,
+        led: &mut Ledger,
         unit: u64,
         member: usize,
         result: Result<Vec<u8>, MemberIoError>,
@@ -221,16 +225,16 @@ impl Engine {
         }
         let (last, ok) = (u.pending == 0, !u.failed);
         if result.is_err() {
-            self.fail_member(member, self.now_ns);
+            self.fail_member(led, member, self.now_ns);
         }
         if last {
-            self.scrub_unit_end(unit, ok);
+            self.scrub_unit_end(led, unit, ok);
         }
     }
 
     /// Release the unit's heads (dropping cached rows of members repair rewrote, which may
     /// no longer match) and report the job unit.
-    fn scrub_unit_end(&mut self, unit: u64, ok: bool) {
+    fn scrub_unit_end(&mut self, led: &mut Ledger, unit: u64, ok: bool) {
         let Some(mut u) = self.cache.scrubs.remove(&unit) else { return };
         for v in u.bufs.iter_mut().filter_map(Option::take) {
             self.recycle_row_buf(v);
@@ -248,7 +252,7 @@ impl Engine {
                 self.cache.mark(key);
             }
         }
-        self.sync_unit_done(unit, ok && !self.failed);
+        self.sync_unit_done(led, unit, ok && !self.failed);
     }
 }
 

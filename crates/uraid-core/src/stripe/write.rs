@@ -2,12 +2,13 @@
 //! writes, and what finishes it.
 
 use crate::block::Block;
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 use crate::sectors::{runs, span, SectorMask};
 
 use super::*;
 
-impl Engine {
+impl Mddev {
     /// Choose how to write the queued data: full stripe, read-modify-write or reconstruct-write.
     pub(crate) fn plan_write_mode(&self, st: &Stripe, mask: &[SectorMask]) -> WriteMode {
         let full = st.map.data_members.iter().all(|&m| mask[m] == self.cache.full_mask);
@@ -87,7 +88,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn advance_batch(&mut self, key: u64, st: &mut Stripe) {
+    pub(super) fn advance_batch(&mut self, led: &mut Ledger, key: u64, st: &mut Stripe) {
         let Some(b) = st.batch.as_ref() else { return };
         if b.writing.is_some() {
             return;
@@ -97,13 +98,14 @@ impl Engine {
         let mut needs = std::mem::take(&mut self.cache.scratch_needs);
         mask.clone_from(&b.mask);
         needs.clear();
-        self.advance_batch_with(key, st, &mask, &mut needs);
+        self.advance_batch_with(led, key, st, &mask, &mut needs);
         self.cache.scratch_mask = mask;
         self.cache.scratch_needs = needs;
     }
 
     pub(super) fn advance_batch_with(
         &mut self,
+        led: &mut Ledger,
         key: u64,
         st: &mut Stripe,
         mask: &[SectorMask],
@@ -136,7 +138,7 @@ impl Engine {
         }
         let mut ready = true;
         for &(m, need) in needs.iter() {
-            match self.ensure(key, st, m, need) {
+            match self.ensure(led, key, st, m, need) {
                 Ensure::Ready => {}
                 Ensure::Pending => ready = false,
                 Ensure::Lost => {
@@ -145,7 +147,7 @@ impl Engine {
                         self.cache.preread_active -= 1;
                     }
                     for req in b.reqs {
-                        self.part_done(req, Some(RequestError::Io));
+                        self.part_done(led, req, Some(RequestError::Io));
                     }
                     return;
                 }
@@ -180,12 +182,12 @@ impl Engine {
         let waits = logged.is_some_and(|lb| self.ppl_log_batch(key, st, &mut b, lb));
         st.batch = Some(b);
         if !waits {
-            self.issue_batch_writes(key, st);
+            self.issue_batch_writes(led, key, st);
         }
     }
 
     /// The computed batch's member writes: the new data rows and the parity span.
-    pub(super) fn issue_batch_writes(&mut self, key: u64, st: &mut Stripe) {
+    pub(super) fn issue_batch_writes(&mut self, led: &mut Ledger, key: u64, st: &mut Stripe) {
         let mut b = st.batch.take().expect("batch");
         let sp = b.span;
         let mut writes = 0u32;
@@ -206,13 +208,21 @@ impl Engine {
                 let data = st.cache[m].as_ref().expect("written rows cached").view(bytes(r0, n));
                 writes += 1;
                 st.inflight += 1;
-                self.issue_io(m, MemberIoOp::Write, st.base_sector + r0, n, data, IoCtx::StripeWrite { key });
+                self.issue_io(
+                    led,
+                    m,
+                    MemberIoOp::Write,
+                    st.base_sector + r0,
+                    n,
+                    data,
+                    IoCtx::StripeWrite { key },
+                );
             }
         }
         b.writing = Some(writes);
         st.batch = Some(b);
         if writes == 0 {
-            self.finish_batch(st);
+            self.finish_batch(led, st);
         }
     }
 
@@ -296,10 +306,10 @@ impl Engine {
         st.valid[m] |= mk;
     }
 
-    pub(super) fn finish_batch(&mut self, st: &mut Stripe) {
+    pub(super) fn finish_batch(&mut self, led: &mut Ledger, st: &mut Stripe) {
         let mut b = st.batch.take().expect("batch");
         if let Some(slot) = b.log_slot {
-            self.ppl_batch_written(slot);
+            self.ppl_batch_written(led, slot);
         }
         // Payload views (skip_copy) leave the cache once on the member, so the cache does not
         // pin the caller's buffers; the rows are read back if wanted. A fill still in flight
@@ -331,7 +341,7 @@ impl Engine {
         }
         let err = if self.failed { Some(RequestError::ArrayFailed) } else { None };
         for &req in &b.reqs {
-            self.part_done(req, err);
+            self.part_done(led, req, err);
         }
         // Keep the vectors for the next batch (bounded like the cache itself).
         if self.cache.spare_batches.len() < 64 {

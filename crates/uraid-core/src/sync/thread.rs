@@ -5,23 +5,25 @@ use std::collections::{BTreeSet, VecDeque};
 
 use crate::api::*;
 use crate::config::MemberState;
-use crate::engine::Engine;
+use crate::engine::Mddev;
+use crate::ledger::Ledger;
 
 use super::*;
 
-impl Engine {
-    /// Put a replacement into a `Faulty` or `Missing` slot and start rebuilding it
-    /// (mdadm --add). `data_offset_bytes` is where data starts on the new member.
-    pub fn add_member(&mut self, slot: usize, data_offset_bytes: u64, now_ns: TimeNs) -> Result<(), String> {
-        self.readd_member(slot, data_offset_bytes, None, now_ns)
+impl Mddev {
+    pub(crate) fn add_member(
+        &mut self,
+        led: &mut Ledger,
+        slot: usize,
+        data_offset_bytes: u64,
+        now_ns: TimeNs,
+    ) -> Result<(), String> {
+        self.readd_member(led, slot, data_offset_bytes, None, now_ns)
     }
 
-    /// md's re-add with a write-intent bitmap: a member that left the array comes back
-    /// into `slot` and only `ranges` (the sync-space regions whose bits were set while it
-    /// was away) are rebuilt; `None` rebuilds it all. raid10's bitmap counts array sectors
-    /// while its recovery walks member sectors, so raid10 always rebuilds in full.
-    pub fn readd_member(
+    pub(crate) fn readd_member(
         &mut self,
+        led: &mut Ledger,
         slot: usize,
         data_offset_bytes: u64,
         ranges: Option<Vec<(u64, u64)>>,
@@ -35,7 +37,7 @@ impl Engine {
         if !matches!(m.state, MemberState::Faulty | MemberState::Missing) {
             return Err(format!("slot {slot} is in use ({:?}); fail and remove it first", m.state));
         }
-        if self.member_io_in_flight(slot) {
+        if led.member_io_in_flight(slot) {
             return Err(format!("slot {slot} still has I/O in flight; try again"));
         }
         let ranges = match ranges {
@@ -53,29 +55,20 @@ impl Engine {
             self.events.push_back(EngineEvent::RecoveryDone(slot));
             return Ok(());
         }
-        self.queue_recovery_ranges(slot, ranges);
+        self.queue_recovery_ranges(led, slot, ranges);
         Ok(())
     }
 
-    /// Has `slot` member I/O in flight (a failed member's last I/O still draining)?
-    pub fn member_io_in_flight(&self, slot: usize) -> bool {
-        self.ios.values().any(|(_, m, _, _)| *m == slot)
-    }
-
-    fn queue_recovery_ranges(&mut self, slot: usize, ranges: Vec<(u64, u64)>) {
+    fn queue_recovery_ranges(&mut self, led: &mut Ledger, slot: usize, ranges: Vec<(u64, u64)>) {
         if self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Recovery { member: slot }) {
             return;
         }
         self.sync_queue.push_back((SyncKind::Recovery { member: slot }, Some(ranges)));
         self.events.push_back(EngineEvent::RecoveryStarted(slot));
-        self.pump_sync();
+        self.pump_sync(led);
     }
 
-    /// Resync the given member-sector ranges (a bitmap's dirty regions), or everything.
-    /// On raid4/5/6 a resync waits while the array is degraded and runs once recovery is
-    /// done (md keeps recovery_cp); raid1/10 resync among their in-sync copies while two
-    /// of each remain. See `resync_owed`.
-    pub fn start_resync(&mut self, ranges: Option<Vec<(u64, u64)>>, now_ns: TimeNs) {
+    pub(crate) fn start_resync(&mut self, led: &mut Ledger, ranges: Option<Vec<(u64, u64)>>, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         if !self.pers.redundant {
             self.events.push_back(EngineEvent::ResyncDone);
@@ -88,13 +81,10 @@ impl Engine {
             r
         });
         self.queue_resync(ranges, false);
-        self.pump_sync();
+        self.pump_sync(led);
     }
 
-    /// Does the array still owe a resync: one running, queued, waiting for recovery to end,
-    /// or stopped short by unreadable data? While it does, a finished recovery does not make
-    /// the array in sync: the caller must keep the write-intent bits (and md's resync_offset).
-    pub fn resync_owed(&self) -> bool {
+    pub(crate) fn resync_owed(&self) -> bool {
         self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Resync)
             || self.sync_queue.iter().any(|(k, _)| *k == SyncKind::Resync)
             || !self.resync_held.is_empty()
@@ -167,7 +157,7 @@ impl Engine {
         }
     }
 
-    pub fn sync_status(&self) -> Option<SyncStatus> {
+    pub(crate) fn sync_status(&self) -> Option<SyncStatus> {
         let j = self.sync.as_ref()?;
         let recovery_offset_sectors = match j.kind {
             SyncKind::Recovery { member } => match self.members[member].state {
@@ -192,8 +182,7 @@ impl Engine {
         })
     }
 
-    /// Next event for the caller (superblock updates, monitoring).
-    pub fn pop_event(&mut self) -> Option<EngineEvent> {
+    pub(crate) fn pop_event(&mut self) -> Option<EngineEvent> {
         self.events.pop_front()
     }
 
@@ -278,7 +267,7 @@ impl Engine {
     }
 
     /// Start whatever background units pacing and windows allow.
-    pub(crate) fn pump_sync(&mut self) {
+    pub(crate) fn pump_sync(&mut self, led: &mut Ledger) {
         if self.failed {
             if let Some(j) = self.sync.take() {
                 self.events.push_back(EngineEvent::SyncAborted(j.kind));
@@ -312,11 +301,11 @@ impl Engine {
             let (a, b) = *job.todo.front().expect("todo");
             let end = (a + job.unit_sectors).min(b);
             let unit_bytes = (end - a) * SECTOR_BYTES;
-            let busy = !self.reqs.is_empty();
+            let busy = !led.reqs.is_empty();
             // md: the floor holds under other I/O; idle, the ceiling, unless the floor is higher.
             let (min, max) = (self.tun.sync_speed_min_kib, self.tun.sync_speed_max_kib);
             let rate_kib = if busy { min } else { max.max(min) };
-            let outcome = (self.pers.sync_unit)(self, a, end);
+            let outcome = (self.pers.sync_unit)(self, led, a, end);
             let job = self.sync.as_mut().expect("job");
             match outcome {
                 UnitStart::Busy => return, // retried on completions
@@ -349,7 +338,7 @@ impl Engine {
     }
 
     /// A unit starting at `start` finished (ok = its writes landed).
-    pub(crate) fn sync_unit_done(&mut self, start: u64, ok: bool) {
+    pub(crate) fn sync_unit_done(&mut self, led: &mut Ledger, start: u64, ok: bool) {
         let Some(job) = self.sync.as_mut() else { return };
         if !job.active.contains(&start) {
             return;
@@ -362,7 +351,7 @@ impl Engine {
         job.active.remove(&start);
         job.done_sectors += job.unit_sectors;
         self.update_recovery_offset();
-        self.pump_sync();
+        self.pump_sync(led);
     }
 
     /// The lowest sector a job has not finished: its lowest unit in flight or still to do.
