@@ -35,6 +35,65 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
+    /// Takes a checked request in: a write gets its order number; a flush waits for the
+    /// writes taken in before it.
+    pub fn admit(&mut self, req: Request) {
+        let write_seq =
+            matches!(req.op, RequestOp::Write | RequestOp::Trim | RequestOp::WriteZeroes).then(|| {
+                self.next_write_seq += 1;
+                self.inflight_writes.insert(self.next_write_seq);
+                self.next_write_seq
+            });
+        if req.op == RequestOp::Flush {
+            self.flushes.push(FlushWait {
+                req: req.id,
+                seq: self.next_write_seq + 1,
+                pending: None,
+                error: None,
+            });
+            return;
+        }
+        let state = ReqState {
+            op: req.op,
+            fua: req.fua,
+            buf: req.data,
+            len_bytes: req.len_bytes,
+            shared: None,
+            parts: 1,
+            error: None,
+            write_seq,
+            fua_flushes: None,
+            gathered: Vec::new(),
+        };
+        self.reqs.insert(req.id, state);
+    }
+
+    /// Queues `io` for the caller, remembering why it went (`why`); returns its id.
+    pub fn issue(&mut self, mut io: MemberIo, why: InflightIo) -> MemberIoId {
+        io.id = self.ios.insert(why);
+        let id = io.id;
+        self.out_ios.push_back(io);
+        id
+    }
+
+    /// Request `id` is done: its completion is queued for the caller. Returns whether it
+    /// was a write (flushes waiting for it may go on), None for an unknown id.
+    pub fn finish(&mut self, id: RequestId) -> Option<bool> {
+        let r = self.reqs.remove(&id)?;
+        let write_seq = r.write_seq;
+        if let Some(seq) = write_seq {
+            self.inflight_writes.remove(&seq);
+        }
+        let result = match r.error {
+            Some(e) => Err(e),
+            None if r.op == RequestOp::Read => Ok(r.into_read_data()),
+            None => Ok(Vec::new()),
+        };
+        self.out_done.push_back(RequestCompletion { id, result });
+        self.direct_write_ranges.remove(&id);
+        Some(write_seq.is_some())
+    }
+
     /// Has engine member `member` I/O in flight (a failed member's last I/O still draining)?
     pub fn member_io_in_flight(&self, member: usize) -> bool {
         self.ios.values().any(|(_, m, _, _)| *m == member)

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use crate::api::*;
 use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::Geometry;
-use crate::ledger::{FlushWait, IoCtx, Ledger, ReqState};
+use crate::ledger::{IoCtx, Ledger};
 use crate::rdev::MemberRt;
 use crate::stats::ArrayStats;
 use crate::stripe::StripeCache;
@@ -140,41 +140,17 @@ impl Mddev {
             led.out_done.push_back(RequestCompletion { id: req.id, result: Err(err) });
             return Ok(());
         }
-        let id = req.id;
-        let is_write = matches!(req.op, RequestOp::Write | RequestOp::Trim | RequestOp::WriteZeroes);
-        let write_seq = if is_write {
-            led.next_write_seq += 1;
-            led.inflight_writes.insert(led.next_write_seq);
-            Some(led.next_write_seq)
-        } else {
-            None
-        };
-        if req.op == RequestOp::Flush {
-            led.flushes.push(FlushWait { req: id, seq: led.next_write_seq + 1, pending: None, error: None });
+        let (id, op, offset_bytes, len_bytes) = (req.id, req.op, req.offset_bytes, req.len_bytes);
+        led.admit(req);
+        if op == RequestOp::Flush {
             self.cache_force_all();
             self.progress_flushes(led);
             return Ok(());
         }
-        let buf = req.data;
-        led.reqs.insert(
-            id,
-            ReqState {
-                op: req.op,
-                fua: req.fua,
-                buf,
-                len_bytes: req.len_bytes,
-                shared: None,
-                parts: 1,
-                error: None,
-                write_seq,
-                fua_flushes: None,
-                gathered: Vec::new(),
-            },
-        );
-        if req.len_bytes > 0 {
-            match req.op {
-                RequestOp::Read => self.start_read(led, id, req.offset_bytes, req.len_bytes),
-                op => self.start_write(led, id, op, req.offset_bytes, req.len_bytes),
+        if len_bytes > 0 {
+            match op {
+                RequestOp::Read => self.start_read(led, id, offset_bytes, len_bytes),
+                op => self.start_write(led, id, op, offset_bytes, len_bytes),
             }
         }
         self.part_done(led, id, None);

@@ -100,16 +100,15 @@ impl Mddev {
         };
         let write_range =
             (op == MemberIoOp::Write && raw_offset_bytes.is_none()).then_some((member_sector, len_sectors));
-        let id = led.ios.insert((ctx, member, self.now_ns, write_range));
-        led.out_ios.push_back(MemberIo {
-            id,
+        let io = MemberIo {
+            id: 0,
             member: io_member,
             op,
             offset_bytes,
             len_bytes: if op == MemberIoOp::Flush { 0 } else { len_bytes },
             data,
-        });
-        id
+        };
+        led.issue(io, (ctx, member, self.now_ns, write_range))
     }
 
     // ---- request completion ----------------------------------------------------------
@@ -154,19 +153,7 @@ impl Mddev {
     }
 
     pub(super) fn finish_request(&mut self, led: &mut Ledger, id: RequestId) {
-        let Some(r) = led.reqs.remove(&id) else { return };
-        let write_seq = r.write_seq;
-        if let Some(seq) = write_seq {
-            led.inflight_writes.remove(&seq);
-        }
-        let result = match r.error {
-            Some(e) => Err(e),
-            None if r.op == RequestOp::Read => Ok(r.into_read_data()),
-            None => Ok(Vec::new()),
-        };
-        led.out_done.push_back(RequestCompletion { id, result });
-        led.direct_write_ranges.remove(&id);
-        if write_seq.is_some() {
+        if led.finish(id) == Some(true) {
             self.progress_flushes(led);
         }
     }
