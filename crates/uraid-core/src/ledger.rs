@@ -37,6 +37,7 @@ pub(crate) struct Ledger {
 impl Ledger {
     /// Takes a checked request in: a write gets its order number; a flush waits for the
     /// writes taken in before it.
+    #[inline]
     pub fn admit(&mut self, req: Request) {
         let write_seq =
             matches!(req.op, RequestOp::Write | RequestOp::Trim | RequestOp::WriteZeroes).then(|| {
@@ -69,6 +70,7 @@ impl Ledger {
     }
 
     /// Queues `io` for the caller, remembering why it went (`why`); returns its id.
+    #[inline]
     pub fn issue(&mut self, mut io: MemberIo, why: InflightIo) -> MemberIoId {
         io.id = self.ios.insert(why);
         let id = io.id;
@@ -78,6 +80,7 @@ impl Ledger {
 
     /// Request `id` is done: its completion is queued for the caller. Returns whether it
     /// was a write (flushes waiting for it may go on), None for an unknown id.
+    #[inline]
     pub fn finish(&mut self, id: RequestId) -> Option<bool> {
         let r = self.reqs.remove(&id)?;
         let write_seq = r.write_seq;
