@@ -1,5 +1,5 @@
 //! Disk profiles: data, not code. Each shipped profile is a TOML file in
-//! `crates/uraid-io/profiles/` (embedded with `include_str!`); users can load their own
+//! `crates/uraid-sim/profiles/` (embedded with `include_str!`); users can load their own
 //! with [`DiskProfile::parse`]. The fields are documented in the shipped files and on
 //! [`HddProfile`] / [`SsdProfile`].
 //!
