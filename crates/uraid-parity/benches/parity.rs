@@ -1,12 +1,12 @@
-//! Criterion view of the kernels, in cache: 8 data + P + Q, every kernel at 64 KiB per
-//! block and the selected kernel at 4 KiB and 1 MiB. The out-of-cache runs and the
-//! ISA-L comparison are in `uraid bench parity`, which controls the working set.
+//! The kernels in cache: 8 data + P + Q, every kernel at 64 KiB per block and the selected
+//! kernel at 4 KiB and 1 MiB; the median of 20 samples of about 50 ms each. The
+//! out-of-cache runs and the ISA-L comparison are in `uraid bench parity`, which controls
+//! the working set and prints its peer.
 //!
 //! Run: `cargo bench -p uraid-parity --bench parity`
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uraid_parity::{available_kernels, selected_kernel, Kernel};
 
 const DATA_BLOCKS: usize = 8;
@@ -49,7 +49,30 @@ fn aligned_block(block_bytes: usize) -> (Vec<u8>, usize) {
     (v, offset)
 }
 
-fn bench_kernel(c: &mut Criterion, kernel: Kernel, block_bytes: usize) {
+/// Prints the median GB/s of `op` over `bytes` per call: 300 ms of warm-up, then 20 samples.
+fn measure(name: &str, bytes: usize, mut op: impl FnMut()) {
+    let start = Instant::now();
+    let mut calls_per_sample = 0u64;
+    while start.elapsed() < Duration::from_millis(300) {
+        op();
+        calls_per_sample += 1;
+    }
+    // About 50 ms a sample at the warm-up's pace.
+    calls_per_sample = (calls_per_sample / 6).max(1);
+    let mut gbps: Vec<f64> = (0..20)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..calls_per_sample {
+                op();
+            }
+            (bytes as u64 * calls_per_sample) as f64 / t.elapsed().as_nanos() as f64
+        })
+        .collect();
+    gbps.sort_by(f64::total_cmp);
+    println!("{name:<40} {:>8.2} GB/s (samples {:.2}-{:.2})", gbps[10], gbps[0], gbps[19]);
+}
+
+fn bench_kernel(kernel: Kernel, block_bytes: usize) {
     let stripe = Stripe::new(block_bytes);
     let data = stripe.blocks();
     let mut bufs: Vec<(Vec<u8>, usize)> = (0..5).map(|_| aligned_block(block_bytes)).collect();
@@ -60,44 +83,28 @@ fn bench_kernel(c: &mut Criterion, kernel: Kernel, block_bytes: usize) {
     for (n, d) in new.iter_mut().zip(data[1]) {
         *n = !d;
     }
-    let id = |op: &str| BenchmarkId::new(op, format!("{}/{}K", kernel.name(), block_bytes / 1024));
-
-    let mut g = c.benchmark_group("parity_8+2");
-    g.throughput(Throughput::Bytes((DATA_BLOCKS * block_bytes) as u64));
-    g.bench_function(id("gen_syndrome"), |b| b.iter(|| kernel.gen_syndrome(black_box(&data), p, q)));
-    g.bench_function(id("xor_gen"), |b| b.iter(|| kernel.xor_gen(black_box(&data), p)));
-    g.bench_function(id("recover_2data"), |b| {
-        let mut holed = data.clone();
-        holed[2] = &[];
-        holed[5] = &[];
-        b.iter(|| kernel.recover_2data(black_box(&holed), 2, 5, p, q, out_a, out_b))
+    let id = |op: &str| format!("{op}/{}/{}K", kernel.name(), block_bytes / 1024);
+    let stripe_bytes = DATA_BLOCKS * block_bytes;
+    measure(&id("gen_syndrome"), stripe_bytes, || kernel.gen_syndrome(black_box(&data), p, q));
+    measure(&id("xor_gen"), stripe_bytes, || kernel.xor_gen(black_box(&data), p));
+    let mut holed = data.clone();
+    holed[2] = &[];
+    holed[5] = &[];
+    measure(&id("recover_2data"), stripe_bytes, || {
+        kernel.recover_2data(black_box(&holed), 2, 5, p, q, out_a, out_b)
     });
-    g.finish();
-
     // The update touches one block, so its throughput is counted in that block's bytes.
-    let mut g = c.benchmark_group("parity_rmw");
-    g.throughput(Throughput::Bytes(block_bytes as u64));
-    g.bench_function(id("rmw_update"), |b| {
-        b.iter(|| kernel.rmw_update(1, black_box(data[1]), black_box(&*new), p, q))
+    measure(&id("rmw_update"), block_bytes, || {
+        kernel.rmw_update(1, black_box(data[1]), black_box(&*new), p, q)
     });
-    g.finish();
 }
 
-fn parity(c: &mut Criterion) {
+fn main() {
+    println!("parity 8+2, in cache: bytes of data per second");
     for kernel in available_kernels() {
-        bench_kernel(c, kernel, 64 * 1024);
+        bench_kernel(kernel, 64 * 1024);
     }
     let best = selected_kernel();
-    bench_kernel(c, best, 4 * 1024);
-    bench_kernel(c, best, 1024 * 1024);
+    bench_kernel(best, 4 * 1024);
+    bench_kernel(best, 1024 * 1024);
 }
-
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .sample_size(20)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1));
-    targets = parity
-}
-criterion_main!(benches);

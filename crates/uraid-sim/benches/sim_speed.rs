@@ -1,5 +1,5 @@
 //! Simulator speed: simulated member I/Os per second of real time, one core.
-//! `cargo bench -p uraid-io --bench sim_speed`
+//! `cargo bench -p uraid-sim --bench sim_speed`
 
 use uraid_sim::bench::sim_speed;
 
