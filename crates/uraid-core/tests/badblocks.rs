@@ -68,32 +68,53 @@ fn events(d: &mut Driver) -> Vec<EngineEvent> {
     std::iter::from_fn(|| d.engine.pop_event()).collect()
 }
 
-/// Completes every member I/O in issue order; writes to `member` overlapping member bytes
-/// `[a, b)` fail with an I/O error.
-fn drain_failing_writes(d: &mut Driver, fail: &[(usize, u64, u64)]) {
-    d.engine.unplug(d.now_ns);
-    loop {
-        d.now_ns += 10_000;
-        let Some(io) = d.engine.pop_member_io() else {
-            if let Some(t) = d.engine.next_deadline_ns() {
-                d.now_ns = d.now_ns.max(t);
-                d.engine.tick(d.now_ns);
-                continue;
-            }
-            break;
-        };
+/// Completes the oldest member I/O each poll; writes to `member` overlapping member bytes
+/// `[a, b)` (each of `fail`) fail with an I/O error.
+struct FailingWrites<'a> {
+    members: &'a mut MemMembers,
+    pending: &'a mut Vec<MemberIo>,
+    fail: &'a [(usize, u64, u64)],
+}
+
+impl drive::MemberExecutor for FailingWrites<'_> {
+    fn issue(&mut self, io: MemberIo) {
+        self.pending.push(io);
+    }
+    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let io = self.pending.remove(0);
         let (a, b) = (io.offset_bytes, io.offset_bytes + io.len_bytes);
-        let hit =
-            io.op == MemberIoOp::Write && fail.iter().any(|&(m, fa, fb)| m == io.member && fa < b && a < fb);
-        let c = if hit {
+        let hit = io.op == MemberIoOp::Write
+            && self.fail.iter().any(|&(m, fa, fb)| m == io.member && fa < b && a < fb);
+        out.push(if hit {
             MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) }
         } else {
-            d.members.perform(io)
-        };
-        d.engine.complete_member_io(c, d.now_ns);
+            self.members.perform(io)
+        });
     }
-    while let Some(c) = d.engine.pop_completion() {
-        d.done.push(c);
+}
+
+/// Completes every member I/O, one at a time in issue order, through the shared driver;
+/// the writes `fail` names fail (see `FailingWrites`).
+fn drain_failing_writes(d: &mut Driver, fail: &[(usize, u64, u64)]) {
+    d.engine.unplug(d.now_ns);
+    let mut ex = FailingWrites { members: &mut d.members, pending: &mut d.pending, fail };
+    loop {
+        d.now_ns += 10_000;
+        let now = d.now_ns;
+        let done = &mut d.done;
+        if drive::exchange(&mut d.engine, &mut ex, &mut || now, &mut Vec::new(), |c| done.push(c)).any() {
+            continue;
+        }
+        match d.engine.next_deadline_ns() {
+            Some(t) => {
+                d.now_ns = d.now_ns.max(t);
+                d.engine.tick(d.now_ns);
+            }
+            None => break,
+        }
     }
 }
 

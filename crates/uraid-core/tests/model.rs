@@ -296,15 +296,11 @@ fn raid0_contiguous_chunks_are_one_member_io() {
             let id = req.id;
             engine.submit(req, 0).unwrap();
             engine.unplug(0);
-            let mut ios = Vec::new();
-            while let Some(io) = engine.pop_member_io() {
-                ios.push(io);
-            }
-            assert_eq!(ios.len(), expect_ios, "{n} members: {ios:?}");
-            for io in ios {
-                engine.complete_member_io(members.perform(io), 0);
-            }
-            let done = engine.pop_completion().expect("completed");
+            let (mut pending, mut done) = (Vec::new(), None);
+            let mut ex = InOrder::all(&mut members, &mut pending);
+            let moved = drive::exchange(&mut engine, &mut ex, &mut || 0, &mut Vec::new(), |c| done = Some(c));
+            assert_eq!(moved.issued as usize, expect_ios, "{n} members: member I/Os of request {id}");
+            let done = done.expect("completed");
             assert_eq!(done.id, id);
             if id == 2 {
                 assert!(done.result.unwrap() == data, "{n} members: read back differs");

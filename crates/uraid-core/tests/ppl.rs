@@ -76,6 +76,31 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     v
 }
 
+/// Performs the oldest member I/O when `perform` is set; the ones `hold` matches are never
+/// performed (the power cut loses them).
+struct HoldBack<'a> {
+    members: &'a mut MemMembers,
+    pending: &'a mut Vec<MemberIo>,
+    held: usize,
+    hold: &'a dyn Fn(&MemberIo) -> bool,
+    perform: bool,
+}
+
+impl drive::MemberExecutor for HoldBack<'_> {
+    fn issue(&mut self, io: MemberIo) {
+        if (self.hold)(&io) {
+            self.held += 1;
+        } else {
+            self.pending.push(io);
+        }
+    }
+    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+        if self.perform && !self.pending.is_empty() {
+            out.push(self.members.perform(self.pending.remove(0)));
+        }
+    }
+}
+
 /// Performs the array's member I/O in the order it comes, holding back every write for
 /// which `hold` says so, until `done` says the cut has come; then the power goes: what
 /// was not performed is lost. Returns the ids of the requests completed before.
@@ -85,37 +110,35 @@ fn run_until_cut(
     done: &dyn Fn(&MemMembers) -> bool,
 ) -> Vec<RequestId> {
     d.engine.unplug(d.now_ns);
-    let mut held = Vec::new();
     let mut completed = Vec::new();
+    let mut ex = HoldBack { members: &mut d.members, pending: &mut d.pending, held: 0, hold, perform: false };
+    let mut scratch = Vec::new();
     for _ in 0..1_000_000 {
         d.now_ns += 10_000;
-        while let Some(io) = d.engine.pop_member_io() {
-            if hold(&io) {
-                held.push(io);
-            } else {
-                d.pending.push(io);
-            }
-        }
-        while let Some(c) = d.engine.pop_completion() {
+        let now = d.now_ns;
+        let mut finished = |c: RequestCompletion| {
             assert!(c.result.is_ok(), "{:?}", c.result);
             completed.push(c.id);
-        }
-        if done(&d.members) {
+        };
+        // The cut is judged between two completions: issue and answer what is due, look,
+        // then perform one I/O.
+        ex.perform = false;
+        drive::exchange(&mut d.engine, &mut ex, &mut || now, &mut scratch, &mut finished);
+        if done(ex.members) {
             return completed;
         }
-        if d.pending.is_empty() {
+        if ex.pending.is_empty() {
             match d.engine.next_deadline_ns() {
                 Some(t) => {
                     d.now_ns = d.now_ns.max(t);
                     d.engine.tick(d.now_ns);
                     continue;
                 }
-                None => panic!("the cut never came: {} writes held, nothing else to do", held.len()),
+                None => panic!("the cut never came: {} writes held, nothing else to do", ex.held),
             }
         }
-        let io = d.pending.remove(0);
-        let c = d.members.perform(io);
-        d.engine.complete_member_io(c, d.now_ns);
+        ex.perform = true;
+        drive::exchange(&mut d.engine, &mut ex, &mut || now, &mut scratch, &mut finished);
     }
     panic!("the cut never came");
 }

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use std::collections::HashSet;
 use uraid_core::geometry::{algorithm, parse_layout};
 use uraid_core::*;
 
@@ -332,6 +333,41 @@ fn completions_wait_for_the_failure_to_be_recorded() {
     assert_eq!(d.take_done(2).map(|c| c.result.is_ok()), Some(true));
 }
 
+/// An executor that completes the oldest half of the member I/Os outstanding each poll, as
+/// a real one would, reading into the spare buffer a read came with when it has one.
+struct SpareReads<'a> {
+    members: &'a mut MemMembers,
+    pending: Vec<MemberIo>,
+    reads: u64,
+    with_spare: u64,
+    buffers: HashSet<usize>,
+}
+
+impl drive::MemberExecutor for SpareReads<'_> {
+    fn issue(&mut self, io: MemberIo) {
+        self.pending.push(io);
+    }
+    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+        assert!(!self.pending.is_empty(), "the recovery stalled");
+        let k = self.pending.len().div_ceil(2);
+        for mut io in self.pending.drain(..k).collect::<Vec<_>>() {
+            if io.op == MemberIoOp::Read {
+                self.reads += 1;
+                if let Ok(mut v) = std::mem::take(&mut io.data).try_into_unique_vec() {
+                    assert_eq!(v.len() as u64, io.len_bytes, "a spare buffer of the read's length");
+                    self.with_spare += 1;
+                    self.buffers.insert(v.as_ptr() as usize);
+                    let (a, len) = (io.offset_bytes as usize, v.len());
+                    v.copy_from_slice(&self.members.images[io.member][a..a + len]);
+                    out.push(MemberIoCompletion { id: io.id, result: Ok(v) });
+                    continue;
+                }
+            }
+            out.push(self.members.perform(io));
+        }
+    }
+}
+
 /// A raid6 recovery hands the executor a spare buffer for nearly every read (the buffers of
 /// units it finished), and its heads leave the cache once rebuilt: the buffers in use stay
 /// within the sync window, however long the member, instead of growing to the whole
@@ -352,37 +388,20 @@ fn a_recovery_reads_into_recycled_buffers_and_keeps_memory_within_its_window() {
     let mut c = config(g, 0);
     c.members[5].state = MemberState::Recovering { recovery_offset_sectors: 0 };
     let mut engine = Engine::new(c).unwrap();
-    let (mut reads, mut with_spare) = (0u64, 0u64);
-    let mut buffers = std::collections::HashSet::new();
-    let mut pending: Vec<MemberIo> = Vec::new();
+    let mut ex = SpareReads {
+        members: &mut members,
+        pending: Vec::new(),
+        reads: 0,
+        with_spare: 0,
+        buffers: HashSet::new(),
+    };
     let mut now = 0;
     while engine.sync_active() {
         now += 10_000;
         engine.tick(now);
-        while let Some(io) = engine.pop_member_io() {
-            pending.push(io);
-        }
-        assert!(!pending.is_empty(), "the recovery stalled");
-        // Complete the oldest half, as a real executor would, reading into the spare.
-        let k = pending.len().div_ceil(2);
-        for mut io in pending.drain(..k).collect::<Vec<_>>() {
-            if io.op == MemberIoOp::Read {
-                reads += 1;
-                let data = std::mem::take(&mut io.data);
-                if let Ok(mut v) = data.try_into_unique_vec() {
-                    assert_eq!(v.len() as u64, io.len_bytes, "a spare buffer of the read's length");
-                    with_spare += 1;
-                    buffers.insert(v.as_ptr() as usize);
-                    let (a, len) = (io.offset_bytes as usize, v.len());
-                    v.copy_from_slice(&members.images[io.member][a..a + len]);
-                    engine.complete_member_io(MemberIoCompletion { id: io.id, result: Ok(v) }, now);
-                    continue;
-                }
-            }
-            let c = members.perform(io);
-            engine.complete_member_io(c, now);
-        }
+        drive::exchange(&mut engine, &mut ex, &mut || now, &mut Vec::new(), |_| {});
     }
+    let SpareReads { reads, with_spare, buffers, .. } = ex;
     assert_eq!(engine.member_states()[5], MemberState::InSync);
     // 16384 sectors per member in heads of 16 sectors: 1024 heads, 4 reads each (of the 5
     // survivors, Q is not needed for a lost data block or P, nor P for a lost Q; member 5
@@ -520,18 +539,11 @@ fn a_read_straddling_recovery_offset_is_not_served_from_unrebuilt_sectors() {
                 if level == Level::Raid1 { start } else { (start / 1024) * 2048 + start % 1024 };
             engine.submit(Request::read(2, array_start * 512, len * 512), 0).unwrap();
             engine.unplug(0);
-            let mut got = None;
+            let (mut got, mut pending) = (None, Vec::new());
             for _ in 0..1000 {
-                let mut ios = Vec::new();
-                while let Some(io) = engine.pop_member_io() {
-                    ios.push(io);
-                }
-                for io in ios {
-                    let c = members.perform(io);
-                    engine.complete_member_io(c, 0);
-                }
-                if let Some(c) = engine.pop_completion() {
-                    got = Some(c);
+                let mut ex = InOrder::all(&mut members, &mut pending);
+                drive::exchange(&mut engine, &mut ex, &mut || 0, &mut Vec::new(), |c| got = Some(c));
+                if got.is_some() {
                     break;
                 }
             }

@@ -207,19 +207,13 @@ fn run_frozen(d: &mut Driver, req: Request) -> Result<Vec<u8>, RequestError> {
     let id = req.id;
     d.engine.submit(req, d.now_ns).unwrap();
     d.engine.unplug(d.now_ns);
+    let now = d.now_ns;
     for _ in 0..10_000 {
-        while let Some(io) = d.engine.pop_member_io() {
-            d.pending.push(io);
-        }
-        for io in std::mem::take(&mut d.pending) {
-            let c = d.members.perform(io);
-            d.engine.complete_member_io(c, d.now_ns);
-        }
-        while let Some(c) = d.engine.pop_completion() {
-            if c.id == id {
-                return c.result;
-            }
-            d.done.push(c);
+        let mut ex = InOrder::all(&mut d.members, &mut d.pending);
+        let done = &mut d.done;
+        drive::exchange(&mut d.engine, &mut ex, &mut || now, &mut Vec::new(), |c| done.push(c));
+        if let Some(c) = d.take_done(id) {
+            return c.result;
         }
     }
     panic!("request {id} never completed");

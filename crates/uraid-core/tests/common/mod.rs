@@ -205,6 +205,30 @@ impl drive::MemberExecutor for Shuffled<'_> {
     }
 }
 
+/// `MemMembers` performing member I/Os in the order they were issued: each poll completes
+/// the oldest `take(outstanding)` of them (all of them: `usize::MAX`).
+pub struct InOrder<'a> {
+    pub members: &'a mut MemMembers,
+    pub pending: &'a mut Vec<MemberIo>,
+    pub take: fn(usize) -> usize,
+}
+
+impl<'a> InOrder<'a> {
+    pub fn all(members: &'a mut MemMembers, pending: &'a mut Vec<MemberIo>) -> Self {
+        InOrder { members, pending, take: |_| usize::MAX }
+    }
+}
+
+impl drive::MemberExecutor for InOrder<'_> {
+    fn issue(&mut self, io: MemberIo) {
+        self.pending.push(io);
+    }
+    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+        let k = (self.take)(self.pending.len()).min(self.pending.len());
+        out.extend(self.pending.drain(..k).map(|io| self.members.perform(io)));
+    }
+}
+
 pub fn config(geo: Geometry, data_offset_bytes: u64) -> ArrayConfig {
     let n = geo.raid_disks;
     ArrayConfig {
