@@ -3,8 +3,7 @@
 use crate::api::*;
 use crate::engine::Mddev;
 use crate::geometry::{Extent, Level};
-use crate::ledger::IoCtx;
-use crate::ledger::Ledger;
+use crate::ledger::{IoCtx, Ledger};
 use crate::mirror::{choose_copy, Balance, SPLIT_SLICE_BYTES};
 
 /// Largest single member I/O a raid1 request is cut into.

@@ -5,8 +5,7 @@
 use crate::api::*;
 use crate::engine::Mddev;
 use crate::geometry::{Extent, Level};
-use crate::ledger::IoCtx;
-use crate::ledger::Ledger;
+use crate::ledger::{IoCtx, Ledger};
 use crate::mirror::{choose_copy, Balance};
 use crate::sync::{DirectUnit, SyncKind, UnitStart};
 

@@ -18,8 +18,7 @@ use crate::api::*;
 use crate::config::MemberState;
 use crate::engine::Mddev;
 use crate::geometry::Level;
-use crate::ledger::IoCtx;
-use crate::ledger::Ledger;
+use crate::ledger::{IoCtx, Ledger};
 use crate::sync::{DirectScrub, DirectUnit, EngineEvent, SyncKind, UnitStart};
 
 pub use crate::sync::{action_name, ScrubKind};

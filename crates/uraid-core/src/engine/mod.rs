@@ -4,11 +4,12 @@
 //! through stripe heads (`stripe/`) unless a chunk-aligned read may bypass the cache.
 //! Every event ends by re-analysing what it touched, as md's `handle_stripe` does.
 //!
-//! Rooms: this file holds the engine's state and its entry points; `route` issues member
-//! I/O and routes completions through the ledger of requests and member I/Os in flight
-//! (`crate::ledger`); `members` changes each slot's state (`crate::rdev`: failure, bad-block
-//! log, write-mostly, whether the data survives). State types sit in leaf files that import
-//! no room, so no file imports in a circle (see `crate::layering`).
+//! This file holds the public `Engine` (the ledger of what is in flight, `crate::ledger`,
+//! beside `Mddev`, the array's state) and the personality table's shape; `entry` takes
+//! requests, completions and time; `route` issues member I/O into the ledger and ends
+//! requests and flushes; `members` changes each slot's state (`crate::rdev`). State types
+//! sit in leaf files that import no room, so no file imports in a circle (see
+//! `crate::layering`).
 
 use std::collections::VecDeque;
 
@@ -17,8 +18,7 @@ use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::Geometry;
 use crate::ledger::{IoCtx, Ledger};
 use crate::meta::badblocks::BadBlocks;
-use crate::rdev::ReplacementStatus;
-use crate::rdev::{MemberRt, Replacement};
+use crate::rdev::{MemberRt, Replacement, ReplacementStatus};
 use crate::stats::ArrayStats;
 use crate::stripe::{Ppl, StripeCache};
 use crate::sync::{

@@ -1,10 +1,9 @@
 //! Issue, route, complete and flush: the engine's side of the ledger (`crate::ledger`).
 
 use crate::api::*;
-use crate::ledger::IoCtx;
+use crate::ledger::{IoCtx, Ledger};
 
 use super::Mddev;
-use crate::ledger::Ledger;
 
 impl Mddev {
     // ---- member I/O issue ------------------------------------------------------------
