@@ -135,7 +135,7 @@ impl Mddev {
                             }
                         };
                         if from_cache != 0 {
-                            shift(st.cache[member].as_ref().expect("valid cache"), from_cache, dest);
+                            shift(st.dev[member].block.as_ref().expect("valid cache"), from_cache, dest);
                         }
                         if let Some(b) = &st.batch {
                             if let Some(buf) = &b.data[member] {
@@ -162,7 +162,7 @@ impl Mddev {
         member: usize,
         need: SectorMask,
     ) -> Ensure {
-        let missing = need & !st.valid[member];
+        let missing = need & !st.dev[member].valid;
         if missing == 0 {
             return Ensure::Ready;
         }
@@ -186,7 +186,7 @@ impl Mddev {
         }
         let m = &self.members[member];
         let hi = 128 - rows_wanted.leading_zeros() as u64;
-        let mut out = st.bad[member] & rows_wanted;
+        let mut out = st.dev[member].bad & rows_wanted;
         if !m.readable(st.base_sector + hi.saturating_sub(1)) {
             if !m.readable(st.base_sector) {
                 return rows_wanted;
@@ -226,28 +226,29 @@ impl Mddev {
         member: usize,
         missing: SectorMask,
     ) {
-        let to_read = missing & !st.reading[member];
+        let to_read = missing & !st.dev[member].reading;
         if to_read == 0 {
             return;
         }
-        if to_read == self.cache.full_mask && st.valid[member] == 0 {
+        if to_read == self.cache.full_mask && st.dev[member].valid == 0 {
             // A whole head into a slot holding nothing: hand the executor a buffer to read
             // into (the slot's, or a pooled one) rather than making it allocate one; the
             // completion adopts it as the cache (see `stripe_io_done`).
             let head_bytes = self.cache.zero.len();
-            let spare = st.cache[member]
+            let spare = st.dev[member]
+                .block
                 .take()
                 .and_then(Block::into_sole_buffer)
                 .filter(|b| b.len() == head_bytes)
                 .unwrap_or_else(|| self.cache.buf());
-            st.reading[member] |= to_read;
+            st.dev[member].reading |= to_read;
             st.inflight += 1;
             let ctx = IoCtx::Fill { key, rows: to_read };
             self.issue_io(led, member, MemberIoOp::Read, st.base_sector, self.cache.head_sectors, spare, ctx);
             return;
         }
         for (r0, n) in runs(to_read) {
-            st.reading[member] |= rows(r0, r0 + n);
+            st.dev[member].reading |= rows(r0, r0 + n);
             st.inflight += 1;
             let ctx = IoCtx::Fill { key, rows: rows(r0, r0 + n) };
             self.issue_io(led, member, MemberIoOp::Read, st.base_sector + r0, n, IoBytes::new(), ctx);
@@ -267,7 +268,7 @@ impl Mddev {
     ) -> Ensure {
         let n = self.geo.raid_disks;
         let unreadable: Vec<SectorMask> =
-            (0..n).map(|o| self.unreadable_rows(st, o, want & !st.valid[o])).collect();
+            (0..n).map(|o| self.unreadable_rows(st, o, want & !st.dev[o].valid)).collect();
         let lost: Vec<usize> = (0..n).filter(|&o| unreadable[o] != 0).collect();
         // Lost when some row lacks more members than parity covers.
         let parity = self.geo.level.parity_disks();
@@ -283,9 +284,9 @@ impl Mddev {
         // A lost member's other rows may still be being read (the halves of a failed fill):
         // wait for them, so every row that fails is known and rewritten below, not only the
         // first (`uraid sim --seed 9936` left latent sectors under rebuilt parity).
-        let mut pending = lost.iter().any(|&o| st.reading[o] & want != 0);
+        let mut pending = lost.iter().any(|&o| st.dev[o].reading & want != 0);
         for (o, &lacks) in unreadable.iter().enumerate() {
-            let readable = want & !st.valid[o] & !lacks;
+            let readable = want & !st.dev[o].valid & !lacks;
             if readable != 0 {
                 self.fill(led, key, st, o, readable);
                 pending = true;
@@ -296,7 +297,7 @@ impl Mddev {
         }
         let head_bytes = self.cache.zero.len();
         for &o in &lost {
-            self.cover(&mut st.cache[o], 0..head_bytes);
+            self.cover(&mut st.dev[o].block, 0..head_bytes);
         }
         // Row by row, only the members that lack the row are solved for: a member lost
         // for some rows (a latent sector) keeps the rows it read, which take part as known
@@ -310,7 +311,7 @@ impl Mddev {
                 continue;
             }
             let lacking = |r: u64| -> Vec<usize> {
-                lost.iter().copied().filter(|&o| st.valid[o] & rows(r, r + 1) == 0).collect()
+                lost.iter().copied().filter(|&o| st.dev[o].valid & rows(r, r + 1) == 0).collect()
             };
             let here = lacking(r);
             let mut end = r + 1;
@@ -324,19 +325,19 @@ impl Mddev {
         }
         self.stats.degraded_reads += 1;
         for &o in &lost {
-            st.valid[o] |= want;
+            st.dev[o].valid |= want;
             // md's read-error correction: a readable member that failed these rows gets them back;
             // so do its listed rows unless a write failed there this run (md's R5_ReadError
             // without WriteErrorSeen). The rewrite clears them from the log as it lands.
-            let mut bad = st.bad[o] & want;
+            let mut bad = st.dev[o].bad & want;
             if !self.members[o].write_error_seen {
                 bad |= self.listed_bad_rows(st, o, want);
             }
             if bad != 0 && self.members[o].writable() {
                 for (r0, n) in runs(bad) {
-                    let data = st.cache[o].as_ref().expect("rebuilt").view(bytes(r0, n));
+                    let data = st.dev[o].block.as_ref().expect("rebuilt").view(bytes(r0, n));
                     st.inflight += 1;
-                    st.rewriting[o] |= rows(r0, r0 + n);
+                    st.dev[o].rewriting |= rows(r0, r0 + n);
                     let ctx = IoCtx::Rewrite { key, rows: rows(r0, r0 + n), req: None };
                     self.issue_io(led, o, MemberIoOp::Write, st.base_sector + r0, n, data, ctx);
                 }
@@ -352,23 +353,23 @@ impl Mddev {
         let qd = map.qd_idx;
         let lost_data: Vec<usize> = lost.iter().copied().filter(|&m| st.dd_of[m].is_some()).collect();
         let mut outs: Vec<(usize, Buf)> =
-            lost_data.iter().map(|&m| (m, st.cache[m].take().expect("allocated"))).collect();
+            lost_data.iter().map(|&m| (m, st.dev[m].block.take().expect("allocated"))).collect();
         {
             let mut outs: Vec<(usize, &mut [u8])> =
                 outs.iter_mut().map(|(m, b)| (*m, b.rows_mut(rg.clone()))).collect();
             let zero = &self.cache.zero[..rg.len()];
             let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
             for (dd, &m) in map.data_members.iter().enumerate() {
-                if let Some(b) = &st.cache[m] {
+                if let Some(b) = &st.dev[m].block {
                     slots[map.syndrome_slot[dd]] = b.rows(rg.clone());
                 } else {
                     slots[map.syndrome_slot[dd]] = &[];
                 }
             }
             let slot_of = |m: usize| map.syndrome_slot[st.dd_of[m].expect("data member")];
-            let p = st.cache[pd].as_ref().filter(|_| !lost.contains(&pd)).map(|b| b.rows(rg.clone()));
+            let p = st.dev[pd].block.as_ref().filter(|_| !lost.contains(&pd)).map(|b| b.rows(rg.clone()));
             let q = qd
-                .and_then(|q| st.cache[q].as_ref().filter(|_| !lost.contains(&q)))
+                .and_then(|q| st.dev[q].block.as_ref().filter(|_| !lost.contains(&q)))
                 .map(|b| b.rows(rg.clone()));
             match outs.as_mut_slice() {
                 [] => {}
@@ -388,7 +389,7 @@ impl Mddev {
             }
         }
         for (m, b) in outs {
-            st.cache[m] = Some(b);
+            st.dev[m].block = Some(b);
         }
         let p_lost = lost.contains(&pd);
         let q_lost = qd.is_some_and(|q| lost.contains(&q));
@@ -406,13 +407,13 @@ impl Mddev {
         want_q: bool,
     ) {
         let map = &st.map;
-        let mut p = st.cache[map.pd_idx].take();
-        let mut q = map.qd_idx.and_then(|q| st.cache[q].take());
+        let mut p = st.dev[map.pd_idx].block.take();
+        let mut q = map.qd_idx.and_then(|q| st.dev[q].block.take());
         {
             let zero = &self.cache.zero[..rg.len()];
             let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
             for (dd, &m) in map.data_members.iter().enumerate() {
-                slots[map.syndrome_slot[dd]] = st.cache[m].as_ref().expect("data valid").rows(rg.clone());
+                slots[map.syndrome_slot[dd]] = st.dev[m].block.as_ref().expect("data valid").rows(rg.clone());
             }
             match q.as_mut() {
                 Some(q) if want_q => {
@@ -427,9 +428,9 @@ impl Mddev {
                 _ => uraid_parity::xor_gen(&slots, p.as_mut().expect("P buffer").rows_mut(rg)),
             }
         }
-        st.cache[map.pd_idx] = p;
+        st.dev[map.pd_idx].block = p;
         if let Some(qd) = map.qd_idx {
-            st.cache[qd] = q;
+            st.dev[qd].block = q;
         }
     }
 }

@@ -41,17 +41,16 @@ impl Mddev {
         let base_sector = key * self.cache.head_sectors;
         if let Some(mut st) = self.cache.free_heads.pop() {
             // Evicted heads are idle: only the per-member vectors need resetting.
-            assert!(st.idle() && st.cache.len() == n, "a recycled stripe head still busy");
+            assert!(st.idle() && st.dev.len() == n, "a recycled stripe head still busy");
             st.base_sector = base_sector;
             st.map = map;
             st.dd_of = dd_of;
-            for v in [&mut st.valid, &mut st.reading, &mut st.bad, &mut st.rewriting, &mut st.towrite_mask] {
-                v.iter_mut().for_each(|m| *m = 0);
-            }
             assert!(
-                st.cache.iter().chain(&st.towrite).all(Option::is_none),
+                st.dev.iter().all(|d| d.block.is_none()) && st.towrite.iter().all(Option::is_none),
                 "a recycled stripe head holds buffers"
             );
+            st.dev.iter_mut().for_each(|d| *d = R5Dev::default());
+            st.towrite_mask.iter_mut().for_each(|m| *m = 0);
             st.delayed_until = None;
             st.force = false;
             st.queued = false;
@@ -62,11 +61,7 @@ impl Mddev {
             base_sector,
             map,
             dd_of,
-            cache: (0..n).map(|_| None).collect(),
-            valid: vec![0; n],
-            reading: vec![0; n],
-            bad: vec![0; n],
-            rewriting: vec![0; n],
+            dev: (0..n).map(|_| R5Dev::default()).collect(),
             towrite: (0..n).map(|_| None).collect(),
             towrite_mask: vec![0; n],
             towrite_reqs: Vec::new(),
@@ -121,7 +116,8 @@ impl Mddev {
 
     pub(super) fn evict(&mut self, key: u64) {
         if let Some(mut st) = self.cache.heads.remove(&key) {
-            for b in st.cache.iter_mut().chain(st.towrite.iter_mut()).filter_map(Option::take) {
+            let blocks = st.dev.iter_mut().map(|d| &mut d.block);
+            for b in blocks.chain(st.towrite.iter_mut()).filter_map(Option::take) {
                 self.recycle_buf(b);
             }
             if self.cache.free_heads.len() < self.tun.stripe_cache_size {

@@ -39,24 +39,24 @@ impl Mddev {
             IoCtx::Fill { key, rows: rws } => {
                 let Some(st) = self.cache.heads.get_mut(&key) else { return };
                 st.inflight -= 1;
-                st.reading[member] &= !rws;
+                st.dev[member].reading &= !rws;
                 let gone = matches!(result, Err(MemberIoError::Gone));
                 let (r0, n) = runs(rws).next().expect("a fill reads one run of rows");
                 let read_rg = bytes(r0, n);
                 let mut retry = None;
                 match result {
-                    Ok(data) if st.valid[member] == 0 && data.len() == read_rg.len() => {
+                    Ok(data) if st.dev[member].valid == 0 && data.len() == read_rg.len() => {
                         // Read into a slot holding nothing valid: the read's buffer is adopted
                         // as it came (no copy); the slot's old buffer is recycled.
                         let fresh = Block::window(read_rg.start, IoBytes::from(data));
-                        st.valid[member] = rws;
-                        if let Some(old) = st.cache[member].replace(fresh) {
+                        st.dev[member].valid = rws;
+                        if let Some(old) = st.dev[member].block.replace(fresh) {
                             self.recycle_buf(old);
                         }
                     }
                     Ok(data) => {
-                        let fresh = rws & !st.valid[member];
-                        let mut slot = st.cache[member].take();
+                        let fresh = rws & !st.dev[member].valid;
+                        let mut slot = st.dev[member].block.take();
                         self.cover(&mut slot, read_rg.clone());
                         let blk = slot.as_mut().expect("covered");
                         for (a, len) in runs(fresh) {
@@ -65,8 +65,8 @@ impl Mddev {
                                 .copy_from_slice(&data[src.start - read_rg.start..src.end - read_rg.start]);
                         }
                         let st = self.cache.heads.get_mut(&key).expect("head");
-                        st.cache[member] = slot;
-                        st.valid[member] |= fresh;
+                        st.dev[member].block = slot;
+                        st.dev[member].valid |= fresh;
                     }
                     // Only the failing sectors may be rebuilt (from parity a resync may not
                     // have reached yet): the halves are read again until they are found.
@@ -75,14 +75,14 @@ impl Mddev {
                     {
                         retry = Some((r0, n));
                     }
-                    Err(MemberIoError::Io) => st.bad[member] |= rws,
+                    Err(MemberIoError::Io) => st.dev[member].bad |= rws,
                     Err(MemberIoError::Gone) => {}
                 }
                 if let Some((r0, n)) = retry {
                     let half = n / 2;
                     for (a, len) in [(r0, half), (r0 + half, n - half)] {
                         let st = self.cache.heads.get_mut(&key).expect("head");
-                        st.reading[member] |= rows(a, a + len);
+                        st.dev[member].reading |= rows(a, a + len);
                         st.inflight += 1;
                         let base = st.base_sector;
                         let ctx = IoCtx::Fill { key, rows: rows(a, a + len) };
@@ -93,7 +93,7 @@ impl Mddev {
                 // reader or sync could use these rows alone, the head has nothing to do yet.
                 let st = self.cache.heads.get_mut(&key).expect("head");
                 let waiting_on_more =
-                    st.reading.iter().any(|&r| r != 0) && st.readers.is_empty() && st.sync.is_none();
+                    st.dev.iter().any(|d| d.reading != 0) && st.readers.is_empty() && st.sync.is_none();
                 if gone || !waiting_on_more {
                     queue_head(&mut self.cache.dirty, key, st);
                 }
@@ -156,9 +156,9 @@ impl Mddev {
             IoCtx::Rewrite { key, rows: rws, .. } => {
                 if let Some(st) = self.cache.heads.get_mut(&key) {
                     st.inflight -= 1;
-                    st.rewriting[member] &= !rws;
+                    st.dev[member].rewriting &= !rws;
                     if result.is_ok() {
-                        st.bad[member] &= !rws;
+                        st.dev[member].bad &= !rws;
                     }
                 }
                 if result.is_ok() {
@@ -168,7 +168,7 @@ impl Mddev {
                         self.fail_member(led, member, self.now_ns);
                     }
                     if let Some(st) = self.cache.heads.get_mut(&key) {
-                        st.bad[member] &= !rws;
+                        st.dev[member].bad &= !rws;
                     }
                 }
                 self.cache.mark(key);

@@ -15,7 +15,7 @@ impl Mddev {
         let Some(op) = st.sync.as_mut() else { return };
         if op.row {
             // A row unit does the I/O; it only waits for the head's batch and rewrites.
-            if !op.ready && st.batch.is_none() && st.rewriting.iter().all(|&r| r == 0) {
+            if !op.ready && st.batch.is_none() && st.dev.iter().all(|d| d.rewriting == 0) {
                 op.ready = true;
                 let unit = op.unit;
                 self.row_head_ready(led, unit);
@@ -62,7 +62,7 @@ impl Mddev {
                     }
                     // Not while the rebuilt rows are being rewritten to the member: the
                     // rewrite reaches the replacement too, and must not land after this copy.
-                    Ensure::Ready if st.rewriting[slot] != 0 => return,
+                    Ensure::Ready if st.dev[slot].rewriting != 0 => return,
                     Ensure::Ready => vec![(slot, self.replacement_index(slot))],
                 }
             }
@@ -89,12 +89,12 @@ impl Mddev {
                     return;
                 }
                 for m in std::iter::once(st.map.pd_idx).chain(st.map.qd_idx) {
-                    self.cover(&mut st.cache[m], bytes(0, self.cache.head_sectors));
+                    self.cover(&mut st.dev[m].block, bytes(0, self.cache.head_sectors));
                 }
                 self.compute_parity(st, bytes(0, self.cache.head_sectors), true, true);
                 let parity: Vec<usize> = std::iter::once(st.map.pd_idx).chain(st.map.qd_idx).collect();
                 for &m in &parity {
-                    st.valid[m] |= full;
+                    st.dev[m].valid |= full;
                 }
                 parity.into_iter().map(|m| (m, m)).collect()
             }
@@ -104,9 +104,9 @@ impl Mddev {
             if !self.target_writable(m) {
                 continue;
             }
-            let data = st.cache[block].as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
+            let data = st.dev[block].block.as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
             if block == m {
-                st.bad[m] = 0; // the whole head is rewritten
+                st.dev[m].bad = 0; // the whole head is rewritten
             }
             writes += 1;
             st.inflight += 1;

@@ -2,10 +2,12 @@
 //! degraded reconstruction and read-error correction.
 //!
 //! A stripe head covers `head_sectors` rows (at most one chunk, at most 64 KiB) across every
-//! member. Per member it keeps a cache block mirroring what the member holds once in-flight
-//! writes land (`valid` rows), new data not yet being written (`towrite`), and the batch being
-//! written. Blocks hold bytes where they already are (see [`Block`]): a 4 KiB read-modify-write
-//! adopts its three reads and carries the request's own bytes, so it copies nothing. Each event marks heads dirty; `run_stripes` re-analyses them, as md's
+//! member. Per member (`R5Dev`, md's `r5dev`) it keeps a cache block mirroring what the
+//! member holds once in-flight writes land (`valid` rows) and the rows being read, failed or
+//! rewritten; beside them the new data not yet being written (`towrite`) and the batch being
+//! written. Blocks hold bytes where they already are (see [`Block`]): a 4 KiB
+//! read-modify-write adopts its three reads and carries the request's own bytes, so it
+//! copies nothing. Each event marks heads dirty; `run_stripes` re-analyses them, as md's
 //! `handle_stripe`: serve readers, advance the write batch, start a new one when the stripe
 //! queue policy says so.
 
@@ -93,6 +95,22 @@ struct Batch {
     log_wait: bool,
 }
 
+/// One member's rows of a stripe head (md's `struct r5dev`): its cached block and the
+/// state of each row.
+#[derive(Default)]
+struct R5Dev {
+    /// What the member holds once in-flight writes land, for the `valid` rows.
+    block: Option<Buf>,
+    valid: SectorMask,
+    /// Rows a member read is fetching.
+    reading: SectorMask,
+    /// Rows that failed to read and await read-error correction.
+    bad: SectorMask,
+    /// Rows being rewritten by read-error correction: no batch may write them meanwhile,
+    /// or the older data could land last.
+    rewriting: SectorMask,
+}
+
 pub(crate) struct Stripe {
     /// Member sector (data-relative) of row 0.
     base_sector: u64,
@@ -100,14 +118,9 @@ pub(crate) struct Stripe {
     map: Arc<StripeMap>,
     /// Role of each member: Some(logical data index) or None for P/Q.
     dd_of: Arc<Vec<Option<usize>>>,
-    cache: Vec<Option<Buf>>,
-    valid: Vec<SectorMask>,
-    reading: Vec<SectorMask>,
-    /// Rows that failed to read and await read-error correction.
-    bad: Vec<SectorMask>,
-    /// Rows being rewritten by read-error correction: no batch may write them meanwhile,
-    /// or the older data could land last.
-    rewriting: Vec<SectorMask>,
+    /// Each member's rows of the head, by member.
+    dev: Vec<R5Dev>,
+    /// The writes gathering for the next batch, by member (they move into it whole).
     towrite: Vec<Option<Buf>>,
     towrite_mask: Vec<SectorMask>,
     towrite_reqs: Vec<RequestId>,
@@ -254,7 +267,7 @@ impl Stripe {
             && self.readers.is_empty()
             && self.towrite_reqs.is_empty()
             && self.towrite_mask.iter().all(|&m| m == 0)
-            && self.bad.iter().all(|&b| b == 0)
+            && self.dev.iter().all(|d| d.bad == 0)
     }
 }
 

@@ -161,12 +161,12 @@ impl Mddev {
                 };
                 // Not read when the parity member came into sync during the batch's reads
                 // (a recovery passing by): the batch goes out unlogged, as it began.
-                if srcs.iter().any(|&m| st.valid[m] & grp != grp || st.cache[m].is_none()) {
+                if srcs.iter().any(|&m| st.dev[m].valid & grp != grp || st.dev[m].block.is_none()) {
                     return None;
                 }
                 let rg = bytes(g * GROUP_SECTORS, GROUP_SECTORS);
                 let slices: Vec<&[u8]> =
-                    srcs.iter().map(|&m| st.cache[m].as_ref().expect("valid").rows(rg.clone())).collect();
+                    srcs.iter().map(|&m| st.dev[m].block.as_ref().expect("valid").rows(rg.clone())).collect();
                 let at = pp.len();
                 pp.resize(at + GROUP_BYTES, 0);
                 uraid_parity::xor_gen(&slices, &mut pp[at..]);

@@ -244,7 +244,7 @@ impl Mddev {
             let own_head = st.sync.as_ref().is_some_and(|s| s.own_head);
             st.sync = None;
             for (m, _) in u.written.iter().enumerate().filter(|(_, w)| **w) {
-                st.valid[m] = 0;
+                st.dev[m].valid = 0;
             }
             if ok && own_head && st.idle() {
                 self.evict(key);

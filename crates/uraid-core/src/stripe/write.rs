@@ -18,16 +18,17 @@ impl Mddev {
         let sp = span(mask.iter().fold(0, |a, &m| a | m));
         let parity = || std::iter::once(st.map.pd_idx).chain(st.map.qd_idx);
         let written = || st.map.data_members.iter().copied().filter(|&m| mask[m] != 0);
-        let rmw_possible = written()
-            .all(|m| self.readable_rows(st, m, mask[m] & !st.valid[m]) || mask[m] & !st.valid[m] == 0)
-            && parity().all(|p| self.readable_rows(st, p, sp & !st.valid[p]) || sp & !st.valid[p] == 0);
-        let count = |m: usize, need: SectorMask| (need & !st.valid[m]).count_ones() as u64;
+        let rmw_possible = written().all(|m| {
+            self.readable_rows(st, m, mask[m] & !st.dev[m].valid) || mask[m] & !st.dev[m].valid == 0
+        }) && parity()
+            .all(|p| self.readable_rows(st, p, sp & !st.dev[p].valid) || sp & !st.dev[p].valid == 0);
+        let count = |m: usize, need: SectorMask| (need & !st.dev[m].valid).count_ones() as u64;
         let rmw_cost: u64 =
             written().map(|m| count(m, mask[m])).sum::<u64>() + parity().map(|p| count(p, sp)).sum::<u64>();
         let mut rcw_cost = 0u64;
         let mut rcw_needs_rebuild = false;
         for &m in &st.map.data_members {
-            let need = sp & !mask[m] & !st.valid[m];
+            let need = sp & !mask[m] & !st.dev[m].valid;
             if need != 0 && !self.readable_rows(st, m, need) {
                 rcw_needs_rebuild = true;
             }
@@ -162,7 +163,7 @@ impl Mddev {
             return;
         }
         let write_rows = |m: usize| if st.dd_of[m].is_some() { mask[m] } else { sp };
-        if (0..self.geo.raid_disks).any(|m| st.rewriting[m] & write_rows(m) != 0) {
+        if (0..self.geo.raid_disks).any(|m| st.dev[m].rewriting & write_rows(m) != 0) {
             return; // the rewrite's completion marks the stripe again
         }
         let mut b = st.batch.take().expect("batch");
@@ -203,9 +204,9 @@ impl Mddev {
                 continue;
             }
             // A write remaps latent sectors: rows that failed to read are readable again.
-            st.bad[m] &= !rws;
+            st.dev[m].bad &= !rws;
             for (r0, n) in runs(rws) {
-                let data = st.cache[m].as_ref().expect("written rows cached").view(bytes(r0, n));
+                let data = st.dev[m].block.as_ref().expect("written rows cached").view(bytes(r0, n));
                 writes += 1;
                 st.inflight += 1;
                 self.issue_io(
@@ -232,21 +233,21 @@ impl Mddev {
         let pd = st.map.pd_idx;
         for m in std::iter::once(pd).chain(st.map.qd_idx) {
             for (r0, n) in runs(sp) {
-                self.cover(&mut st.cache[m], bytes(r0, n));
+                self.cover(&mut st.dev[m].block, bytes(r0, n));
             }
         }
         match b.mode {
             WriteMode::ReadModifyWrite => {
                 let map = st.map.clone();
-                let mut p_blk = st.cache[pd].take().expect("P");
-                let mut q_blk = map.qd_idx.map(|q| st.cache[q].take().expect("Q"));
+                let mut p_blk = st.dev[pd].block.take().expect("P");
+                let mut q_blk = map.qd_idx.map(|q| st.dev[q].block.take().expect("Q"));
                 for (dd, &m) in map.data_members.iter().enumerate() {
                     let mk = b.mask[m];
                     if mk == 0 {
                         continue;
                     }
                     let new = b.data[m].as_ref().expect("new data");
-                    let old = st.cache[m].as_ref().expect("old data");
+                    let old = st.dev[m].block.as_ref().expect("old data");
                     for (r0, n) in runs(mk) {
                         let rg = bytes(r0, n);
                         if self.planted_skip_rmw_parity {
@@ -267,9 +268,9 @@ impl Mddev {
                     }
                     self.take_new_data(st, b, m);
                 }
-                st.cache[pd] = Some(p_blk);
+                st.dev[pd].block = Some(p_blk);
                 if let (Some(qd), Some(q)) = (st.map.qd_idx, q_blk) {
-                    st.cache[qd] = Some(q);
+                    st.dev[qd].block = Some(q);
                 }
             }
             WriteMode::Full | WriteMode::ReconstructWrite => {
@@ -282,9 +283,9 @@ impl Mddev {
                 for (r0, n) in runs(sp) {
                     self.compute_parity(st, bytes(r0, n), true, true);
                 }
-                st.valid[pd] |= sp;
+                st.dev[pd].valid |= sp;
                 if let Some(q) = st.map.qd_idx {
-                    st.valid[q] |= sp;
+                    st.dev[q].valid |= sp;
                 }
             }
         }
@@ -295,15 +296,15 @@ impl Mddev {
     /// are copied in.
     pub(super) fn take_new_data(&mut self, st: &mut Stripe, b: &mut Batch, m: usize) {
         let mk = b.mask[m];
-        if st.valid[m] & !mk == 0 && st.reading[m] & mk == 0 {
-            if let Some(old) = std::mem::replace(&mut st.cache[m], b.data[m].take()) {
+        if st.dev[m].valid & !mk == 0 && st.dev[m].reading & mk == 0 {
+            if let Some(old) = std::mem::replace(&mut st.dev[m].block, b.data[m].take()) {
                 self.recycle_buf(old);
             }
         } else {
-            self.cover(&mut st.cache[m], 0..self.cache.zero.len());
-            copy_rows(st.cache[m].as_mut().expect("covered"), b.data[m].as_ref().expect("new data"), mk);
+            self.cover(&mut st.dev[m].block, 0..self.cache.zero.len());
+            copy_rows(st.dev[m].block.as_mut().expect("covered"), b.data[m].as_ref().expect("new data"), mk);
         }
-        st.valid[m] |= mk;
+        st.dev[m].valid |= mk;
     }
 
     pub(super) fn finish_batch(&mut self, led: &mut Ledger, st: &mut Stripe) {
@@ -315,12 +316,12 @@ impl Mddev {
         // pin the caller's buffers; the rows are read back if wanted. A fill still in flight
         // would land in the emptied slot, so such a view is copied instead (rare).
         for &m in &st.map.data_members {
-            if st.cache[m].as_ref().is_some_and(Block::borrows_larger_buffer) {
-                if st.reading[m] == 0 {
-                    st.cache[m] = None;
-                    st.valid[m] = 0;
+            if st.dev[m].block.as_ref().is_some_and(Block::borrows_larger_buffer) {
+                if st.dev[m].reading == 0 {
+                    st.dev[m].block = None;
+                    st.dev[m].valid = 0;
                 } else {
-                    st.cache[m].as_mut().expect("view").detach();
+                    st.dev[m].block.as_mut().expect("view").detach();
                 }
             }
         }
@@ -329,12 +330,12 @@ impl Mddev {
         // back in the pool, still warm, for the next head.
         let parity = std::iter::once(st.map.pd_idx).chain(st.map.qd_idx);
         if b.mode == WriteMode::Full
-            && st.map.data_members.iter().all(|&m| st.cache[m].is_none())
-            && parity.clone().all(|p| st.reading[p] == 0)
+            && st.map.data_members.iter().all(|&m| st.dev[m].block.is_none())
+            && parity.clone().all(|p| st.dev[p].reading == 0)
         {
             for p in parity {
-                st.valid[p] = 0;
-                if let Some(buf) = st.cache[p].take() {
+                st.dev[p].valid = 0;
+                if let Some(buf) = st.dev[p].block.take() {
                     self.recycle_buf(buf);
                 }
             }
