@@ -77,21 +77,24 @@ fn scrub_matches_md(level: &str, n: usize, corruptions: &[(usize, u64)]) {
     for &(member, offset) in corruptions {
         corrupt(&members[member], offset);
     }
-    let md = md_check(&members);
+    // Only md's count matters here: its check without hashing the array (see md_mismatch_cnt).
+    let md_count = md_mismatch_cnt(&members);
     let served = Served::start(&dir, &members, &[]);
     let ours = scrub(&served, "check");
-    assert_eq!(ours, md.mismatch_cnt, "{level}: uraid's check counted {ours}, md's {}", md.mismatch_cnt);
+    assert_eq!(ours, md_count, "{level}: uraid's check counted {ours}, md's {md_count}");
     assert!(ours > 0, "{level}: the corruption went unseen");
     let repaired = scrub(&served, "repair");
     assert_eq!(repaired, ours, "{level}: repair counted differently from check");
     assert_eq!(scrub(&served, "check"), 0, "{level}: mismatches left after repair");
     served.stop();
-    let after = md_check(&members);
-    assert_eq!(after.mismatch_cnt, 0, "{level}: md's check after uraid's repair");
     if level == "6" || level == "1" || level == "10" {
+        let after = md_check(&members);
+        assert_eq!(after.mismatch_cnt, 0, "{level}: md's check after uraid's repair");
         // The culprit (raid6) or the first copy (mirrors, corrupted here only in later
         // copies) was found: the array holds exactly what was written.
         assert_eq!(after.sha256, written, "{level}: repair did not restore the data");
+    } else {
+        assert_eq!(md_mismatch_cnt(&members), 0, "{level}: md's check after uraid's repair");
     }
 }
 
