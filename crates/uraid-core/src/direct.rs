@@ -178,7 +178,7 @@ impl Mddev {
         led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         match ctx {
             IoCtx::SyncRead { .. } | IoCtx::SyncWrite | IoCtx::ReplaceRead { .. } => {

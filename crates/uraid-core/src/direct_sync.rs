@@ -97,7 +97,7 @@ impl Mddev {
         led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         match ctx {
             IoCtx::SyncRead { array_sector, len_sectors, read_errors } => {
@@ -235,7 +235,7 @@ impl Mddev {
         len_sectors: u64,
         tried: u128,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         let Some(SyncKind::Replace { slot }) = self.sync.as_ref().map(|j| j.kind) else {
             return self.direct_sync_part_done(led);

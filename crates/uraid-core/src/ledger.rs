@@ -20,7 +20,7 @@ pub(crate) struct Ledger {
     pub out_ios: VecDeque<MemberIo>,
     /// Finished requests not yet handed to the caller.
     pub out_done: VecDeque<RequestCompletion>,
-    pub next_write_seq: u64,
+    next_write_seq: u64,
     /// Sequence numbers of the writes in flight (a flush waits for the ones before it).
     pub inflight_writes: BTreeSet<u64>,
     pub flushes: Vec<FlushWait>,
@@ -69,12 +69,12 @@ impl Ledger {
         self.reqs.insert(req.id, state);
     }
 
-    /// Queues `io` for the caller, remembering why it went (`why`); returns its id.
+    /// Queues the member I/O `io` makes of its id for the caller, remembering why it went
+    /// (`why`); returns the id.
     #[inline]
-    pub fn issue(&mut self, mut io: MemberIo, why: InflightIo) -> MemberIoId {
-        io.id = self.ios.insert(why);
-        let id = io.id;
-        self.out_ios.push_back(io);
+    pub fn issue(&mut self, why: InflightIo, io: impl FnOnce(MemberIoId) -> MemberIo) -> MemberIoId {
+        let id = self.ios.insert(why);
+        self.out_ios.push_back(io(id));
         id
     }
 
@@ -209,7 +209,7 @@ pub(crate) type InflightIo = (IoCtx, usize, TimeNs, Option<(u64, u64)>);
 /// A write to a slot with a replacement: its twin write to the replacement is in flight;
 /// the slot write's completion, if it came first, waits here (with the write's member
 /// sectors, for the bad-block log).
-pub(crate) type HeldCompletion = Option<(IoCtx, usize, Result<Vec<u8>, MemberIoError>, Option<(u64, u64)>)>;
+pub(crate) type HeldCompletion = Option<(IoCtx, usize, MemberIoResult, Option<(u64, u64)>)>;
 
 #[derive(Debug)]
 pub(crate) struct ReqState {

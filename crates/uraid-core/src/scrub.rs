@@ -148,7 +148,7 @@ impl Mddev {
         led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         let failed = result.is_err();
         // A read error stops the unit (and the job); only a lost member or a failed write

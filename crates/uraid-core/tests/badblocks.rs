@@ -68,39 +68,16 @@ fn events(d: &mut Driver) -> Vec<EngineEvent> {
     std::iter::from_fn(|| d.engine.pop_event()).collect()
 }
 
-/// Completes the oldest member I/O each poll; writes to `member` overlapping member bytes
-/// `[a, b)` (each of `fail`) fail with an I/O error.
-struct FailingWrites<'a> {
-    members: &'a mut MemMembers,
-    pending: &'a mut Vec<MemberIo>,
-    fail: &'a [(usize, u64, u64)],
-}
-
-impl drive::MemberExecutor for FailingWrites<'_> {
-    fn issue(&mut self, io: MemberIo) {
-        self.pending.push(io);
-    }
-    fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let io = self.pending.remove(0);
-        let (a, b) = (io.offset_bytes, io.offset_bytes + io.len_bytes);
-        let hit = io.op == MemberIoOp::Write
-            && self.fail.iter().any(|&(m, fa, fb)| m == io.member && fa < b && a < fb);
-        out.push(if hit {
-            MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) }
-        } else {
-            self.members.perform(io)
-        });
-    }
-}
-
 /// Completes every member I/O, one at a time in issue order, through the shared driver;
-/// the writes `fail` names fail (see `FailingWrites`).
+/// writes to `member` overlapping member bytes `[a, b)` (each of `fail`) fail with an I/O
+/// error.
 fn drain_failing_writes(d: &mut Driver, fail: &[(usize, u64, u64)]) {
     d.engine.unplug(d.now_ns);
-    let mut ex = FailingWrites { members: &mut d.members, pending: &mut d.pending, fail };
+    let hit = |io: &MemberIo| {
+        let (a, b) = (io.offset_bytes, io.offset_bytes + io.len_bytes);
+        io.op == MemberIoOp::Write && fail.iter().any(|&(m, fa, fb)| m == io.member && fa < b && a < fb)
+    };
+    let mut ex = InOrder { members: &mut d.members, pending: &mut d.pending, take: |_| 1, fail: &hit };
     loop {
         d.now_ns += 10_000;
         let now = d.now_ns;

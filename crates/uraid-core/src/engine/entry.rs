@@ -269,7 +269,7 @@ impl Mddev {
         led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
         write_range: Option<(u64, u64)>,
     ) {
         if let (Some((sector, len)), Ok(_)) = (write_range, &result) {

@@ -24,11 +24,12 @@ impl Mddev {
         let twin = (op == MemberIoOp::Write)
             .then(|| self.replacements.get(member).and_then(|r| r.as_ref()).map(|_| data.clone()))
             .flatten();
-        let primary = self.push_io(led, member, op, member_sector, len_sectors, data, ctx);
+        let primary = self.push_io_at(led, member, op, None, member_sector, len_sectors, data, ctx);
         if let Some(data) = twin {
             led.twins.insert(primary, None);
             let r = self.replacement_index(member);
-            self.push_io(led, r, op, member_sector, len_sectors, data, IoCtx::ReplaceTwin { primary });
+            let twin_ctx = IoCtx::ReplaceTwin { primary };
+            self.push_io_at(led, r, op, None, member_sector, len_sectors, data, twin_ctx);
         }
     }
 
@@ -47,21 +48,7 @@ impl Mddev {
         self.push_io_at(led, slot, op, Some(offset_bytes), 0, len_sectors, data, ctx);
     }
 
-    /// Queue one member I/O to engine member `member`: a slot, or a replacement.
-    #[allow(clippy::too_many_arguments)] // a bio's fields, and the ledger it joins
-    pub(super) fn push_io(
-        &mut self,
-        led: &mut Ledger,
-        member: usize,
-        op: MemberIoOp,
-        member_sector: u64,
-        len_sectors: u64,
-        data: IoBytes,
-        ctx: IoCtx,
-    ) -> MemberIoId {
-        self.push_io_at(led, member, op, None, member_sector, len_sectors, data, ctx)
-    }
-
+    /// Queue one member I/O to engine member `member` (a slot, or a replacement).
     /// `raw_offset_bytes`: an absolute device offset instead of data-relative
     /// `member_sector` (and no bad-block bookkeeping for a write there).
     #[allow(clippy::too_many_arguments)]
@@ -99,15 +86,15 @@ impl Mddev {
         };
         let write_range =
             (op == MemberIoOp::Write && raw_offset_bytes.is_none()).then_some((member_sector, len_sectors));
-        let io = MemberIo {
-            id: 0,
+        let len_bytes = if op == MemberIoOp::Flush { 0 } else { len_bytes };
+        led.issue((ctx, member, self.now_ns, write_range), |id| MemberIo {
+            id,
             member: io_member,
             op,
             offset_bytes,
-            len_bytes: if op == MemberIoOp::Flush { 0 } else { len_bytes },
+            len_bytes,
             data,
-        };
-        led.issue(io, (ctx, member, self.now_ns, write_range))
+        })
     }
 
     // ---- request completion ----------------------------------------------------------
@@ -214,13 +201,7 @@ impl Mddev {
         }
     }
 
-    pub(super) fn io_done(
-        &mut self,
-        led: &mut Ledger,
-        ctx: IoCtx,
-        member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
-    ) {
+    pub(super) fn io_done(&mut self, led: &mut Ledger, ctx: IoCtx, member: usize, result: MemberIoResult) {
         (self.pers.io_done)(self, led, ctx, member, result);
     }
 }

@@ -14,7 +14,7 @@ impl Mddev {
         led: &mut Ledger,
         ctx: IoCtx,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         match ctx {
             IoCtx::BypassRead { req, array_sector, len_sectors, dest_off } => match result {

@@ -232,7 +232,7 @@ impl Mddev {
         led: &mut Ledger,
         unit: u64,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         let Some(u) = self.cache.rows.get_mut(&unit) else { return };
         u.pending -= 1;
@@ -306,7 +306,7 @@ impl Mddev {
         led: &mut Ledger,
         unit: u64,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         let Some(mut u) = self.cache.rows.remove(&unit) else { return };
         // The executor has let go of the written bytes: the buffer serves the next unit.

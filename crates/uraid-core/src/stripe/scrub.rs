@@ -81,7 +81,7 @@ impl Mddev {
         led: &mut Ledger,
         unit: u64,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         let Some(u) = self.cache.scrubs.get_mut(&unit) else { return };
         u.pending -= 1;
@@ -216,7 +216,7 @@ impl Mddev {
         led: &mut Ledger,
         unit: u64,
         member: usize,
-        result: Result<Vec<u8>, MemberIoError>,
+        result: MemberIoResult,
     ) {
         let Some(u) = self.cache.scrubs.get_mut(&unit) else { return };
         u.pending -= 1;

@@ -206,16 +206,18 @@ impl drive::MemberExecutor for Shuffled<'_> {
 }
 
 /// `MemMembers` performing member I/Os in the order they were issued: each poll completes
-/// the oldest `take(outstanding)` of them (all of them: `usize::MAX`).
+/// the oldest `take(outstanding)` of them (all of them: `usize::MAX`); those `fail` picks
+/// fail with an I/O error instead.
 pub struct InOrder<'a> {
     pub members: &'a mut MemMembers,
     pub pending: &'a mut Vec<MemberIo>,
     pub take: fn(usize) -> usize,
+    pub fail: &'a dyn Fn(&MemberIo) -> bool,
 }
 
 impl<'a> InOrder<'a> {
     pub fn all(members: &'a mut MemMembers, pending: &'a mut Vec<MemberIo>) -> Self {
-        InOrder { members, pending, take: |_| usize::MAX }
+        InOrder { members, pending, take: |_| usize::MAX, fail: &|_| false }
     }
 }
 
@@ -225,7 +227,13 @@ impl drive::MemberExecutor for InOrder<'_> {
     }
     fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
         let k = (self.take)(self.pending.len()).min(self.pending.len());
-        out.extend(self.pending.drain(..k).map(|io| self.members.perform(io)));
+        for io in self.pending.drain(..k) {
+            out.push(if (self.fail)(&io) {
+                MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) }
+            } else {
+                self.members.perform(io)
+            });
+        }
     }
 }
 
