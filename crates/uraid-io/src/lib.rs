@@ -8,10 +8,12 @@
 //!   requests with completion callbacks (what `uraid serve` puts behind NBD); a small
 //!   request runs on the submitting thread when that thread finds the engine free.
 //! - [`engine_bench`]: the engine's own cost, in process, with members in RAM.
+//! - [`loopdev`]: loop devices over files, block-device members for tests and benches.
 
 pub mod bench;
 pub mod engine;
 pub mod engine_bench;
+pub mod loopdev;
 pub mod real;
 pub mod runtime;
 

@@ -40,7 +40,7 @@ use uraid_core::stats::ArrayStats;
 use uraid_core::{CompletionRound, Request, RequestCompletion, RequestError, SubmitError};
 
 use crate::engine::ArrayEngine;
-use crate::real::{BackendKind, Executor, Sleeper, Waker};
+use crate::real::{BackendKind, Executor, ExecutorMemberStats, Sleeper, Waker};
 
 /// A request's completion callback, with the completing thread's round (see
 /// [`CompletionRound`]): the runtime thread ends its round at the end of each loop, a
@@ -86,6 +86,8 @@ pub struct RuntimeStats {
     pub requests_in_flight: usize,
     pub member_ios_in_flight: usize,
     pub backend: BackendKind,
+    /// Per executor member: its kind and the I/Os that went buffered, inline or timed out.
+    pub members: Vec<ExecutorMemberStats>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -498,6 +500,7 @@ impl<E: ArrayEngine + 'static> Loop<E> {
             requests_in_flight: self.callbacks.len() + self.flush_id.is_some() as usize,
             member_ios_in_flight: self.ex.in_flight(),
             backend: self.ex.backend(),
+            members: self.ex.member_stats(),
         }
     }
 
@@ -704,6 +707,9 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         };
         // Disconnected with nothing in flight and no deadline would sleep forever: the
         // shutdown path makes progress instead, so a bounded wait is only a safety net.
+        // Member I/O out needs a look at its deadlines now and then (a member that never
+        // answers wakes nothing).
+        let timeout = [timeout, self.ex.timeout_check_in()].into_iter().flatten().min();
         let timeout = timeout.unwrap_or(Duration::from_secs(1));
         self.sleep_until_ns = now.saturating_add(timeout.as_nanos().min(u64::MAX as u128) as u64);
         Some((sleeper, timeout))

@@ -37,7 +37,7 @@ fn executor_with(paths: &[PathBuf], backend: BackendChoice, qd: usize, inline: b
         pool_threads: 4,
         log: false,
         inline_memory_io_max_bytes: if inline { 1 << 20 } else { 0 },
-        faults: None,
+        ..Default::default()
     };
     Executor::new(members, &opts).expect("io_uring must be available on this machine (io_uring_disabled=0)")
 }

@@ -66,6 +66,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             rmw_level: t.rmw_level.to_string(),
             stripe_cache_size: t.stripe_cache_size.to_string(),
             inline_request_max_bytes: uraid_io::runtime::DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES,
+            member_timeout: uraid_io::real::DEFAULT_MEMBER_TIMEOUT,
             debug_faults: Vec::new(),
             members: members.iter().filter(|m| m.exists()).cloned().collect(),
         },

@@ -64,6 +64,11 @@ pub struct ServeArgs {
     /// work overlaps with reading the next request.
     #[arg(long = "inline-request-max", default_value = "64K", value_parser = crate::size_arg::parse_size_bytes)]
     pub inline_request_max_bytes: u64,
+    /// A member I/O not completed within this fails the member (its reads are served from
+    /// the other copies), as the block layer's command timeout does for md: seconds, or
+    /// with an `ms`/`s` suffix. md's failfast members get at most 2 s.
+    #[arg(long = "member-timeout", default_value = "30s", value_parser = parse_timeout)]
+    pub member_timeout: std::time::Duration,
     /// Testing only: fail a member's I/O, `member=SLOT,op=read|write|flush|meta[,after=N][,count=N]`
     /// (the first N such I/Os succeed, then COUNT fail, or all). Repeatable.
     #[arg(long = "debug-fault", hide = true)]
@@ -108,6 +113,21 @@ fn debug_faults(specs: &[String]) -> anyhow::Result<Option<Arc<uraid_io::real::f
         .collect::<anyhow::Result<Vec<_>>>()?;
     eprintln!("uraid: injecting member faults: {}", specs.join("; "));
     Ok(Some(Arc::new(uraid_io::real::fault::Faults::new(rules))))
+}
+
+/// `--member-timeout`: `30`, `30s` or `500ms`; from 100 ms to a day.
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{s:?}: give seconds (30, 30s) or milliseconds (500ms)");
+    let ms = match s.strip_suffix("ms") {
+        Some(n) => n.trim().parse::<u64>().map_err(|_| bad())?,
+        None => {
+            s.strip_suffix('s').unwrap_or(s).trim().parse::<u64>().map_err(|_| bad())?.saturating_mul(1000)
+        }
+    };
+    if !(100..=86_400_000).contains(&ms) {
+        return Err(format!("{s:?}: the member timeout must be between 100ms and 86400s"));
+    }
+    Ok(std::time::Duration::from_millis(ms))
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -169,6 +189,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         inline_request_max_bytes: args.inline_request_max_bytes,
         faults,
         tunables,
+        member_timeout: args.member_timeout,
     };
     // md's ppl_recover, once nothing can refuse the start any more.
     if !args.read_only {

@@ -1,9 +1,11 @@
-//! A member device opened for the executor: O_DIRECT where its file system accepts it,
-//! with a buffered descriptor beside it for unaligned I/O (see the module above).
+//! A member device opened for the executor. What the member *is* decides how its I/O runs
+//! (see [`MemberKind`]): a block device always O_DIRECT through the backend, a file on a
+//! disk file system O_DIRECT where that file system accepts it, a tmpfs file partly inline.
+//! A buffered descriptor stays beside the direct one for I/O that cannot be aligned.
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
@@ -24,19 +26,52 @@ impl Default for OpenOptions {
     }
 }
 
+/// What a member is, read from the member itself (`fstat`'s file type; a regular file's
+/// own file system), never from the file system its device node sits on: `/dev` is
+/// devtmpfs, which reports tmpfs's magic for every disk in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberKind {
+    /// A disk, partition, loop or dm device: its I/O waits for hardware, so it never runs on
+    /// the array thread, and its writes must reach the device before they count (a
+    /// buffered write's error would only surface at the next flush).
+    BlockDevice,
+    /// A regular file on a disk file system.
+    DiskFile,
+    /// A regular file on tmpfs: I/O is a copy to or from memory that never waits for a
+    /// device (see [`ExecutorOptions::inline_memory_io_max_bytes`]).
+    MemoryFile,
+    /// Anything else (a character device such as the `/dev/null` placeholder of an absent slot).
+    Other,
+}
+
+impl MemberKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberKind::BlockDevice => "block device",
+            MemberKind::DiskFile => "file",
+            MemberKind::MemoryFile => "file in memory (tmpfs)",
+            MemberKind::Other => "other",
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Member {
     path: PathBuf,
     pub(super) buffered: File,
     direct: Option<File>,
     size_bytes: u64,
-    /// Memory alignment O_DIRECT needs on this member (statx `STATX_DIOALIGN`; the
-    /// conservative `DIRECT_ALIGN_BYTES` where the kernel does not say). A read whose result
-    /// buffer happens to be this aligned is read straight into it, with no bounce buffer.
+    kind: MemberKind,
+    /// Which device this is (`st_rdev` of a block device, `st_dev`/`st_ino` of a file).
+    device_id: (u64, u64),
+    /// Offsets and lengths of O_DIRECT I/O must be multiples of this: a block device's
+    /// logical block size (`BLKSSZGET`), [`DIRECT_ALIGN_BYTES`] for files.
+    dio_offset_align: u64,
+    /// Memory alignment O_DIRECT needs on this member (statx `STATX_DIOALIGN`; the logical
+    /// block size or the conservative `DIRECT_ALIGN_BYTES` where the kernel does not say). A
+    /// read whose result buffer happens to be this aligned is read straight into it.
     pub(super) dio_mem_align: u64,
-    /// The file lives in memory (tmpfs): its I/O is a copy to or from the page cache that
-    /// never waits for a device, so the executor may do small I/O inline (see
-    /// [`ExecutorOptions::inline_memory_io_max_bytes`]), and io_uring is told to hand the rest to a
+    /// Memory-backed (tmpfs): small I/O may run inline and the rest is handed to an io-wq
     /// worker at once (`IOSQE_ASYNC`): its pool adds workers only when one blocks, which a
     /// tmpfs copy never does, so otherwise all of it runs on one worker, one core.
     pub(super) memory_backed: bool,
@@ -44,7 +79,7 @@ pub struct Member {
 
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
-/// Whether an open file lives on tmpfs (memory, possibly swap; never a block device).
+/// Whether an open regular file lives on tmpfs (memory, possibly swap).
 fn on_tmpfs(f: &File) -> bool {
     // SAFETY: fstatfs on an open descriptor writes only into `fs`.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
@@ -52,25 +87,59 @@ fn on_tmpfs(f: &File) -> bool {
     rc == 0 && fs.f_type as i64 == TMPFS_MAGIC
 }
 
-/// `stx_dio_mem_align` of an open file, if the kernel and file system report it. tmpfs
-/// does not report it, but its O_DIRECT is a plain copy from the page cache with no
-/// memory alignment constraint.
+fn kind_of(f: &File) -> io::Result<(MemberKind, (u64, u64))> {
+    use std::os::unix::fs::MetadataExt;
+    let md = f.metadata()?;
+    let ft = md.file_type();
+    let id = if ft.is_block_device() { (md.rdev(), 0) } else { (md.dev(), md.ino()) };
+    let kind = if ft.is_block_device() {
+        MemberKind::BlockDevice
+    } else if ft.is_file() {
+        if on_tmpfs(f) {
+            MemberKind::MemoryFile
+        } else {
+            MemberKind::DiskFile
+        }
+    } else {
+        MemberKind::Other
+    };
+    Ok((kind, id))
+}
+
+/// A block device's logical block size, the unit of its O_DIRECT offsets and lengths.
+fn logical_block_bytes(f: &File) -> Option<u64> {
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int into `size`.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), libc::BLKSSZGET, &mut size) };
+    (rc == 0 && size > 0 && (size as u64).is_power_of_two()).then_some(size as u64)
+}
+
+/// `stx_dio_mem_align` of an open file, if the kernel and file system report it.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn dio_mem_align(f: &File) -> Option<u64> {
+fn statx_dio_mem_align(f: &File) -> Option<u64> {
     // SAFETY: statx on an open descriptor with an empty path writes only into `stx`.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let rc = unsafe {
         libc::statx(f.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx)
     };
-    if rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_mem_align > 0 {
-        return Some(stx.stx_dio_mem_align as u64);
-    }
-    on_tmpfs(f).then_some(1)
+    (rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_mem_align > 0)
+        .then_some(stx.stx_dio_mem_align as u64)
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn dio_mem_align(_f: &File) -> Option<u64> {
+fn statx_dio_mem_align(_f: &File) -> Option<u64> {
     None
+}
+
+/// How one I/O reaches a member (see [`Member::path_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum IoPath {
+    Direct,
+    Buffered,
+    /// Buffered, and a write goes with `RWF_DSYNC`: on a block device a buffered write
+    /// would succeed into the page cache and its error surface only at the next flush, so
+    /// the write itself must reach the device (md sees a write error at once).
+    BufferedSync,
 }
 
 impl Member {
@@ -86,13 +155,20 @@ impl Member {
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
         };
         let mut buffered = open(0)?;
-        let direct = if opts.direct {
+        let (kind, device_id) =
+            kind_of(&buffered).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let direct = if opts.direct && kind != MemberKind::Other {
             match open(libc::O_DIRECT) {
                 Ok(f) => Some(f),
                 Err(e) => {
                     if opts.log {
+                        let how = if kind == MemberKind::BlockDevice {
+                            "buffered I/O with every write synchronous (RWF_DSYNC), slower"
+                        } else {
+                            "buffered I/O"
+                        };
                         eprintln!(
-                            "uraid-io: {}: O_DIRECT refused ({e}); using buffered I/O for this member",
+                            "uraid-io: {}: O_DIRECT refused ({e}); using {how} for this member",
                             path.display()
                         );
                     }
@@ -104,13 +180,31 @@ impl Member {
         };
         // Works for block devices too, where metadata().len() is 0.
         let size_bytes = buffered.seek(SeekFrom::End(0))?;
+        let block_bytes = (kind == MemberKind::BlockDevice).then(|| logical_block_bytes(&buffered)).flatten();
+        let dio_offset_align = block_bytes.unwrap_or(DIRECT_ALIGN_BYTES).min(DIRECT_ALIGN_BYTES);
         let dio_mem_align = direct
             .as_ref()
-            .and_then(dio_mem_align)
+            .and_then(statx_dio_mem_align)
+            // tmpfs does not report it, but its O_DIRECT is a plain copy with no memory
+            // alignment constraint; a block device's DMA needs at most its block size.
+            .or(match kind {
+                MemberKind::MemoryFile => Some(1),
+                _ => block_bytes,
+            })
             .filter(|a| a.is_power_of_two() && *a <= DIRECT_ALIGN_BYTES)
             .unwrap_or(DIRECT_ALIGN_BYTES);
-        let memory_backed = on_tmpfs(&buffered);
-        Ok(Member { path, buffered, direct, size_bytes, dio_mem_align, memory_backed })
+        let memory_backed = kind == MemberKind::MemoryFile;
+        Ok(Member {
+            path,
+            buffered,
+            direct,
+            size_bytes,
+            kind,
+            device_id,
+            dio_offset_align,
+            dio_mem_align,
+            memory_backed,
+        })
     }
 
     /// The same member on duplicated descriptors.
@@ -120,6 +214,9 @@ impl Member {
             buffered: self.buffered.try_clone()?,
             direct: self.direct.as_ref().map(File::try_clone).transpose()?,
             size_bytes: self.size_bytes,
+            kind: self.kind,
+            device_id: self.device_id,
+            dio_offset_align: self.dio_offset_align,
             dio_mem_align: self.dio_mem_align,
             memory_backed: self.memory_backed,
         })
@@ -131,6 +228,9 @@ impl Member {
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
+    pub fn kind(&self) -> MemberKind {
+        self.kind
+    }
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
     }
@@ -138,19 +238,30 @@ impl Member {
     pub fn is_memory_backed(&self) -> bool {
         self.memory_backed
     }
+    /// Whether `other` is the same device or file as this member.
+    pub fn same_device(&self, other: &Member) -> bool {
+        self.kind != MemberKind::Other && self.device_id == other.device_id
+    }
+    /// The unit of this member's O_DIRECT offsets and lengths.
+    pub fn dio_offset_align(&self) -> u64 {
+        self.dio_offset_align
+    }
 
-    /// The descriptor for an I/O and whether it is the O_DIRECT one.
-    pub(super) fn fd_for(&self, op: MemberIoOp, offset_bytes: u64, len_bytes: u64) -> (RawFd, bool) {
+    /// The descriptor for an I/O and how it goes.
+    pub(super) fn path_for(&self, op: MemberIoOp, offset_bytes: u64, len_bytes: u64) -> (RawFd, IoPath) {
         match &self.direct {
             Some(f)
                 if op != MemberIoOp::Flush
                     && len_bytes > 0
-                    && offset_bytes.is_multiple_of(DIRECT_ALIGN_BYTES)
-                    && len_bytes.is_multiple_of(DIRECT_ALIGN_BYTES) =>
+                    && offset_bytes.is_multiple_of(self.dio_offset_align)
+                    && len_bytes.is_multiple_of(self.dio_offset_align) =>
             {
-                (f.as_raw_fd(), true)
+                (f.as_raw_fd(), IoPath::Direct)
             }
-            _ => (self.buffered.as_raw_fd(), false),
+            _ if op == MemberIoOp::Write && self.kind == MemberKind::BlockDevice => {
+                (self.buffered.as_raw_fd(), IoPath::BufferedSync)
+            }
+            _ => (self.buffered.as_raw_fd(), IoPath::Buffered),
         }
     }
 }

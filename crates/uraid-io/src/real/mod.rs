@@ -27,6 +27,7 @@ mod buf;
 pub mod fault;
 mod member;
 mod pool;
+mod timeout;
 mod uring;
 
 use std::collections::VecDeque;
@@ -38,7 +39,10 @@ use std::time::Duration;
 use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
 
 pub use buf::AlignedBuf;
-pub use member::{Member, MemberSet, OpenOptions};
+pub use member::{Member, MemberKind, MemberSet, OpenOptions};
+pub use timeout::{DEFAULT_FAILFAST_TIMEOUT, DEFAULT_MEMBER_TIMEOUT};
+
+use member::IoPath;
 
 /// Offsets and lengths of O_DIRECT I/O must be multiples of this: 4096 satisfies both
 /// 512-byte and 4 KiB logical-sector devices and every file system's block size here.
@@ -79,6 +83,9 @@ pub struct ExecutorOptions {
     pub inline_memory_io_max_bytes: usize,
     /// Injected faults (tests of real runs only).
     pub faults: Option<std::sync::Arc<fault::Faults>>,
+    /// A member I/O not completed within this is failed (the SCSI layer's default
+    /// command timeout; see `timeout.rs`). Per member: [`Executor::set_member_timeout`].
+    pub member_timeout: Duration,
 }
 
 impl Default for ExecutorOptions {
@@ -90,6 +97,7 @@ impl Default for ExecutorOptions {
             log: true,
             inline_memory_io_max_bytes: DEFAULT_INLINE_MEMORY_IO_MAX_BYTES,
             faults: None,
+            member_timeout: DEFAULT_MEMBER_TIMEOUT,
         }
     }
 }
@@ -171,6 +179,12 @@ struct Slot {
     done_bytes: usize,
     /// Queue to a worker at once (see `Member::memory_backed`: I/O too large to run inline).
     force_async: bool,
+    /// A buffered write that must reach the device before it completes (`IoPath::BufferedSync`).
+    sync_write: bool,
+    /// When the backend got it, on the executor's clock (see `timeout.rs`).
+    started_ns: u64,
+    /// Timed out and already answered: the kernel's late completion only frees the slot.
+    abandoned: bool,
 }
 
 /// Map a failed syscall to what the engine needs to know.
@@ -235,6 +249,42 @@ enum Backend {
 struct MemberQueue {
     in_flight: usize,
     waiting: VecDeque<MemberIo>,
+    /// See [`ExecutorOptions::member_timeout`].
+    timeout_ns: u64,
+    /// An I/O of this member timed out: everything else it holds is failed with it, and
+    /// new I/O fails at once, until another device takes its place.
+    hung: bool,
+    /// Timed-out I/Os the kernel has not returned yet.
+    abandoned: usize,
+    counts: ExecutorMemberStats,
+}
+
+impl MemberQueue {
+    fn new(timeout: Duration) -> MemberQueue {
+        MemberQueue {
+            in_flight: 0,
+            waiting: VecDeque::new(),
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            hung: false,
+            abandoned: 0,
+            counts: ExecutorMemberStats::default(),
+        }
+    }
+}
+
+/// What the executor did with one member's I/O, beyond the engine's own counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecutorMemberStats {
+    /// What the member is (filled in by [`Executor::member_stats`]).
+    pub kind: Option<MemberKind>,
+    /// Opened O_DIRECT.
+    pub direct: bool,
+    /// I/Os through the buffered descriptor (not aligned for O_DIRECT, or O_DIRECT refused).
+    pub buffered_ios: u64,
+    /// I/Os done inline on the calling thread (memory-backed members only).
+    pub inline_ios: u64,
+    /// I/Os failed because the member did not answer in time (`member_timeout`).
+    pub timed_out_ios: u64,
 }
 
 /// Performs member I/O for one array.
@@ -259,8 +309,16 @@ pub struct Executor {
     /// [`Executor::start_deferred`].
     deferred: Vec<MemberIo>,
     faults: Option<std::sync::Arc<fault::Faults>>,
-    /// I/O an injected `hold` rule keeps: never performed, never completed.
-    held: Vec<MemberIo>,
+    /// I/O an injected `hold` rule keeps: never performed, never completed (but timed
+    /// out like any other), with when it was held.
+    held: Vec<(MemberIo, u64)>,
+    /// The executor's clock for member-I/O deadlines.
+    clock: std::time::Instant,
+    /// The timeout of members attached later.
+    member_timeout: Duration,
+    /// When `collect` next looks for I/O past its deadline (see `timeout.rs`).
+    next_timeout_scan_ns: u64,
+    log: bool,
 }
 
 static URING_FALLBACK_LOGGED: Once = Once::new();
@@ -292,8 +350,7 @@ impl Executor {
                 }
             },
         };
-        let queues =
-            (0..members.len()).map(|_| MemberQueue { in_flight: 0, waiting: VecDeque::new() }).collect();
+        let queues = (0..members.len()).map(|_| MemberQueue::new(opts.member_timeout)).collect();
         Ok(Executor {
             members,
             queues,
@@ -309,6 +366,10 @@ impl Executor {
             deferred: Vec::new(),
             faults: opts.faults.clone(),
             held: Vec::new(),
+            clock: std::time::Instant::now(),
+            member_timeout: opts.member_timeout,
+            next_timeout_scan_ns: 0,
+            log: opts.log,
         })
     }
 
@@ -332,10 +393,12 @@ impl Executor {
                 format!("member {index} does not exist ({} members)", self.members.len()),
             ));
         }
+        self.check_no_late_io(index, &member)?;
         let mut members = self.members.iter().map(Member::try_clone).collect::<io::Result<Vec<_>>>()?;
         members[index] = member;
         let old = std::mem::replace(&mut self.members, Arc::new(MemberSet { members }));
         self.retired.push(old);
+        self.queues[index].hung = false;
         Ok(())
     }
 
@@ -347,7 +410,7 @@ impl Executor {
         members.push(member);
         let old = std::mem::replace(&mut self.members, Arc::new(MemberSet { members }));
         self.retired.push(old);
-        self.queues.push(MemberQueue { in_flight: 0, waiting: VecDeque::new() });
+        self.queues.push(MemberQueue::new(self.member_timeout));
         Ok(self.members.len() - 1)
     }
 
@@ -400,7 +463,7 @@ impl Executor {
             MemberIoOp::Write => io.data.len() as u64 != io.len_bytes,
             _ => false,
         } || io.len_bytes > u32::MAX as u64;
-        if io.member >= self.members.len() {
+        if io.member >= self.members.len() || self.queues[io.member].hung {
             self.ready.push(MemberIoCompletion { id: io.id, result: Err(MemberIoError::Gone) });
             return;
         }
@@ -414,7 +477,8 @@ impl Executor {
                 return;
             }
             fault::FaultAction::Hold => {
-                self.held.push(io);
+                let now = self.now_ns();
+                self.held.push((io, now));
                 return;
             }
             fault::FaultAction::Pass => {}
@@ -428,6 +492,7 @@ impl Executor {
             && self.deferred.is_empty()
             && self.members.member(io.member).memory_backed
         {
+            q.counts.inline_ios += 1;
             let done = run_inline(self.members.member(io.member), io);
             self.ready.push(done);
             return;
@@ -467,7 +532,11 @@ impl Executor {
 
     fn start(&mut self, io: MemberIo) {
         let member = self.members.member(io.member);
-        let (fd, direct) = member.fd_for(io.op, io.offset_bytes, io.len_bytes);
+        let (fd, path) = member.path_for(io.op, io.offset_bytes, io.len_bytes);
+        let direct = path == IoPath::Direct;
+        if !direct && io.op != MemberIoOp::Flush {
+            self.queues[io.member].counts.buffered_ios += 1;
+        }
         let len = io.len_bytes as usize;
         let read_target = |data| read_target(data, len);
         let buf = match (io.op, direct) {
@@ -510,6 +579,9 @@ impl Executor {
             buf,
             done_bytes: 0,
             force_async: member.memory_backed,
+            sync_write: path == IoPath::BufferedSync,
+            started_ns: self.clock.elapsed().as_nanos() as u64,
+            abandoned: false,
         };
         match &mut self.backend {
             Backend::Uring(u) => u.push(slot),
@@ -557,10 +629,17 @@ impl Executor {
             Backend::Uring(u) => u.reap(&mut finished, timeout),
             Backend::Pool(p) => p.reap(&mut finished, timeout),
         }
+        self.expire_overdue();
         out.append(&mut self.ready);
         for (slot, result) in finished.drain(..) {
             let member = slot.member;
-            out.push(finish_slot(slot, result, &mut self.aligned_pool));
+            if slot.abandoned {
+                // Answered when it timed out; the kernel is done with its buffer only now.
+                self.queues[member].abandoned -= 1;
+                drop(finish_slot(slot, result, &mut self.aligned_pool));
+            } else {
+                out.push(finish_slot(slot, result, &mut self.aligned_pool));
+            }
             let q = &mut self.queues[member];
             q.in_flight -= 1;
             if let Some(next) = q.waiting.pop_front() {
@@ -602,7 +681,7 @@ fn run_inline(member: &Member, io: MemberIo) -> MemberIoCompletion {
         MemberIoOp::Read => {
             let mut v = read_target(io.data, len);
             // SAFETY: v has capacity len; sync_io fills all of it or fails.
-            unsafe { pool::sync_io(fd, io.op, io.offset_bytes, v.as_mut_ptr(), len) }.map(|()| {
+            unsafe { pool::sync_io(fd, io.op, io.offset_bytes, v.as_mut_ptr(), len, false) }.map(|()| {
                 // SAFETY: all len bytes were written by pread.
                 unsafe { v.set_len(len) };
                 v
@@ -611,7 +690,7 @@ fn run_inline(member: &Member, io: MemberIo) -> MemberIoCompletion {
         // SAFETY: pwrite only reads the buffer, which `io.data` keeps alive (len checked
         // against data.len() by `route`). Flush touches no buffer.
         MemberIoOp::Write | MemberIoOp::Flush => {
-            unsafe { pool::sync_io(fd, io.op, io.offset_bytes, io.data.as_ptr() as *mut u8, len) }
+            unsafe { pool::sync_io(fd, io.op, io.offset_bytes, io.data.as_ptr() as *mut u8, len, false) }
                 .map(|()| Vec::new())
         }
     };

@@ -19,6 +19,7 @@ struct Job {
     /// Buffer address (owned by the executor's slot, unmoved until the job is reaped).
     ptr: usize,
     len_bytes: usize,
+    sync_write: bool,
 }
 
 #[derive(Default)]
@@ -76,11 +77,12 @@ fn errno() -> i32 {
 fn run(job: &Job) -> Result<(), MemberIoError> {
     // SAFETY: the job's buffer is owned by the executor's slot, unmoved and untouched by
     // anyone else until the job is reaped.
-    unsafe { sync_io(job.fd, job.op, job.offset_bytes, job.ptr as *mut u8, job.len_bytes) }
+    unsafe { sync_io(job.fd, job.op, job.offset_bytes, job.ptr as *mut u8, job.len_bytes, job.sync_write) }
 }
 
 /// One member I/O as plain syscalls on the calling thread: pread/pwrite until done,
 /// fdatasync for a flush. Shared by the pool's workers and the executor's inline path.
+/// `sync_write`: each write reaches the device before it returns (`RWF_DSYNC`).
 ///
 /// # Safety
 /// `ptr` must be valid for `len_bytes` (writable for reads) for the whole call, and `fd`
@@ -91,6 +93,7 @@ pub(super) unsafe fn sync_io(
     offset_bytes: u64,
     ptr: *mut u8,
     len_bytes: usize,
+    sync_write: bool,
 ) -> Result<(), MemberIoError> {
     if op == MemberIoOp::Flush {
         loop {
@@ -114,6 +117,10 @@ pub(super) unsafe fn sync_io(
         let r = unsafe {
             match op {
                 MemberIoOp::Read => libc::pread(fd, p, n, off),
+                _ if sync_write => {
+                    let iov = libc::iovec { iov_base: p, iov_len: n };
+                    libc::pwritev2(fd, &iov, 1, off, libc::RWF_DSYNC)
+                }
                 _ => libc::pwrite(fd, p, n, off),
             }
         };
@@ -176,6 +183,10 @@ impl PoolBackend {
         }
     }
 
+    pub fn slots_mut(&mut self) -> impl Iterator<Item = &mut Slot> {
+        self.slots.iter_mut().flatten()
+    }
+
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
     }
@@ -189,6 +200,7 @@ impl PoolBackend {
             offset_bytes: slot.offset_bytes,
             ptr: job_ptr,
             len_bytes: slot.len_bytes,
+            sync_write: slot.sync_write,
         };
         let idx = match self.free.pop() {
             Some(i) => {
@@ -243,6 +255,13 @@ impl PoolBackend {
         // Workers finish the queued jobs first (they pop before checking shutdown).
         lock(&self.shared.jobs).shutdown = true;
         self.shared.jobs_cv.notify_all();
+        if self.slots.iter().flatten().any(|s| s.abandoned) {
+            // A worker is stuck in a syscall on a hung device and may never return: leave
+            // the workers and every buffer they may still write to, rather than wait forever.
+            self.threads.clear();
+            std::mem::forget(std::mem::take(&mut self.slots));
+            return;
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

@@ -80,6 +80,10 @@ impl UringBackend {
         })
     }
 
+    pub fn slots_mut(&mut self) -> impl Iterator<Item = &mut Slot> {
+        self.slots.iter_mut().flatten()
+    }
+
     pub fn eventfd(&self) -> Arc<EventFd> {
         self.eventfd.clone()
     }
@@ -118,7 +122,10 @@ impl UringBackend {
         let ptr = unsafe { s.buf.ptr().add(s.done_bytes) };
         let entry = match s.op {
             MemberIoOp::Read => opcode::Read::new(fd, ptr, remaining).offset(offset).build(),
-            MemberIoOp::Write => opcode::Write::new(fd, ptr, remaining).offset(offset).build(),
+            MemberIoOp::Write => {
+                let rw_flags = if s.sync_write { libc::RWF_DSYNC } else { 0 };
+                opcode::Write::new(fd, ptr, remaining).offset(offset).rw_flags(rw_flags).build()
+            }
             MemberIoOp::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
         }
         .user_data(idx as u64);
@@ -245,7 +252,10 @@ impl UringBackend {
                 if self.eventfd_armed {
                     self.eventfd.signal();
                 }
-                if rounds > 600 {
+                // Only I/O that timed out left (a hung device): it may never return, and
+                // nobody waits for its answer any more; a second for late ones is enough.
+                let only_abandoned = self.slots.iter().flatten().all(|s| s.abandoned);
+                if rounds > 600 || (only_abandoned && rounds > 10) {
                     // A device that never answers: leak the ring rather than free buffers the
                     // kernel may still write.
                     let ring = std::mem::replace(
@@ -313,6 +323,9 @@ mod tests {
                 buf: IoBuf::Plain(Vec::with_capacity(4096)),
                 done_bytes: 0,
                 force_async: false,
+                sync_write: false,
+                started_ns: 0,
+                abandoned: false,
             });
             held.push(u.ring.submission().len());
         }

@@ -243,9 +243,18 @@ pub fn bad_blocks_text(device: &str, entries: &[(u64, u64)]) -> String {
     s
 }
 
+/// What a running array's executor did with each member device, by device name.
+pub type ExecutorIo = Vec<(String, uraid_io::real::ExecutorMemberStats)>;
+
 /// `--detail --json`: the same facts as [`detail_text`], for scripts; `io` adds each
-/// slot's member I/O counts on a running array.
-pub fn detail_json(title: &str, d: &DetailInfo, io: Option<&uraid_core::stats::ArrayStats>) -> String {
+/// slot's member I/O counts on a running array, `exec` each device's kind and the I/O the
+/// executor ran buffered, inline or timed out.
+pub fn detail_json(
+    title: &str,
+    d: &DetailInfo,
+    io: Option<&uraid_core::stats::ArrayStats>,
+    exec: &ExecutorIo,
+) -> String {
     let sb = &d.sb;
     let devices: Vec<serde_json::Value> = d
         .rows
@@ -260,6 +269,18 @@ pub fn detail_json(title: &str, d: &DetailInfo, io: Option<&uraid_core::stats::A
                     "reads": m.reads, "writes": m.writes, "flushes": m.flushes,
                     "read_bytes": m.read_bytes, "write_bytes": m.write_bytes, "errors": m.errors,
                 });
+            }
+            if let Some((_, x)) = exec.iter().find(|(name, _)| *name == r.path) {
+                v["kind"] = x.kind.map(|k| k.name()).unwrap_or("unknown").into();
+                v["direct_io"] = x.direct.into();
+                let io = v
+                    .as_object_mut()
+                    .and_then(|o| o.entry("io").or_insert(serde_json::json!({})).as_object_mut());
+                if let Some(io) = io {
+                    io.insert("buffered_ios".into(), x.buffered_ios.into());
+                    io.insert("inline_ios".into(), x.inline_ios.into());
+                    io.insert("timed_out_ios".into(), x.timed_out_ios.into());
+                }
             }
             v
         })

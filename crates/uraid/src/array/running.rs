@@ -13,7 +13,9 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use uraid_core::array::{Array, ArrayOptions, ArrayView, DevRole, MemberKey};
 use uraid_core::{Geometry, MemberState, SyncKind, Tunables};
-use uraid_io::real::{fault::Faults, Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
+use uraid_io::real::{
+    fault::Faults, Executor, ExecutorOptions, Member, MemberSet, OpenOptions, DEFAULT_FAILFAST_TIMEOUT,
+};
 use uraid_io::runtime::{ArrayRuntime, RuntimeHandle, RuntimeOptions};
 
 use super::assembly::Assembled;
@@ -36,6 +38,9 @@ pub struct StartOptions {
     /// Injected member faults (tests of real runs).
     pub faults: Option<Arc<Faults>>,
     pub tunables: Tunables,
+    /// See `ExecutorOptions::member_timeout`; md's failfast members get at most
+    /// `DEFAULT_FAILFAST_TIMEOUT`.
+    pub member_timeout: Duration,
 }
 
 pub struct RunningArray {
@@ -83,9 +88,18 @@ impl RunningArray {
                     .with_context(|| format!("{}: opening for I/O", m.name))?,
             );
         }
-        let exec_opts = ExecutorOptions { faults: opts.faults, ..ExecutorOptions::default() };
-        let executor = Executor::new(MemberSet::from_members(exec_members), &exec_opts)
+        let exec_opts = ExecutorOptions {
+            faults: opts.faults,
+            member_timeout: opts.member_timeout,
+            ..ExecutorOptions::default()
+        };
+        let mut executor = Executor::new(MemberSet::from_members(exec_members), &exec_opts)
             .context("starting the I/O executor")?;
+        for (key, sb) in a.superblocks.iter().enumerate() {
+            if sb.devflags & uraid_core::meta::superblock::devflags::FAIL_FAST != 0 {
+                executor.set_member_timeout(key, opts.member_timeout.min(DEFAULT_FAILFAST_TIMEOUT));
+            }
+        }
         let rt_opts = RuntimeOptions {
             run_on_submitter_max_bytes: opts.inline_request_max_bytes,
             ..RuntimeOptions::default()
@@ -276,7 +290,17 @@ impl RunningArray {
     /// `detail --json`, with each slot's member I/O counts since the array started.
     pub fn detail_json(&self) -> anyhow::Result<String> {
         let stats = self.handle.stats().ok();
-        Ok(super::report::detail_json(&self.name, &self.detail_info()?, stats.as_ref().map(|s| &s.array)))
+        let exec: super::report::ExecutorIo = match &stats {
+            Some(s) => {
+                let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+                let by_key =
+                    |(k, m): (&MemberKey, &MemberDev)| Some((m.name.clone(), *s.members.get(*k as usize)?));
+                members.iter().filter_map(by_key).collect()
+            }
+            None => Vec::new(),
+        };
+        let info = self.detail_info()?;
+        Ok(super::report::detail_json(&self.name, &info, stats.as_ref().map(|s| &s.array), &exec))
     }
 
     /// A /proc/mdstat-like view.

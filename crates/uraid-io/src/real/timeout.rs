@@ -1,0 +1,144 @@
+//! Member-I/O deadlines. md relies on the block layer's command timeout (the SCSI layer's
+//! 30 s) to turn a disk that stops answering into an error; a user-space engine on files,
+//! loop devices or NBD members has no such layer, so the executor keeps its own. An I/O
+//! past its member's deadline is answered `Gone` (the engine fails the member and serves
+//! reads from the other copies), and so is everything else that member holds: a member
+//! that left one I/O unanswered is treated as hung, so no request, flush, superblock round
+//! or stop waits on it. The kernel may still hold the buffer of an I/O answered this way:
+//! the slot stays until the kernel returns it (`Slot::abandoned`), and its late result is
+//! dropped. See docs/reliability.md.
+
+use std::io;
+use std::time::Duration;
+
+use uraid_core::{MemberIoCompletion, MemberIoError};
+
+use super::{Backend, Executor, ExecutorMemberStats, Member};
+
+/// The default deadline of a member I/O: the SCSI layer's default command timeout.
+pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(30);
+/// md's failfast members (raid1/raid10) are failed without the block layer's retries; here
+/// they get a short deadline instead.
+pub const DEFAULT_FAILFAST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often `collect` looks for overdue I/O while any is in flight.
+const SCAN_PERIOD: Duration = Duration::from_millis(100);
+
+impl Executor {
+    pub(super) fn now_ns(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64
+    }
+
+    /// The deadline of member `index`'s I/Os from now on.
+    pub fn set_member_timeout(&mut self, index: usize, timeout: Duration) {
+        if let Some(q) = self.queues.get_mut(index) {
+            q.timeout_ns = timeout.as_nanos().min(u64::MAX as u128) as u64;
+        }
+    }
+
+    /// How long the owner may sleep before a deadline needs a look (`None`: no I/O out).
+    pub fn timeout_check_in(&self) -> Option<Duration> {
+        (self.in_flight > 0).then_some(SCAN_PERIOD)
+    }
+
+    /// Per member (the executor's index): I/Os that went buffered or inline, or timed out.
+    pub fn member_stats(&self) -> Vec<ExecutorMemberStats> {
+        let with_kind = |(q, m): (&super::MemberQueue, &Member)| ExecutorMemberStats {
+            kind: Some(m.kind()),
+            direct: m.is_direct(),
+            ..q.counts
+        };
+        self.queues.iter().zip(self.members.iter()).map(with_kind).collect()
+    }
+
+    /// Whether member `index` left an I/O unanswered past its deadline.
+    pub fn member_hung(&self, index: usize) -> bool {
+        self.queues.get(index).is_some_and(|q| q.hung)
+    }
+
+    /// Answers `Gone` for every I/O of a member that has one past its deadline.
+    pub(super) fn expire_overdue(&mut self) {
+        let now = self.now_ns();
+        if now < self.next_timeout_scan_ns {
+            return;
+        }
+        self.next_timeout_scan_ns = now + SCAN_PERIOD.as_nanos() as u64;
+        let queues = &mut self.queues;
+        let overdue =
+            |member: usize, started_ns: u64| now.saturating_sub(started_ns) > queues[member].timeout_ns;
+        let mut newly_hung: Vec<usize> = Vec::new();
+        for_each_slot(&mut self.backend, |s| {
+            if !s.abandoned && overdue(s.member, s.started_ns) {
+                newly_hung.push(s.member);
+            }
+        });
+        newly_hung.extend(self.held.iter().filter(|(io, t)| overdue(io.member, *t)).map(|(io, _)| io.member));
+        newly_hung.sort_unstable();
+        newly_hung.dedup();
+        newly_hung.retain(|&m| !self.queues[m].hung);
+        if newly_hung.is_empty() {
+            return;
+        }
+        for &m in &newly_hung {
+            self.queues[m].hung = true;
+            if self.log {
+                eprintln!(
+                    "uraid-io: {}: an I/O did not complete within {:.1} s; failing the member's I/O",
+                    self.members.member(m).path().display(),
+                    self.queues[m].timeout_ns as f64 / 1e9
+                );
+            }
+        }
+        let (queues, ready) = (&mut self.queues, &mut self.ready);
+        let mut gone = |q: &mut super::MemberQueue, id| {
+            q.counts.timed_out_ios += 1;
+            ready.push(MemberIoCompletion { id, result: Err(MemberIoError::Gone) });
+        };
+        for_each_slot(&mut self.backend, |s| {
+            let q = &mut queues[s.member];
+            if q.hung && !s.abandoned {
+                s.abandoned = true;
+                q.abandoned += 1;
+                gone(q, s.id);
+            }
+        });
+        for &m in &newly_hung {
+            let q = &mut queues[m];
+            for io in std::mem::take(&mut q.waiting) {
+                gone(q, io.id);
+            }
+        }
+        for (io, held_ns) in std::mem::take(&mut self.held) {
+            if queues[io.member].hung {
+                gone(&mut queues[io.member], io.id);
+            } else {
+                self.held.push((io, held_ns));
+            }
+        }
+    }
+
+    /// A device whose timed-out I/O the kernel still holds must not take a slot again: that
+    /// I/O could land after the new one's writes (md waits for `nr_pending` to drain before
+    /// it lets an rdev go). Another device in the slot is fine.
+    pub(super) fn check_no_late_io(&self, index: usize, new: &Member) -> io::Result<()> {
+        let q = &self.queues[index];
+        if q.abandoned > 0 && self.members.member(index).same_device(new) {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!(
+                    "{}: {} timed-out I/O(s) are still held by the kernel; the device cannot be \
+                     used again until they return (check the device, then retry)",
+                    new.path().display(),
+                    q.abandoned
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn for_each_slot(backend: &mut Backend, f: impl FnMut(&mut super::Slot)) {
+    match backend {
+        Backend::Uring(u) => u.slots_mut().for_each(f),
+        Backend::Pool(p) => p.slots_mut().for_each(f),
+    }
+}
