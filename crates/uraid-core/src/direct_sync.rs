@@ -7,7 +7,7 @@ use crate::engine::Mddev;
 use crate::geometry::{Extent, Level};
 use crate::ledger::{IoCtx, Ledger};
 use crate::mirror::{choose_copy, Balance};
-use crate::sync::{DirectUnit, SyncKind, UnitStart};
+use crate::sync::{DirectUnit, OnMismatch, SyncKind, UnitStart};
 
 impl Mddev {
     pub(crate) fn start_direct_sync(&mut self, led: &mut Ledger, start: u64, end: u64) -> UnitStart {
@@ -16,15 +16,26 @@ impl Mddev {
             return UnitStart::Busy;
         }
         let kind = self.sync.as_ref().expect("job").kind;
-        if let SyncKind::Scrub(scrub) = kind {
-            return self.start_direct_scrub(led, start, end, scrub);
+        match (kind, OnMismatch::of(kind)) {
+            (SyncKind::Scrub(_), Some(mode)) => return self.start_direct_scrub(led, start, end, mode),
+            // md's raid10 resync reads every copy and writes only those that differ
+            // (sync_request_write); raid1's here too, so thin members stay thin. Where a
+            // copy cannot be read, one good copy is read and written over the others.
+            (SyncKind::Resync, Some(mode)) if self.direct_copies_whole(start, end) => {
+                return self.start_direct_scrub(led, start, end, mode)
+            }
+            (SyncKind::Replace { slot }, _) => return self.start_direct_replace(led, slot, start, end),
+            _ => {}
         }
+        self.start_direct_copy(led, kind, start, end)
+    }
+
+    /// A recovery or resync unit that reads one good copy of each piece and writes it to
+    /// the copies that need it.
+    fn start_direct_copy(&mut self, led: &mut Ledger, kind: SyncKind, start: u64, end: u64) -> UnitStart {
         let mut copies = Vec::new();
         let mut pos = start;
         let mut reads = Vec::new();
-        if let SyncKind::Replace { slot } = kind {
-            return self.start_direct_replace(led, slot, start, end);
-        }
         while pos < end {
             let room = if self.geo.level == Level::Raid1 { end - pos } else { self.geo.map_sector(pos).1 };
             let n = room.min(end - pos);
@@ -311,7 +322,20 @@ impl Mddev {
             return;
         }
         let u = self.direct_sync.take().expect("unit");
-        self.sync_unit_done(led, u.start, !u.failed);
+        let mut ok = !u.failed;
+        let resync_on =
+            self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Resync && j.unit_in_flight(u.start));
+        if !ok && resync_on && u.scrub.as_ref().is_some_and(|s| s.kind == OnMismatch::Resync) {
+            // A copy of a comparing resync unit did not read: the unit is done again the
+            // copying way, which tries each copy and rewrites those that failed (md's
+            // fix_sync_read_error). Writes waiting for the unit go on waiting.
+            match self.start_direct_copy(led, SyncKind::Resync, u.start, u.end) {
+                UnitStart::Started => return,
+                UnitStart::Nothing => ok = true,
+                UnitStart::Busy | UnitStart::Unreadable => {}
+            }
+        }
+        self.sync_unit_done(led, u.start, ok);
         // Writes that waited for this unit go now.
         let blocked = std::mem::take(&mut self.blocked_writes);
         for (id, sector, len, zero) in blocked {

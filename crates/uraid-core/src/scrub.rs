@@ -17,9 +17,9 @@
 use crate::api::*;
 use crate::config::MemberState;
 use crate::engine::Mddev;
-use crate::geometry::Level;
+use crate::geometry::{Extent, Level};
 use crate::ledger::{IoCtx, Ledger};
-use crate::sync::{DirectScrub, DirectUnit, EngineEvent, SyncKind, UnitStart};
+use crate::sync::{DirectScrub, DirectUnit, EngineEvent, OnMismatch, SyncKind, UnitStart};
 
 pub use crate::sync::{action_name, ScrubKind};
 
@@ -41,7 +41,16 @@ impl Mddev {
             return Err("the array has failed".into());
         }
         if let Some(j) = self.sync.as_ref() {
-            return Err(format!("{} is running; stop it first (idle)", action_name(j.kind)));
+            return Err(match j.kind {
+                SyncKind::Scrub(k) => {
+                    format!("a {} is running; stop it first (`uraid action idle`)", k.name())
+                }
+                other => format!(
+                    "a {} is running; {} once it is done (`uraid status` shows its progress)",
+                    crate::sync::mdstat_name(other),
+                    kind.name()
+                ),
+            });
         }
         if let Some((k, _)) = self.sync_queue.front() {
             return Err(format!("a {} is owed and runs first", action_name(*k)));
@@ -101,14 +110,9 @@ impl Mddev {
         }
     }
 
-    /// Read every copy of array sectors [start, end); the caller checked the barrier.
-    pub(crate) fn start_direct_scrub(
-        &mut self,
-        led: &mut Ledger,
-        start: u64,
-        end: u64,
-        kind: ScrubKind,
-    ) -> UnitStart {
+    /// Array sectors [start, end) cut into pieces contiguous on every copy: (array sector,
+    /// sectors, copies in md's order).
+    fn sync_pieces(&self, start: u64, end: u64) -> Vec<(u64, u64, Vec<Extent>)> {
         let mut pieces = Vec::new();
         let mut pos = start;
         while pos < end {
@@ -116,11 +120,37 @@ impl Mddev {
             let n = room.min(end - pos);
             let mut copies = Vec::new();
             self.geo.copies(pos, &mut copies);
-            if copies.iter().any(|c| !self.members[c.member].readable(c.member_sector + n - 1)) {
-                return UnitStart::Unreadable;
-            }
             pieces.push((pos, n, copies));
             pos += n;
+        }
+        pieces
+    }
+
+    /// Can every copy of array sectors [start, end) be read and rewritten (in sync, none
+    /// of it listed bad)? Then a resync unit compares the copies as a scrub does.
+    pub(crate) fn direct_copies_whole(&self, start: u64, end: u64) -> bool {
+        self.sync_pieces(start, end).iter().all(|(_, n, copies)| {
+            copies.iter().all(|c| {
+                let m = &self.members[c.member];
+                m.state == MemberState::InSync && m.readable_range(c.member_sector, *n)
+            })
+        })
+    }
+
+    /// Read every copy of array sectors [start, end); the caller checked the barrier.
+    pub(crate) fn start_direct_scrub(
+        &mut self,
+        led: &mut Ledger,
+        start: u64,
+        end: u64,
+        kind: OnMismatch,
+    ) -> UnitStart {
+        let pieces = self.sync_pieces(start, end);
+        let unreadable = pieces.iter().any(|(_, n, copies)| {
+            copies.iter().any(|c| !self.members[c.member].readable(c.member_sector + n - 1))
+        });
+        if unreadable {
+            return UnitStart::Unreadable;
         }
         let reads: u32 = pieces.iter().map(|p| p.2.len() as u32).sum();
         let bufs = pieces.iter().map(|p| vec![None; p.2.len()]).collect();
@@ -170,17 +200,18 @@ impl Mddev {
             .direct_sync
             .as_ref()
             .is_some_and(|u| u.pending == 1 && !u.failed && u.scrub.as_ref().is_some_and(|s| !s.compared));
-        // Only a running scrub counts; a stopped one lets its unit go.
-        let running = matches!(self.sync.as_ref().map(|j| j.kind), Some(SyncKind::Scrub(_)));
+        // Only a running scrub (or resync) counts; a stopped one lets its unit go.
+        let running = self.sync.as_ref().and_then(|j| OnMismatch::of(j.kind)).is_some();
         if compare && running {
             self.direct_scrub_compare(led);
         }
         self.direct_sync_part_done(led);
     }
 
-    /// All copies read: compare each md sync bio window's copies with the first, count,
-    /// and on repair write the first copy over the others (md copies from the first copy
-    /// that read; every copy read here).
+    /// All copies read: compare each md sync bio window's copies with the first (a resync:
+    /// with the one reads took before it), count, and on repair or resync write that copy
+    /// over the others that differ (md copies from the first copy that read; every copy
+    /// read here).
     fn direct_scrub_compare(&mut self, led: &mut Ledger) {
         let w = self.resync_bio_sectors();
         let u = self.direct_sync.as_mut().expect("unit");
@@ -193,22 +224,28 @@ impl Mddev {
         let mut wa = start / w * w;
         while wa < end {
             let wb = (wa + w).min(end);
-            for c in 1..copies {
+            for c in 0..copies {
                 let mut segs = Vec::new();
                 let mut differs = false;
                 for (i, (pos, n, ext)) in s.pieces.iter().enumerate() {
                     let (a, b) = ((*pos).max(wa), (pos + n).min(wb));
-                    if a >= b {
+                    // A resync keeps the copy reads took before it came (`Balance::Prefer`,
+                    // the lowest member); check and repair md's first copy.
+                    let reference = match s.kind {
+                        OnMismatch::Resync => (0..copies).min_by_key(|&k| ext[k].member).unwrap_or(0),
+                        OnMismatch::Count | OnMismatch::Repair => 0,
+                    };
+                    if a >= b || c == reference {
                         continue;
                     }
                     let rg = ((a - pos) * SECTOR_BYTES) as usize..((b - pos) * SECTOR_BYTES) as usize;
-                    let first = &s.bufs[i][0].as_ref().expect("read")[rg.clone()];
+                    let first = &s.bufs[i][reference].as_ref().expect("read")[rg.clone()];
                     differs |= first != &s.bufs[i][c].as_ref().expect("read")[rg.clone()];
                     segs.push((ext[c].member, ext[c].member_sector + (a - pos), b - a, first.to_vec()));
                 }
                 if differs {
                     mismatch += wb - wa.max(start);
-                    if s.kind == ScrubKind::Repair {
+                    if s.kind != OnMismatch::Count {
                         writes.extend(segs);
                     }
                 }

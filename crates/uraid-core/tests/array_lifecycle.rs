@@ -321,3 +321,34 @@ fn a_read_modify_write_loses_no_overlapping_write() {
         assert_eq!(back, image[1001..1001 + 3333]);
     }
 }
+
+/// mdadm --fail refuses a member whose loss would fail the array (md's MD_BROKEN, mdadm's
+/// "array will be failed"): nothing changes, the data still reads; `force` insists.
+#[test]
+fn failing_the_last_redundant_member_is_refused_unless_forced() {
+    for (level, n, already_lost) in [(5, 3, 1), (1, 2, 1), (6, 4, 2), (10, 4, 1), (0, 2, 0)] {
+        let mut d = start(create(level, n, false), &(0..n).collect::<Vec<_>>());
+        let block = data(level as u64, 65536);
+        d.run_one(Request::write(1, 0, block.clone())).unwrap();
+        for key in 0..already_lost {
+            d.engine.fail(key as u64, false, d.now_ns).unwrap_or_else(|e| panic!("raid{level}: {e}"));
+            d.run_until_idle();
+        }
+        // raid10 near-2 on 4: slot 1 holds slot 0's copies.
+        let victim = if level == 10 { 1 } else { already_lost };
+        let before: Vec<Superblock> = (0..n).map(|m| superblock(&d.members, m)).collect();
+        let e =
+            d.engine.fail(victim as u64, false, d.now_ns).expect_err(&format!("raid{level}: fail accepted"));
+        assert!(e.contains("would fail") && e.contains("--force"), "raid{level}: {e}");
+        d.run_until_idle();
+        assert!(!d.engine.engine().is_failed(), "raid{level}: {e}");
+        assert_eq!(d.engine.engine().member_states()[victim], MemberState::InSync, "raid{level}");
+        let after: Vec<Superblock> = (0..n).map(|m| superblock(&d.members, m)).collect();
+        assert_eq!(before, after, "raid{level}: a refused fail changed the superblocks");
+        assert_eq!(d.run_one(Request::read(2, 0, 65536)).unwrap(), block, "raid{level}");
+        // --force: md fails the member and with it the array.
+        d.engine.fail(victim as u64, true, d.now_ns).unwrap();
+        d.run_until_idle();
+        assert!(d.engine.engine().is_failed(), "raid{level}: forced fail did not fail the array");
+    }
+}

@@ -62,7 +62,7 @@ fn every_flipped_bit_in_the_checksummed_area_is_caught() {
     b[100] ^= 0x10;
     let e = parse(&b).unwrap_err();
     assert!(matches!(e, SuperblockError::BadChecksum { .. }), "{e}");
-    assert!(e.to_string().contains("re-add"));
+    assert!(e.to_string().contains("uraid add MEMBER"), "{e}");
 }
 
 #[test]

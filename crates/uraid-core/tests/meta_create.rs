@@ -138,3 +138,37 @@ fn assume_clean_missing_and_size() {
     let e = create_array(&p1).unwrap_err();
     assert!(e.to_string().contains("slot 1"), "{e}");
 }
+
+/// `uraid create` takes no --data-offset: what create says names only what it can do.
+/// Members too large for any bitmap chunk md records (a 32-bit field) and members too
+/// small for the metadata say so without pointing at an option create lacks.
+#[test]
+fn create_refusals_advise_only_what_create_takes() {
+    let huge = 1u64 << 52; // 2 EiB of sectors: more bits than md's largest chunk allows
+    let mut p = params(1, vec![Some(huge), Some(huge)]);
+    p.bitmap = true;
+    let e = create_array(&p).unwrap_err().to_string();
+    assert!(e.contains("--bitmap none") && !e.contains("--data-offset"), "{e}");
+    let tiny = params(1, vec![Some(200), Some(200)]);
+    let e = create_array(&tiny).unwrap_err().to_string();
+    assert!(e.contains("too small") && !e.contains("--data-offset"), "{e}");
+}
+
+/// `create --assume-clean` says the members are in sync: the bitmap starts with no bit
+/// set (every bit set made a crash in the first seconds resync the whole array). Without
+/// it, every bit is set, as mdadm's write_bitmap1 writes it, for the initial resync.
+#[test]
+fn an_assume_clean_bitmap_starts_clean() {
+    for assume_clean in [true, false] {
+        let mut p = params(5, vec![Some(1 << 22); 3]);
+        p.bitmap = true;
+        p.bitmap_chunk_bytes = Some(1 << 20);
+        p.assume_clean = assume_clean;
+        let c = create_array(&p).unwrap();
+        let bm = c.bitmap.unwrap();
+        let bits = &bm.area[BITMAP_SUPER_BYTES..];
+        let chunks = bm.sb.sync_size.div_ceil(u64::from(bm.sb.chunksize) / 512);
+        let set = (0..chunks).filter(|&i| test_bit_le(bits, i)).count() as u64;
+        assert_eq!(set, if assume_clean { 0 } else { chunks }, "assume_clean {assume_clean}");
+    }
+}

@@ -108,18 +108,31 @@ fn run_sync(d: &mut Driver, events: &mut Vec<(EngineEvent, bool)>, ctx: &str) {
     }
 }
 
-/// A dirty start with a member missing: the resync is kept (raid4/5/6 and two-copy mirrors:
-/// until a replacement is rebuilt; a three-way mirror resyncs its two copies at once) and
-/// runs, and the recovery's end does not say the array is in sync while a resync is owed.
-#[test]
-fn a_resync_asked_for_while_degraded_runs_and_is_owed_until_done() {
-    for (level, n, layout) in [
+/// One array of each redundant level (raid4/5/6, a three-way mirror, raid10 near 2).
+fn shapes() -> [(Level, usize, u32); 5] {
+    [
         (Level::Raid5, 4, algorithm::LEFT_SYMMETRIC),
         (Level::Raid6, 5, algorithm::LEFT_SYMMETRIC),
         (Level::Raid4, 4, algorithm::PARITY_N),
         (Level::Raid1, 3, 0),
         (Level::Raid10, 4, parse_layout(Level::Raid10, "n2").unwrap()),
-    ] {
+    ]
+}
+
+/// Every MiB of the array reads back as `model` holds it.
+fn assert_reads_back(d: &mut Driver, model: &[u8], ctx: &str) {
+    for (i, piece) in model.chunks(1 << 20).enumerate() {
+        let got = d.run_one(Request::read(100 + i as u64, (i << 20) as u64, piece.len() as u64));
+        assert!(got.expect("read") == piece, "{ctx}: MiB {i} differs from what was written");
+    }
+}
+
+/// A dirty start with a member missing: the resync is kept (raid4/5/6 and two-copy mirrors:
+/// until a replacement is rebuilt; a three-way mirror resyncs its two copies at once) and
+/// runs, and the recovery's end does not say the array is in sync while a resync is owed.
+#[test]
+fn a_resync_asked_for_while_degraded_runs_and_is_owed_until_done() {
+    for (level, n, layout) in shapes() {
         let ctx = format!("{level:?} n={n}");
         let g = geo(level, n, layout);
         let (mut members, _) = written(&g, 3);
@@ -261,5 +274,74 @@ fn no_read_modify_write_where_the_resync_has_not_been() {
         d.engine.reset_stats();
         run_frozen(&mut d, Request::write(2, far + 4096, vec![2; 512])).expect("write");
         assert_eq!((d.engine.stats().rmw_writes, d.engine.stats().rcw_writes), (0, 1), "{level:?}");
+    }
+}
+
+/// md's resync reads and compares: parity (raid4/5/6) or a copy (raid10; raid1 here too)
+/// is written only where it disagrees, so a fresh array on sparse or thin members is not
+/// written whole. Where it disagrees, the resync still makes it right, and counts the
+/// disagreeing stripes in mismatch_cnt as md's handle_parity_checks5/6 do.
+#[test]
+fn a_resync_writes_only_the_redundancy_that_disagrees() {
+    for (level, n, layout) in shapes() {
+        let ctx = format!("{level:?} n={n}");
+        let g = geo(level, n, layout);
+        let (members, model) = written(&g, 31);
+        let mut d = Driver::new(Engine::new(config(g.clone(), DATA_OFFSET)).unwrap(), members, 32);
+        let all: Vec<usize> = (0..n).collect();
+        // In sync already: the resync reads, and writes nothing.
+        let logged = d.members.log.len();
+        d.engine.start_resync(None, 0);
+        let mut events = Vec::new();
+        run_sync(&mut d, &mut events, &ctx);
+        assert!(events.iter().any(|(e, _)| *e == EngineEvent::ResyncDone), "{ctx}: {events:?}");
+        let writes = d.members.log[logged..].iter().filter(|e| e.1 == MemberIoOp::Write).count();
+        assert_eq!(writes, 0, "{ctx}: a resync of an array in sync wrote {writes} times");
+        assert_eq!(d.engine.mismatch_cnt(), 0, "{ctx}");
+        // Redundancy torn on one member: only that member is written, and made right
+        // (raid4's parity is all on its last member).
+        let torn = if level == Level::Raid4 { n - 1 } else { 1 };
+        tear(&g, &mut d.members, &[torn], &mut Rng(33));
+        let logged = d.members.log.len();
+        d.engine.start_resync(None, d.now_ns);
+        run_sync(&mut d, &mut events, &ctx);
+        let written_to: Vec<usize> =
+            d.members.log[logged..].iter().filter(|e| e.1 == MemberIoOp::Write).map(|e| e.0).collect();
+        assert!(!written_to.is_empty(), "{ctx}: the torn redundancy was not rewritten");
+        assert!(written_to.iter().all(|&m| m == torn), "{ctx}: wrote to {written_to:?}");
+        assert!(d.engine.mismatch_cnt() > 0, "{ctx}: the resync counted no mismatch");
+        assert_consistent(&g, &d.members, &all, &ctx);
+        assert_reads_back(&mut d, &model, &ctx);
+    }
+}
+
+/// A comparing resync unit that cannot read a member is redone the way that rebuilds what
+/// did not read and rewrites it (md's read-error correction): the resync ends, the array
+/// is consistent and the data as written.
+#[test]
+fn a_resync_that_cannot_read_a_member_rebuilds_and_rewrites_it() {
+    for (level, n, layout) in [
+        (Level::Raid5, 4, algorithm::LEFT_SYMMETRIC),
+        (Level::Raid6, 5, algorithm::LEFT_SYMMETRIC),
+        (Level::Raid1, 2, 0),
+        (Level::Raid10, 4, parse_layout(Level::Raid10, "n2").unwrap()),
+    ] {
+        let ctx = format!("{level:?} n={n}");
+        let g = geo(level, n, layout);
+        let (mut members, model) = written(&g, 41);
+        tear(&g, &mut members, &[1], &mut Rng(42));
+        // 4 KiB of the torn member unreadable, a little way in (a write of all of it
+        // clears it); every other member holds what it should there.
+        let bad = (1, DATA_OFFSET + 256 * 512, DATA_OFFSET + 264 * 512);
+        members.latent.push(bad);
+        let mut d = Driver::new(Engine::new(config(g.clone(), DATA_OFFSET)).unwrap(), members, 43);
+        d.engine.start_resync(None, 0);
+        let mut events = Vec::new();
+        run_sync(&mut d, &mut events, &ctx);
+        assert!(events.iter().any(|(e, _)| *e == EngineEvent::ResyncDone), "{ctx}: {events:?}");
+        assert!(!d.engine.resync_owed(), "{ctx}");
+        assert!(d.members.latent.is_empty(), "{ctx}: the unreadable sectors were not rewritten");
+        assert_consistent(&g, &d.members, &(0..n).collect::<Vec<_>>(), &ctx);
+        assert_reads_back(&mut d, &model, &ctx);
     }
 }

@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::array::assembly::assemble;
 use crate::array::detail;
-use crate::array::report::detail_text;
+use crate::array::report::{count, detail_text};
 use uraid_core::meta::ResyncNeed;
 
 #[derive(Args, Clone, Debug)]
@@ -37,7 +37,7 @@ pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
         }
         ResyncNeed::Bitmap { regions: r } => {
             let sectors: u64 = r.iter().map(|(_, l)| l).sum();
-            println!("\nOn start: bitmap resync of {} regions, {sectors} sectors", r.len())
+            println!("\nOn start: bitmap resync of {}, {sectors} sectors", count(r.len(), "region"))
         }
     }
     let rebuilding: Vec<String> = a

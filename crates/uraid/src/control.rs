@@ -1,6 +1,6 @@
 //! The control socket of a running `uraid serve`, and the client commands that use it.
 //!
-//! Protocol: the client sends one line (`detail`, `status`, `progress`, `fail MEMBER`,
+//! Protocol: the client sends one line (`detail`, `status`, `progress`, `fail [--force] MEMBER`,
 //! `remove MEMBER`, `add MEMBER`), the server answers `OK` or `ERR` on the first line,
 //! then text, and closes the connection.
 
@@ -8,11 +8,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
+
+use crate::array::IoContext;
 
 /// Sends one command, returns the reply text (an `ERR` reply becomes an error).
 pub fn request(sock: &Path, command: &str) -> anyhow::Result<String> {
-    let mut s = UnixStream::connect(sock).with_context(|| {
+    let mut s = UnixStream::connect(sock).io_context(|| {
         format!("cannot reach the control socket {}: is `uraid serve` running with it?", sock.display())
     })?;
     s.write_all(command.as_bytes())?;
@@ -78,7 +80,10 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         "status" => array.status(),
         "progress" => array.progress(),
         "action" => array.action(arg),
-        "fail" => need_arg("fail").and_then(|_| array.fail(arg)),
+        "fail" => need_arg("fail").and_then(|_| match arg.strip_prefix("--force ") {
+            Some(path) => array.fail(path.trim(), true),
+            None => array.fail(arg, false),
+        }),
         "remove" => need_arg("remove").and_then(|_| array.remove(arg)),
         "add" => need_arg("add").and_then(|_| match arg.strip_prefix("--force ") {
             Some(path) => array.add(path.trim(), true),
@@ -193,8 +198,18 @@ pub fn run_status(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run_fail(args: MemberCommandArgs) -> anyhow::Result<()> {
-    print!("{}", request(&args.control, &format!("fail {}", abs(&args.member)))?);
+#[derive(clap::Args, Clone, Debug)]
+pub struct FailArgs {
+    #[command(flatten)]
+    pub member: MemberCommandArgs,
+    /// Fail the member even when the array would fail without it (mdadm refuses that).
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn run_fail(fail: FailArgs) -> anyhow::Result<()> {
+    let force = if fail.force { "--force " } else { "" };
+    print!("{}", request(&fail.member.control, &format!("fail {force}{}", abs(&fail.member.member)))?);
     Ok(())
 }
 

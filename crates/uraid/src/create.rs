@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, bail};
 use clap::Args;
 use uraid_core::geometry::parse_layout;
 use uraid_core::meta::{
@@ -12,6 +12,7 @@ use uraid_core::Level;
 
 use crate::array::member::MemberDev;
 use crate::array::report::{human_bytes, level_name};
+use crate::array::IoContext;
 use crate::size_arg::parse_size_bytes;
 
 #[derive(Args, Clone, Debug)]
@@ -173,10 +174,10 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
                 .write(true)
                 .create_new(true)
                 .open(p)
-                .with_context(|| format!("{}: cannot create the member file", p.display()))?;
+                .io_context(|| format!("{}: cannot create the member file", p.display()))?;
             created_paths.push(p.to_path_buf());
             f.set_len(size / 512 * 512)
-                .with_context(|| format!("{}: cannot size the member file", p.display()))?;
+                .io_context(|| format!("{}: cannot size the member file", p.display()))?;
         }
         let mut devs: Vec<Option<MemberDev>> = Vec::new();
         for p in &args.members {
@@ -213,7 +214,12 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
             Some(_) if !bitmap => bail!("--bitmap-chunk needs --bitmap internal"),
             Some(c) => {
                 let b = parse_kib_default(c).map_err(|e| anyhow!("--bitmap-chunk: {e}"))?;
-                if !b.is_power_of_two() || b < 4096 || b > u64::from(u32::MAX) {
+                if b > u64::from(u32::MAX) {
+                    bail!(
+                        "--bitmap-chunk {c}: md keeps the bitmap chunk in a 32-bit field, so 2G is the most"
+                    );
+                }
+                if !b.is_power_of_two() || b < 4096 {
                     bail!("--bitmap-chunk {c}: must be a power of two of at least 4K");
                 }
                 Some(b as u32)
@@ -252,7 +258,7 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
             }
             let sb_at = sb.super_offset * 512;
             let w = |what: &str, off: u64, data: &[u8]| {
-                dev.write_at(off, data).with_context(|| format!("{}: writing the {what}", dev.name))
+                dev.write_at(off, data).io_context(|| format!("{}: writing the {what}", dev.name))
             };
             w("superblock", sb_at, &sb.serialize())?;
             if sb.bblog_size > 0 {
@@ -272,7 +278,7 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
                 area[..header.len()].copy_from_slice(&header);
                 w("partial parity log", start * 512, &area)?;
             }
-            dev.sync().with_context(|| format!("{}: fdatasync after slot {slot}", dev.name))?;
+            dev.sync().io_context(|| format!("{}: fdatasync after slot {slot}", dev.name))?;
         }
         let array_sectors = crate::array::report::array_sectors_of(first);
         let missing = devs.iter().filter(|d| d.is_none()).count();

@@ -42,7 +42,7 @@ enum Command {
     /// Scrub a running array: check, repair or idle (md's sync_action, mdadm --action).
     Action(control::ActionArgs),
     /// Mark a member of a running array faulty (mdadm --fail).
-    Fail(control::MemberCommandArgs),
+    Fail(control::FailArgs),
     /// Remove a failed member or a spare from a running array (mdadm --remove).
     Remove(control::MemberCommandArgs),
     /// Add a member to a running array: rebuilt into a missing slot, or a hot spare.

@@ -205,3 +205,32 @@ fn a_bad_shape_is_refused_in_the_options_words_and_creates_nothing() {
         assert!(members.iter().all(|m| !m.exists()), "a refused create left files: {t}");
     }
 }
+
+/// What create refuses, it refuses in words about what create takes: no `--data-offset`
+/// (create has none) for members too small, and a bitmap chunk beyond what md's 32-bit
+/// field holds is said to be that, not "not a power of two". Nothing is left behind.
+#[test]
+fn create_refusals_name_only_what_create_takes() {
+    let dir = TempDir::new("createwords");
+    let tiny: Vec<PathBuf> = (0..2).map(|i| dir.path(&format!("tiny{i}"))).collect();
+    for t in &tiny {
+        std::fs::File::create(t).unwrap().set_len(100 << 10).unwrap();
+    }
+    let before = hashes(&tiny);
+    let mut args = vec!["create", "--level", "1", "--raid-devices", "2"];
+    args.extend(paths(&tiny));
+    let o = uraid(&args);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("too small") && !t.contains("--data-offset"), "{t}");
+    assert_eq!(hashes(&tiny), before, "a refused create wrote to a member");
+
+    let big: Vec<PathBuf> = (0..2).map(|i| dir.path(&format!("big{i}"))).collect();
+    let mut args = vec!["create", "--level", "1", "--raid-devices", "2", "--size", "64M"];
+    args.extend(["--bitmap", "internal", "--bitmap-chunk", "4G"]);
+    args.extend(paths(&big));
+    let o = uraid(&args);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("32-bit") && t.contains("2G"), "{t}");
+    assert!(!t.contains("power of two"), "4G is a power of two: {t}");
+    assert!(big.iter().all(|m| !m.exists()), "a refused create left files: {t}");
+}

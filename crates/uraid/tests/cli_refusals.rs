@@ -130,11 +130,39 @@ fn add_to_a_failed_array_is_refused_before_writing() {
     std::fs::write(&spare, vec![0u8; 8 << 20]).unwrap();
     let served = Served::start(&dir, &members, &[]);
     served.ctl("fail", Some(&members[0]));
-    served.ctl("fail", Some(&members[1]));
+    let ctl = served.control.display().to_string();
+    ok(uraid(&["fail", "--force", members[1].to_str().unwrap(), "--control", &ctl]), "uraid fail --force");
     let before = sha256_file(&spare);
     let o = uraid(&["add", spare.to_str().unwrap(), "--control", &served.control.display().to_string()]);
     assert!(!o.status.success() && text(&o).contains("has failed"), "{}", text(&o));
     assert_eq!(sha256_file(&spare), before, "a refused add wrote to the new member");
+    drop(served);
+}
+
+/// mdadm --fail refuses a member the array cannot lose ("array will be failed"): the
+/// array stays up with that member, clients read on; `--force` insists.
+#[test]
+fn fail_of_the_last_redundant_member_is_refused_unless_forced() {
+    let dir = TempDir::new("faillast");
+    let members = create(&dir, "5", &["l0", "l1", "l2"], &["--name", "faillast"]);
+    let served = Served::start(&dir, &members, &[]);
+    let ctl = served.control.display().to_string();
+    qemu_io(&served.url, &["write -P 0x5a 0 1M".to_string(), "flush".to_string()]);
+    served.ctl("fail", Some(&members[0]));
+    let o = uraid(&["fail", members[1].to_str().unwrap(), "--control", &ctl]);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("would fail the array") && t.contains("--force"), "{t}");
+    let st = served.ctl("status", None);
+    assert!(st.contains("[3/2]") && st.contains("[_UU]"), "a refused fail changed the array:\n{st}");
+    qemu_io(&served.url, &["read -P 0x5a 0 1M".to_string()]);
+    let e = ok(tool("mdadm", &["--examine", members[2].to_str().unwrap()]), "mdadm --examine");
+    assert!(mdadm_field(&e, "Array State").is_some_and(|a| a.starts_with(".AA")), "{e}");
+    // --force: failed as asked; the array has failed and says so.
+    let out =
+        ok(uraid(&["fail", "--force", members[1].to_str().unwrap(), "--control", &ctl]), "fail --force");
+    assert!(out.contains("faulty"), "{out}");
+    let st = served.ctl("status", None);
+    assert!(st.contains("[3/1]"), "{st}");
     drop(served);
 }
 
@@ -226,5 +254,70 @@ fn two_arrays_in_one_folder_get_two_control_sockets() {
     for mut c in children {
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         assert!(c.wait().unwrap().success());
+    }
+}
+
+/// What uraid says reads as English and names commands that exist: a stale or corrupted
+/// member is brought back with `uraid add` (there is no `re-add` verb), one region is "1
+/// region", "replacing" is spelled so, and no message ends in Rust's "(os error N)".
+#[test]
+fn messages_read_as_english_and_name_real_commands() {
+    let dir = TempDir::new("words");
+    let members = create(&dir, "1", &["w0", "w1", "w2"], &["--name", "words", "--bitmap", "internal"]);
+    let (w0, w1, w2) =
+        (members[0].to_str().unwrap(), members[1].to_str().unwrap(), members[2].to_str().unwrap());
+    // Away: w2 left out while 64 KiB is written, then the server killed (dirty).
+    let mut served = Served::start(&dir, &members[..2], &["--run"]);
+    qemu_io(&served.url, &["write -P 0x33 1M 64k".to_string(), "flush".to_string()]);
+    let mut child = served.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(served);
+    let t = text(&uraid(&["assemble", w0, w1, w2]));
+    assert!(t.contains("is stale") && t.contains("uraid add") && !t.contains("re-add it"), "{t}");
+    assert!(t.contains("bitmap resync of 1 region,"), "{t}");
+    // Served whole: w2 comes back from the bitmap, "the 1 region written while it was away".
+    let served = Served::start(&dir, &members, &[]);
+    let t0 = std::time::Instant::now();
+    while !served.log_text().contains("re-added") {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{}", served.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let log = served.log_text();
+    assert!(log.contains("only the 1 region ") && !log.contains("1 regions"), "{log}");
+    while !served.ctl("status", None).contains("[UUU]") {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{}", served.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Replacing with another array's member: refused, and spelled right.
+    let theirs = create(&dir, "1", &["x0", "x1"], &["--name", "theirs"]);
+    let c = served.control.display().to_string();
+    let o = uraid(&["replace", w0, "--with", theirs[0].to_str().unwrap(), "--control", &c]);
+    let t = text(&o);
+    assert!(
+        !o.status.success() && t.contains("replacing it would overwrite") && !t.contains("replaceing"),
+        "{t}"
+    );
+    served.stop();
+    // A corrupted superblock: left out and added back with `uraid add`.
+    let bad = dir.path("bad");
+    std::fs::copy(&members[2], &bad).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&bad).unwrap();
+        f.write_all_at(&[0x5a], 4096 + 100).unwrap();
+    }
+    let t = text(&uraid(&["examine", bad.to_str().unwrap()]));
+    assert!(t.contains("checksum mismatch") && t.contains("uraid add") && !t.contains("re-add it"), "{t}");
+    // I/O errors in words, without Rust's "(os error N)".
+    let gone = dir.path("gone").display().to_string();
+    for args in [
+        vec!["examine", gone.as_str()],
+        vec!["status", "--control", gone.as_str()],
+        vec!["create", "-l", "1", "-n", "2", "--size", "8M", "/nonexistent-dir/a", "/nonexistent-dir/b"],
+    ] {
+        let o = uraid(&args);
+        let t = text(&o);
+        assert!(!o.status.success() && !t.contains("(os error"), "{args:?}: {t}");
     }
 }

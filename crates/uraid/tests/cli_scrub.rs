@@ -119,3 +119,32 @@ fn raid1_check_counts_as_md_and_repair_satisfies_md() {
 fn raid10_check_counts_as_md_and_repair_satisfies_md() {
     scrub_matches_md("10", 4, &[(1, 0), (3, 192 << 10)]);
 }
+
+/// md's `idle` stops a check or repair; a recovery goes on (md restarts it at once), so
+/// `action idle` during one says so instead of claiming the array idle, and `action check`
+/// then says to wait for the recovery, not to stop it.
+#[test]
+fn idle_during_a_recovery_says_the_recovery_goes_on() {
+    let dir = TempDir::new("idle-recovery");
+    let members: Vec<PathBuf> = (0..3).map(|i| dir.path(&format!("r{i}"))).collect();
+    let mut args = vec!["create", "--level", "5", "--raid-devices", "3", "--size", "32M"];
+    args.extend(["--assume-clean", "--bitmap", "none"]);
+    args.extend(paths(&members));
+    ok(uraid(&args), "uraid create");
+    let s = Served::start(&dir, &members, &["--sync-speed-min", "1000", "--sync-speed-max", "2000"]);
+    let c = s.control.display().to_string();
+    s.ctl("fail", Some(&members[2]));
+    s.ctl("remove", Some(&members[2]));
+    s.ctl("add", Some(&members[2]));
+    assert_eq!(detail_field(&s, "Sync Action"), "recover");
+    let o = uraid(&["action", "idle", "--control", &c]);
+    let t = text(&o);
+    assert!(!t.contains("is idle"), "idle claimed the array idle during a recovery: {t}");
+    assert!(t.contains("recovery") && t.contains("goes on"), "{t}");
+    assert_eq!(detail_field(&s, "Sync Action"), "recover", "{t}");
+    let o = uraid(&["action", "check", "--control", &c]);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("recovery"), "{t}");
+    assert!(!t.contains("stop it first") && !t.contains("(idle)"), "check advised idle again: {t}");
+    s.stop();
+}

@@ -89,17 +89,18 @@ impl Array {
         }
     }
 
-    /// What `req` must wait for: the superblocks marked dirty, its bitmap pages, the
-    /// barrier of the start (bits counted from now, so the daemon leaves them alone).
+    /// What `req` must wait for: the superblocks marked dirty (by a round this write asks
+    /// for, or one still in flight for an earlier write), its bitmap pages, the barrier of
+    /// the start (bits counted from now, so the daemon leaves them alone).
     fn write_intent(&mut self, req: Request, arrival: u64) -> Held {
         self.write_generation += 1;
         let span = sector_span(req.offset_bytes, req.len_bytes);
         let intent = self.sbs.start_write(req.offset_bytes, req.len_bytes);
         self.bitmap_activity |= intent.sync_range.is_some();
-        let mut wait_seq = self.write_barrier;
         if self.sbs.mark_dirty() {
-            wait_seq = wait_seq.max(self.rounds.push(Work::Superblocks));
+            self.dirty_seq = self.rounds.push(Work::Superblocks);
         }
+        let mut wait_seq = self.write_barrier.max(self.dirty_seq);
         if !intent.pages.is_empty() {
             wait_seq = wait_seq.max(self.rounds.push(Work::BitmapPages(intent.pages)));
         }

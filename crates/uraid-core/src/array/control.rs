@@ -256,12 +256,27 @@ impl Array {
         self.rounds.done_seq() >= mark || self.read_only
     }
 
-    /// mdadm --fail: the active member `key` is failed (a replacement is given up).
-    pub fn fail(&mut self, key: MemberKey, now_ns: TimeNs) -> Result<(), String> {
+    /// mdadm --fail: the active member `key` is failed (a replacement is given up). As
+    /// mdadm does, a member whose loss would fail the array is refused, nothing changed,
+    /// unless `force`.
+    pub fn fail(&mut self, key: MemberKey, force: bool, now_ns: TimeNs) -> Result<(), String> {
         self.now_ns = self.now_ns.max(now_ns);
         let name = self.name_of(key);
         match self.sbs.member(key).map(|m| m.role) {
-            Some(DevRole::Active { slot, .. }) => self.engine.fail_member(slot, self.now_ns),
+            Some(DevRole::Active { slot, .. }) => {
+                if !force && !self.engine.is_failed() && !self.engine.survives_losing(slot) {
+                    let states = self.engine.member_states();
+                    return Err(format!(
+                        "failing {name} would fail the array: {} cannot serve its data without it \
+                         ({} of {} members in sync); nothing changed. mdadm refuses this too; \
+                         `uraid fail --force` insists",
+                        self.level_name(),
+                        states.iter().filter(|s| **s == MemberState::InSync).count(),
+                        states.len()
+                    ));
+                }
+                self.engine.fail_member(slot, self.now_ns)
+            }
             Some(DevRole::Replacement { slot }) => self.engine.fail_replacement(slot, self.now_ns),
             Some(role) => {
                 return Err(format!(
@@ -301,20 +316,32 @@ impl Array {
         Ok(())
     }
 
-    /// md's sync_action: `check` or `repair` (None: `idle`, stop one).
+    /// md's sync_action: `check` or `repair` (None: `idle`, stop one). `idle` stops a
+    /// check or repair only; a resync or recovery goes on (md restarts one at once), and
+    /// `idle` then answers an error saying so.
     pub fn scrub(&mut self, kind: Option<ScrubKind>, now_ns: TimeNs) -> Result<(), String> {
         self.now_ns = self.now_ns.max(now_ns);
         if self.read_only && kind == Some(ScrubKind::Repair) {
             return Err("the array is served read-only: `repair` would write; use `check`".into());
         }
-        match kind {
-            Some(k) => self.engine.start_scrub(k, self.now_ns)?,
-            None => {
-                self.engine.stop_scrub();
+        let stopped = match kind {
+            Some(k) => {
+                self.engine.start_scrub(k, self.now_ns)?;
+                false
             }
-        }
+            None => self.engine.stop_scrub(),
+        };
         self.settle();
-        Ok(())
+        match (kind, self.sync_kind()) {
+            (None, Some(job)) if !matches!(job, SyncKind::Scrub(_)) => Err(format!(
+                "{}a {} is running and goes on: `idle` stops a check or repair, not a {} (md restarts \
+                 one at once); `uraid status` shows its progress",
+                if stopped { "the queued check/repair is stopped, but " } else { "" },
+                crate::sync::mdstat_name(job),
+                crate::sync::mdstat_name(job),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// md's sysfs write of tunable `name` (an empty name changes nothing); answers the

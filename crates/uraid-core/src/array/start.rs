@@ -143,6 +143,7 @@ impl Array {
             rounds: Rounds::default(),
             after: BTreeMap::new(),
             write_barrier: 0,
+            dirty_seq: 0,
             held: VecDeque::new(),
             writes: DetMap::default(),
             rmws: Vec::new(),

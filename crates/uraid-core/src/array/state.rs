@@ -73,6 +73,9 @@ pub struct Array {
     pub(super) after: BTreeMap<RoundSeq, Vec<AfterRound>>,
     /// Writes wait for this round too (the PPL areas emptied at start).
     pub(super) write_barrier: RoundSeq,
+    /// The round that marks the superblocks dirty: every write waits for it, also one
+    /// admitted while it is in flight (after `mark_dirty` already said dirty).
+    pub(super) dirty_seq: RoundSeq,
     // Admission (see `admission`).
     pub(super) held: VecDeque<Held>,
     pub(super) writes: DetMap<RequestId, WriteInFlight>,

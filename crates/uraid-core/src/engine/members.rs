@@ -93,7 +93,18 @@ impl Mddev {
     /// raid10's `enough` count In_sync members only): above its recovery_offset it holds
     /// nothing yet, so a failure that leaves it to cover some blocks fails the array.
     pub(crate) fn data_survives(&self) -> bool {
-        let lost: Vec<bool> = self.members.iter().map(|m| m.state != MemberState::InSync).collect();
+        self.data_survives_losing(None)
+    }
+
+    /// Would the data survive if the member in `slot` were lost too? (mdadm refuses to
+    /// fail a member when the array would fail.)
+    pub(crate) fn data_survives_losing(&self, slot: Option<usize>) -> bool {
+        let lost: Vec<bool> = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(s, m)| m.state != MemberState::InSync || Some(s) == slot)
+            .collect();
         let lost_count = lost.iter().filter(|&&l| l).count();
         match self.geo.level {
             Level::Raid0 => lost_count == 0,

@@ -150,6 +150,11 @@ impl Engine {
         self.md.is_degraded()
     }
 
+    /// Would the array still hold its data if the member in `slot` failed too?
+    pub fn survives_losing(&self, slot: usize) -> bool {
+        self.md.data_survives_losing(Some(slot))
+    }
+
     /// Hand a request to the engine. Back-pressure returns it untouched.
     pub fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError> {
         self.md.submit(&mut self.led, req, now_ns)

@@ -130,7 +130,7 @@ impl fmt::Display for CreateError {
             DeviceTooSmall { slot, dev_sectors } => write!(
                 f,
                 "member in slot {slot} ({dev_sectors} sectors) is too small for the metadata \
-                 and data offset; use a larger device or a smaller --data-offset"
+                 and data offset; use a larger device"
             ),
             SizeTooLarge { slot, available_kib, size_kib } => write!(
                 f,
@@ -144,8 +144,9 @@ impl fmt::Display for CreateError {
             ),
             NoRoomForBitmap => write!(
                 f,
-                "no room for an internal bitmap between superblock and data: use a larger \
-                 --data-offset or --bitmap=none"
+                "no internal bitmap fits between superblock and data for an array this large: \
+                 its bits would need a bitmap chunk beyond the 2G md's 32-bit chunk field holds; \
+                 use --bitmap none"
             ),
             BitmapChunkTooSmall { chunk_bytes, min_bytes } => write!(
                 f,
@@ -172,8 +173,8 @@ impl fmt::Display for CreateError {
             ),
             NoRoomForPpl { data_offset } => write!(
                 f,
-                "no room for the 1 MiB partial parity log between superblock and data \
-                 (--data-offset {data_offset} sectors): use a larger --data-offset"
+                "no room for the 1 MiB partial parity log between superblock and data (data \
+                 offset {data_offset} sectors)"
             ),
             // In the words of the options, not of a superblock found on disk.
             Geometry(SuperblockError::BadChunk { level, chunk_sectors }) => write!(
@@ -591,9 +592,11 @@ pub fn create_array(p: &CreateParams) -> Result<CreatedArray, CreateError> {
 
     let bitmap = bitmap.map(|(sb, offset)| {
         let bytes = bitmap_bytes_on_disk(sb.sync_size, sb.chunksize, BITMAP_PAGE_BYTES as u64);
-        // write_bitmap1 writes ones after the header, --assume-clean or not: md only syncs
-        // set chunks at or after resync_offset, and clears the rest lazily.
-        let mut area = vec![0xff; bytes as usize];
+        // write_bitmap1 writes ones after the header, --assume-clean or not (md then syncs
+        // only set chunks at or after resync_offset and clears the rest lazily, so a crash
+        // before it has would resync everything). --assume-clean says every chunk is in
+        // sync: no bit is set, and a crash resyncs only what was written since.
+        let mut area = vec![if p.assume_clean { 0 } else { 0xff }; bytes as usize];
         area[..BITMAP_SUPER_BYTES].copy_from_slice(&sb.serialize());
         CreatedBitmap { sb, offset_from_sb_sectors: offset, area }
     });

@@ -234,8 +234,8 @@ impl fmt::Display for SuperblockError {
             BadChecksum { stored, computed } => write!(
                 f,
                 "superblock checksum mismatch (stored {stored:#010x}, computed \
-                 {computed:#010x}): the superblock is corrupted; leave this member out and \
-                 re-add it so it is rebuilt"
+                 {computed:#010x}): the superblock is corrupted; leave this member out and, once \
+                 the array runs, add it back so it is rebuilt (`uraid add MEMBER --control SOCKET`)"
             ),
             DataSizeTooSmall { data_size } => {
                 write!(f, "data_size {data_size} sectors is below md's minimum of 10: corrupted superblock")

@@ -13,8 +13,9 @@
 //!
 //! Whatever the fast path does not cover falls back to the per-head sync of each claimed
 //! head (see `Engine::advance_sync`), which knows read-error correction and a second lost
-//! member: a unit where some other member is not fully readable, a resync, and a unit whose
-//! survivor read failed.
+//! member: a unit where some other member is not fully readable, and a unit whose survivor
+//! read failed. A resync claims its heads the same way, as a scrub unit that compares parity
+//! and writes only what is wrong (`stripe::scrub`), or per head where a member cannot be read.
 
 use std::sync::Arc;
 
@@ -90,8 +91,17 @@ impl Mddev {
                 (others_whole && self.members[member].writable() && !self.members[member].readable(last))
                     .then_some(member)
             }
+            // md's resync compares parity and writes it only where it is wrong: a scrub
+            // unit (see `stripe::scrub`) where every member can be read over the range,
+            // the per-head path otherwise.
+            SyncKind::Resync => (0..self.geo.raid_disks)
+                .all(|m| {
+                    self.members[m].state == crate::config::MemberState::InSync
+                        && !self.members[m].has_bad_block(start, end - start)
+                })
+                .then_some(usize::MAX),
             // Replacement copies read one member per head: the per-head path (see `replace`).
-            SyncKind::Resync | SyncKind::Replace { .. } => None,
+            SyncKind::Replace { .. } => None,
             // A scrub unit claims its heads like a row unit: no batch starts on them until
             // its reads are compared and its rewrites have landed (md's sync barrier).
             SyncKind::Scrub(_) => Some(usize::MAX),
@@ -337,11 +347,18 @@ impl Mddev {
         for v in u.bufs.into_iter().flatten() {
             self.recycle_row_buf(v);
         }
-        let n = u.heads.len() as u32;
+        self.heads_to_per_head(unit, u.heads, SyncKind::Recovery { member: u.target });
+    }
+
+    /// The claimed `heads` of a unit each sync on their own as `kind`; the job unit is
+    /// done when the last of them is.
+    pub(super) fn heads_to_per_head(&mut self, unit: u64, heads: Vec<u64>, kind: SyncKind) {
+        let n = heads.len() as u32;
         self.cache.heads_left.insert(unit, HeadsLeft { left: n, ok: true });
-        for key in u.heads {
+        for key in heads {
             let st = self.cache.heads.get_mut(&key).expect("claimed head");
             let op = st.sync.as_mut().expect("claimed head");
+            op.kind = kind;
             op.writing = None;
             op.row = false;
             self.cache.mark(key);

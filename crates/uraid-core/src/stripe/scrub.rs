@@ -10,6 +10,11 @@
 //!
 //! Repair rewrites the inconsistent pages: raid4/5 the parity; raid6 the one data block
 //! the syndrome points at (mdadm's raid6check), else whichever of P and Q is wrong.
+//!
+//! A resync where every member is readable runs as a scrub unit too, as md's resync
+//! checks parity and writes it only where it is wrong (`handle_parity_checks5/6`): P
+//! and/or Q are rewritten from the data, and an array already in sync (a new one on
+//! zeroed, sparse or thin members) is read and not written.
 
 use std::sync::Arc;
 
@@ -17,8 +22,7 @@ use super::{IoCtx, ScrubUnit};
 use crate::api::*;
 use crate::engine::Mddev;
 use crate::ledger::Ledger;
-use crate::scrub::ScrubKind;
-use crate::sync::SyncKind;
+use crate::sync::{OnMismatch, SyncKind};
 
 /// md's STRIPE_SECTORS: a stripe_head covers one 4 KiB page of each member, and a
 /// stripe_head found inconsistent adds that many sectors to resync_mismatches.
@@ -97,19 +101,21 @@ impl Mddev {
         if !last {
             return;
         }
+        let job = self.sync.as_ref().filter(|j| j.unit_in_flight(unit)).map(|j| j.kind);
+        if failed && !self.failed && job == Some(SyncKind::Resync) {
+            // A resync unit that could not read a member: the per-head path redoes it,
+            // rebuilding what did not read and rewriting it (md's read-error correction).
+            return self.scrub_fall_back(unit);
+        }
         // A stopped scrub (md's idle) only lets go of its heads.
-        let kind = match self.sync.as_ref().map(|j| j.kind) {
-            Some(SyncKind::Scrub(k)) => Some(k),
-            _ => None,
-        };
-        let Some(kind) = kind.filter(|_| !failed && !self.failed) else {
+        let Some(mode) = job.and_then(OnMismatch::of).filter(|_| !failed && !self.failed) else {
             self.scrub_unit_end(led, unit, !failed);
             return;
         };
         let u = self.cache.scrubs.get_mut(&unit).expect("scrub unit");
         let mut bufs: Vec<Vec<u8>> =
             u.bufs.iter_mut().map(|b| b.take().expect("every member read")).collect();
-        let dirty = self.scrub_compare(unit, kind, &mut bufs);
+        let dirty = self.scrub_compare(unit, mode, &mut bufs);
         let mut writes = Vec::new();
         for (m, pages) in dirty.iter().enumerate() {
             if pages.is_empty() || !self.members[m].writable() {
@@ -148,9 +154,9 @@ impl Mddev {
         }
     }
 
-    /// Compare each page's parity with its data, count md's mismatches and, on repair, fix
-    /// the pages in `bufs`. Returns, per member, the pages to write back.
-    fn scrub_compare(&mut self, unit: u64, kind: ScrubKind, bufs: &mut [Vec<u8>]) -> Vec<Vec<u64>> {
+    /// Compare each page's parity with its data, count md's mismatches and, on repair or
+    /// resync, fix the pages in `bufs`. Returns, per member, the pages to write back.
+    fn scrub_compare(&mut self, unit: u64, mode: OnMismatch, bufs: &mut [Vec<u8>]) -> Vec<Vec<u64>> {
         let (map, _) = self.cached_map(unit / self.geo.chunk_sectors);
         let mut dirty: Vec<Vec<u64>> = vec![Vec::new(); bufs.len()];
         let zero = [0u8; PAGE_BYTES];
@@ -174,7 +180,7 @@ impl Mddev {
                 continue;
             }
             self.mismatch_cnt_sectors += STRIPE_PAGE_SECTORS;
-            if kind == ScrubKind::Check {
+            if mode == OnMismatch::Count {
                 continue;
             }
             let mut fix = |m: usize, bytes: &[u8], bufs: &mut [Vec<u8>]| {
@@ -182,7 +188,7 @@ impl Mddev {
                 dirty[m].push(page as u64);
             };
             match (map.qd_idx, p_bad, q_bad) {
-                (Some(qd), true, true) => {
+                (Some(qd), true, true) if mode == OnMismatch::Repair => {
                     // P' = P ^ P(data) and Q' = Q ^ Q(data) point at one data block when
                     // Q' = g^z * P' throughout: that block is rebuilt from P.
                     let dp: Vec<u8> =
@@ -203,6 +209,11 @@ impl Mddev {
                             fix(qd, &q, bufs);
                         }
                     }
+                }
+                // md's resync: P and Q from the data.
+                (Some(qd), true, true) => {
+                    fix(map.pd_idx, &p, bufs);
+                    fix(qd, &q, bufs);
                 }
                 (Some(qd), false, true) => fix(qd, &q, bufs),
                 _ => fix(map.pd_idx, &p, bufs),
@@ -230,6 +241,15 @@ impl Mddev {
         if last {
             self.scrub_unit_end(led, unit, ok);
         }
+    }
+
+    /// Hand a resync unit that could not read every member to the per-head path.
+    fn scrub_fall_back(&mut self, unit: u64) {
+        let Some(mut u) = self.cache.scrubs.remove(&unit) else { return };
+        for v in u.bufs.iter_mut().filter_map(Option::take) {
+            self.recycle_row_buf(v);
+        }
+        self.heads_to_per_head(unit, u.heads, SyncKind::Resync);
     }
 
     /// Release the unit's heads (dropping cached rows of members repair rewrote, which may

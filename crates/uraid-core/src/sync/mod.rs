@@ -89,6 +89,13 @@ pub(crate) struct SyncJob {
     start_offset: u64,
 }
 
+impl SyncJob {
+    /// Is the unit starting at `start` in flight?
+    pub(crate) fn unit_in_flight(&self, start: u64) -> bool {
+        self.active.contains(&start)
+    }
+}
+
 pub(crate) enum UnitStart {
     Started,
     /// Nothing to do there (raid10 units holding no copy of the member being rebuilt).
@@ -131,6 +138,14 @@ impl ScrubKind {
     }
 }
 
+/// How /proc/mdstat names a job ("recovery", where sysfs says "recover").
+pub fn mdstat_name(kind: SyncKind) -> &'static str {
+    match kind {
+        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recovery",
+        other => action_name(other),
+    }
+}
+
 /// md's sync_action / last_sync_action word for a job.
 pub fn action_name(kind: SyncKind) -> &'static str {
     match kind {
@@ -141,9 +156,35 @@ pub fn action_name(kind: SyncKind) -> &'static str {
     }
 }
 
-/// A raid1/10 scrub unit: its pieces (each contiguous on every copy) and every copy's read.
+/// What a sync unit that reads and compares every member does where the redundancy
+/// disagrees with the data: md's check, repair, and its resync (which writes parity, or a
+/// raid10 copy, only where it disagrees, so a fresh array on thin members stays thin).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnMismatch {
+    /// md's check: count it, write nothing.
+    Count,
+    /// md's repair: rewrite it; raid6 first looks for one bad data block (raid6check).
+    Repair,
+    /// md's resync: rewrite the redundancy from the data (P and/or Q, the later copies).
+    Resync,
+}
+
+impl OnMismatch {
+    /// The comparing mode of a job, if it compares.
+    pub(crate) fn of(kind: SyncKind) -> Option<OnMismatch> {
+        match kind {
+            SyncKind::Scrub(ScrubKind::Check) => Some(OnMismatch::Count),
+            SyncKind::Scrub(ScrubKind::Repair) => Some(OnMismatch::Repair),
+            SyncKind::Resync => Some(OnMismatch::Resync),
+            SyncKind::Recovery { .. } | SyncKind::Replace { .. } => None,
+        }
+    }
+}
+
+/// A raid1/10 scrub unit (or resync unit that compares): its pieces (each contiguous on
+/// every copy) and every copy's read.
 pub(crate) struct DirectScrub {
-    pub kind: ScrubKind,
+    pub kind: OnMismatch,
     /// (array sector, sectors, copies in md's order).
     pub pieces: Vec<(u64, u64, Vec<Extent>)>,
     /// bufs[piece][copy].

@@ -224,6 +224,11 @@ impl Mddev {
             return None;
         }
         self.last_sync_action = crate::scrub::action_name(kind);
+        if kind == SyncKind::Resync {
+            // md_do_sync: a resync counts what it finds inconsistent afresh (a check or
+            // repair starts its count when asked for, `start_scrub`).
+            self.mismatch_cnt_sectors = 0;
+        }
         if let SyncKind::Recovery { member } = kind {
             if !matches!(self.members[member].state, MemberState::Recovering { .. }) {
                 return None;

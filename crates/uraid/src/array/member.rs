@@ -7,8 +7,10 @@ use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use uraid_core::meta::{read_member, MemberMetadata, Superblock, SuperblockError};
+
+use super::IoContext;
 
 /// One opened member device.
 #[derive(Debug)]
@@ -26,19 +28,19 @@ pub struct MemberDev {
 impl MemberDev {
     pub fn open(path: &Path, writable: bool) -> anyhow::Result<MemberDev> {
         let name = path.display().to_string();
-        let meta = std::fs::metadata(path).with_context(|| format!("{name}: cannot stat the member"))?;
+        let meta = std::fs::metadata(path).io_context(|| format!("{name}: cannot stat the member"))?;
         let ft = meta.file_type();
         use std::os::unix::fs::FileTypeExt;
         if !(ft.is_file() || ft.is_block_device()) {
             bail!("{name}: not a regular file or block device");
         }
         let mut file =
-            std::fs::OpenOptions::new().read(true).write(writable).open(path).with_context(|| {
+            std::fs::OpenOptions::new().read(true).write(writable).open(path).io_context(|| {
                 format!("{name}: cannot open the member{}", if writable { " for writing" } else { "" })
             })?;
         // metadata().len() is 0 for block devices; seeking to the end works for both.
         let size_bytes =
-            file.seek(SeekFrom::End(0)).with_context(|| format!("{name}: cannot find its size"))?;
+            file.seek(SeekFrom::End(0)).io_context(|| format!("{name}: cannot find its size"))?;
         let identity = if ft.is_block_device() { (u64::MAX, meta.rdev()) } else { (meta.dev(), meta.ino()) };
         Ok(MemberDev { path: path.to_path_buf(), name, file, size_bytes, identity })
     }
@@ -54,7 +56,7 @@ impl MemberDev {
 
     pub fn claim(&mut self) -> anyhow::Result<()> {
         use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-        let ft = self.file.metadata().with_context(|| format!("{}: cannot stat the member", self.name))?;
+        let ft = self.file.metadata().io_context(|| format!("{}: cannot stat the member", self.name))?;
         if ft.file_type().is_block_device() {
             // O_EXCL on a block device fails with EBUSY while anyone else holds it exclusively;
             // the exclusive descriptor becomes the working one.
@@ -122,7 +124,7 @@ impl MemberDev {
 fn in_use(name: &str, err: std::io::Error, holder: Option<String>) -> anyhow::Error {
     let busy = matches!(err.raw_os_error(), Some(libc::EWOULDBLOCK) | Some(libc::EBUSY));
     if !busy {
-        return anyhow::anyhow!("{name}: cannot claim the member: {err}");
+        return anyhow::anyhow!("{name}: cannot claim the member: {}", super::io_words(&err));
     }
     let by = holder.map(|h| format!(" by {h}")).unwrap_or_default();
     anyhow::anyhow!(

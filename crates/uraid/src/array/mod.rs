@@ -8,13 +8,33 @@ pub mod member;
 pub mod report;
 pub mod running;
 
+/// An I/O error as a person reads it: the system's words without Rust's "(os error N)".
+pub fn io_words(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" (os error ") {
+        Some(at) if e.raw_os_error().is_some() => text[..at].to_string(),
+        _ => text,
+    }
+}
+
+/// `with_context` for I/O results, the error in words ([`io_words`]).
+pub trait IoContext<T> {
+    fn io_context<C: std::fmt::Display>(self, what: impl FnOnce() -> C) -> anyhow::Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn io_context<C: std::fmt::Display>(self, what: impl FnOnce() -> C) -> anyhow::Result<T> {
+        self.map_err(|e| anyhow::anyhow!("{}: {}", what(), io_words(&e)))
+    }
+}
+
 /// 16 random bytes for uuids, from the kernel's generator.
 pub fn random_uuid() -> anyhow::Result<[u8; 16]> {
     use std::io::Read;
     let mut b = [0u8; 16];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| anyhow::anyhow!("cannot read /dev/urandom for a uuid: {e}"))?;
+        .io_context(|| "cannot read /dev/urandom for a uuid")?;
     Ok(b)
 }
 

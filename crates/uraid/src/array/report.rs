@@ -17,6 +17,11 @@ pub fn human_bytes(bytes: u64) -> String {
     format!("{} {}", pick(&units), pick(&dec))
 }
 
+/// `n` of `noun`: "1 region", "3 regions".
+pub fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Seconds since the epoch as "Sun Nov 22 01:45:20 2026" (UTC).
 pub fn format_time(seconds: u64) -> String {
     let days = (seconds / 86_400) as i64;

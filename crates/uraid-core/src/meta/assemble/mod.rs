@@ -403,8 +403,10 @@ pub fn plan_assembly(
             if too_old && !disowns_freshest && !dropped_by_freshest {
                 forcible.push((sb.events, slot as usize, candidate));
             }
-            warnings
-                .push(format!("{name} (slot {slot}) is stale ({why}); left out, re-add it to recover it"));
+            warnings.push(format!(
+                "{name} (slot {slot}) is stale ({why}); left out: `uraid serve` adds it back once the \
+                 array runs (on a running array: `uraid add {name} --control SOCKET`)"
+            ));
             stale.push(StaleMember {
                 member: i,
                 slot: Some(slot),

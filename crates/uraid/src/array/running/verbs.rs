@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, bail};
 use uraid_core::array::{role_text, Added, ArrayView, DevRole, MemberKey, NewMember};
 use uraid_core::meta::Superblock;
 use uraid_core::ScrubKind;
@@ -14,7 +14,8 @@ use uraid_io::real::Member;
 
 use super::{exec_open_options, RunningArray};
 use crate::array::member::MemberDev;
-use crate::array::report::human_bytes;
+use crate::array::report::{count, human_bytes};
+use crate::array::IoContext;
 
 /// A device about to join the array, checked and claimed, its superblock not yet written.
 struct Joining {
@@ -33,12 +34,12 @@ impl RunningArray {
         view.members.iter().find(|m| m.key == key).map(|m| (m.role, m.name.clone()))
     }
 
-    /// mdadm --fail.
-    pub fn fail(&self, what: &str) -> anyhow::Result<String> {
+    /// mdadm --fail; a member whose loss would fail the array only with `force`.
+    pub fn fail(&self, what: &str, force: bool) -> anyhow::Result<String> {
         let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         let key = self.find_member(what)?;
         let mark = self
-            .call(move |a, _, now| a.fail(key, now).map(|()| a.metadata_mark()))?
+            .call(move |a, _, now| a.fail(key, force, now).map(|()| a.metadata_mark()))?
             .map_err(|e| anyhow!(e))?;
         self.wait_metadata(mark)?;
         let name = Self::role_of(&self.view()?, key).map_or_else(|| what.to_string(), |(_, n)| n);
@@ -81,8 +82,9 @@ impl RunningArray {
         let previous = dev.superblock().ok();
         if let Some(sb) = &previous {
             if sb.set_uuid != view.sb.set_uuid && !force {
+                let doing = if verb == "replace" { "replacing" } else { "adding" };
                 bail!(
-                    "{} holds the superblock of another array ({}, {}): {verb}ing it would overwrite \
+                    "{} holds the superblock of another array ({}, {}): {doing} it would overwrite \
                      that array's member; use `uraid {verb} --force` if that is what you want \
                      (nothing was written)",
                     dev.name,
@@ -111,16 +113,19 @@ impl RunningArray {
         let (dev, sb) = (&j.dev, &j.sb);
         if sb.bblog_size > 0 {
             let at = sb.super_offset.saturating_add_signed(i64::from(sb.bblog_offset)) * 512;
-            dev.write_at(at, &vec![0u8; usize::from(sb.bblog_size) * 512])?;
+            dev.write_at(at, &vec![0u8; usize::from(sb.bblog_size) * 512])
+                .io_context(|| format!("{}: writing its bad-block log", dev.name))?;
         }
         if let Some((offset, area)) = self.call(|a, _, _| a.bitmap_area())? {
-            dev.write_at(sb.super_offset.saturating_add_signed(i64::from(offset)) * 512, &area)?;
+            dev.write_at(sb.super_offset.saturating_add_signed(i64::from(offset)) * 512, &area)
+                .io_context(|| format!("{}: writing its bitmap", dev.name))?;
         }
         let mut written = sb.clone();
-        dev.write_at(sb.super_offset * 512, &written.update_csum())?;
-        dev.sync().with_context(|| format!("{}: fdatasync", dev.name))?;
+        dev.write_at(sb.super_offset * 512, &written.update_csum())
+            .io_context(|| format!("{}: writing its superblock", dev.name))?;
+        dev.sync().io_context(|| format!("{}: fdatasync", dev.name))?;
         Member::open(&dev.path, &exec_open_options(false))
-            .with_context(|| format!("{}: opening for I/O", dev.name))
+            .io_context(|| format!("{}: opening for I/O", dev.name))
     }
 
     /// mdadm --add: rebuild into a missing or failed slot (only what the bitmap says it
@@ -160,11 +165,12 @@ impl RunningArray {
             Added::Rebuilding { slot, readd: Ok(ranges) } => {
                 let sectors: u64 = ranges.iter().map(|(a, b)| b - a).sum();
                 format!(
-                    "uraid: re-added {name} to {} in slot {slot}: only the {} regions written while \
-                     it was away ({}) are rebuilt, from the write-intent bitmap\n",
+                    "uraid: re-added {name} to {} in slot {slot}: only the {} written while it was \
+                     away ({}) {} rebuilt, from the write-intent bitmap\n",
                     self.name,
-                    ranges.len(),
-                    human_bytes(sectors * 512)
+                    count(ranges.len(), "region"),
+                    human_bytes(sectors * 512),
+                    if ranges.len() == 1 { "is" } else { "are" }
                 )
             }
             Added::Rebuilding { slot, readd: Err(why) } => {
