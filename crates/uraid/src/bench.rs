@@ -1,6 +1,7 @@
 //! `uraid bench ...`: benchmarks that print the peer they are compared against.
 
 mod core;
+mod disk;
 mod nbd;
 mod parity;
 mod plot;
@@ -32,6 +33,9 @@ enum BenchWhat {
     Rebuild(rebuild::RebuildArgs),
     /// A `uraid reproduce` experiment's job grid on real members (files or block devices).
     Workload(workload::WorkloadArgs),
+    /// RAID5/6 through NBD against btrfs raid5/6 on the same block devices (or loop devices
+    /// over files) and against one of them alone, with fio.
+    Disk(disk::DiskArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -43,5 +47,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Cpu(a) => core::run_cpu(a),
         BenchWhat::Rebuild(a) => rebuild::run(a),
         BenchWhat::Workload(a) => workload::run(a),
+        BenchWhat::Disk(a) => disk::run(a),
     }
 }

@@ -46,14 +46,14 @@ pub struct NbdArgs {
 }
 
 /// One fio job of the comparison.
-struct Job {
-    name: &'static str,
+pub(crate) struct Job {
+    pub(crate) name: &'static str,
     rw: &'static str,
     block: &'static str,
     iodepth: u32,
 }
 
-const JOBS: [Job; 4] = [
+pub(crate) const JOBS: [Job; 4] = [
     Job { name: "randread-4k", rw: "randread", block: "4k", iodepth: 32 },
     Job { name: "randwrite-4k", rw: "randwrite", block: "4k", iodepth: 32 },
     Job { name: "seqread-1m", rw: "read", block: "1m", iodepth: 32 },
@@ -88,8 +88,12 @@ struct Row {
     runs: usize,
 }
 
+/// One pass of sequential 1 MiB writes: reads then read data rather than holes, which
+/// cost neither tmpfs nor a disk anything.
+pub(crate) const FILL: Job = Job { name: "fill", rw: "write", block: "1m", iodepth: 8 };
+
 /// A child server: SIGTERM (a clean stop) and wait on drop, SIGKILL if it lingers.
-struct Server {
+pub(crate) struct Server {
     name: &'static str,
     child: Option<Child>,
     log: PathBuf,
@@ -119,7 +123,7 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn alive(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn alive(&mut self) -> anyhow::Result<()> {
         if let Some(st) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
             bail!("{} exited ({st}) during the bench:\n{}", self.name, self.log_text());
         }
@@ -159,7 +163,7 @@ fn die_with_parent(cmd: &mut Command) {
 }
 
 /// The bench's scratch directory, removed on drop (after the servers, declared later).
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
@@ -174,7 +178,7 @@ fn uraid_cmd() -> anyhow::Result<Command> {
     Ok(c)
 }
 
-fn run_uraid(args: &[&str]) -> anyhow::Result<String> {
+pub(crate) fn run_uraid(args: &[&str]) -> anyhow::Result<String> {
     let out = uraid_cmd()?.args(args).output()?;
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
@@ -183,7 +187,7 @@ fn run_uraid(args: &[&str]) -> anyhow::Result<String> {
     Ok(text)
 }
 
-fn serve_uraid(
+pub(crate) fn serve_uraid(
     name: &'static str,
     dir: &Path,
     tag: &str,
@@ -203,15 +207,23 @@ fn serve_uraid(
 }
 
 /// IOPS and MB/s (10^6 bytes) of one fio run.
-struct Measured {
-    iops: f64,
-    mbps: f64,
+pub(crate) struct Measured {
+    pub(crate) iops: f64,
+    pub(crate) mbps: f64,
 }
 
-/// Runs one fio job over `[offset, offset + size)` of the export at `uri`.
+/// What a fio job runs on.
+pub(crate) enum Target<'a> {
+    /// An NBD export's URI (fio's nbd engine).
+    Nbd(&'a str),
+    /// A file or block device, with O_DIRECT and libaio: what an NBD export is measured against.
+    Direct(&'a Path),
+}
+
+/// Runs one fio job over `[offset, offset + size)` of `target`.
 /// `seconds`: time-based for that long; `None`: one pass over the region.
-fn fio(
-    uri: &str,
+pub(crate) fn fio(
+    target: &Target,
     job: &Job,
     offset: u64,
     size: u64,
@@ -220,8 +232,19 @@ fn fio(
 ) -> anyhow::Result<Measured> {
     let Job { rw, block, iodepth, .. } = *job;
     let mut cmd = Command::new("fio");
-    cmd.args(["--name=bench", "--ioengine=nbd", "--thread=0", "--norandommap", "--randrepeat=0"])
-        .arg(format!("--uri={uri}"))
+    let on = match target {
+        Target::Nbd(uri) => {
+            cmd.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
+            uri.to_string()
+        }
+        Target::Direct(path) => {
+            let on = path.display().to_string();
+            // fallocate=none: the fill pass writes the file as an application would.
+            cmd.args(["--ioengine=libaio", "--direct=1", "--fallocate=none"]).arg(format!("--filename={on}"));
+            on
+        }
+    };
+    cmd.args(["--name=bench", "--thread=0", "--norandommap", "--randrepeat=0"])
         .arg(format!("--rw={rw}"))
         .arg(format!("--bs={block}"))
         .arg(format!("--iodepth={iodepth}"))
@@ -237,7 +260,7 @@ fn fio(
     let json = std::fs::read_to_string(out).unwrap_or_default();
     if !o.status.success() {
         bail!(
-            "fio {rw} bs={block} on {uri} failed ({}):\n{}{}{json}",
+            "fio {rw} bs={block} on {on} failed ({}):\n{}{}{json}",
             o.status,
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
@@ -247,7 +270,7 @@ fn fio(
         serde_json::from_str(&json).with_context(|| format!("fio's JSON output: {json}"))?;
     let job = &v["jobs"][0];
     if job["error"].as_i64().unwrap_or(0) != 0 {
-        bail!("fio {rw} bs={block} on {uri} reported error {}", job["error"]);
+        bail!("fio {rw} bs={block} on {on} reported error {}", job["error"]);
     }
     let mut m = Measured { iops: 0.0, mbps: 0.0 };
     for dir in ["read", "write"] {
@@ -341,14 +364,13 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
 
     let out = dir.join("fio.json");
-    // Fill the region once, so reads read data rather than tmpfs holes.
-    let fill = Job { name: "fill", rw: "write", block: "1m", iodepth: 8 };
-    fio(&pass_uri, &fill, 0, size, None, &out)?;
-    fio(&r6_uri, &fill, 0, size, None, &out)?;
+    let (pass_uri, r6_uri, kit_uri) = (Target::Nbd(&pass_uri), Target::Nbd(&r6_uri), Target::Nbd(&kit_uri));
+    fio(&pass_uri, &FILL, 0, size, None, &out)?;
+    fio(&r6_uri, &FILL, 0, size, None, &out)?;
 
     let mut rows = Vec::new();
     for job in &jobs {
-        let run = |uri: &str, offset: u64| fio(uri, job, offset, size, Some(args.seconds), &out);
+        let run = |uri: &Target, offset: u64| fio(uri, job, offset, size, Some(args.seconds), &out);
         let (mut kits, mut passes, mut r6s) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..args.runs {
             kits.push(run(&kit_uri, pass_offset)?);
@@ -397,15 +419,20 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     println!("| job | array | IOPS | MB/s | peer | peer IOPS | peer MB/s | ratio | target |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
-        let t = match r.target {
-            Some(t) if r.ratio >= t => format!(">= {t:.1}x met"),
-            Some(t) => format!(">= {t:.1}x MISSED"),
-            None => String::new(),
-        };
+        let t = target_cell(r.ratio, r.target);
         println!(
             "| {} | {} | {:.0} | {:.1} | {} | {:.0} | {:.1} | {:.2} | {} |",
             r.job, r.array, r.iops, r.mbps, r.peer, r.peer_iops, r.peer_mbps, r.ratio, t
         );
     }
     Ok(())
+}
+
+/// A table's target cell: whether `ratio` reached the target, if the row has one.
+pub(crate) fn target_cell(ratio: f64, target: Option<f64>) -> String {
+    match target {
+        Some(t) if ratio >= t => format!(">= {t:.1}x met"),
+        Some(t) => format!(">= {t:.1}x MISSED"),
+        None => String::new(),
+    }
 }

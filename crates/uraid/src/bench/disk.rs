@@ -1,0 +1,440 @@
+//! `uraid bench disk`: RAID5 and RAID6 served by `uraid serve` (fio's nbd engine) against
+//! btrfs raid5/raid6 on the same block devices and against one of those devices alone,
+//! with the same fio jobs, in one run.
+//!
+//! The devices are the user's (`--devices`, overwritten) or loop devices over files the
+//! bench makes in `--dir`, attached with direct I/O so that the host's page cache does not
+//! stand between the loop device and the disk. Every system covers the same share of each
+//! device, its first half: one device alone its first half, the arrays and the btrfs file a
+//! data set of (devices - 2) halves. Each region is written once before its jobs, so reads
+//! read blocks the disk holds rather than holes, which cost a loop file nothing. The page
+//! cache is dropped before each read job, and btrfs and the device alone run O_DIRECT, so
+//! the figures are the disks' and not memory's. Signatures are wiped before each system,
+//! so that neither btrfs nor md finds the other's superblocks.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Serialize;
+use uraid_io::loopdev::LoopDevice;
+
+use super::nbd::{
+    fio, run_uraid, serve_uraid, target_cell, Job, Measured, Scratch, Server, Target, FILL, JOBS,
+};
+use crate::size_arg::parse_size_bytes;
+
+#[derive(Args)]
+pub struct DiskArgs {
+    /// Block devices to use, comma-separated. THEIR CONTENTS ARE DESTROYED (needs --yes-destroy).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["dir", "count", "size"])]
+    devices: Vec<PathBuf>,
+    /// Confirms that the --devices may be overwritten.
+    #[arg(long)]
+    yes_destroy: bool,
+    /// Without --devices: the folder (not tmpfs) where the loop devices' files are made;
+    /// they are detached and removed at the end.
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Loop devices to make.
+    #[arg(long, default_value_t = 6)]
+    count: usize,
+    /// Size of each loop device's file (K/M/G suffixes).
+    #[arg(long, default_value = "2G", value_parser = parse_size_bytes)]
+    size: u64,
+    /// RAID levels, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "5,6", value_parser = ["5", "6"])]
+    levels: Vec<String>,
+    /// Seconds each fio job runs.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    runtime: u64,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Writes first, so that the reads read what the writes left (btrfs's copy-on-write
+/// fragments the file as a real workload would).
+const ORDER: [&str; 4] = ["seqwrite-1m", "randwrite-4k", "randread-4k", "seqread-1m"];
+
+/// The issue's minimum uraid/btrfs ratio of a row.
+fn target(level: u32, job: &str) -> Option<f64> {
+    match (level, job) {
+        (6, "randwrite-4k") => Some(5.0),
+        (6, "seqwrite-1m") => Some(2.0),
+        (6, _) => Some(1.0),
+        _ => None,
+    }
+}
+
+#[derive(Serialize)]
+struct Row {
+    level: u32,
+    job: &'static str,
+    uraid_iops: f64,
+    btrfs_iops: f64,
+    /// uraid_iops / btrfs_iops.
+    ratio: f64,
+    target: Option<f64>,
+    one_device_iops: f64,
+    /// uraid_iops / (devices x one_device_iops): above 1 the figure is not the disks'.
+    devices_ratio: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    cpu: String,
+    devices: Vec<PathBuf>,
+    /// What the devices are: the user's, or loop devices over files (and whether direct-io took).
+    kind: String,
+    device_bytes: u64,
+    data_set_bytes: u64,
+    /// The region of the one device measured alone: the share of each device the arrays use.
+    one_device_bytes: u64,
+    runtime_secs: u64,
+    rows: Vec<Row>,
+}
+
+/// Runs a tool to completion and returns its stdout; its output in the error when it fails.
+fn sh(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Removes btrfs, md and partition signatures, so the next system starts from blank devices.
+fn wipe(devices: &[PathBuf]) -> anyhow::Result<()> {
+    sh(Command::new("wipefs").args(["-a", "-q"]).args(devices)).map(drop)
+}
+
+/// So that every read job reads from the devices, not from memory.
+fn drop_caches() -> anyhow::Result<()> {
+    // SAFETY: sync has no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .context("cannot drop the page cache (echo 3 > /proc/sys/vm/drop_caches)")
+}
+
+/// The devices under test. On drop (errors and Ctrl-C included) the loop devices the bench
+/// attached are detached and their files removed; the user's devices are wiped, so that no
+/// stale btrfs or md array turns up on them later.
+struct Devices {
+    paths: Vec<PathBuf>,
+    /// The user's devices, or loop devices over files (and whether direct I/O took).
+    kind: String,
+    /// The folder of the loop devices' files; None with the user's devices.
+    dir: Option<PathBuf>,
+    loops: Vec<LoopDevice>,
+}
+
+impl Devices {
+    fn user(paths: &[PathBuf], yes_destroy: bool) -> anyhow::Result<Devices> {
+        for d in paths {
+            let meta = std::fs::metadata(d).with_context(|| format!("{}", d.display()))?;
+            if !meta.file_type().is_block_device() {
+                bail!("{} is not a block device", d.display());
+            }
+        }
+        let list: Vec<String> = paths.iter().map(|d| d.display().to_string()).collect();
+        if !yes_destroy {
+            bail!("this bench overwrites {}: add --yes-destroy if that is what you want", list.join(", "));
+        }
+        eprintln!("overwriting {}", list.join(", "));
+        Ok(Devices {
+            paths: paths.to_vec(),
+            kind: "the user's block devices".into(),
+            dir: None,
+            loops: Vec::new(),
+        })
+    }
+
+    fn loops(parent: &Path, count: usize, size_bytes: u64) -> anyhow::Result<Devices> {
+        // The folder may not exist yet: its nearest existing ancestor tells the filesystem.
+        let existing = parent.ancestors().find(|p| p.exists()).unwrap_or(Path::new("."));
+        let (magic, free_bytes) = statfs(existing)?;
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        const RAMFS_MAGIC: i64 = 0x8584_58f6;
+        if magic == TMPFS_MAGIC || magic == RAMFS_MAGIC {
+            bail!(
+                "{} is on tmpfs: figures there would be memory's, not disks'; give a --dir on a disk",
+                parent.display()
+            );
+        }
+        if size_bytes < 256 << 20 {
+            bail!("--size must be at least 256M (btrfs and the data set need room)");
+        }
+        if free_bytes < size_bytes * count as u64 {
+            bail!("{} has {} MiB free; {count} x --size needs more", parent.display(), free_bytes >> 20);
+        }
+        let dir = parent.join(format!("uraid-bench-disk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let kind = format!("loop devices over files in {}", parent.display());
+        let mut d = Devices { paths: Vec::new(), kind, dir: Some(dir.clone()), loops: Vec::new() };
+        for i in 0..count {
+            let file = dir.join(format!("disk{i}.img"));
+            let dev = LoopDevice::attach(&file, size_bytes).with_context(|| format!("{}", file.display()))?;
+            d.paths.push(dev.path().to_path_buf());
+            d.loops.push(dev);
+        }
+        // A host filesystem without O_DIRECT leaves the loop devices buffered: say so.
+        let dio = d.paths.iter().all(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            std::fs::read_to_string(format!("/sys/block/{name}/loop/dio")).is_ok_and(|s| s.trim() == "1")
+        });
+        d.kind +=
+            if dio { ", direct-io on" } else { ", direct-io OFF (the host's page cache is in the figures)" };
+        Ok(d)
+    }
+}
+
+impl Drop for Devices {
+    fn drop(&mut self) {
+        let Some(dir) = &self.dir else {
+            let _ = wipe(&self.paths);
+            return;
+        };
+        for dev in self.loops.drain(..) {
+            let file = dev.backing().to_path_buf();
+            drop(dev);
+            let _ = std::fs::remove_file(file);
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// A btrfs made and mounted on the devices; on drop unmounted and forgotten by the kernel.
+struct Btrfs {
+    mnt: PathBuf,
+    devices: Vec<PathBuf>,
+}
+
+impl Btrfs {
+    fn make(level: u32, devices: &[PathBuf], mnt: PathBuf) -> anyhow::Result<Btrfs> {
+        let profile = format!("raid{level}");
+        sh(Command::new("mkfs.btrfs").args(["-f", "-q", "-d", &profile, "-m", &profile]).args(devices))?;
+        std::fs::create_dir_all(&mnt)?;
+        let fs = Btrfs { mnt, devices: devices.to_vec() };
+        // device= for each member: the kernel need not have scanned them.
+        let opts: Vec<String> = devices.iter().map(|d| format!("device={}", d.display())).collect();
+        sh(Command::new("mount").args(["-t", "btrfs", "-o", &opts.join(",")]).arg(&devices[0]).arg(&fs.mnt))?;
+        Ok(fs)
+    }
+}
+
+impl Drop for Btrfs {
+    fn drop(&mut self) {
+        if sh(Command::new("umount").arg(&self.mnt)).is_err() {
+            let _ = sh(Command::new("umount").arg("-l").arg(&self.mnt));
+        }
+        // Else the kernel keeps the devices in its btrfs registry after they are wiped.
+        let _ = sh(Command::new("btrfs").args(["device", "scan", "--forget"]).args(&self.devices));
+    }
+}
+
+/// The filesystem type's magic and the bytes free to an unprivileged user under `dir`.
+fn statfs(dir: &Path) -> anyhow::Result<(i64, u64)> {
+    let c = CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: statfs writes only into `fs`; `c` is a NUL-terminated path.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("statfs {}", dir.display()));
+    }
+    Ok((fs.f_type as i64, fs.f_bavail * fs.f_bsize as u64))
+}
+
+fn device_bytes(dev: &Path) -> anyhow::Result<u64> {
+    Ok(File::open(dev).with_context(|| format!("opening {}", dev.display()))?.seek(SeekFrom::End(0))?)
+}
+
+fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model =
+        info.lines().find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, m)| m.trim()));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{} ({cores} cores)", model.unwrap_or("unknown CPU"))
+}
+
+/// What the systems share while they are measured.
+struct Bench {
+    runtime_secs: u64,
+    scratch: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+impl Bench {
+    fn check(&self) -> anyhow::Result<()> {
+        if self.stop.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        Ok(())
+    }
+
+    /// Writes `[0, region_bytes)` of `target` once, then runs the jobs on it in ORDER.
+    fn measure(
+        &self,
+        target: &Target,
+        region_bytes: u64,
+        mut server: Option<&mut Server>,
+    ) -> anyhow::Result<Vec<Measured>> {
+        let out = self.scratch.join("fio.json");
+        let mut step = |job: &Job, secs: Option<u64>| -> anyhow::Result<Measured> {
+            if job.name.contains("read") {
+                drop_caches()?;
+            }
+            let m = fio(target, job, 0, region_bytes, secs, &out);
+            // Ctrl-C reaches fio and the server too: say so rather than what they did about it.
+            self.check()?;
+            if let Some(s) = server.as_deref_mut() {
+                s.alive()?;
+            }
+            m
+        };
+        step(&FILL, None)?;
+        let job = |name: &str| JOBS.iter().find(|j| j.name == name).expect("ORDER names JOBS");
+        ORDER.iter().map(|&name| step(job(name), Some(self.runtime_secs))).collect()
+    }
+
+    fn uraid(&self, level: u32, devices: &[PathBuf], data_set_bytes: u64) -> anyhow::Result<Vec<Measured>> {
+        eprintln!("raid{level}: uraid serve through NBD");
+        wipe(devices)?;
+        let (level_arg, count_arg) =
+            (format!("--level={level}"), format!("--raid-devices={}", devices.len()));
+        let devs: Vec<String> = devices.iter().map(|d| d.display().to_string()).collect();
+        let mut create = vec!["create", &level_arg, &count_arg, "--assume-clean", "--name", "bench"];
+        create.extend(devs.iter().map(String::as_str));
+        run_uraid(&create)?;
+        let name = if level == 5 { "uraid serve (raid5)" } else { "uraid serve (raid6)" };
+        let (mut server, uri) = serve_uraid(name, &self.scratch, &format!("raid{level}"), devices)?;
+        self.measure(&Target::Nbd(&uri), data_set_bytes, Some(&mut server))
+    }
+
+    fn btrfs(&self, level: u32, devices: &[PathBuf], data_set_bytes: u64) -> anyhow::Result<Vec<Measured>> {
+        eprintln!("raid{level}: btrfs");
+        wipe(devices)?;
+        let fs = Btrfs::make(level, devices, self.scratch.join("mnt"))?;
+        self.measure(&Target::Direct(&fs.mnt.join("bench.dat")), data_set_bytes, None)
+    }
+
+    fn one_device(&self, device: &Path, region_bytes: u64) -> anyhow::Result<Vec<Measured>> {
+        eprintln!("one device: {}", device.display());
+        wipe(&[device.to_path_buf()])?;
+        self.measure(&Target::Direct(device), region_bytes, None)
+    }
+}
+
+pub fn run(args: DiskArgs) -> anyhow::Result<()> {
+    let levels: Vec<u32> = args.levels.iter().map(|l| l.parse().expect("clap checked 5 or 6")).collect();
+    let count = if args.devices.is_empty() { args.count } else { args.devices.len() };
+    let min_count = if levels.contains(&6) { 4 } else { 3 };
+    if count < min_count {
+        bail!("raid{} needs at least {min_count} devices", levels.iter().max().unwrap_or(&5));
+    }
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "`uraid bench disk` needs root: it attaches loop devices, mounts btrfs and drops the page cache"
+        );
+    }
+    for (tool, package) in [("fio", "fio"), ("mkfs.btrfs", "btrfs-progs"), ("wipefs", "util-linux")] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            bail!("`uraid bench disk` needs {tool}: apt-get install {package}");
+        }
+    }
+    drop_caches()?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let scratch = Scratch(std::env::temp_dir().join(format!("uraid-bench-disk-{}", std::process::id())));
+    std::fs::create_dir_all(&scratch.0)?;
+    // Declared after the scratch folder, which holds the btrfs mount point: dropped before it.
+    let devices = if args.devices.is_empty() {
+        Devices::loops(&args.dir, count, args.size)?
+    } else {
+        Devices::user(&args.devices, args.yes_destroy)?
+    };
+    let device_bytes = devices.paths.iter().map(|d| device_bytes(d)).collect::<anyhow::Result<Vec<_>>>()?;
+    let device_bytes = device_bytes.into_iter().min().unwrap_or(0);
+    let half_bytes = ((device_bytes / 2) >> 20) << 20;
+    let data_set_bytes = half_bytes * (count as u64 - 2);
+
+    let bench = Bench { runtime_secs: args.runtime, scratch: scratch.0.clone(), stop };
+    let one = bench.one_device(&devices.paths[0], half_bytes)?;
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let mut rows = Vec::new();
+    for &level in &levels {
+        let uraid = bench.uraid(level, &devices.paths, data_set_bytes)?;
+        let btrfs = bench.btrfs(level, &devices.paths, data_set_bytes)?;
+        for (i, job) in ORDER.iter().enumerate() {
+            rows.push(Row {
+                level,
+                job,
+                uraid_iops: uraid[i].iops,
+                btrfs_iops: btrfs[i].iops,
+                ratio: ratio(uraid[i].iops, btrfs[i].iops),
+                target: target(level, job),
+                one_device_iops: one[i].iops,
+                devices_ratio: ratio(uraid[i].iops, count as f64 * one[i].iops),
+            });
+        }
+    }
+    let report = Report {
+        cpu: cpu_model(),
+        devices: devices.paths.clone(),
+        kind: devices.kind.clone(),
+        device_bytes,
+        data_set_bytes,
+        one_device_bytes: half_bytes,
+        runtime_secs: args.runtime,
+        rows,
+    };
+    drop(devices);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report, count);
+    }
+    Ok(())
+}
+
+fn print_report(r: &Report, count: usize) {
+    let list: Vec<String> = r.devices.iter().map(|d| d.display().to_string()).collect();
+    println!("CPU: {}", r.cpu);
+    println!("devices: {} ({}), {} MiB each", list.join(" "), r.kind, r.device_bytes >> 20);
+    println!(
+        "data set {} MiB (one device: its first {} MiB); fio iodepth 32, 1 job, {} s per job; \
+         page cache dropped before each read job; btrfs and one device O_DIRECT with libaio",
+        r.data_set_bytes >> 20,
+        r.one_device_bytes >> 20,
+        r.runtime_secs
+    );
+    let mut level = 0;
+    for row in &r.rows {
+        if row.level != level {
+            level = row.level;
+            println!();
+            println!(
+                "| job | uraid raid{level} IOPS | btrfs raid{level} IOPS | uraid/btrfs | target | \
+                 one device IOPS | uraid/({count} x one) |"
+            );
+            println!("|---|---|---|---|---|---|---|");
+        }
+        let t = target_cell(row.ratio, row.target);
+        let bound = if row.devices_ratio > 1.0 { " ABOVE THE DEVICES" } else { "" };
+        println!(
+            "| {} | {:.0} | {:.0} | {:.2} | {t} | {:.0} | {:.2}{bound} |",
+            row.job, row.uraid_iops, row.btrfs_iops, row.ratio, row.one_device_iops, row.devices_ratio
+        );
+    }
+}
