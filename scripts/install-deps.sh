@@ -22,7 +22,9 @@ fi
 # it comes from backports too when that is where qemu-utils came from.
 MDVM_TOOLS="$(cd "$(dirname "$0")/../.." && pwd)/shared/tools/mdvm"
 MDVM_BUILD="${MDVM_BUILD:-${XDG_CACHE_HOME:-$HOME/.cache}/mdvm}"
-if [ ! -s "$MDVM_BUILD/initramfs.cpio.gz" ] || [ ! -s "$MDVM_BUILD/vmlinuz" ]; then
+# Built with the client kit (the kernel's NBD client, device-mapper's error target and
+# suspend): the block-device fault tests run uraid inside the VM on members that fail or hang.
+if [ ! -s "$MDVM_BUILD/initramfs.cpio.gz" ] || [ ! -s "$MDVM_BUILD/vmlinuz" ] || [ ! -x "$MDVM_BUILD/root/sbin/dmsetup" ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "install-deps: the md VM is not built ($MDVM_BUILD); run as root" >&2
     exit 1
@@ -36,5 +38,5 @@ if [ ! -s "$MDVM_BUILD/initramfs.cpio.gz" ] || [ ! -s "$MDVM_BUILD/vmlinuz" ]; t
       apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
     fi
   fi
-  MDVM_BUILD="$MDVM_BUILD" bash "$MDVM_TOOLS/build-vm" >/dev/null
+  MDVM_BUILD="$MDVM_BUILD" bash "$MDVM_TOOLS/build-vm" --with-clients >/dev/null
 fi

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 # The slowest binaries (md-VM tests, arrays served under real clients, the CI seed set),
 # longest first; the rest follow in cargo's order.
-SLOW_FIRST="cli_scrub cli_crash cli_readd cli_faults uraid_sim cli_badblocks cli_ppl cli_replace"
+SLOW_FIRST="cli_scrub cli_vm_block_faults cli_crash cli_readd cli_faults uraid_sim cli_badblocks cli_ppl cli_replace"
 
 logs=target/test-lanes
 rm -rf "$logs"

@@ -186,3 +186,58 @@ fn a_member_whose_writes_fail_during_recovery_is_failed_and_the_rebuild_finishes
 fn a_member_whose_flushes_fail_during_recovery_is_failed_and_the_rebuild_finishes() {
     second_failure_during_recovery("flush");
 }
+
+/// A member that stops answering (every write held, as a wedged disk or a dead path would)
+/// is failed after `--member-timeout`; the client's writes go on degraded, `status` and
+/// `detail` answer promptly throughout, and SIGTERM stops the server.
+#[test]
+fn a_member_that_never_answers_is_failed_after_its_timeout_and_nothing_waits_on_it() {
+    let dir = TempDir::new("hung");
+    let members = create(&dir, "5", 4, &["--bitmap", "internal", "--name", "hung"]);
+    let arm = dir.path("arm-hang");
+    let rule = format!("member=1,op=write,hold,when={}", arm.display());
+    let served = Served::start(&dir, &members, &["--member-timeout", "1s", "--debug-fault", &rule]);
+    let first = pattern_file(&dir, 1 << 20, 11);
+    copy_in(&first, &served.url);
+    std::fs::write(&arm, b"").unwrap();
+    // Writes while member 1 answers none of them: the copy completes once the member is
+    // failed, within the timeout and a few superblock rounds, not never.
+    let second = pattern_file(&dir, 2 << 20, 13);
+    let o = {
+        let url = served.url.clone();
+        let src = second.clone();
+        std::thread::spawn(move || {
+            bounded("nbdcopy", &[src.to_str().unwrap(), &url], Duration::from_secs(30))
+        })
+    };
+    let c = served.control.display().to_string();
+    let t0 = Instant::now();
+    while !o.is_finished() {
+        let asked = Instant::now();
+        let st = status(&served);
+        let detail = bounded(URAID, &["detail", "--json", "--control", &c], Duration::from_secs(10));
+        assert!(detail.status.success(), "detail: {}", text(&detail));
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "status and detail took {:?} with a member hung:\n{st}",
+            asked.elapsed()
+        );
+        assert!(t0.elapsed() < Duration::from_secs(30), "the copy did not finish:\n{}", served.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = o.join().unwrap();
+    assert!(o.status.success(), "nbdcopy with a hung member: {}\n{}", text(&o), served.log_text());
+    wait_status(&served, "[U_UU]");
+    let detail = ok(uraid(&["detail", "--json", "--control", &c]), "detail --json");
+    let v: serde_json::Value = serde_json::from_str(&detail).unwrap();
+    let hung =
+        v["devices"].as_array().unwrap().iter().find(|d| d["raid_device"] == "1").unwrap_or_else(|| {
+            panic!("no slot 1 in {detail}");
+        });
+    assert!(hung["io"]["timed_out_ios"].as_u64().unwrap() > 0, "no timed-out I/O counted:\n{detail}");
+    let whole = read_array(&dir, &served.url);
+    assert_eq!(whole[..2 << 20].to_vec(), std::fs::read(&second).unwrap());
+    let stopped = Instant::now();
+    served.stop();
+    assert!(stopped.elapsed() < Duration::from_secs(5), "stopping took {:?}", stopped.elapsed());
+}

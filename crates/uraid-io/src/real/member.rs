@@ -71,6 +71,8 @@ pub struct Member {
     /// block size or the conservative `DIRECT_ALIGN_BYTES` where the kernel does not say). A
     /// read whose result buffer happens to be this aligned is read straight into it.
     pub(super) dio_mem_align: u64,
+    /// A block device's request queue: `nr_requests` and whether it is rotational (sysfs).
+    queue: Option<(usize, bool)>,
     /// Memory-backed (tmpfs): small I/O may run inline and the rest is handed to an io-wq
     /// worker at once (`IOSQE_ASYNC`): its pool adds workers only when one blocks, which a
     /// tmpfs copy never does, so otherwise all of it runs on one worker, one core.
@@ -112,6 +114,22 @@ fn logical_block_bytes(f: &File) -> Option<u64> {
     // SAFETY: BLKSSZGET writes one int into `size`.
     let rc = unsafe { libc::ioctl(f.as_raw_fd(), libc::BLKSSZGET, &mut size) };
     (rc == 0 && size > 0 && (size as u64).is_power_of_two()).then_some(size as u64)
+}
+
+/// A block device's `queue/nr_requests` and `queue/rotational` from sysfs (a partition's
+/// are its disk's, one folder up).
+fn device_queue(f: &File) -> Option<(usize, bool)> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = f.metadata().ok()?.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let base = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let read = |name: &str| {
+        [base.join("queue").join(name), base.join("../queue").join(name)]
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .and_then(|s| s.trim().parse::<usize>().ok())
+    };
+    Some((read("nr_requests")?, read("rotational").unwrap_or(0) == 1))
 }
 
 /// `stx_dio_mem_align` of an open file, if the kernel and file system report it.
@@ -194,6 +212,7 @@ impl Member {
             .filter(|a| a.is_power_of_two() && *a <= DIRECT_ALIGN_BYTES)
             .unwrap_or(DIRECT_ALIGN_BYTES);
         let memory_backed = kind == MemberKind::MemoryFile;
+        let queue = (kind == MemberKind::BlockDevice).then(|| device_queue(&buffered)).flatten();
         Ok(Member {
             path,
             buffered,
@@ -203,6 +222,7 @@ impl Member {
             device_id,
             dio_offset_align,
             dio_mem_align,
+            queue,
             memory_backed,
         })
     }
@@ -218,6 +238,7 @@ impl Member {
             device_id: self.device_id,
             dio_offset_align: self.dio_offset_align,
             dio_mem_align: self.dio_mem_align,
+            queue: self.queue,
             memory_backed: self.memory_backed,
         })
     }
@@ -237,6 +258,10 @@ impl Member {
     /// On tmpfs: I/O is a memory copy (see [`ExecutorOptions::inline_memory_io_max_bytes`]).
     pub fn is_memory_backed(&self) -> bool {
         self.memory_backed
+    }
+    /// A block device's request queue depth (`nr_requests`) and whether it is rotational.
+    pub fn device_queue(&self) -> Option<(usize, bool)> {
+        self.queue
     }
     /// Whether `other` is the same device or file as this member.
     pub fn same_device(&self, other: &Member) -> bool {

@@ -62,13 +62,18 @@ pub enum BackendKind {
     ThreadPool,
 }
 
+/// See [`ExecutorOptions::queue_depth_per_member`].
+pub const MAX_BLOCK_QUEUE_DEPTH: usize = 128;
+
 /// See [`ExecutorOptions::inline_memory_io_max_bytes`].
 pub const DEFAULT_INLINE_MEMORY_IO_MAX_BYTES: usize = 64 * 1024;
 
 #[derive(Clone, Debug)]
 pub struct ExecutorOptions {
     pub backend: BackendChoice,
-    /// Member I/Os in flight per member; more wait in the executor, in order.
+    /// Member I/Os in flight per member; more wait in the executor, in order. A block
+    /// device takes its own request queue's depth instead (`nr_requests`, at most
+    /// [`MAX_BLOCK_QUEUE_DEPTH`]): what its driver accepts at once.
     pub queue_depth_per_member: usize,
     /// Worker threads of the fallback pool.
     pub pool_threads: usize,
@@ -248,6 +253,8 @@ enum Backend {
 
 struct MemberQueue {
     in_flight: usize,
+    /// I/Os this member takes at once.
+    depth: usize,
     waiting: VecDeque<MemberIo>,
     /// See [`ExecutorOptions::member_timeout`].
     timeout_ns: u64,
@@ -260,9 +267,14 @@ struct MemberQueue {
 }
 
 impl MemberQueue {
-    fn new(timeout: Duration) -> MemberQueue {
+    fn new(member: &Member, default_depth: usize, timeout: Duration) -> MemberQueue {
+        let depth = match member.device_queue() {
+            Some((nr_requests, _)) => nr_requests.clamp(1, MAX_BLOCK_QUEUE_DEPTH),
+            None => default_depth,
+        };
         MemberQueue {
             in_flight: 0,
+            depth,
             waiting: VecDeque::new(),
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
             hung: false,
@@ -327,8 +339,10 @@ impl Executor {
     pub fn new(members: MemberSet, opts: &ExecutorOptions) -> io::Result<Executor> {
         let members = Arc::new(members);
         let queue_depth = opts.queue_depth_per_member.max(1);
-        let array_queue_depth = queue_depth * members.len();
-        let entries = (queue_depth * members.len().max(1) + 1).next_power_of_two().clamp(8, 4096) as u32;
+        let queues: Vec<MemberQueue> =
+            members.iter().map(|m| MemberQueue::new(m, queue_depth, opts.member_timeout)).collect();
+        let array_queue_depth = queues.iter().map(|q| q.depth).sum::<usize>().max(queue_depth);
+        let entries = (array_queue_depth + 1).next_power_of_two().clamp(8, 4096) as u32;
         let backend = match opts.backend {
             BackendChoice::ThreadPool => {
                 Backend::Pool(pool::PoolBackend::new(members.clone(), opts.pool_threads))
@@ -350,7 +364,7 @@ impl Executor {
                 }
             },
         };
-        let queues = (0..members.len()).map(|_| MemberQueue::new(opts.member_timeout)).collect();
+
         Ok(Executor {
             members,
             queues,
@@ -398,7 +412,9 @@ impl Executor {
         members[index] = member;
         let old = std::mem::replace(&mut self.members, Arc::new(MemberSet { members }));
         self.retired.push(old);
-        self.queues[index].hung = false;
+        let q = &mut self.queues[index];
+        q.hung = false;
+        q.depth = MemberQueue::new(self.members.member(index), self.queue_depth, Duration::ZERO).depth;
         Ok(())
     }
 
@@ -410,7 +426,11 @@ impl Executor {
         members.push(member);
         let old = std::mem::replace(&mut self.members, Arc::new(MemberSet { members }));
         self.retired.push(old);
-        self.queues.push(MemberQueue::new(self.member_timeout));
+        self.queues.push(MemberQueue::new(
+            self.members.member(self.members.len() - 1),
+            self.queue_depth,
+            self.member_timeout,
+        ));
         Ok(self.members.len() - 1)
     }
 
@@ -501,7 +521,7 @@ impl Executor {
             self.deferred.push(io);
             return;
         }
-        if q.in_flight >= self.queue_depth {
+        if q.in_flight >= q.depth {
             q.waiting.push_back(io);
             return;
         }

@@ -55,6 +55,35 @@ impl Executor {
         self.queues.get(index).is_some_and(|q| q.hung)
     }
 
+    /// One line per member on stderr: what it is and how its I/O will run (`uraid serve`
+    /// logs it once at start).
+    pub fn log_choices(&self) {
+        let backend = match self.backend {
+            Backend::Uring(_) => "io_uring",
+            Backend::Pool(_) => "thread pool",
+        };
+        for (m, q) in self.members.iter().zip(&self.queues) {
+            let how = if m.is_direct() {
+                format!("O_DIRECT ({}-byte units)", m.dio_offset_align())
+            } else {
+                "buffered".to_string()
+            };
+            let queue = match m.device_queue() {
+                Some((nr, rot)) => {
+                    format!(" (nr_requests {nr}, {})", if rot { "rotational" } else { "non-rotational" })
+                }
+                None => String::new(),
+            };
+            eprintln!(
+                "uraid-io: {}: {}, {how} through {backend}, queue depth {}{queue}, I/O timeout {:.1} s",
+                m.path().display(),
+                m.kind().name(),
+                q.depth,
+                q.timeout_ns as f64 / 1e9
+            );
+        }
+    }
+
     /// Answers `Gone` for every I/O of a member that has one past its deadline.
     pub(super) fn expire_overdue(&mut self) {
         let now = self.now_ns();

@@ -100,6 +100,7 @@ impl RunningArray {
                 executor.set_member_timeout(key, opts.member_timeout.min(DEFAULT_FAILFAST_TIMEOUT));
             }
         }
+        executor.log_choices();
         let rt_opts = RuntimeOptions {
             run_on_submitter_max_bytes: opts.inline_request_max_bytes,
             ..RuntimeOptions::default()

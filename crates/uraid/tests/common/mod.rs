@@ -195,10 +195,19 @@ fn mdvm_tools() -> PathBuf {
 /// without reporting the script's exit status is booted again, at most twice; a script
 /// that ran and failed, or a VM that hit its time limit, is returned as it is.
 pub fn md_vm(script: &Path, images: &[PathBuf], read_only: bool) -> Output {
+    md_vm_with(script, images, read_only, &[])
+}
+
+/// [`md_vm`] with `files` copied into the VM as /mdvm/files/NAME (a uraid binary, say).
+pub fn md_vm_with(script: &Path, images: &[PathBuf], read_only: bool, files: &[PathBuf]) -> Output {
     let run = mdvm_tools().join("run-in-md-vm");
     let mut args: Vec<String> = vec!["-c".into(), "1".into()];
     if read_only {
         args.push("--ro".into());
+    }
+    for f in files {
+        args.push("-f".into());
+        args.push(f.display().to_string());
     }
     args.push(script.display().to_string());
     args.extend(images.iter().map(|p| p.display().to_string()));
