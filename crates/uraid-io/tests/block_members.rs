@@ -6,42 +6,42 @@
 //!
 //! These tests need root and the loop driver, as CI has; without them they fail saying so.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
+use common::run;
+use uraid_core::{MemberIo, MemberIoError, MemberIoOp};
 use uraid_io::loopdev::LoopDevice;
 use uraid_io::real::fault::{FaultRule, Faults};
 use uraid_io::real::{Executor, ExecutorOptions, MemberKind, MemberSet, OpenOptions};
 
-fn work_dir(tag: &str) -> PathBuf {
-    // CARGO_TARGET_TMPDIR is under target/, on the work disk (not tmpfs).
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A folder under target/ (on the work disk, not tmpfs), removed on drop.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn new(tag: &str) -> WorkDir {
+        let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        WorkDir(d)
+    }
 }
 
-fn loop_device(tag: &str, size_bytes: u64) -> LoopDevice {
-    let backing = work_dir(tag).join("backing.img");
-    let _ = std::fs::remove_file(&backing);
-    LoopDevice::attach(&backing, size_bytes)
-        .unwrap_or_else(|e| panic!("this test needs a loop device (root, loop driver): {e}"))
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
-fn run(ex: &mut Executor, ios: Vec<MemberIo>) -> Vec<MemberIoCompletion> {
-    let n = ios.len();
-    for io in ios {
-        ex.submit(io);
-    }
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while out.len() < n {
-        assert!(Instant::now() < deadline, "completions stuck: {} of {n}", out.len());
-        ex.wait(&mut out, Some(Duration::from_millis(100)));
-    }
-    out.sort_by_key(|c| c.id);
-    out
+/// A loop device over a fresh file; the device is detached before the folder goes.
+fn loop_device(tag: &str, size_bytes: u64) -> (LoopDevice, WorkDir) {
+    let dir = WorkDir::new(tag);
+    let backing = dir.0.join("backing.img");
+    let dev = LoopDevice::attach(&backing, size_bytes)
+        .unwrap_or_else(|e| panic!("this test needs a loop device (root, loop driver): {e}"));
+    (dev, dir)
 }
 
 fn write(id: u64, offset_bytes: u64, data: Vec<u8>) -> MemberIo {
@@ -61,7 +61,7 @@ fn read(id: u64, offset_bytes: u64, len_bytes: u64) -> MemberIo {
 
 #[test]
 fn block_device_member_is_direct_and_never_runs_inline() {
-    let dev = loop_device("blk-direct", 8 << 20);
+    let (dev, _dir) = loop_device("blk-direct", 8 << 20);
     let set = MemberSet::open(&[dev.path()], &OpenOptions { log: false, ..Default::default() }).unwrap();
     let m = set.member(0);
     assert_eq!(m.kind(), MemberKind::BlockDevice, "{} not seen as a block device", dev.path().display());
@@ -89,7 +89,7 @@ fn block_device_member_is_direct_and_never_runs_inline() {
 
 #[test]
 fn unaligned_write_to_a_block_device_is_counted_and_lands_on_the_device() {
-    let dev = loop_device("blk-unaligned", 4 << 20);
+    let (dev, _dir) = loop_device("blk-unaligned", 4 << 20);
     let set = MemberSet::open(&[dev.path()], &OpenOptions { log: false, ..Default::default() }).unwrap();
     let mut ex = Executor::new(set, &ExecutorOptions { log: false, ..Default::default() }).unwrap();
     let done = run(&mut ex, vec![write(1, 4096 + 7, vec![0xab; 100])]);
@@ -104,7 +104,8 @@ fn unaligned_write_to_a_block_device_is_counted_and_lands_on_the_device() {
 #[test]
 fn a_member_io_that_never_completes_fails_the_member_after_its_timeout() {
     // A disk file, with every write to it held forever (as a wedged disk would).
-    let path = work_dir("hung").join("m.img");
+    let dir = WorkDir::new("hung");
+    let path = dir.0.join("m.img");
     std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
     let set = MemberSet::open(&[&path], &OpenOptions { log: false, ..Default::default() }).unwrap();
     let rule = FaultRule::parse("member=0,op=write,hold").unwrap();

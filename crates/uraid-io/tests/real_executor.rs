@@ -1,10 +1,13 @@
 //! The real executor on temporary files, through both backends, on tmpfs (buffered: tmpfs
 //! refuses O_DIRECT) and on the work disk (O_DIRECT where the file system allows it).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
+use common::run;
+use uraid_core::{MemberIo, MemberIoError, MemberIoOp};
 use uraid_io::real::{BackendChoice, BackendKind, Executor, ExecutorOptions, MemberSet, OpenOptions};
 
 fn temp_file(dir: &Path, name: &str, len: u64) -> PathBuf {
@@ -40,22 +43,6 @@ fn executor_with(paths: &[PathBuf], backend: BackendChoice, qd: usize, inline: b
         ..Default::default()
     };
     Executor::new(members, &opts).expect("io_uring must be available on this machine (io_uring_disabled=0)")
-}
-
-fn run(ex: &mut Executor, ios: Vec<MemberIo>) -> Vec<MemberIoCompletion> {
-    let n = ios.len();
-    for io in ios {
-        ex.submit(io);
-    }
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while out.len() < n {
-        assert!(Instant::now() < deadline, "completions stuck: {} of {n}", out.len());
-        ex.wait(&mut out, Some(Duration::from_millis(100)));
-    }
-    assert_eq!(ex.in_flight(), 0);
-    out.sort_by_key(|c| c.id);
-    out
 }
 
 fn io(id: u64, member: usize, op: MemberIoOp, offset_bytes: u64, len_bytes: u64, data: Vec<u8>) -> MemberIo {
