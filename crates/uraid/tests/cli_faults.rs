@@ -241,3 +241,33 @@ fn a_member_that_never_answers_is_failed_after_its_timeout_and_nothing_waits_on_
     served.stop();
     assert!(stopped.elapsed() < Duration::from_secs(5), "stopping took {:?}", stopped.elapsed());
 }
+
+/// When no member takes the superblocks that mark the array clean, the server must not say
+/// "stopped cleanly": it says the close failed and exits with an error.
+#[test]
+fn a_close_that_no_member_records_is_not_reported_clean() {
+    let dir = TempDir::new("closefail");
+    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "closefail"]);
+    let arm = dir.path("arm-close");
+    let rules: Vec<String> = (0..3).map(|m| format!("member={m},op=meta,when={}", arm.display())).collect();
+    let mut extra: Vec<&str> = Vec::new();
+    for r in &rules {
+        extra.extend(["--debug-fault", r.as_str()]);
+    }
+    let mut served = Served::start(&dir, &members, &extra);
+    copy_in(&pattern_file(&dir, 1 << 20, 17), &served.url);
+    std::fs::write(&arm, b"").unwrap();
+    let mut child = served.child.take().unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "uraid serve did not stop:\n{}", served.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = served.log_text();
+    assert!(!log.contains("stopped cleanly"), "reported clean with no superblock written:\n{log}");
+    assert!(!st.success(), "exit status {st} after a close nothing recorded:\n{log}");
+}

@@ -260,6 +260,10 @@ impl Array {
                     self.notice(
                         "no member took the superblock write: nothing records the array any more".into(),
                     );
+                    // A close in progress cannot end clean: no member holds the clean state.
+                    if self.closing.is_some() {
+                        self.closing = Some(Closing::Done(Err(RequestError::Io)));
+                    }
                 }
             }
         }
@@ -294,7 +298,11 @@ impl Array {
                     Err(e) => self.notice(format!("promoting the replacement of slot {slot}: {e}")),
                 }
             }
-            AfterRound::Closed => self.closing = Some(Closing::Done(Ok(()))),
+            AfterRound::Closed => {
+                if !matches!(self.closing, Some(Closing::Done(_))) {
+                    self.closing = Some(Closing::Done(Ok(())));
+                }
+            }
         }
     }
 

@@ -206,7 +206,11 @@ impl RunningArray {
             return Ok(());
         }
         report.flush.map_err(|e| {
-            anyhow!("the final flush failed ({e}): superblocks left marked dirty so the next start resyncs")
+            anyhow!(
+                "{} was not closed cleanly ({e}): the final flush or the superblocks marking it clean \
+                 did not reach the members, so the next start resyncs (see the messages above)",
+                self.name
+            )
         })
     }
 
