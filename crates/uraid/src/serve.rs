@@ -14,6 +14,7 @@ use uraid_core::Tunables;
 use uraid_nbd::{Export, Server, ServerOptions};
 
 use crate::array::assembly::assemble;
+use crate::array::io_words;
 use crate::array::report::{human_bytes, level_name};
 use crate::array::running::{RunningArray, StartOptions};
 
@@ -49,15 +50,17 @@ pub struct ServeArgs {
     /// the array's name, UUID8 the first 8 hex digits of its uuid).
     #[arg(long)]
     pub control: Option<PathBuf>,
-    /// Mirror read balancing (raid1/raid10): load, load-time, round-robin, split, prefer.
-    #[arg(long, default_value_t = Tunables::default().balance.name().to_string())]
-    pub balance: String,
-    /// 0 = reconstruct-write only, 1 = read-modify-write where cheaper, 2 = also where equal.
-    #[arg(long = "rmw-level", default_value_t = Tunables::default().rmw_level.to_string())]
-    pub rmw_level: String,
-    /// Stripe heads in the stripe cache (raid4/5/6), 17-32768.
-    #[arg(long = "stripe-cache-size", default_value_t = Tunables::default().stripe_cache_size.to_string())]
-    pub stripe_cache_size: String,
+    /// Mirror read balancing (raid1/raid10): load (default), load-time, round-robin, split,
+    /// prefer. Refused on other levels.
+    #[arg(long)]
+    pub balance: Option<String>,
+    /// 0 = reconstruct-write only, 1 = read-modify-write where cheaper (default), 2 = also
+    /// where equal (raid4/5/6).
+    #[arg(long = "rmw-level")]
+    pub rmw_level: Option<String>,
+    /// Stripe heads in the stripe cache (raid4/5/6), 17-32768 (default 256).
+    #[arg(long = "stripe-cache-size")]
+    pub stripe_cache_size: Option<String>,
     /// Requests up to this size (K/M suffixes) run on their connection's thread when the
     /// array thread is idle, with no hand-off between threads; 0 hands every request to
     /// the array thread. Larger requests always go to the array thread, so their engine
@@ -100,7 +103,8 @@ fn bind_unix(path: &Path, what: &str) -> anyhow::Result<UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("removing the stale {what} {}", path.display()))?;
     }
-    UnixListener::bind(path).with_context(|| format!("cannot listen on the {what} {}", path.display()))
+    UnixListener::bind(path)
+        .map_err(|e| anyhow::anyhow!("cannot listen on the {what} {}: {}", path.display(), io_words(&e)))
 }
 
 fn debug_faults(specs: &[String]) -> anyhow::Result<Option<Arc<uraid_io::real::fault::Faults>>> {
@@ -145,24 +149,29 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
             .context("installing the SIGINT/SIGTERM handlers")?;
     let mut assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
-    // Through the tunables' table: one range and one message per tunable. A flag of a
-    // tunable the level does not have (a stripe cache on a mirror) is not an error.
+    // Through the tunables' table: one range and one message per tunable. A flag given for
+    // a tunable the level does not have (a stripe cache on a mirror) is refused, as
+    // `uraid set` refuses it, rather than accepted and ignored.
     let level = assembled.geometry.level;
     let flags = [
-        ("balance", &args.balance),
-        ("rmw_level", &args.rmw_level),
-        ("stripe_cache_size", &args.stripe_cache_size),
-        ("sync_speed_min", &args.sync_speed_min),
-        ("sync_speed_max", &args.sync_speed_max),
+        ("balance", args.balance.as_ref()),
+        ("rmw_level", args.rmw_level.as_ref()),
+        ("stripe_cache_size", args.stripe_cache_size.as_ref()),
+        ("sync_speed_min", Some(&args.sync_speed_min)),
+        ("sync_speed_max", Some(&args.sync_speed_max)),
     ];
     let mut tunables = Tunables::default();
     for (name, value) in flags {
+        let Some(value) = value else { continue };
+        let flag = format!("--{}", name.replace('_', "-"));
         let spec = uraid_core::tunables::find(name).map_err(anyhow::Error::msg)?;
-        if (spec.applies_to)(level) {
-            tunables
-                .set_named(level, name, value)
-                .map_err(|e| anyhow::anyhow!("--{}: {e}", name.replace('_', "-")))?;
+        if !(spec.applies_to)(level) {
+            bail!(
+                "{flag} does not apply to a {} array (md has no {name} there); nothing was started",
+                level_name(level.md_level())
+            );
         }
+        tunables.set_named(level, name, value).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
     }
     for w in &assembled.plan.warnings {
         eprintln!("uraid: {w}");
@@ -174,7 +183,8 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let listener = match &args.unix {
         Some(p) => Listener::Unix(bind_unix(p, "NBD socket")?, p.clone()),
         None => Listener::Tcp(
-            TcpListener::bind(&args.listen).with_context(|| format!("cannot listen on {}", args.listen))?,
+            TcpListener::bind(&args.listen)
+                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {}", args.listen, io_words(&e)))?,
         ),
     };
     let control_listener = bind_unix(&control_path, "control socket")?;

@@ -38,9 +38,15 @@ fn tunables_change_at_run_time() {
     assert!(out.status.success(), "create: {}", String::from_utf8_lossy(&out.stderr));
     let sock = dir.join("ctl.sock").display().to_string();
     let unix = dir.join("nbd.sock").display().to_string();
+    // A mirror's balance is not a RAID5 tunable: `--balance` at start is refused, nothing started.
+    let out =
+        uraid(&["serve", "--unix", &unix, "--control", &sock, "--balance", "prefer", &m[0], &m[1], &m[2]]);
+    assert!(!out.status.success(), "--balance accepted on raid5");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--balance does not apply to a raid5"));
+    assert!(!std::path::Path::new(&sock).exists(), "a refused serve left its control socket");
     let _server = Server(
         Command::new(env!("CARGO_BIN_EXE_uraid"))
-            .args(["serve", "--unix", &unix, "--control", &sock, "--balance", "prefer", &m[0], &m[1], &m[2]])
+            .args(["serve", "--unix", &unix, "--control", &sock, &m[0], &m[1], &m[2]])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -55,7 +61,7 @@ fn tunables_change_at_run_time() {
     assert!(out.status.success(), "set: {}", String::from_utf8_lossy(&out.stderr));
     let shown = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(shown.contains("rmw_level 0"), "{shown}");
-    // A mirror's balance is not a RAID5 tunable: not listed, and `--balance` at start ignored.
+    // A mirror's balance is not a RAID5 tunable: not listed.
     assert!(!shown.contains("balance"), "{shown}");
     let out = uraid(&["set", "stripe_cache_size", "1024", "--control", &sock]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("stripe_cache_size 1024"));
