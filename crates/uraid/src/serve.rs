@@ -190,9 +190,15 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let control_listener = bind_unix(&control_path, "control socket")?;
 
     // A stale member (older events) is never used for its data; like `mdadm --re-add`, it is
-    // brought back by rebuilding it from the others once the array runs.
-    let stale: Vec<PathBuf> =
-        assembled.plan.stale.iter().map(|s| assembled.members[s.member].path.clone()).collect();
+    // brought back by rebuilding it from the others once the array runs, if the array still
+    // lists it in its slot. One the array let go (replaced, removed) is never written.
+    let stale: Vec<PathBuf> = assembled
+        .plan
+        .stale
+        .iter()
+        .filter(|s| s.re_addable)
+        .map(|s| assembled.members[s.member].path.clone())
+        .collect();
     let faults = debug_faults(&args.debug_faults)?;
     let opts = StartOptions {
         read_only: args.read_only,

@@ -336,3 +336,37 @@ fn a_stop_in_the_middle_keeps_the_member_and_never_takes_the_unfinished_copy() {
     assert!(std::fs::read(&back2).unwrap()[..data.len()] == data[..], "the new member's data differs");
     s.stop();
 }
+
+/// The disk a replacement took over, offered again with the others (`serve *.img` in a
+/// folder that still holds it), is left out and never written: the array no longer lists
+/// it in its slot, so it is no re-add, and only a disk the user names becomes a spare.
+#[test]
+fn a_replaced_disk_offered_again_is_left_out_and_never_written() {
+    let dir = TempDir::new("replaced-again");
+    let members = create(&dir, "5", &["m0", "m1", "m2"], "16M", &["--bitmap", "internal"]);
+    let new = dir.path("n1.img");
+    sparse(&new, std::fs::metadata(&members[1]).unwrap().len());
+    let s = Served::start(&dir, &members, &[]);
+    let o = replace(&s.control, &members[1], &new, false);
+    assert!(o.status.success(), "{}", text(&o));
+    let t0 = Instant::now();
+    while s.ctl("status", None).contains("(R)") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.stop();
+    let before = sha256_file(&members[1]);
+    let all = vec![members[0].clone(), members[1].clone(), members[2].clone(), new.clone()];
+    let s = Served::start(&dir, &all, &[]);
+    let t0 = Instant::now();
+    while !s.log_text().contains("uraid: serving") {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = s.ctl("status", None);
+    let log = s.stop();
+    assert_eq!(sha256_file(&members[1]), before, "the replaced disk was written:\n{log}");
+    assert!(!log.contains("hot spare"), "{log}");
+    assert!(log.contains("not written"), "the log does not say why it was left out:\n{log}");
+    assert!(status.contains("[UUU]"), "{status}");
+}

@@ -400,18 +400,32 @@ pub fn plan_assembly(
             } else {
                 "the array has since removed it from its slot".to_string()
             };
-            if too_old && !disowns_freshest && !dropped_by_freshest {
+            // mdadm --assemble --force takes back the freshest members that dropped out, even
+            // those the freshest superblock records as failed (two disks lost to one cable
+            // glitch); never one that records the freshest as failed (it diverged).
+            if (too_old || dropped_by_freshest) && !disowns_freshest {
                 forcible.push((sb.events, slot as usize, candidate));
             }
-            warnings.push(format!(
-                "{name} (slot {slot}) is stale ({why}); left out: `uraid serve` adds it back once the \
-                 array runs (on a running array: `uraid add {name} --control SOCKET`)"
-            ));
+            let re_addable = !disowns_freshest && !dropped_by_freshest;
+            warnings.push(if re_addable {
+                format!(
+                    "{name} (slot {slot}) is stale ({why}); left out: `uraid serve` adds it back once \
+                     the array runs (on a running array: `uraid add {name} --control SOCKET`)"
+                )
+            } else {
+                let why =
+                    if dropped_by_freshest { "the array has since let it go from its slot" } else { &why };
+                format!(
+                    "{name} (slot {slot}) is stale ({why}); left out and not written (`uraid add {name} \
+                     --control SOCKET` makes it a spare, if that is wanted)"
+                )
+            });
             stale.push(StaleMember {
                 member: i,
                 slot: Some(slot),
                 events: sb.events,
                 bitmap_recoverable: bitmap_events_cleared.is_some_and(|ec| sb.events >= ec),
+                re_addable,
             });
             continue;
         }

@@ -28,6 +28,10 @@ pub struct StaleMember {
     /// Its events are at or after the bitmap's events_cleared: a re-add can be caught up
     /// from the bitmap instead of a full recovery.
     pub bitmap_recoverable: bool,
+    /// The array still lists it in its slot (only behind in events): `uraid serve` may
+    /// re-add it (md's re-add). Else the array let it go (replaced, removed, or it
+    /// diverged): it is never written unless the user adds it by name.
+    pub re_addable: bool,
 }
 
 /// What resync the array needs when it starts.
