@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use uraid_io::loopdev::LoopDevice;
 
 const BLOCK: u64 = 64 << 10;
 
@@ -30,15 +31,51 @@ fn wait_idle(s: &Served) {
 fn crash_and_check(level: &str, n: usize) {
     let dir = TempDir::new(&format!("crash{level}"));
     let members: Vec<PathBuf> = (0..n).map(|i| dir.path(&format!("c{i}"))).collect();
+    crash_and_check_on(&dir, level, &members, &members, || ());
+}
+
+/// The same on members that are block devices: loop devices over files on the work disk
+/// (root and the loop driver, as CI has), detached before md reads their files.
+fn crash_and_check_on_loop_devices(level: &str, n: usize) {
+    let dir = TempDir::new(&format!("crashblk{level}"));
+    let backing_dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("crashblk{level}-{}", std::process::id()));
+    std::fs::create_dir_all(&backing_dir).unwrap();
+    let files: Vec<PathBuf> = (0..n).map(|i| backing_dir.join(format!("b{i}.img"))).collect();
+    let loops: Vec<LoopDevice> = files
+        .iter()
+        .map(|f| {
+            LoopDevice::attach(f, 24 << 20).unwrap_or_else(|e| panic!("this test needs loop devices: {e}"))
+        })
+        .collect();
+    let devices: Vec<PathBuf> = loops.iter().map(|l| l.path().to_path_buf()).collect();
+    let loops = std::cell::RefCell::new(Some(loops));
+    crash_and_check_on(&dir, level, &devices, &files, || drop(loops.borrow_mut().take()));
+    let _ = std::fs::remove_dir_all(&backing_dir);
+}
+
+/// `members` as the array's devices, `images` the files md reads afterwards; `release`
+/// runs before md reads them.
+fn crash_and_check_on(
+    dir: &TempDir,
+    level: &str,
+    members: &[PathBuf],
+    images: &[PathBuf],
+    release: impl FnOnce(),
+) {
+    let n = members.len();
     let count = n.to_string();
-    let mut args =
-        vec!["create", "--level", level, "--raid-devices", &count, "--size", "24M", "--bitmap", "internal"];
+    let mut args = vec!["create", "--level", level, "--raid-devices", &count, "--bitmap", "internal"];
+    let on_files = members == images;
+    if on_files {
+        args.extend(["--size", "24M"]);
+    }
     if level != "1" {
         args.extend(["--chunk", "64K"]);
     }
-    args.extend(paths(&members));
+    args.extend(paths(members));
     ok(uraid(&args), "uraid create");
-    let served = Served::start(&dir, &members, &[]);
+    let served = Served::start(dir, members, &[]);
     wait_idle(&served);
 
     // One block after another, each acknowledged before the next is sent; the server is
@@ -76,9 +113,9 @@ fn crash_and_check(level: &str, n: usize) {
     drop(server);
 
     // Restart: the array was dirty, so it resyncs (bitmap-limited).
-    let restarted = Served::start(&dir, &members, &[]);
+    let restarted = Served::start(dir, members, &[]);
     wait_idle(&restarted);
-    let whole = read_array(&dir, &restarted.url);
+    let whole = read_array(dir, &restarted.url);
     for k in &acked {
         let at = (k * BLOCK) as usize;
         let want = (1 + k % 250) as u8;
@@ -89,20 +126,21 @@ fn crash_and_check(level: &str, n: usize) {
     }
     restarted.stop();
 
-    // Real md agrees: same bytes, and its own check finds no inconsistent stripe.
-    let md = md_check(&members);
-    assert_eq!(md.sha256, sha256_bytes(&whole), "{level}: md reads the array differently");
-    assert_eq!(md.mismatch_cnt, 0, "{level}: md's check found inconsistent stripes after the resync");
-
     // Every member agrees with the others: any one left out, the rest read the same.
     for skip in 0..n {
         let rest: Vec<PathBuf> =
             members.iter().enumerate().filter(|(i, _)| *i != skip).map(|(_, p)| p.clone()).collect();
-        let s = Served::start(&dir, &rest, &["--run", "--read-only"]);
-        let image = read_array(&dir, &s.url);
+        let s = Served::start(dir, &rest, &["--run", "--read-only"]);
+        let image = read_array(dir, &s.url);
         assert!(image == whole, "{level}: without member {skip} the array reads differently");
         s.stop();
     }
+
+    // Real md agrees: same bytes, and its own check finds no inconsistent stripe.
+    release();
+    let md = md_check(images);
+    assert_eq!(md.sha256, sha256_bytes(&whole), "{level}: md reads the array differently");
+    assert_eq!(md.mismatch_cnt, 0, "{level}: md's check found inconsistent stripes after the resync");
 }
 
 #[test]
@@ -123,6 +161,11 @@ fn raid6_crash_resync_and_every_member_agrees() {
 #[test]
 fn raid10_crash_resync_and_every_member_agrees() {
     crash_and_check("10", 4);
+}
+
+#[test]
+fn raid6_on_block_devices_crash_resync_and_every_member_agrees() {
+    crash_and_check_on_loop_devices("6", 5);
 }
 
 #[test]
@@ -247,4 +290,49 @@ fn kill_9_soon_after_an_assume_clean_create_resyncs_only_what_was_written() {
     wait_idle(&s);
     qemu_io(&s.url, &["read -P 0x5a 1M 64k".to_string()]);
     s.stop();
+}
+
+/// A rebuild onto a block device: a RAID5 on loop devices (files on the work disk) loses a
+/// member under writes, a fresh loop device is added and rebuilt while the writes go on;
+/// everything reads back, and md finds the rebuilt array consistent.
+#[test]
+fn a_rebuild_onto_a_block_device_passes_md_check() {
+    let dir = TempDir::new("rebuildblk");
+    let backing_dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rebuildblk-{}", std::process::id()));
+    std::fs::create_dir_all(&backing_dir).unwrap();
+    let files: Vec<PathBuf> = (0..4).map(|i| backing_dir.join(format!("b{i}.img"))).collect();
+    let loops: Vec<LoopDevice> = files
+        .iter()
+        .map(|f| {
+            LoopDevice::attach(f, 24 << 20).unwrap_or_else(|e| panic!("this test needs loop devices: {e}"))
+        })
+        .collect();
+    let devs: Vec<PathBuf> = loops.iter().map(|l| l.path().to_path_buf()).collect();
+    let mut args =
+        vec!["create", "--level", "5", "--raid-devices", "3", "--assume-clean", "--bitmap", "internal"];
+    args.extend(paths(&devs[..3]));
+    ok(uraid(&args), "uraid create");
+    let s = Served::start(&dir, &devs[..3], &[]);
+    let first: Vec<String> = (0..32).map(|k| format!("write -P {} {} {BLOCK}", 1 + k, k * BLOCK)).collect();
+    qemu_io(&s.url, &first);
+    s.ctl("fail", Some(&devs[1]));
+    s.ctl("remove", Some(&devs[1]));
+    s.ctl("add", Some(&devs[3]));
+    let second: Vec<String> = (32..64).map(|k| format!("write -P {} {} {BLOCK}", 1 + k, k * BLOCK)).collect();
+    qemu_io(&s.url, &second);
+    wait_idle(&s);
+    let whole = read_array(&dir, &s.url);
+    for k in 0..64u64 {
+        let at = (k * BLOCK) as usize;
+        assert!(whole[at..at + BLOCK as usize].iter().all(|&b| b == (1 + k) as u8), "block {k} lost");
+    }
+    let st = s.ctl("status", None);
+    assert!(st.contains("[UUU]"), "{st}");
+    s.stop();
+    drop(loops);
+    let md = md_check(&[files[0].clone(), files[3].clone(), files[2].clone()]);
+    assert_eq!(md.sha256, sha256_bytes(&whole), "md reads the rebuilt array differently");
+    assert_eq!(md.mismatch_cnt, 0, "md's check found inconsistent stripes after the rebuild");
+    let _ = std::fs::remove_dir_all(&backing_dir);
 }
