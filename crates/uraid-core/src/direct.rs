@@ -4,7 +4,7 @@ use crate::api::*;
 use crate::engine::Mddev;
 use crate::geometry::{Extent, Level};
 use crate::ledger::{IoCtx, Ledger};
-use crate::mirror::{choose_copy, Balance, SPLIT_SLICE_BYTES};
+use crate::mirror::{choose_copy, Balance, FixPhase, ReadFix, SPLIT_SLICE_BYTES};
 
 /// Largest single member I/O a raid1 request is cut into.
 const MAX_MIRROR_IO_SECTORS: u64 = 2048;
@@ -187,9 +187,13 @@ impl Mddev {
             IoCtx::ScrubDirectRead { .. } | IoCtx::ScrubDirectWrite => {
                 self.direct_scrub_io_done(led, ctx, member, result)
             }
+            IoCtx::FixRead { fix, tried } => self.fix_read_done(led, fix, tried, member, result),
+            IoCtx::FixWrite { fix } => self.fix_write_done(led, fix, member, result),
             IoCtx::DirectRead { req, array_sector, len_sectors, dest_off, tried, errored } => match result {
                 Ok(data) => {
-                    self.rewrite_bad_copies(led, req, array_sector, len_sectors, errored, &data);
+                    if errored != 0 {
+                        self.queue_read_fix(led, req, array_sector, len_sectors, errored);
+                    }
                     if let Some(r) = led.reqs.get_mut(&req) {
                         r.deliver(dest_off, data, (len_sectors * SECTOR_BYTES) as usize);
                     }
@@ -256,16 +260,6 @@ impl Mddev {
                 }
                 self.part_done(led, req, None);
             }
-            IoCtx::Rewrite { req, .. } => {
-                if result.is_ok() {
-                    self.stats.read_errors_corrected += 1;
-                } else if !(result == Err(MemberIoError::Io) && self.record_write_error(led, member)) {
-                    self.fail_member(led, member, self.now_ns);
-                }
-                if let Some(req) = req {
-                    self.part_done(led, req, None);
-                }
-            }
             _ => {}
         }
     }
@@ -280,38 +274,148 @@ impl Mddev {
         })
     }
 
-    /// md's read-error correction: good data read elsewhere is written over the copies that
-    /// failed to read, so the latent error is gone.
-    fn rewrite_bad_copies(
+    /// md's read-error correction (fix_read_error): the copies in `errored` failed to read
+    /// array `[sector, sector + len)`, another copy served it. The fix is queued, and the
+    /// read `req` completes once it is done.
+    fn queue_read_fix(&mut self, led: &mut Ledger, req: RequestId, sector: u64, len: u64, errored: u128) {
+        let Some(r) = led.reqs.get_mut(&req) else { return };
+        r.parts += 1;
+        self.next_read_fix += 1;
+        let fix = ReadFix {
+            id: self.next_read_fix,
+            start: sector,
+            len,
+            bad: errored,
+            req,
+            phase: FixPhase::Waiting,
+        };
+        self.read_fixes.push(fix);
+        self.start_read_fixes(led);
+    }
+
+    /// Fixes waiting for the client writes in flight in their range start once none is
+    /// (writes waiting for a barrier are not in flight). A write arriving meanwhile waits
+    /// for the fix (`direct_write_blocked`), so a fix's wait ends.
+    pub(crate) fn start_read_fixes(&mut self, led: &mut Ledger) {
+        let ready: Vec<u64> = self
+            .read_fixes
+            .iter()
+            .filter(|f| f.phase == FixPhase::Waiting)
+            .filter(|f| {
+                !led.direct_write_ranges.iter().any(|(id, &(a, b))| {
+                    f.overlaps(a, b - a) && !self.blocked_writes.iter().any(|w| w.0 == *id)
+                })
+            })
+            .map(|f| f.id)
+            .collect();
+        for id in ready {
+            self.fix_read(led, id, 0);
+        }
+    }
+
+    fn fix_index(&self, id: u64) -> Option<usize> {
+        self.read_fixes.iter().position(|f| f.id == id)
+    }
+
+    /// Reads fix `id`'s range from a copy that neither failed it nor is in `tried`; with
+    /// none left, the fix gives up (the copies stay as they are, as in md).
+    fn fix_read(&mut self, led: &mut Ledger, id: u64, tried: u128) {
+        let Some(i) = self.fix_index(id) else { return };
+        let (start, len, bad) = (self.read_fixes[i].start, self.read_fixes[i].len, self.read_fixes[i].bad);
+        let mut copies = Vec::new();
+        self.geo.copies(start, &mut copies);
+        let pick = (!self.failed)
+            .then(|| {
+                choose_copy(
+                    Balance::Prefer,
+                    &self.members,
+                    &copies,
+                    len,
+                    bad | tried,
+                    &mut self.rr_next,
+                    self.now_ns,
+                )
+            })
+            .flatten();
+        let Some(c) = pick.map(|k| copies[k]) else {
+            return self.fix_done(led, id);
+        };
+        self.read_fixes[i].phase = FixPhase::Reading;
+        let ctx = IoCtx::FixRead { fix: id, tried: tried | bit(c.member) };
+        self.issue_io(led, c.member, MemberIoOp::Read, c.member_sector, len, IoBytes::new(), ctx);
+    }
+
+    fn fix_read_done(
         &mut self,
         led: &mut Ledger,
-        req: RequestId,
-        array_sector: u64,
-        len_sectors: u64,
-        errored: u128,
-        data: &[u8],
+        id: u64,
+        tried: u128,
+        member: usize,
+        result: MemberIoResult,
     ) {
-        if errored == 0 {
-            return;
-        }
-        let mut copies = Vec::new();
-        self.geo.copies(array_sector, &mut copies);
-        for c in copies {
-            if c.member < 128 && errored & bit(c.member) != 0 && self.members[c.member].writable() {
-                let ctx = IoCtx::Rewrite { key: u64::MAX, rows: 0, req: Some(req) };
-                if let Some(r) = led.reqs.get_mut(&req) {
-                    r.parts += 1;
+        let Some(i) = self.fix_index(id) else { return };
+        let data = match result {
+            Ok(data) => IoBytes::from(data),
+            Err(e) => {
+                if e == MemberIoError::Gone {
+                    self.fail_member(led, member, self.now_ns);
+                } else {
+                    // This copy has a latent error there too: it is fixed with the others.
+                    self.read_fixes[i].bad |= bit(member);
                 }
-                self.issue_io(
-                    led,
-                    c.member,
-                    MemberIoOp::Write,
-                    c.member_sector,
-                    len_sectors,
-                    data.to_vec().into(),
-                    ctx,
-                );
+                return self.fix_read(led, id, tried);
             }
+        };
+        let (start, len, bad) = (self.read_fixes[i].start, self.read_fixes[i].len, self.read_fixes[i].bad);
+        let mut copies = Vec::new();
+        self.geo.copies(start, &mut copies);
+        let targets: Vec<_> = copies
+            .into_iter()
+            .filter(|c| c.member < 128 && bad & bit(c.member) != 0 && self.members[c.member].writable())
+            .collect();
+        if targets.is_empty() {
+            return self.fix_done(led, id);
+        }
+        self.read_fixes[i].phase = FixPhase::Writing(targets.len() as u32);
+        for c in targets {
+            let ctx = IoCtx::FixWrite { fix: id };
+            self.issue_io(led, c.member, MemberIoOp::Write, c.member_sector, len, data.clone(), ctx);
+        }
+    }
+
+    fn fix_write_done(&mut self, led: &mut Ledger, id: u64, member: usize, result: MemberIoResult) {
+        if result.is_ok() {
+            self.stats.read_errors_corrected += 1;
+        } else if !(result == Err(MemberIoError::Io) && self.record_write_error(led, member)) {
+            self.fail_member(led, member, self.now_ns);
+        }
+        let Some(i) = self.fix_index(id) else { return };
+        if let FixPhase::Writing(left) = &mut self.read_fixes[i].phase {
+            *left -= 1;
+            if *left > 0 {
+                return;
+            }
+        }
+        self.fix_done(led, id);
+    }
+
+    /// Fix `id` ended: its read completes and the writes it held go.
+    fn fix_done(&mut self, led: &mut Ledger, id: u64) {
+        let Some(i) = self.fix_index(id) else { return };
+        let fix = self.read_fixes.remove(i);
+        self.part_done(led, fix.req, None);
+        self.release_blocked_writes(led);
+    }
+
+    /// Writes that waited for a sync unit or a fix go, unless another still covers them.
+    pub(crate) fn release_blocked_writes(&mut self, led: &mut Ledger) {
+        for (id, sector, len, zero) in std::mem::take(&mut self.blocked_writes) {
+            if self.direct_write_blocked(sector, len) {
+                self.blocked_writes.push((id, sector, len, zero));
+                continue;
+            }
+            self.direct_write_now(led, id, sector, len, zero);
+            self.part_done(led, id, None);
         }
     }
 }

@@ -52,17 +52,27 @@ impl Mddev {
                 SyncKind::Replace { .. } => unreachable!("replace units start in start_direct_replace"),
             };
             if needs_write {
-                match choose_copy(
-                    Balance::Prefer,
-                    &self.members,
-                    &copies,
-                    n,
-                    exclude,
-                    &mut self.rr_next,
-                    self.now_ns,
+                match (
+                    choose_copy(
+                        Balance::Prefer,
+                        &self.members,
+                        &copies,
+                        n,
+                        exclude,
+                        &mut self.rr_next,
+                        self.now_ns,
+                    ),
+                    kind,
                 ) {
-                    Some(i) => reads.push((copies[i], pos, n)),
-                    None => return UnitStart::Unreadable,
+                    (Some(i), _) => reads.push((copies[i], pos, n)),
+                    // md's fix_sync_read_error: what no copy can read (listed bad on
+                    // every source) is recorded bad on the member rebuilt; the rest goes on.
+                    (None, SyncKind::Recovery { member }) => {
+                        if !self.readable_pieces(pos, n, member, &mut reads) {
+                            return UnitStart::Unreadable;
+                        }
+                    }
+                    (None, _) => return UnitStart::Unreadable,
                 }
             }
             pos += n;
@@ -155,8 +165,19 @@ impl Mddev {
                         if self.retry_sync_read(led, array_sector, len_sectors, read_errors) {
                             return;
                         }
-                        if let Some(u) = self.direct_sync.as_mut() {
-                            u.failed = true;
+                        // No copy reads all of it: a recovery reads its halves apart, down
+                        // to the sectors no copy can read, which are recorded bad on the
+                        // member rebuilt (md's fix_sync_read_error); this read's part ends.
+                        let recorded = match kind {
+                            Some(SyncKind::Recovery { member: target }) => {
+                                self.split_sync_read(led, array_sector, len_sectors, target)
+                            }
+                            _ => false,
+                        };
+                        if !recorded {
+                            if let Some(u) = self.direct_sync.as_mut() {
+                                u.failed = true;
+                            }
                         }
                     }
                 }
@@ -208,6 +229,69 @@ impl Mddev {
         let ctx = IoCtx::SyncRead { array_sector, len_sectors, read_errors };
         self.issue_io(led, src.member, MemberIoOp::Read, src.member_sector, len_sectors, IoBytes::new(), ctx);
         true
+    }
+
+    /// The recovery of `target` over array `[pos, pos + n)`: the parts some other copy
+    /// can read whole join `reads`, found by halving; each sector none can is recorded
+    /// bad on `target`. False when the target's log cannot take one.
+    fn readable_pieces(
+        &mut self,
+        pos: u64,
+        n: u64,
+        target: usize,
+        reads: &mut Vec<(Extent, u64, u64)>,
+    ) -> bool {
+        let mut copies = Vec::new();
+        self.geo.copies(pos, &mut copies);
+        let exclude = crate::direct::bit(target);
+        match choose_copy(Balance::Prefer, &self.members, &copies, n, exclude, &mut self.rr_next, self.now_ns)
+        {
+            Some(i) => {
+                reads.push((copies[i], pos, n));
+                true
+            }
+            None if n > 1 => {
+                let half = n / 2;
+                self.readable_pieces(pos, half, target, reads)
+                    && self.readable_pieces(pos + half, n - half, target, reads)
+            }
+            None => self.record_recovery_loss(pos, n, target),
+        }
+    }
+
+    /// A recovery read of array `[pos, pos + n)` failed on every copy: its halves are read
+    /// apart (the unit waits for them too), a single sector is recorded bad on `target`.
+    /// False when the target's log cannot take it.
+    fn split_sync_read(&mut self, led: &mut Ledger, pos: u64, n: u64, target: usize) -> bool {
+        if n == 1 {
+            return self.record_recovery_loss(pos, n, target);
+        }
+        let mut reads = Vec::new();
+        let half = n / 2;
+        if !(self.readable_pieces(pos, half, target, &mut reads)
+            && self.readable_pieces(pos + half, n - half, target, &mut reads))
+        {
+            return false;
+        }
+        for (src, at, len) in reads {
+            if let Some(u) = self.direct_sync.as_mut() {
+                u.pending += 1;
+            }
+            let ctx = IoCtx::SyncRead { array_sector: at, len_sectors: len, read_errors: 0 };
+            self.issue_io(led, src.member, MemberIoOp::Read, src.member_sector, len, IoBytes::new(), ctx);
+        }
+        true
+    }
+
+    /// Array `[pos, pos + n)`, which no copy can supply, is recorded bad on `target`'s copy
+    /// of it.
+    fn record_recovery_loss(&mut self, pos: u64, n: u64, target: usize) -> bool {
+        let mut copies = Vec::new();
+        self.geo.copies(pos, &mut copies);
+        match copies.iter().find(|c| c.member == target) {
+            Some(c) => self.record_bad_block(target, c.member_sector, n),
+            None => true,
+        }
     }
 
     /// A raid1/10 replacement unit: each piece holding a copy of `slot` is read from the
@@ -337,15 +421,13 @@ impl Mddev {
         }
         self.sync_unit_done(led, u.start, ok);
         // Writes that waited for this unit go now.
-        let blocked = std::mem::take(&mut self.blocked_writes);
-        for (id, sector, len, zero) in blocked {
-            self.direct_write_now(led, id, sector, len, zero);
-            self.part_done(led, id, None);
-        }
+        self.release_blocked_writes(led);
     }
 
-    /// Does a request writing [sector, sector+len) have to wait for the sync unit in flight?
+    /// Does a request writing [sector, sector+len) have to wait for the sync unit in flight
+    /// or a read-error fix (see `mirror::ReadFix`)?
     pub(crate) fn direct_write_blocked(&self, sector: u64, len: u64) -> bool {
         self.direct_sync.as_ref().is_some_and(|u| u.start < sector + len && sector < u.end)
+            || self.read_fixes.iter().any(|f| f.overlaps(sector, len))
     }
 }

@@ -119,12 +119,20 @@ pub(crate) enum IoCtx {
         array_sector: u64,
         len_sectors: u64,
     },
-    /// Read-error correction: rewrite rows that failed to read (key u64::MAX = no stripe;
-    /// then `req` is the read that waits for it, as md completes a read only after fixing).
+    /// raid4/5/6 read-error correction: rewrite the rows of stripe head `key` that failed
+    /// to read.
     Rewrite {
         key: u64,
         rows: SectorMask,
-        req: Option<RequestId>,
+    },
+    /// raid1/10 read-error correction (see `mirror::ReadFix`): the good copy read again
+    /// (`tried`: the members that failed it), then written over the copies that failed.
+    FixRead {
+        fix: u64,
+        tried: u128,
+    },
+    FixWrite {
+        fix: u64,
     },
     MemberFlush {
         flush: RequestId,

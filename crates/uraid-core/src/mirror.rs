@@ -5,6 +5,39 @@ use crate::rdev::MemberRt;
 
 pub use crate::config::Balance;
 
+/// md's fix_read_error for a raid1/10 read: the copies in `bad` failed to read
+/// `[start, start + len)` (array sectors), a good copy's data is written over them. Client
+/// writes into the range wait while it runs (md freezes the array for it), and it reads
+/// the good copy only once no write is in flight there, so what it writes back is never
+/// older than an acknowledged write.
+#[derive(Debug)]
+pub(crate) struct ReadFix {
+    pub id: u64,
+    pub start: u64,
+    pub len: u64,
+    /// Members whose copy failed to read (rewritten).
+    pub bad: u128,
+    /// The read that waits for the fix (md completes a read only after fixing).
+    pub req: crate::api::RequestId,
+    pub phase: FixPhase,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FixPhase {
+    /// Writes into the range are in flight: their data must land before the good copy is read.
+    Waiting,
+    /// A good copy is being read.
+    Reading,
+    /// The bad copies are being written: how many writes are left.
+    Writing(u32),
+}
+
+impl ReadFix {
+    pub(crate) fn overlaps(&self, sector: u64, len: u64) -> bool {
+        self.start < sector + len && sector < self.start + self.len
+    }
+}
+
 /// `split` divides reads of at least this many bytes across the mirrors.
 pub const SPLIT_SLICE_BYTES: u64 = 128 * 1024;
 

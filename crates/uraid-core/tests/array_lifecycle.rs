@@ -13,52 +13,17 @@ use uraid_core::meta::*;
 use uraid_core::*;
 
 const MEMBER_BYTES: u64 = 8 << 20;
-const EPOCH_S: u64 = 1_700_000_000;
 const SB_AT: u64 = 8 * 512;
 
 /// `uraid create --assume-clean` of `level` on `n` members in RAM (64 KiB chunks; with a
 /// bitmap of 64 KiB bitmap chunks).
 fn create(level: i32, n: usize, bitmap: bool) -> MemMembers {
-    let mut p = CreateParams::new(level, vec![Some(MEMBER_BYTES / 512); n]);
-    p.bitmap = bitmap;
-    p.bitmap_chunk_bytes = bitmap.then_some(64 << 10);
-    p.assume_clean = true;
-    p.set_uuid = [7; 16];
-    p.device_uuids = (0..n).map(|i| [i as u8 + 1; 16]).collect();
-    p.ctime_seconds = EPOCH_S;
-    p.name = "t".into();
-    if level != 1 {
-        p.chunk_kib = Some(64);
-    }
-    let c = create_array(&p).unwrap();
-    let mut mm = MemMembers::new(n, MEMBER_BYTES);
-    for (i, sb) in c.superblocks.iter().enumerate() {
-        let sb = sb.clone().unwrap();
-        write(&mut mm, i, sb.super_offset * 512, &sb.serialize());
-        if let (Some(b), Some(at)) = (&c.bitmap, sb.bitmap_sector()) {
-            write(&mut mm, i, at * 512, &b.area);
-        }
-    }
-    mm
-}
-
-fn write(mm: &mut MemMembers, m: usize, at: u64, bytes: &[u8]) {
-    mm.images[m][at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
-}
-
-fn superblock(mm: &MemMembers, m: usize) -> Superblock {
-    mm.metadata(m).offered.superblock.unwrap()
+    create_level(level, n, MEMBER_BYTES, bitmap)
 }
 
 /// Assembles the members `keys` as `uraid serve` does and starts the array on them.
 fn start(mm: MemMembers, keys: &[usize]) -> Driver<Array> {
-    let metas: Vec<MemberMetadata> = keys.iter().map(|&k| mm.metadata(k)).collect();
-    let offered: Vec<OfferedMember> = metas.iter().map(|m| m.offered.clone()).collect();
-    let plan = plan_assembly(&offered, &AssembleOptions { run: true, uuid: None, force: true }).unwrap();
-    let start: Vec<StartMember> =
-        metas.into_iter().zip(keys).map(|(m, &k)| StartMember::from_metadata(k as u64, m).unwrap()).collect();
-    let opts = ArrayOptions { epoch_seconds: EPOCH_S, ..ArrayOptions::default() };
-    Driver::new(Array::start(&plan, start, opts).unwrap(), mm, 11)
+    start_array(mm, keys, 11)
 }
 
 fn data(seed: u64, len: usize) -> Vec<u8> {
@@ -82,7 +47,7 @@ fn the_superblocks_say_dirty_before_a_write_lands_and_clean_once_writes_stop() {
 fn dirty_before_the_first_write(seed: u64) {
     let mut d = start(create(5, 3, false), &[0, 1, 2]);
     d.rng = Rng(seed);
-    let sb0 = superblock(&d.members, 0);
+    let sb0 = d.members.superblock(0);
     assert_eq!(sb0.resync_offset, MAX_SECTOR, "created clean");
     d.run_one(Request::write(1, 0, data(1, 8192))).unwrap();
     let first = first_data_write(&d.members, sb0.data_offset * 512);
@@ -98,7 +63,7 @@ fn dirty_before_the_first_write(seed: u64) {
     }
     // run_one ran until idle: time went on until md's safe mode marked the array clean.
     for m in 0..3 {
-        let sb = superblock(&d.members, m);
+        let sb = d.members.superblock(m);
         assert_eq!(sb.resync_offset, MAX_SECTOR, "member {m} not marked clean after writes stopped");
         assert_eq!(sb.events, sb0.events + 2, "dirty, then clean");
     }
@@ -118,7 +83,7 @@ fn run_checking_record(d: &mut Driver<Array>, slot: usize, witness: usize) {
         // from the failure on, so any collected after it must wait for the record.
         let failed = d.engine.engine().member_states()[slot] == MemberState::Faulty;
         if d.done.len() > before && failed {
-            let sb = superblock(&d.members, witness);
+            let sb = d.members.superblock(witness);
             assert_eq!(
                 sb.dev_roles[slot],
                 role::FAULTY,
@@ -155,7 +120,7 @@ fn a_member_failure_is_recorded_before_any_completion_is_released() {
         }
         assert_eq!(d.engine.engine().member_states()[victim], MemberState::Faulty, "{what}");
         for m in (0..n).filter(|&m| m != victim) {
-            assert_eq!(superblock(&d.members, m).dev_roles[victim], role::FAULTY, "{what}: member {m}");
+            assert_eq!(d.members.superblock(m).dev_roles[victim], role::FAULTY, "{what}: member {m}");
         }
         // Everything reads back through the others.
         for id in 1..10u64 {
@@ -169,7 +134,7 @@ fn a_member_failure_is_recorded_before_any_completion_is_released() {
 #[test]
 fn bitmap_bits_are_durable_before_their_write_and_cleared_after_a_flush() {
     let mut d = start(create(1, 2, true), &[0, 1]);
-    let sb = superblock(&d.members, 0);
+    let sb = d.members.superblock(0);
     let bitmap_at = sb.bitmap_sector().unwrap() * 512;
     let data_at = sb.data_offset * 512;
     d.run_one(Request::write(1, 0, data(1, 4096))).unwrap();
@@ -199,18 +164,6 @@ fn bitmap_bits_are_durable_before_their_write_and_cleared_after_a_flush() {
     }
 }
 
-/// The superblock a new member gets, written on it as mdadm writes it.
-fn prepare_new(d: &mut Driver<Array>, uuid: u8) -> NewMember {
-    let key = d.members.add_member(MEMBER_BYTES);
-    let sb = d.engine.new_member_superblock(MEMBER_BYTES / 512, [uuid; 16], "new").unwrap();
-    let mut sb_w = sb.clone();
-    write(&mut d.members, key, sb.super_offset * 512, &sb_w.update_csum());
-    if let Some((off, area)) = d.engine.bitmap_area() {
-        write(&mut d.members, key, (sb.super_offset as i64 + i64::from(off)) as u64 * 512, &area);
-    }
-    NewMember { key: key as u64, name: format!("m{key}"), sb, previous: None, replaces: None }
-}
-
 #[test]
 fn a_hot_spare_takes_a_failed_slot_and_is_rebuilt() {
     let mut d = start(create(5, 3, false), &[0, 1, 2]);
@@ -218,19 +171,19 @@ fn a_hot_spare_takes_a_failed_slot_and_is_rebuilt() {
     for (i, b) in blocks.iter().enumerate() {
         d.run_one(Request::write(i as u64 + 1, i as u64 * 65536, b.clone())).unwrap();
     }
-    let new = prepare_new(&mut d, 0x55);
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0x55);
     let key = new.key as usize;
     assert_eq!(d.engine.add_member(new, d.now_ns).unwrap(), Added::Spare);
     d.run_until_idle();
-    assert_eq!(superblock(&d.members, key).dev_roles[3], role::SPARE);
+    assert_eq!(d.members.superblock(key).dev_roles[3], role::SPARE);
     d.members.gone[1] = true;
     d.run_one(Request::write(100, 0, blocks[0].clone())).unwrap();
     d.run_until_idle();
     assert!(d.engine.engine().member_states().iter().all(|s| *s == MemberState::InSync));
-    let sb = superblock(&d.members, key);
+    let sb = d.members.superblock(key);
     assert_eq!(sb.role(), 1, "the spare holds slot 1");
     assert!(!sb.has(feature::RECOVERY_OFFSET), "rebuilt in full");
-    assert_eq!(superblock(&d.members, 0).dev_roles[sb.dev_number as usize], 1);
+    assert_eq!(d.members.superblock(0).dev_roles[sb.dev_number as usize], 1);
     // Without member 0 now, everything still reads back (the spare carries slot 1).
     d.members.gone[0] = true;
     for (i, b) in blocks.iter().enumerate() {
@@ -246,7 +199,7 @@ fn closing_marks_the_superblocks_clean_after_a_flush() {
     while d.done.is_empty() {
         d.step();
     }
-    assert_ne!(superblock(&d.members, 0).resync_offset, MAX_SECTOR, "dirty while writing");
+    assert_ne!(d.members.superblock(0).resync_offset, MAX_SECTOR, "dirty while writing");
     let mut result = None;
     for _ in 0..100_000 {
         result = d.engine.finish_close(Ok(()), d.now_ns);
@@ -257,7 +210,7 @@ fn closing_marks_the_superblocks_clean_after_a_flush() {
     }
     assert_eq!(result, Some(Ok(())));
     for m in 0..4 {
-        let sb = superblock(&d.members, m);
+        let sb = d.members.superblock(m);
         assert_eq!(sb.resync_offset, MAX_SECTOR, "member {m} not clean after the close");
     }
     let bits = BitmapImage::parse(&d.members.metadata(0).offered.bitmap.unwrap()).unwrap();
@@ -336,14 +289,14 @@ fn failing_the_last_redundant_member_is_refused_unless_forced() {
         }
         // raid10 near-2 on 4: slot 1 holds slot 0's copies.
         let victim = if level == 10 { 1 } else { already_lost };
-        let before: Vec<Superblock> = (0..n).map(|m| superblock(&d.members, m)).collect();
+        let before: Vec<Superblock> = (0..n).map(|m| d.members.superblock(m)).collect();
         let e =
             d.engine.fail(victim as u64, false, d.now_ns).expect_err(&format!("raid{level}: fail accepted"));
         assert!(e.contains("would fail") && e.contains("--force"), "raid{level}: {e}");
         d.run_until_idle();
         assert!(!d.engine.engine().is_failed(), "raid{level}: {e}");
         assert_eq!(d.engine.engine().member_states()[victim], MemberState::InSync, "raid{level}");
-        let after: Vec<Superblock> = (0..n).map(|m| superblock(&d.members, m)).collect();
+        let after: Vec<Superblock> = (0..n).map(|m| d.members.superblock(m)).collect();
         assert_eq!(before, after, "raid{level}: a refused fail changed the superblocks");
         assert_eq!(d.run_one(Request::read(2, 0, 65536)).unwrap(), block, "raid{level}");
         // --force: md fails the member and with it the array.

@@ -72,27 +72,11 @@ fn events(d: &mut Driver) -> Vec<EngineEvent> {
 /// writes to `member` overlapping member bytes `[a, b)` (each of `fail`) fail with an I/O
 /// error.
 fn drain_failing_writes(d: &mut Driver, fail: &[(usize, u64, u64)]) {
-    d.engine.unplug(d.now_ns);
     let hit = |io: &MemberIo| {
         let (a, b) = (io.offset_bytes, io.offset_bytes + io.len_bytes);
         io.op == MemberIoOp::Write && fail.iter().any(|&(m, fa, fb)| m == io.member && fa < b && a < fb)
     };
-    let mut ex = InOrder { members: &mut d.members, pending: &mut d.pending, take: |_| 1, fail: &hit };
-    loop {
-        d.now_ns += 10_000;
-        let now = d.now_ns;
-        let done = &mut d.done;
-        if drive::exchange(&mut d.engine, &mut ex, &mut || now, &mut Vec::new(), |c| done.push(c)).any() {
-            continue;
-        }
-        match d.engine.next_deadline_ns() {
-            Some(t) => {
-                d.now_ns = d.now_ns.max(t);
-                d.engine.tick(d.now_ns);
-            }
-            None => break,
-        }
-    }
+    run_in_order(d, |_| 1, &hit, &|_| false);
 }
 
 #[test]

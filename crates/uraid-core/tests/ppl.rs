@@ -12,7 +12,6 @@ use uraid_core::*;
 
 const MEMBER_BYTES: u64 = 8 << 20;
 const CHUNK: u64 = 64 << 10;
-const EPOCH_S: u64 = 1_700_000_000;
 
 /// `uraid create --assume-clean --consistency-policy ppl` of a RAID5 of `n` in RAM.
 fn create(n: usize) -> MemMembers {
@@ -25,18 +24,7 @@ fn create(n: usize) -> MemMembers {
     p.ctime_seconds = EPOCH_S;
     p.name = "ppl".into();
     p.chunk_kib = Some((CHUNK / 1024) as u32);
-    let c = create_array(&p).unwrap();
-    let mut mm = MemMembers::new(n, MEMBER_BYTES);
-    for (i, sb) in c.superblocks.iter().enumerate() {
-        let sb = sb.clone().unwrap();
-        let at = (sb.super_offset * 512) as usize;
-        mm.images[i][at..at + SB_BYTES].copy_from_slice(&sb.serialize());
-        let (start, _) = ppl_area(&sb).unwrap();
-        let h = PplHeader::empty(ppl_signature(&sb.set_uuid)).serialize().unwrap();
-        let at = (start * 512) as usize;
-        mm.images[i][at..at + h.len()].copy_from_slice(&h);
-    }
-    mm
+    create_in_ram(&p, MEMBER_BYTES)
 }
 
 /// Plans the members `keys` as `uraid serve --run` does; with `replay`, replays the log
@@ -405,7 +393,14 @@ fn a_member_that_joins_has_its_old_log_wiped_by_its_first_log_write() {
         d.members.images[key][at..at + PPL_HEADER_SIZE].copy_from_slice(&h);
     }
     assert_eq!(newest_log(&d.members, key).map(|(off, h)| (off, h.generation)), Some((16, 900)));
-    let new = NewMember { key: key as u64, name: "new".into(), sb, previous: None, replaces: None };
+    let new = NewMember {
+        key: key as u64,
+        name: "new".into(),
+        sb,
+        previous: None,
+        replaces: None,
+        bad_blocks: None,
+    };
     assert!(matches!(d.engine.add_member(new, d.now_ns).unwrap(), Added::Rebuilding { slot: 2, .. }));
     d.run_until_idle();
     assert!(d.engine.engine().member_states().iter().all(|s| *s == MemberState::InSync));
@@ -417,4 +412,65 @@ fn a_member_that_joins_has_its_old_log_wiped_by_its_first_log_write() {
     let area_end = ((start + 2048) * 512) as usize;
     let after = ((start + 16) * 512) as usize;
     assert!(d.members.images[key][after..area_end].iter().all(|&b| b == 0), "the old log is still there");
+}
+
+/// A device joining a slot is given an empty log before the array uses it in the slot (md's
+/// `ppl_write_empty_header` in raid5_add_disk, via log_modify): a former member carrying an
+/// old log of this array, rebuilt, then crashed dirty before its slot logged anything, must
+/// not have those old entries replayed over the parity its recovery wrote (the replay
+/// finding entries also skips the resync, so nothing would repair it).
+#[test]
+fn a_device_joining_a_slot_has_its_old_log_emptied_before_a_crash_can_replay_it() {
+    const REGION: u64 = 1 << 20;
+    let mut mm = create(3);
+    let keys = [0usize, 1, 2];
+    let (p, _) = plan(&mut mm, &keys, true);
+    let mut d = start(mm, &keys, &p, 4);
+    d.run_one(Request::write(1, 0, pattern(1, REGION as usize))).unwrap();
+    let data_offset = d.members.metadata(0).offered.superblock.unwrap().data_offset * 512;
+    // Slot 2 fails and is removed; its device comes back, carrying a log of this array:
+    // an entry for stripe 0's first rows (whose parity slot 2 holds), with a generation
+    // newer than anything this run wrote there.
+    d.members.gone[2] = true;
+    d.run_one(Request::write(2, 4096, pattern(2, 4096))).unwrap();
+    d.run_until_idle();
+    d.engine.remove(2, d.now_ns).unwrap();
+    d.run_until_idle();
+    d.members.gone[2] = false;
+    let sb = d.engine.new_member_superblock(MEMBER_BYTES / 512, [0x67; 16], "back").unwrap();
+    let mut sb_w = sb.clone();
+    let at = (sb.super_offset * 512) as usize;
+    d.members.images[2][at..at + SB_BYTES].copy_from_slice(&sb_w.update_csum());
+    let (start_sector, _) = ppl_area(&sb).unwrap();
+    let pp = pattern(3, 4096);
+    let e =
+        PplEntry { data_sector: 0, pp_size: 4096, data_size: 4096, parity_disk: 2, checksum: crc32c(&pp) };
+    let h = PplHeader { signature: ppl_signature(&sb.set_uuid), generation: 900, entries: vec![e] };
+    let h = h.serialize().unwrap();
+    let at = (start_sector * 512) as usize;
+    d.members.images[2][at..at + PPL_HEADER_SIZE].copy_from_slice(&h);
+    d.members.images[2][at + PPL_HEADER_SIZE..at + PPL_HEADER_SIZE + 4096].copy_from_slice(&pp);
+    assert_eq!(newest_log(&d.members, 2).map(|(_, h)| h.generation), Some(900));
+    let new = NewMember { key: 2, name: "back".into(), sb, previous: None, replaces: None, bad_blocks: None };
+    assert!(matches!(d.engine.add_member(new, d.now_ns).unwrap(), Added::Rebuilding { slot: 2, .. }));
+    d.run_until_idle();
+    assert!(d.engine.engine().member_states().iter().all(|s| *s == MemberState::InSync));
+    assert_eq!(first_inconsistent_row(&d.members, 3, data_offset, REGION), None, "rebuilt");
+    // A write to stripe 1 (parity on slot 1: slot 2 logs nothing) marks the array dirty;
+    // the power goes once it is acknowledged, before the array is marked clean again.
+    d.submit(Request::write(3, 2 * CHUNK + 8192, pattern(4, 4096)));
+    d.engine.unplug(d.now_ns);
+    while d.take_done(3).is_none() {
+        assert!(d.step(), "the write never completed");
+    }
+    let mut mm = MemMembers::new(3, MEMBER_BYTES);
+    mm.images = d.members.images.clone();
+    assert_ne!(mm.superblock(0).resync_offset, MAX_SECTOR, "crashed dirty");
+    let (p, rec) = plan(&mut mm, &keys, true);
+    assert_eq!(
+        first_inconsistent_row(&mm, 3, data_offset, REGION),
+        None,
+        "the replay put the joining device's old log over rebuilt parity ({rec:?}, resync {:?})",
+        p.resync
+    );
 }

@@ -4,7 +4,8 @@
 mod common;
 
 use common::*;
-use uraid_core::meta::array_range_to_sync_range;
+use uraid_core::array::{Added, NewMember};
+use uraid_core::meta::{array_range_to_sync_range, BitmapImage};
 use uraid_core::*;
 
 const MEMBER_SECTORS: u64 = 4096;
@@ -52,4 +53,52 @@ fn a_returning_member_is_rebuilt_only_where_it_missed_writes() {
         let back = d.run_one(Request::read(3, 0, bytes as u64)).expect("read");
         assert!(back == model, "{ctx}: the re-added member is not a full copy");
     }
+}
+
+/// md keeps a re-added device's bad-block log: a range a write failed on while it was a
+/// member holds stale data, and the bitmap, whose bit was cleared once the write completed
+/// on the others, does not rebuild it. Reads there must still come from the others.
+#[test]
+fn a_re_added_member_keeps_its_bad_block_log() {
+    const BYTES: u64 = 8 << 20;
+    const CHUNK: u64 = 64 << 10;
+    let mut d = start_array(create_level(5, 3, BYTES, true), &[0, 1, 2], 5);
+    let data_at = d.members.superblock(1).data_offset * 512;
+    // Left-symmetric raid5 on 3: the array's second chunk is member 1's first.
+    d.run_one(Request::write(1, 0, vec![0x33; 2 * CHUNK as usize])).unwrap();
+    d.members.write_errors.push((1, data_at, data_at + 4096));
+    d.run_one(Request::write(2, CHUNK, vec![0x77; 4096])).unwrap();
+    d.members.write_errors.clear();
+    d.run_until_idle();
+    let listed: Vec<(u64, u64)> = d.members.metadata(1).bad_blocks.unwrap().unwrap().entries().collect();
+    assert_eq!(listed, vec![(data_at / 512, 8)], "the failed write is in member 1's log");
+    let bits = BitmapImage::parse(&d.members.metadata(0).offered.bitmap.unwrap()).unwrap();
+    assert_eq!(bits.dirty_count(), 0, "the write's bit was cleared: a re-add will not rebuild it");
+    // Member 1 fails, leaves and comes back: nothing was written meanwhile.
+    d.engine.fail_member(1, d.now_ns);
+    d.run_until_idle();
+    d.engine.remove(1, d.now_ns).unwrap();
+    d.run_until_idle();
+    let previous = d.members.metadata(1);
+    let sb = d.engine.new_member_superblock(BYTES / 512, [0x42; 16], "m1").unwrap();
+    let mut sb_w = sb.clone();
+    d.members.write_at(1, sb.super_offset * 512, &sb_w.update_csum());
+    let (off, area) = d.engine.bitmap_area().unwrap();
+    d.members.write_at(1, (sb.super_offset as i64 + i64::from(off)) as u64 * 512, &area);
+    let new = NewMember {
+        key: 1,
+        name: "m1".into(),
+        sb,
+        previous: previous.offered.superblock.ok(),
+        replaces: None,
+        bad_blocks: previous.bad_blocks.unwrap(),
+    };
+    let added = d.engine.add_member(new, d.now_ns).unwrap();
+    assert_eq!(added, Added::Rebuilding { slot: 1, readd: Ok(Vec::new()) }, "a bitmap re-add of nothing");
+    d.run_until_idle();
+    assert!(d.engine.engine().member_states().iter().all(|s| *s == MemberState::InSync));
+    let kept = d.members.metadata(1).bad_blocks.unwrap();
+    assert_eq!(kept.map(|b| b.entries().collect::<Vec<_>>()), Some(listed), "the log on the device");
+    let back = d.run_one(Request::read(3, CHUNK, 4096)).unwrap();
+    assert!(back == vec![0x77; 4096], "a read returned {:#x} where 0x77 was acknowledged", back[0]);
 }

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use std::collections::HashSet;
-use uraid_core::geometry::{algorithm, parse_layout};
+use uraid_core::geometry::{algorithm, parse_layout, Extent};
 use uraid_core::*;
 
 fn geo(level: Level, n: usize, layout: u32) -> Geometry {
@@ -759,4 +759,99 @@ fn a_resumed_recovery_issues_nothing_until_the_caller_set_the_engine_up() {
         assert!(!ios.is_empty(), "{ctx}: the recovery did not start");
         assert!(ios.iter().all(|io| io.member != 1), "{ctx}: I/O went to the slot's old index");
     }
+}
+
+/// md's handle_failed_sync (raid4/5/6) and fix_sync_read_error (raid1/10): a recovery
+/// meeting sectors no source can supply (latent or listed beyond the redundancy) records
+/// them as bad blocks on the member being rebuilt and goes on. The member ends in sync;
+/// reads of those sectors fail with EIO, everything else reads back. (It used to stop
+/// for good: the member stayed recovering, and a new `add` stopped at the same row.)
+#[test]
+fn a_recovery_records_what_no_source_can_read_as_bad_blocks_on_its_target_and_finishes() {
+    let n2 = parse_layout(Level::Raid10, "n2").unwrap();
+    let ls = algorithm::LEFT_SYMMETRIC;
+    // (level, members, layout, the sources that cannot give sector S, besides the target)
+    for (level, n, layout, latent) in [
+        (Level::Raid5, 3, ls, vec![0]),
+        (Level::Raid5, 4, ls, vec![2]),
+        (Level::Raid6, 4, ls, vec![0, 2]),
+        (Level::Raid1, 2, 0, vec![0]),
+        (Level::Raid10, 4, n2, vec![0]),
+    ] {
+        for listed in [false, true] {
+            recovery_beyond_redundancy(level, n, layout, &latent, listed);
+        }
+    }
+}
+
+/// The recovery of member 1 of `level` on `n` where sector `S` of each of `latent` cannot
+/// be read: a latent sector, or one their bad-block logs list.
+fn recovery_beyond_redundancy(level: Level, n: usize, layout: u32, latent: &[usize], listed: bool) {
+    let ctx = format!("{level:?} n={n} listed {listed}");
+    let g = geo(level, n, layout);
+    let size = g.array_bytes();
+    let target = 1;
+    let mut d =
+        Driver::new(Engine::new(config(g.clone(), 4096)).unwrap(), MemMembers::new(n, 4096 + 4096 * 512), 5);
+    let mut model = vec![0u8; size as usize];
+    Rng(17).fill(&mut model);
+    d.run_one(Request::write(1, 0, model.clone())).expect("write");
+    d.engine.fail_member(target, d.now_ns);
+    d.members.images[target].fill(0);
+    d.engine.set_bad_blocks(target, Some(uraid_core::meta::BadBlocks::new(0, 8)));
+    // One sector half way down the sources, unreadable on as many as the level survives.
+    const S: u64 = 2050;
+    for &m in latent {
+        if listed {
+            let mut bb = uraid_core::meta::BadBlocks::new(0, 8);
+            assert!(bb.set(8 + S, 1));
+            d.engine.set_bad_blocks(m, Some(bb));
+        } else {
+            let at = 4096 + S * 512;
+            d.members.latent.push((m, at, at + 512));
+        }
+    }
+    d.engine.add_member(target, 4096, d.now_ns).unwrap();
+    d.run_until_idle();
+    assert_eq!(d.engine.member_states(), vec![MemberState::InSync; n], "{ctx}: the recovery did not finish");
+    let recorded: Vec<(usize, u64, u64)> = std::iter::from_fn(|| d.engine.pop_event())
+        .filter_map(|e| match e {
+            EngineEvent::BadBlocksRecorded { slot, sector, sectors } => Some((slot, sector, sectors)),
+            _ => None,
+        })
+        .collect();
+    let abs = 8 + S;
+    assert!(
+        recorded.iter().any(|&(slot, s, l)| slot == target && s <= abs && abs < s + l),
+        "{ctx}: sector {S} not recorded bad on the target: {recorded:?}"
+    );
+    let listed: u64 = recorded.iter().map(|r| r.2).sum();
+    assert!(listed <= 8, "{ctx}: {listed} sectors recorded bad for one unreadable sector");
+    // Reads: EIO exactly where every copy (or too many members of the row) is lost.
+    let lost = |sector: u64| -> bool {
+        let bad = |e: &Extent| e.member_sector == S && (e.member == target || latent.contains(&e.member));
+        let mut copies = Vec::new();
+        if matches!(level, Level::Raid1 | Level::Raid10) {
+            g.copies(sector, &mut copies);
+            copies.iter().all(bad)
+        } else {
+            bad(&g.map_sector(sector).0)
+        }
+    };
+    let mut eio = 0;
+    for (i, at) in (0..size).step_by(4096).enumerate() {
+        let want_lost = (at / 512..at / 512 + 8).any(lost);
+        match d.run_one(Request::read(100 + i as u64, at, 4096)) {
+            Ok(got) => {
+                assert!(!want_lost, "{ctx}: bytes {at}+4096 read back though no source holds them");
+                assert!(got[..] == model[at as usize..at as usize + 4096], "{ctx}: bytes {at}+4096 differ");
+            }
+            Err(e) => {
+                assert!(want_lost, "{ctx}: bytes {at}+4096: {e:?}");
+                assert_eq!(e, RequestError::Io, "{ctx}");
+                eio += 1;
+            }
+        }
+    }
+    assert!(eio > 0, "{ctx}: no read met the lost sector");
 }

@@ -10,7 +10,7 @@ use uraid_core::meta::AssemblyPlan;
 use uraid_core::{Level, MemberState, SyncKind};
 
 use crate::array::{RunOutcome, SimArray};
-use crate::meta::member_superblock;
+use crate::meta::member_metadata;
 
 /// How the rebuild ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -66,7 +66,11 @@ fn stale_member(rp: &RebuildPlan, array: &SimArray<Array>, slot: usize) -> Optio
 /// the array decides whether it is rebuilt in full or only where the bitmap says it missed
 /// writes. Returns what the array made of it.
 fn add_disk(array: &mut SimArray<Array>, member: usize, returning: bool) -> Result<Added, String> {
-    let previous = if returning { member_superblock(array.disks(), member) } else { None };
+    // What the disk carries as a member coming back: its superblock and its bad-block log
+    // (read before its new superblock goes over them, as `uraid add` reads them).
+    let meta = returning.then(|| member_metadata(array.disks(), member));
+    let previous = meta.as_ref().and_then(|m| m.offered.superblock.clone().ok());
+    let bad_blocks = meta.and_then(|m| m.bad_blocks.ok().flatten());
     // The array's own entry of this disk (faulty) leaves first, as `uraid remove` does (no
     // time passes before the add: another slot failing meanwhile would take its place).
     let now = array.now_ns();
@@ -88,7 +92,9 @@ fn add_disk(array: &mut SimArray<Array>, member: usize, returning: bool) -> Resu
     }
     store.flush_all();
     let now = array.now_ns();
-    array.engine_mut().add_member(NewMember { key: member as u64, name, sb, previous, replaces: None }, now)
+    array
+        .engine_mut()
+        .add_member(NewMember { key: member as u64, name, sb, previous, replaces: None, bad_blocks }, now)
 }
 
 /// What the rebuild did.

@@ -96,3 +96,73 @@ fn a_member_back_from_a_failure_or_a_restart_rebuilds_only_what_it_missed() {
     again.stop();
     assert_eq!(md_mismatch_cnt(&members), 0, "md's check after the re-adds");
 }
+
+/// md keeps a re-added device's bad-block log. A write fails on member 1 (`--debug-fault`)
+/// and its range joins member 1's log; member 1 keeps the old bytes there. Failed, removed
+/// and added back with nothing written meanwhile, it is in sync at once (the bitmap
+/// rebuilds nothing): the range must stay listed, on disk too, and reads there come from
+/// the others, as in md.
+#[test]
+fn a_re_added_member_keeps_its_bad_block_log_and_reads_never_come_from_it() {
+    let dir = TempDir::new("readd-bb");
+    let members: Vec<PathBuf> = (0..3).map(|i| dir.path(&format!("b{i}"))).collect();
+    let mut args = vec!["create", "--level", "5", "--raid-devices", "3", "--size", "16M", "--chunk", "64K"];
+    args.extend(["--assume-clean", "--bitmap", "internal", "--bitmap-chunk", "1M", "--name", "rb"]);
+    args.extend(paths(&members));
+    ok(uraid(&args), "uraid create");
+    let m1 = members[1].display().to_string();
+    let ex = ok(uraid(&["examine", &m1]), "uraid examine");
+    let data_offset: u64 =
+        mdadm_field(&ex, "Data Offset").unwrap().split(' ').next().unwrap().parse().unwrap();
+    // Member 1's data writes fail while `armed` exists. Left-symmetric raid5 on 3 with
+    // 64 KiB chunks: array bytes 64K..128K are member 1's first chunk.
+    let armed = dir.path("armed");
+    let rule = format!("member=1,op=write,from={},when={}", data_offset * 512, armed.display());
+    let served = Served::start(&dir, &members, &["--debug-fault", &rule]);
+    qemu_io(&served.url, &["write -P 0x33 0 1M".to_string(), "flush".to_string()]);
+    std::fs::write(&armed, b"").unwrap();
+    qemu_io(&served.url, &["write -P 0x77 64K 4K".to_string(), "flush".to_string()]);
+    std::fs::remove_file(&armed).unwrap();
+    let t0 = Instant::now();
+    while !served.log_text().contains("recorded in its bad-block log") {
+        assert!(t0.elapsed() < Duration::from_secs(15), "no bad block recorded:\n{}", served.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The clean stop clears the bitmap bits of writes that completed (md_bitmap_flush).
+    served.stop();
+    let listed_before = bad_blocks_on(&m1);
+    assert!(!listed_before.is_empty(), "member 1's log is empty after the failed write");
+
+    let again = Served::start(&dir, &members, &[]);
+    again.ctl("fail", Some(&members[1]));
+    again.ctl("remove", Some(&members[1]));
+    let msg = again.ctl("add", Some(&members[1]));
+    assert!(msg.contains("re-added") && msg.contains("only the 0 regions"), "not a bitmap re-add: {msg}");
+    wait_idle(&again);
+    // `add` returns once the superblocks record it: the log is back on the device.
+    assert_eq!(bad_blocks_on(&m1), listed_before, "the log on the device after the re-add");
+    let c = again.control.display().to_string();
+    let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
+    assert!(detail.contains(&format!("Bad-blocks on {m1}:")), "the log was dropped at the re-add:\n{detail}");
+    qemu_io(&again.url, &["read -P 0x77 64K 4K".to_string(), "read -P 0x33 68K 60K".to_string()]);
+    let whole = read_array(&dir, &again.url);
+    again.stop();
+    // The read rebuilt the listed range from the others and wrote it back, which made it
+    // good (md's R5_ReadError: no write has failed on the device since it joined).
+    assert_eq!(bad_blocks_on(&m1), vec![], "the range rewritten by the read is still listed");
+    let md = md_check(&members);
+    assert_eq!(md.sha256, sha256_bytes(&whole), "md read other bytes");
+}
+
+/// The (sector, sectors) entries `uraid examine` lists for member `m`.
+fn bad_blocks_on(m: &str) -> Vec<(u64, u64)> {
+    let ex = ok(uraid(&["examine", m]), "uraid examine");
+    ex.lines()
+        .skip_while(|l| !l.trim().starts_with("Bad-blocks on"))
+        .skip(1)
+        .map_while(|l| {
+            let (s, rest) = l.trim().split_once(" for ")?;
+            Some((s.parse().ok()?, rest.strip_suffix(" sectors")?.parse().ok()?))
+        })
+        .collect()
+}

@@ -8,7 +8,7 @@ use super::superblocks::{ArrayMember, DevRole, MemberKey};
 use crate::api::*;
 use crate::config::MemberState;
 use crate::geometry::Level;
-use crate::meta::{feature, role, Superblock, SuperblockVersion};
+use crate::meta::{feature, role, BadBlocks, Superblock, SuperblockVersion};
 use crate::scrub::ScrubKind;
 use crate::sync::SyncKind;
 
@@ -22,6 +22,11 @@ pub struct NewMember {
     pub sb: Superblock,
     /// What the device held before, if it was one of this array's members (a re-add).
     pub previous: Option<Superblock>,
+    /// The bad-block log the device carries, read with `previous` before its new
+    /// superblock was written. A member of this array coming back keeps it (md loads a
+    /// re-added device's log): the ranges a write failed on while it was a member still
+    /// hold old data, and a bitmap re-add does not rebuild them.
+    pub bad_blocks: Option<BadBlocks>,
     /// The array's faulty entry of this same device, which it replaces.
     pub replaces: Option<MemberKey>,
 }
@@ -135,7 +140,13 @@ impl Array {
         }
         let data_offset_bytes = m.sb.data_offset * SECTOR_BYTES;
         self.names.insert(m.key, m.name.clone());
+        let returning = m.previous.as_ref().is_some_and(|p| p.set_uuid == self.sbs.members()[0].sb.set_uuid);
+        let kept_log = m.bad_blocks.filter(|bb| returning && !bb.is_empty());
         self.sbs.member_added(ArrayMember { key: m.key, sb: m.sb, role: DevRole::Spare });
+        // md's re-add keeps the device's log; one its new superblock has no room for is
+        // lost, so the device is then rebuilt in full (a bitmap re-add would read the
+        // ranges the log listed as good).
+        let log_lost = kept_log.is_some_and(|bb| !self.sbs.keep_bad_blocks(m.key, &bb));
         self.write_superblocks_then(None);
         let states = self.engine.member_states();
         let slot = (0..states.len()).find(|&s| {
@@ -150,7 +161,11 @@ impl Array {
                 Added::Spare
             }
             Some(slot) => {
-                let readd = self.readd_ranges(m.previous.as_ref(), slot, data_offset_bytes / SECTOR_BYTES);
+                let readd = if log_lost {
+                    Err("its bad-block log does not fit in its new superblock's".into())
+                } else {
+                    self.readd_ranges(m.previous.as_ref(), slot, data_offset_bytes / SECTOR_BYTES)
+                };
                 match self.rebuild_into(slot, m.key, data_offset_bytes, readd.as_ref().ok().cloned()) {
                     Ok(()) => Added::Rebuilding { slot, readd },
                     Err(e) => {

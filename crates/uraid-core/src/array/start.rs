@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::rounds::{Rounds, Work};
 use super::state::Array;
-use super::superblocks::{ArrayMember, ArraySuperblocks, DevRole, MemberKey, MetaIo, MetaWriteKind};
+use super::superblocks::{
+    empty_ppl_area, ArrayMember, ArraySuperblocks, DevRole, MemberKey, MetaIo, MetaWriteKind,
+};
 use super::upkeep::{UpkeepClock, UpkeepPeriods};
 use crate::api::*;
 use crate::config::{ArrayConfig, MemberState, Tunables};
@@ -16,7 +18,7 @@ use crate::detmap::DetMap;
 use crate::engine::Engine;
 use crate::meta::{
     feature, has_ppl, ppl_area, ppl_signature, ppl_usable_sectors, ppl_uses_multiple, AssemblyPlan,
-    BadBlocks, PplHeader, Superblock, MAX_SECTOR,
+    BadBlocks, Superblock, MAX_SECTOR,
 };
 
 /// One offered member, as the caller reads it.
@@ -188,16 +190,13 @@ impl Array {
         let mut ios = Vec::new();
         for m in self.sbs.members() {
             let Some(slot) = m.role.active_slot() else { continue };
-            let Some((start, sectors)) = ppl_area(&m.sb) else { continue };
-            let Ok(header) = PplHeader::empty(ppl_signature(&m.sb.set_uuid)).serialize() else { continue };
-            let mut area = vec![0u8; (sectors * SECTOR_BYTES) as usize];
-            area[..header.len()].copy_from_slice(&header);
+            let Some((offset_bytes, bytes)) = empty_ppl_area(&m.sb) else { continue };
             ios.push(MetaIo::Write {
                 key: m.key,
                 slot: Some(slot),
                 what: MetaWriteKind::PplArea,
-                offset_bytes: start * SECTOR_BYTES,
-                bytes: area,
+                offset_bytes,
+                bytes,
             });
         }
         if !ios.is_empty() {

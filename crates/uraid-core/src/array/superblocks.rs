@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::meta::{
-    array_range_to_sync_range, feature, role, BadBlocks, BitmapPageWrite, Superblock, WriteIntentBitmap,
-    MAX_DEV_LIMIT, MAX_SECTOR,
+    array_range_to_sync_range, feature, has_ppl, ppl_area, ppl_signature, role, BadBlocks, BitmapPageWrite,
+    PplHeader, Superblock, WriteIntentBitmap, MAX_DEV_LIMIT, MAX_SECTOR,
 };
 
 /// The caller's name for a member (an index into its own table of files or disks).
@@ -69,7 +69,8 @@ pub enum MetaWriteKind {
     /// whether to read it).
     BadBlockLog,
     Superblock,
-    /// The member's partial parity log area (emptied at start).
+    /// The member's partial parity log area (emptied at start, and when a device joins a
+    /// slot).
     PplArea,
 }
 
@@ -162,6 +163,9 @@ impl std::error::Error for MetaError {}
 pub struct RoundOutcome {
     /// Active slots that failed in this round: the caller fails them in the engine.
     pub newly_failed_slots: Vec<usize>,
+    /// Slots whose newly joined device had its partial parity log area emptied by this
+    /// round: the caller lets the engine log there (`Engine::ppl_area_emptied`).
+    pub ppl_emptied_slots: Vec<usize>,
     /// The next round to perform, none when done, or the array lost every member.
     pub next: Result<Option<MetaRound>, MetaError>,
 }
@@ -201,6 +205,22 @@ pub struct ArraySuperblocks {
     bad_blocks: BTreeMap<MemberKey, BadBlocks>,
     /// Logs changed since they were last written (md's `badblocks.changed`).
     bad_blocks_changed: BTreeSet<MemberKey>,
+    /// Devices that joined a slot of a RAID5 with a partial parity log and whose log area
+    /// the next superblock round empties, before their own superblock (md's
+    /// `ppl_write_empty_header` when a device is added): an old log there would be
+    /// replayed after a crash. Then those the round in flight empties, with their slot.
+    ppl_wipe: BTreeSet<MemberKey>,
+    ppl_wipe_in_round: Vec<(MemberKey, usize)>,
+}
+
+/// A device's partial parity log area emptied, as md's ppl_write_empty_header leaves it
+/// (zeroes, an empty header first): (byte offset, bytes). None without an area.
+pub(super) fn empty_ppl_area(sb: &Superblock) -> Option<(u64, Vec<u8>)> {
+    let (start, sectors) = ppl_area(sb)?;
+    let header = PplHeader::empty(ppl_signature(&sb.set_uuid)).serialize().ok()?;
+    let mut area = vec![0u8; (sectors * 512) as usize];
+    area[..header.len()].copy_from_slice(&header);
+    Some((start * 512, area))
 }
 
 impl ArraySuperblocks {
@@ -231,6 +251,8 @@ impl ArraySuperblocks {
             chunk_sectors,
             bad_blocks: BTreeMap::new(),
             bad_blocks_changed: BTreeSet::new(),
+            ppl_wipe: BTreeSet::new(),
+            ppl_wipe_in_round: Vec::new(),
         }
     }
 
@@ -404,6 +426,16 @@ impl ArraySuperblocks {
                     });
                 }
             }
+            // A device new in its slot: its partial parity log area emptied before its
+            // superblock says it holds the slot (so an old log there is never replayed).
+            if let (Some(slot), true) = (m.role.active_slot(), self.ppl_wipe.contains(&m.key)) {
+                if let Some((offset_bytes, bytes)) = empty_ppl_area(sb) {
+                    let what = MetaWriteKind::PplArea;
+                    ios.push(MetaIo::Write { key: m.key, slot: Some(slot), what, offset_bytes, bytes });
+                }
+                self.ppl_wipe.remove(&m.key);
+                self.ppl_wipe_in_round.push((m.key, slot));
+            }
             ios.push(MetaIo::Write {
                 key: m.key,
                 slot: m.role.active_slot(),
@@ -445,21 +477,33 @@ impl ArraySuperblocks {
             // still working (the others are failed just below).
             bm.pages_written(pages);
         }
+        let ppl_emptied_slots = match round.kind {
+            RoundKind::Superblocks => std::mem::take(&mut self.ppl_wipe_in_round)
+                .into_iter()
+                .filter(|(key, _)| !failed.contains(key))
+                .map(|(_, slot)| slot)
+                .collect(),
+            _ => Vec::new(),
+        };
         if !failed.is_empty() {
             let newly_failed_slots = self.fail_members(failed);
             if !self.members.iter().any(|m| m.role.working()) {
-                return RoundOutcome { newly_failed_slots, next: Err(MetaError::NoWorkingMember) };
+                return RoundOutcome {
+                    newly_failed_slots,
+                    ppl_emptied_slots,
+                    next: Err(MetaError::NoWorkingMember),
+                };
             }
             // Record the failure in the others' superblocks; a daemon pass clears nothing,
             // as the failed member's writes may not be durable.
             let next = self.superblock_round(now_seconds);
-            return RoundOutcome { newly_failed_slots, next: Ok(Some(next)) };
+            return RoundOutcome { newly_failed_slots, ppl_emptied_slots, next: Ok(Some(next)) };
         }
         let next = match round.kind {
             RoundKind::Superblocks | RoundKind::BitmapPages { .. } => None,
             RoundKind::DaemonFlush { candidates } => self.clear_flushed(&candidates),
         };
-        RoundOutcome { newly_failed_slots: Vec::new(), next: Ok(next) }
+        RoundOutcome { newly_failed_slots: Vec::new(), ppl_emptied_slots, next: Ok(next) }
     }
 
     fn clear_flushed(&mut self, candidates: &[u64]) -> Option<MetaRound> {
@@ -550,6 +594,9 @@ impl ArraySuperblocks {
         if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
             m.role = DevRole::Active { slot, recovering: true };
             m.sb.recovery_offset = 0;
+            if has_ppl(&m.sb) {
+                self.ppl_wipe.insert(key);
+            }
         }
     }
 
@@ -584,6 +631,10 @@ impl ArraySuperblocks {
         for m in &mut self.members {
             if m.role == (DevRole::Replacement { slot }) {
                 m.role = DevRole::Active { slot, recovering: false };
+                // The slot's log moves to it (md's log_modify when the replacement takes over).
+                if has_ppl(&m.sb) {
+                    self.ppl_wipe.insert(m.key);
+                }
             }
         }
         old
@@ -598,11 +649,23 @@ impl ArraySuperblocks {
     /// A new member joins (as a spare until [`ArraySuperblocks::spare_activated`]).
     pub fn member_added(&mut self, member: ArrayMember) {
         assert!(self.member(member.key).is_none(), "member keys are unique");
-        // Its log was zeroed as it was added: empty, with the room its superblock gives.
+        // Its log was zeroed as it was added: empty, with the room its superblock gives (a
+        // returning member's own is put back by `keep_bad_blocks`).
         if let Some(bb) = BadBlocks::for_superblock(&member.sb) {
             self.bad_blocks.insert(member.key, bb);
         }
         self.members.push(member);
+    }
+
+    /// Member `key`, just added, comes back with the bad-block log `log` it carried as a
+    /// member (md's re-add keeps it): its entries replace the empty log and are written,
+    /// with the feature bit, by the next superblock round. False (nothing kept) when its
+    /// superblock has no log or the log no room for them.
+    pub fn keep_bad_blocks(&mut self, key: MemberKey, log: &BadBlocks) -> bool {
+        let Some(bb) = self.member(key).and_then(|m| log.moved_to(&m.sb)) else { return false };
+        self.bad_blocks.insert(key, bb);
+        self.bad_blocks_changed.insert(key);
+        true
     }
 
     /// A faulty member or a spare leaves the array's superblocks (mdadm --remove).
@@ -610,6 +673,7 @@ impl ArraySuperblocks {
         self.members.retain(|m| m.key != key);
         self.bad_blocks.remove(&key);
         self.bad_blocks_changed.remove(&key);
+        self.ppl_wipe.remove(&key);
     }
 
     /// The resync finished: the array may be marked clean again (no write of its own).

@@ -249,6 +249,9 @@ impl Array {
             for slot in out.newly_failed_slots {
                 self.engine.fail_member(slot, now);
             }
+            for slot in out.ppl_emptied_slots {
+                self.engine.ppl_area_emptied(slot);
+            }
             match out.next {
                 Ok(Some(next)) => {
                     // The failure is recorded by the next round, under the same number.

@@ -60,6 +60,8 @@ impl Mddev {
             events: VecDeque::new(),
             direct_sync: None,
             blocked_writes: Vec::new(),
+            read_fixes: Vec::new(),
+            next_read_fix: 0,
             planted_skip_rmw_parity: false,
             metadata_pending: false,
             mismatch_cnt_sectors: 0,

@@ -64,12 +64,22 @@ impl Mddev {
     /// member has no log or it is full: the caller fails the member (md_error).
     pub(crate) fn record_write_error(&mut self, led: &mut Ledger, member: usize) -> bool {
         let Some((sector, len)) = led.completing_write else { return false };
+        if !self.record_bad_block(member, sector, len) {
+            return false;
+        }
+        self.members[member].write_error_seen = true;
+        true
+    }
+
+    /// md's rdev_set_badblocks: data-relative `[sector, sector + len)` of `member` joins
+    /// its log, and completions wait until the caller wrote the log. False when the member
+    /// has no log, it is full, or the member takes no writes.
+    pub(crate) fn record_bad_block(&mut self, member: usize, sector: u64, len: u64) -> bool {
         let m = &mut self.members[member];
         let abs = m.data_offset_bytes / SECTOR_BYTES + sector;
         if !m.writable() || !m.bad_blocks.as_mut().is_some_and(|bb| bb.set(abs, len)) {
             return false;
         }
-        m.write_error_seen = true;
         self.metadata_pending |= self.tun.hold_completions_on_member_failure;
         self.events.push_back(EngineEvent::BadBlocksRecorded { slot: member, sector: abs, sectors: len });
         true

@@ -18,6 +18,7 @@ use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::Geometry;
 use crate::ledger::{IoCtx, Ledger};
 use crate::meta::badblocks::BadBlocks;
+use crate::mirror::ReadFix;
 use crate::rdev::{MemberRt, Replacement, ReplacementStatus};
 use crate::stats::ArrayStats;
 use crate::stripe::{Ppl, StripeCache};
@@ -57,8 +58,12 @@ pub(crate) struct Mddev {
     pub(crate) resync_held: SectorRanges,
     pub(crate) events: VecDeque<EngineEvent>,
     pub(crate) direct_sync: Option<DirectUnit>,
-    /// raid1/10 writes waiting for the sync unit they overlap: (request, sector, len, zero).
+    /// raid1/10 writes waiting for the sync unit or read-error fix they overlap:
+    /// (request, sector, len, zero).
     pub(crate) blocked_writes: Vec<(RequestId, u64, u64, bool)>,
+    /// raid1/10 read-error corrections under way, and the next one's id.
+    pub(crate) read_fixes: Vec<ReadFix>,
+    pub(crate) next_read_fix: u64,
     /// Test-only sabotage: read-modify-write leaves P and Q untouched (see `plant_bug`).
     pub(crate) planted_skip_rmw_parity: bool,
     /// A member failed and the caller has not yet committed that to the metadata.
@@ -148,6 +153,12 @@ impl Engine {
 
     pub fn is_degraded(&self) -> bool {
         self.md.is_degraded()
+    }
+
+    /// The array emptied the partial parity log area of the device that joined `slot`
+    /// (see `ArraySuperblocks::spare_activated`): the slot's log may be written again.
+    pub fn ppl_area_emptied(&mut self, slot: usize) {
+        self.md.ppl_area_emptied(&mut self.led, slot)
     }
 
     /// Would the array still hold its data if the member in `slot` failed too?

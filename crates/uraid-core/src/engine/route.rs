@@ -141,6 +141,10 @@ impl Mddev {
     pub(super) fn finish_request(&mut self, led: &mut Ledger, id: RequestId) {
         if led.finish(id) == Some(true) {
             self.progress_flushes(led);
+            if !self.read_fixes.is_empty() {
+                // A read-error fix may have waited for this write to land.
+                self.start_read_fixes(led);
+            }
         }
     }
 

@@ -74,6 +74,13 @@ impl BadBlocks {
         (sb.bblog_offset != 0 && sb.bblog_size > 0).then(|| BadBlocks::new(sb.bblog_shift, sb.bblog_size))
     }
 
+    /// The same entries in the log `sb` describes (a device's new superblock may place
+    /// and size its log differently); None when it has no log or no room for them.
+    pub fn moved_to(&self, sb: &Superblock) -> Option<BadBlocks> {
+        let mut bb = BadBlocks::for_superblock(sb)?;
+        self.entries().all(|(sector, sectors)| bb.set(sector, sectors)).then_some(bb)
+    }
+
     /// Parses a member's log page as md's super_1_load does. `log` holds at least
     /// `bblog_size` sectors read at `super_offset + bblog_offset`. Without the feature bit
     /// the log is not read: an empty set.

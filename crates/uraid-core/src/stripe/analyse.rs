@@ -266,20 +266,12 @@ impl Mddev {
         st: &mut Stripe,
         want: SectorMask,
     ) -> Ensure {
+        let unreadable = self.unreadable_by_member(st, want);
         let n = self.geo.raid_disks;
-        let unreadable: Vec<SectorMask> =
-            (0..n).map(|o| self.unreadable_rows(st, o, want & !st.dev[o].valid)).collect();
         let lost: Vec<usize> = (0..n).filter(|&o| unreadable[o] != 0).collect();
         // Lost when some row lacks more members than parity covers.
-        let parity = self.geo.level.parity_disks();
-        if lost.len() > parity {
-            let over = (0..128u64).any(|r| {
-                let row = rows(r, r + 1);
-                want & row != 0 && unreadable.iter().filter(|&&u| u & row != 0).count() > parity
-            });
-            if over {
-                return Ensure::Lost;
-            }
+        if lost.len() > self.geo.level.parity_disks() && self.rows_over_parity(&unreadable, want) != 0 {
+            return Ensure::Lost;
         }
         // A lost member's other rows may still be being read (the halves of a failed fill):
         // wait for them, so every row that fails is known and rewritten below, not only the
@@ -338,12 +330,32 @@ impl Mddev {
                     let data = st.dev[o].block.as_ref().expect("rebuilt").view(bytes(r0, n));
                     st.inflight += 1;
                     st.dev[o].rewriting |= rows(r0, r0 + n);
-                    let ctx = IoCtx::Rewrite { key, rows: rows(r0, r0 + n), req: None };
+                    let ctx = IoCtx::Rewrite { key, rows: rows(r0, r0 + n) };
                     self.issue_io(led, o, MemberIoOp::Write, st.base_sector + r0, n, data, ctx);
                 }
             }
         }
         Ensure::Ready
+    }
+
+    /// Per member, the rows of `want` it lacks in the cache and cannot supply.
+    fn unreadable_by_member(&self, st: &Stripe, want: SectorMask) -> Vec<SectorMask> {
+        (0..self.geo.raid_disks).map(|o| self.unreadable_rows(st, o, want & !st.dev[o].valid)).collect()
+    }
+
+    /// The rows of `want` that more members lack (`unreadable`, per member) than parity
+    /// covers: nothing rebuilds them.
+    fn rows_over_parity(&self, unreadable: &[SectorMask], want: SectorMask) -> SectorMask {
+        let parity = self.geo.level.parity_disks();
+        (0..128u64)
+            .map(|r| rows(r, r + 1))
+            .filter(|&row| want & row != 0 && unreadable.iter().filter(|&&u| u & row != 0).count() > parity)
+            .fold(0, |acc, row| acc | row)
+    }
+
+    /// The rows of `want` no reconstruction can give (see `reconstruct`'s `Ensure::Lost`).
+    pub(super) fn rows_beyond_redundancy(&self, st: &Stripe, want: SectorMask) -> SectorMask {
+        self.rows_over_parity(&self.unreadable_by_member(st, want), want)
     }
 
     /// Compute the byte range `rg` of the `lost` members from the others (all valid there).

@@ -11,6 +11,30 @@ impl Mddev {
         self.cache.head_sectors
     }
 
+    /// A recovery's head for `member`: every row made ready in the cache but those nothing
+    /// can rebuild, which are returned. None while reads are pending; Some(None) when it
+    /// cannot go on.
+    fn recovery_ready(
+        &mut self,
+        led: &mut Ledger,
+        key: u64,
+        st: &mut Stripe,
+        member: usize,
+    ) -> Option<Option<SectorMask>> {
+        let full = self.cache.full_mask;
+        let mut lost = 0;
+        loop {
+            match self.ensure(led, key, st, member, full & !lost) {
+                Ensure::Pending => return None,
+                Ensure::Ready => return Some(Some(lost)),
+                Ensure::Lost => match self.rows_beyond_redundancy(st, full & !lost & !st.dev[member].valid) {
+                    0 => return Some(None),
+                    more => lost |= more,
+                },
+            }
+        }
+    }
+
     pub(super) fn advance_sync(&mut self, led: &mut Ledger, key: u64, st: &mut Stripe) {
         let Some(op) = st.sync.as_mut() else { return };
         if op.row {
@@ -27,6 +51,8 @@ impl Mddev {
         }
         let (unit, kind) = (op.unit, op.kind);
         let full = self.cache.full_mask;
+        // The rows written: all of them, but for a recovery's rows nothing can rebuild.
+        let mut write_rows = full;
         // (block to write, engine member to write it to)
         let targets: Vec<(usize, usize)> = match kind {
             crate::sync::SyncKind::Recovery { member } => {
@@ -35,15 +61,26 @@ impl Mddev {
                     self.head_sync_done(led, unit, false);
                     return;
                 }
-                match self.ensure(led, key, st, member, full) {
-                    Ensure::Pending => return,
-                    Ensure::Lost => {
+                // md's handle_failed_sync: rows more sources than parity covers cannot
+                // supply are recorded as bad blocks on the member rebuilt, and the recovery
+                // goes on (reads there fail, as md's do). With no room in its log to say so,
+                // it stops (md's recovery_disabled): the member never looks rebuilt there.
+                let lost = match self.recovery_ready(led, key, st, member) {
+                    None => return,
+                    Some(Some(lost))
+                        if runs(lost)
+                            .all(|(r0, n)| self.record_bad_block(member, st.base_sector + r0, n)) =>
+                    {
+                        lost
+                    }
+                    Some(_) => {
                         st.sync = None;
                         self.head_sync_done(led, unit, false);
                         return;
                     }
-                    Ensure::Ready => vec![(member, member)],
-                }
+                };
+                write_rows &= !lost;
+                vec![(member, member)]
             }
             // The member's own block, read from it (a failed read is rebuilt from the others
             // and rewritten to it by `ensure`), goes to the replacement.
@@ -104,14 +141,16 @@ impl Mddev {
             if !self.target_writable(m) {
                 continue;
             }
-            let data = st.dev[block].block.as_ref().expect("rebuilt").view(bytes(0, self.cache.head_sectors));
             if block == m {
-                st.dev[m].bad = 0; // the whole head is rewritten
+                st.dev[m].bad &= !write_rows; // rewritten
             }
-            writes += 1;
-            st.inflight += 1;
-            let n = self.cache.head_sectors;
-            self.issue_io(led, m, MemberIoOp::Write, st.base_sector, n, data, IoCtx::StripeSyncWrite { key });
+            for (r0, n) in runs(write_rows) {
+                let data = st.dev[block].block.as_ref().expect("rebuilt").view(bytes(r0, n));
+                writes += 1;
+                st.inflight += 1;
+                let ctx = IoCtx::StripeSyncWrite { key };
+                self.issue_io(led, m, MemberIoOp::Write, st.base_sector + r0, n, data, ctx);
+            }
         }
         if writes == 0 {
             st.sync = None;

@@ -342,6 +342,10 @@ struct PplLog {
     /// take for this one, so the next log write covers the whole area (md's
     /// `ppl_write_empty_header` when a member is added).
     reset_pending: bool,
+    /// False from a device joining the slot by a recovery until the array has emptied its
+    /// area (`Engine::ppl_area_emptied`): nothing is logged there before, so a log write
+    /// cannot race the array's and be wiped by it.
+    area_ready: bool,
     /// io_units, oldest first: only the first is ever being written; the last gathers.
     units: VecDeque<IoUnit>,
 }

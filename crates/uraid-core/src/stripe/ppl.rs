@@ -53,6 +53,7 @@ impl Mddev {
                     multiple: ppl_uses_multiple(usable),
                     next_io_sector: start,
                     reset_pending: false,
+                    area_ready: true,
                     units: VecDeque::new(),
                 })
             })
@@ -73,6 +74,22 @@ impl Mddev {
         if let Some(Some(log)) = self.ppl.as_mut().and_then(|p| p.logs.get_mut(slot)) {
             log.reset_pending = true;
             log.next_io_sector = log.area_sector;
+        }
+    }
+
+    /// A device joins `slot` by a recovery: the array empties its area (md's
+    /// `ppl_write_empty_header` in raid5_add_disk) before anything is logged there.
+    pub(crate) fn ppl_wait_for_empty_area(&mut self, slot: usize) {
+        if let Some(Some(log)) = self.ppl.as_mut().and_then(|p| p.logs.get_mut(slot)) {
+            log.area_ready = false;
+        }
+    }
+
+    /// The array emptied the area of the device in `slot`: its log may be written.
+    pub(crate) fn ppl_area_emptied(&mut self, led: &mut Ledger, slot: usize) {
+        if let Some(Some(log)) = self.ppl.as_mut().and_then(|p| p.logs.get_mut(slot)) {
+            log.area_ready = true;
+            self.ppl_submit_all(led);
         }
     }
 
@@ -245,7 +262,7 @@ impl Mddev {
     }
 
     /// md's `ppl_write_stripe_run`: write every log whose first io_unit waits.
-    pub(super) fn ppl_submit_all(&mut self, led: &mut Ledger) {
+    pub(crate) fn ppl_submit_all(&mut self, led: &mut Ledger) {
         let Some(p) = self.ppl.as_ref() else { return };
         let ready: Vec<usize> = (0..p.logs.len())
             .filter(|&s| {
@@ -267,11 +284,15 @@ impl Mddev {
         let p = self.ppl.as_mut().expect("ppl");
         let signature = p.signature;
         let log = p.logs[slot].as_mut().expect("a log");
+        let area_ready = log.area_ready;
         let u = log.units.front_mut().expect("a unit");
         if !writable {
             u.state = UnitState::Logged;
             self.ppl_release(led, slot);
             return;
+        }
+        if !area_ready {
+            return; // submitted by `ppl_area_emptied`
         }
         u.state = UnitState::Logging;
         let entries = u.entries.iter().map(|e| PplEntry { checksum: !e.checksum, ..*e }).collect::<Vec<_>>();

@@ -44,8 +44,11 @@ impl Mddev {
             Some(r) if !self.pers.sync_in_array_sectors => merge_ranges(r),
             _ => vec![(0, u64::MAX)],
         };
-        // A device back in the slot may hold an old log: emptied before the next log write.
+        // A device back in the slot may hold an old log: the array empties the area before
+        // the superblocks name the device the slot's (see `ArraySuperblocks::spare_activated`),
+        // and nothing is logged there until then.
         self.ppl_member_changed(slot);
+        self.ppl_wait_for_empty_area(slot);
         let member = &mut self.members[slot];
         member.data_offset_bytes = data_offset_bytes;
         member.set_state(MemberState::Recovering { recovery_offset_sectors: 0 });

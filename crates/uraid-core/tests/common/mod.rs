@@ -207,17 +207,19 @@ impl drive::MemberExecutor for Shuffled<'_> {
 
 /// `MemMembers` performing member I/Os in the order they were issued: each poll completes
 /// the oldest `take(outstanding)` of them (all of them: `usize::MAX`); those `fail` picks
-/// fail with an I/O error instead.
+/// fail with an I/O error instead; those `hold` picks stay outstanding, in their place,
+/// while it says so (the others pass them).
 pub struct InOrder<'a> {
     pub members: &'a mut MemMembers,
     pub pending: &'a mut Vec<MemberIo>,
     pub take: fn(usize) -> usize,
     pub fail: &'a dyn Fn(&MemberIo) -> bool,
+    pub hold: &'a dyn Fn(&MemberIo) -> bool,
 }
 
 impl<'a> InOrder<'a> {
     pub fn all(members: &'a mut MemMembers, pending: &'a mut Vec<MemberIo>) -> Self {
-        InOrder { members, pending, take: |_| usize::MAX, fail: &|_| false }
+        InOrder { members, pending, take: |_| usize::MAX, fail: &|_| false, hold: &|_| false }
     }
 }
 
@@ -226,8 +228,15 @@ impl drive::MemberExecutor for InOrder<'_> {
         self.pending.push(io);
     }
     fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
-        let k = (self.take)(self.pending.len()).min(self.pending.len());
-        for io in self.pending.drain(..k) {
+        let mut k = (self.take)(self.pending.len()).min(self.pending.len());
+        let mut i = 0;
+        while k > 0 && i < self.pending.len() {
+            if (self.hold)(&self.pending[i]) {
+                i += 1;
+                continue;
+            }
+            let io = self.pending.remove(i);
+            k -= 1;
             out.push(if (self.fail)(&io) {
                 MemberIoCompletion { id: io.id, result: Err(MemberIoError::Io) }
             } else {
@@ -235,6 +244,45 @@ impl drive::MemberExecutor for InOrder<'_> {
             });
         }
     }
+}
+
+/// Runs `d` through the shared driver with its member I/O performed by [`InOrder`]
+/// (`take`, `fail` and `hold` as there) until nothing moves and the engine asks for no
+/// time, or only held I/O is left and a hundred of the engine's deadlines in a row moved
+/// nothing; I/O still held stays in `d.pending` (a later `run_until_idle` performs it).
+pub fn run_in_order<E: ArrayEngine>(
+    d: &mut Driver<E>,
+    take: fn(usize) -> usize,
+    fail: &dyn Fn(&MemberIo) -> bool,
+    hold: &dyn Fn(&MemberIo) -> bool,
+) {
+    d.engine.unplug(d.now_ns);
+    let mut ex = InOrder { members: &mut d.members, pending: &mut d.pending, take, fail, hold };
+    let mut scratch = Vec::new();
+    let mut idle_ticks = 0;
+    for _ in 0..10_000_000 {
+        d.now_ns += 10_000;
+        let now = d.now_ns;
+        let done = &mut d.done;
+        if drive::exchange(&mut d.engine, &mut ex, &mut || now, &mut scratch, |c| done.push(c)).any() {
+            idle_ticks = 0;
+            continue;
+        }
+        if !ex.pending.is_empty() && ex.pending.iter().all(hold) {
+            idle_ticks += 1;
+            if idle_ticks > 100 {
+                return;
+            }
+        }
+        match d.engine.next_deadline_ns() {
+            Some(t) => {
+                d.now_ns = d.now_ns.max(t);
+                d.engine.tick(d.now_ns);
+            }
+            None => return,
+        }
+    }
+    panic!("the engine never settled");
 }
 
 pub fn config(geo: Geometry, data_offset_bytes: u64) -> ArrayConfig {
@@ -252,3 +300,98 @@ pub fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 pub type Inflight = HashSet<(u64, u64, u64)>;
+
+/// Wall-clock seconds the arrays of these tests were created at (superblock ctime/utime).
+pub const EPOCH_S: u64 = 1_700_000_000;
+
+/// `uraid create` of `p` on members in RAM of `member_bytes` each, written as `uraid
+/// create` writes them: each superblock, the bitmap area, an empty partial parity log.
+pub fn create_in_ram(p: &uraid_core::meta::CreateParams, member_bytes: u64) -> MemMembers {
+    use uraid_core::meta::{create_array, ppl_area, ppl_signature, PplHeader};
+    let c = create_array(p).unwrap();
+    let mut mm = MemMembers::new(c.superblocks.len(), member_bytes);
+    for (i, sb) in c.superblocks.iter().enumerate() {
+        let Some(sb) = sb else { continue };
+        mm.write_at(i, sb.super_offset * 512, &sb.serialize());
+        if let (Some(b), Some(at)) = (&c.bitmap, sb.bitmap_sector()) {
+            mm.write_at(i, at * 512, &b.area);
+        }
+        if let (true, Some((start, _))) = (p.ppl, ppl_area(sb)) {
+            let h = PplHeader::empty(ppl_signature(&sb.set_uuid)).serialize().unwrap();
+            mm.write_at(i, start * 512, &h);
+        }
+    }
+    mm
+}
+
+/// `create_in_ram` of an array of `level` on `n` members of `member_bytes`, --assume-clean,
+/// 64 KiB chunks, with a bitmap of 64 KiB chunks when `bitmap`.
+pub fn create_level(level: i32, n: usize, member_bytes: u64, bitmap: bool) -> MemMembers {
+    let mut p = uraid_core::meta::CreateParams::new(level, vec![Some(member_bytes / 512); n]);
+    p.bitmap = bitmap;
+    p.bitmap_chunk_bytes = bitmap.then_some(64 << 10);
+    p.assume_clean = true;
+    p.set_uuid = [7; 16];
+    p.device_uuids = (0..n).map(|i| [i as u8 + 1; 16]).collect();
+    p.ctime_seconds = EPOCH_S;
+    p.name = "t".into();
+    if level != 1 {
+        p.chunk_kib = Some(64);
+    }
+    create_in_ram(&p, member_bytes)
+}
+
+impl MemMembers {
+    /// `bytes` put at byte `at` of member `m` (outside the engine: what a tool writes).
+    pub fn write_at(&mut self, m: usize, at: u64, bytes: &[u8]) {
+        self.images[m][at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+    }
+
+    /// Member `m`'s superblock as assembly reads it.
+    pub fn superblock(&self, m: usize) -> uraid_core::meta::Superblock {
+        self.metadata(m).offered.superblock.unwrap()
+    }
+}
+
+/// Assembles the members `keys` as `uraid serve --run --force` does (no partial parity
+/// log replayed) and starts the array on them; the driver shuffles completions by `seed`.
+pub fn start_array(mm: MemMembers, keys: &[usize], seed: u64) -> Driver<uraid_core::array::Array> {
+    use uraid_core::array::{Array, ArrayOptions, StartMember};
+    use uraid_core::meta::{plan_assembly, AssembleOptions, MemberMetadata, OfferedMember};
+    let metas: Vec<MemberMetadata> = keys.iter().map(|&k| mm.metadata(k)).collect();
+    let offered: Vec<OfferedMember> = metas.iter().map(|m| m.offered.clone()).collect();
+    let plan = plan_assembly(&offered, &AssembleOptions { run: true, uuid: None, force: true }).unwrap();
+    let start: Vec<StartMember> =
+        metas.into_iter().zip(keys).map(|(m, &k)| StartMember::from_metadata(k as u64, m).unwrap()).collect();
+    let opts = ArrayOptions { epoch_seconds: EPOCH_S, ..ArrayOptions::default() };
+    Driver::new(Array::start(&plan, start, opts).unwrap(), mm, seed)
+}
+
+/// A blank device of `bytes` more, with the superblock a new member gets written on it
+/// and the bitmap area, as `uraid add` writes them before the array takes it.
+pub fn prepare_new_member(
+    d: &mut Driver<uraid_core::array::Array>,
+    bytes: u64,
+    uuid: u8,
+) -> uraid_core::array::NewMember {
+    let key = d.members.add_member(bytes);
+    let sb = d.engine.new_member_superblock(bytes / 512, [uuid; 16], "new").unwrap();
+    let mut sb_w = sb.clone();
+    d.members.write_at(key, sb.super_offset * 512, &sb_w.update_csum());
+    if let Some((off, area)) = d.engine.bitmap_area() {
+        d.members.write_at(key, (sb.super_offset as i64 + i64::from(off)) as u64 * 512, &area);
+    }
+    uraid_core::array::NewMember {
+        key: key as u64,
+        name: format!("m{key}"),
+        sb,
+        previous: None,
+        replaces: None,
+        bad_blocks: None,
+    }
+}
+
+/// Is the I/O one of the array's own metadata (superblock, bitmap, logs, their flushes)?
+pub fn is_meta(io: &MemberIo) -> bool {
+    is_array_meta_io(io.id)
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
 use uraid_core::array::{role_text, Added, ArrayView, DevRole, MemberKey, NewMember};
-use uraid_core::meta::Superblock;
+use uraid_core::meta::{feature, BadBlocks, Superblock};
 use uraid_core::ScrubKind;
 use uraid_io::real::Member;
 
@@ -22,6 +22,9 @@ struct Joining {
     dev: MemberDev,
     sb: Superblock,
     previous: Option<Superblock>,
+    /// The bad-block log a member of this array coming back keeps (md's re-add), moved to
+    /// where `sb` puts it; None for a device new to the array.
+    bad_blocks: Option<BadBlocks>,
     /// The array's entry of this same device (a failed member coming back).
     replaces: Option<MemberKey>,
     /// The executor's index of this device when it was offered but left out (stale): it
@@ -79,7 +82,8 @@ impl RunningArray {
                 None => left_out = Some(key),
             }
         }
-        let previous = dev.superblock().ok();
+        let meta = dev.metadata();
+        let previous = meta.offered.superblock.ok();
         if let Some(sb) = &previous {
             if sb.set_uuid != view.sb.set_uuid && !force {
                 let doing = if verb == "replace" { "replacing" } else { "adding" };
@@ -95,26 +99,39 @@ impl RunningArray {
         }
         let (dev_sectors, name) = (dev.dev_sectors(), dev.name.clone());
         let uuid = crate::array::random_uuid()?;
-        let sb = self
+        let mut sb = self
             .call(move |a, _, _| a.new_member_superblock(dev_sectors, uuid, &name))?
             .map_err(|e| anyhow!("{e}; nothing was written"))?;
+        // A member of this array coming back keeps its bad-block log, as md's re-add does:
+        // what a failed write left there is stale, and a bitmap re-add does not rebuild it.
+        let returning = verb == "add" && previous.as_ref().is_some_and(|p| p.set_uuid == view.sb.set_uuid);
+        let bad_blocks = match meta.bad_blocks {
+            Ok(Some(bb)) if returning && !bb.is_empty() => bb.moved_to(&sb),
+            _ => None,
+        };
+        if bad_blocks.is_some() {
+            sb.feature_map |= feature::BAD_BLOCKS;
+        }
         // This process's own descriptor of the device goes first: its flock would refuse
         // the claim below.
         if let Some(key) = held {
             self.members.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
         }
         dev.claim()?;
-        Ok(Joining { dev, sb, previous, replaces, left_out })
+        Ok(Joining { dev, sb, previous, bad_blocks, replaces, left_out })
     }
 
-    /// Writes the joining device's own metadata (an empty bad-block log, the bitmap area,
-    /// its superblock), then gives it to the executor: its key.
+    /// Writes the joining device's own metadata (its bad-block log: the one it keeps, or
+    /// an empty one; the bitmap area; its superblock), then gives it to the executor: its key.
     fn write_joining(&self, j: &Joining) -> anyhow::Result<Member> {
         let (dev, sb) = (&j.dev, &j.sb);
         if sb.bblog_size > 0 {
             let at = sb.super_offset.saturating_add_signed(i64::from(sb.bblog_offset)) * 512;
-            dev.write_at(at, &vec![0u8; usize::from(sb.bblog_size) * 512])
-                .io_context(|| format!("{}: writing its bad-block log", dev.name))?;
+            let log = match &j.bad_blocks {
+                Some(bb) => bb.to_log_bytes(sb.bblog_size),
+                None => vec![0u8; usize::from(sb.bblog_size) * 512],
+            };
+            dev.write_at(at, &log).io_context(|| format!("{}: writing its bad-block log", dev.name))?;
         }
         if let Some((offset, area)) = self.call(|a, _, _| a.bitmap_area())? {
             dev.write_at(sb.super_offset.saturating_add_signed(i64::from(offset)) * 512, &area)
@@ -143,6 +160,7 @@ impl RunningArray {
             sb: j.sb.clone(),
             previous: j.previous.clone(),
             replaces: j.replaces,
+            bad_blocks: j.bad_blocks.clone(),
         };
         let left_out = j.left_out;
         let (key, added, mark) = self
@@ -200,7 +218,14 @@ impl RunningArray {
         let j = self.joining(new, force, "replace")?;
         let member = self.write_joining(&j)?;
         let name = j.dev.name.clone();
-        let nm = NewMember { key: 0, name: name.clone(), sb: j.sb.clone(), previous: None, replaces: None };
+        let nm = NewMember {
+            key: 0,
+            name: name.clone(),
+            sb: j.sb.clone(),
+            previous: None,
+            replaces: None,
+            bad_blocks: None,
+        };
         let (new_key, mark) = self
             .call(move |a, ex, now| -> Result<_, String> {
                 let key = ex.attach_member(member).map_err(|e| format!("giving it to the executor: {e}"))?
