@@ -61,6 +61,13 @@ impl<T> InflightIos<T> {
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().filter_map(|s| s.value.as_ref())
     }
+
+    /// The ids of the values `pick` chooses, in slot order.
+    pub(crate) fn ids_where(&self, mut pick: impl FnMut(&T) -> bool) -> Vec<MemberIoId> {
+        let held =
+            self.slots.iter().enumerate().filter_map(|(i, s)| Some((i, s.generation, s.value.as_ref()?)));
+        held.filter(|(_, _, v)| pick(v)).map(|(i, g, _)| (u64::from(g) << 32) | i as u64).collect()
+    }
 }
 
 #[cfg(test)]
@@ -78,6 +85,8 @@ mod tests {
         assert_eq!(ios.remove(a), None, "stale id of the slot's previous user");
         assert!(!ios.is_empty());
         assert_eq!(ios.values().copied().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(ios.ids_where(|v| *v == "b"), [b]);
+        assert!(ios.ids_where(|v| *v == "a").is_empty());
         assert_eq!(ios.remove(b), Some("b"));
         assert!(ios.is_empty());
         assert_eq!(ios.remove(12345), None, "an id never handed out");

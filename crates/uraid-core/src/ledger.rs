@@ -32,6 +32,14 @@ pub(crate) struct Ledger {
     pub completing_write: Option<(u64, u64)>,
     /// raid1/10 writes in flight, in array sectors, so a sync unit never overlaps one.
     pub direct_write_ranges: DetMap<RequestId, (u64, u64)>,
+    /// Member I/Os of a member declared failed while they were in flight: each is answered
+    /// `Gone` for whatever waits on it (`Mddev::release_gone`), and its own completion,
+    /// if the device ever answers, finds nothing (md stops waiting on a Faulty rdev).
+    pub gone: VecDeque<MemberIoId>,
+    /// Those I/Os once answered `Gone`, by id, with their engine member, until the device
+    /// answers them after all: a slot takes no other device while its old I/O may still
+    /// land (md removes an rdev only once its `nr_pending` drained).
+    pub late: DetMap<MemberIoId, usize>,
 }
 
 impl Ledger {
@@ -97,9 +105,16 @@ impl Ledger {
         Some(write_seq.is_some())
     }
 
+    /// Engine member `member` was declared failed: its I/Os in flight are to be answered
+    /// `Gone` at once rather than waited for.
+    pub fn release_member(&mut self, member: usize) {
+        let ids = self.ios.ids_where(|(_, m, _, _)| *m == member);
+        self.gone.extend(ids);
+    }
+
     /// Has engine member `member` I/O in flight (a failed member's last I/O still draining)?
     pub fn member_io_in_flight(&self, member: usize) -> bool {
-        self.ios.values().any(|(_, m, _, _)| *m == member)
+        self.ios.values().any(|(_, m, _, _)| *m == member) || self.late.values().any(|m| *m == member)
     }
 }
 

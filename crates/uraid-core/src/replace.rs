@@ -101,6 +101,8 @@ impl Mddev {
         if self.replacements.get_mut(slot).and_then(Option::take).is_none() {
             return;
         }
+        // Its twin writes in flight hold the slot writes: they end as `Gone` (`release_gone`).
+        led.release_member(self.replacement_index(slot));
         if self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Replace { slot }) {
             let job = self.sync.take().expect("job");
             self.sync_aborted(job, true);

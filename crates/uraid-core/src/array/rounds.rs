@@ -70,6 +70,9 @@ pub(super) struct Rounds {
     done_seq: RoundSeq,
     next_io: u64,
     out: VecDeque<MemberIo>,
+    /// Metadata I/O of failed members the rounds stopped waiting on (`member_gone`), until
+    /// the device answers it after all.
+    late: Vec<(MemberIoId, MemberKey)>,
 }
 
 impl Rounds {
@@ -170,6 +173,10 @@ impl Rounds {
 
     /// A metadata I/O completed. False when `id` is not the round's (a duplicate).
     pub(super) fn complete(&mut self, id: MemberIoId, ok: bool) -> bool {
+        if let Some(at) = self.late.iter().position(|&(i, _)| i == id) {
+            self.late.swap_remove(at);
+            return false;
+        }
         let Some(r) = self.running.as_mut() else { return false };
         let Some(c) = r.chains.iter_mut().find(|c| c.in_flight.is_some_and(|(i, _)| i == id)) else {
             return false;
@@ -183,6 +190,30 @@ impl Rounds {
             c.in_flight = None;
         }
         true
+    }
+
+    /// Member `key` was failed: the round stops waiting on it. Its I/O in flight counts as
+    /// failed (its completion, if it comes, is a duplicate) and the rest of its part, the
+    /// I/O not yet taken by the driver included, is dropped.
+    pub(super) fn member_gone(&mut self, key: MemberKey) {
+        let mut untaken = Vec::new();
+        self.out.retain(|io| {
+            let keep = io.member as MemberKey != key;
+            if !keep {
+                untaken.push(io.id);
+            }
+            keep
+        });
+        let Some(r) = self.running.as_mut() else { return };
+        for c in r.chains.iter_mut().filter(|c| c.key == key) {
+            c.steps.clear();
+            if let Some((id, why)) = c.in_flight.take() {
+                r.failed.push((key, why));
+                if !untaken.contains(&id) {
+                    self.late.push((id, key));
+                }
+            }
+        }
     }
 
     /// The running round once every member's part ended.
@@ -202,5 +233,6 @@ impl Rounds {
     /// Members whose metadata I/O is in flight (not to be dropped from the executor yet).
     pub(super) fn busy_with(&self, key: MemberKey) -> bool {
         self.running.as_ref().is_some_and(|r| r.chains.iter().any(|c| c.key == key && c.in_flight.is_some()))
+            || self.late.iter().any(|&(_, k)| k == key)
     }
 }

@@ -46,6 +46,8 @@ impl Array {
         match ev {
             EngineEvent::MemberFaulty(slot) => {
                 self.notice(format!("member in slot {slot} failed; the array runs degraded"));
+                // Its metadata I/O in flight holds no round (the engine released its data I/O).
+                self.rounds.member_gone(self.engine.io_member(slot) as MemberKey);
                 if self.read_only {
                     return;
                 }
@@ -115,6 +117,7 @@ impl Array {
                 ));
                 self.promoting.retain(|&s| s != slot);
                 if let Some(key) = self.replacement_key(slot) {
+                    self.rounds.member_gone(key);
                     self.released.push(key);
                 }
                 self.sbs.replacement_failed(slot);

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use crate::api::*;
 use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
 use crate::geometry::Geometry;
-use crate::ledger::{IoCtx, Ledger};
+use crate::ledger::{InflightIo, IoCtx, Ledger};
 use crate::rdev::MemberRt;
 use crate::stats::ArrayStats;
 use crate::stripe::StripeCache;
@@ -161,10 +161,17 @@ impl Mddev {
     }
 
     /// Every entry point ends here: background work may start, dirty stripes are handled.
-    fn after_event(&mut self, led: &mut Ledger) {
+    /// The I/Os of a member that failed meanwhile are answered first (`release_gone`).
+    pub(crate) fn after_event(&mut self, led: &mut Ledger) {
         self.start_pending = false;
-        self.pump_sync(led);
-        self.run_stripes(led);
+        loop {
+            self.release_gone(led);
+            self.pump_sync(led);
+            self.run_stripes(led);
+            if led.gone.is_empty() {
+                break;
+            }
+        }
     }
 
     fn check_request(&self, req: &Request) -> Option<RequestError> {
@@ -228,9 +235,21 @@ impl Mddev {
         now_ns: TimeNs,
     ) {
         self.now_ns = self.now_ns.max(now_ns);
-        let Some((ctx, member, issued_ns, write_range)) = led.ios.remove(completion.id) else {
-            return; // unknown or duplicate completion: nothing to do
+        let Some(io) = led.ios.remove(completion.id) else {
+            // Unknown or duplicate, or the late answer of a member failed meanwhile (its
+            // I/O was answered `Gone` then): nothing waits on it any more.
+            led.late.remove(&completion.id);
+            return;
         };
+        if self.member_io_ended(led, completion, io) {
+            self.after_event(led);
+        }
+    }
+
+    /// Member I/O `io`, taken out of the ledger, ended with `completion`: its accounting,
+    /// and what waits on it. False when it only waits for its twin (nothing moved).
+    fn member_io_ended(&mut self, led: &mut Ledger, completion: MemberIoCompletion, io: InflightIo) -> bool {
+        let (ctx, member, issued_ns, write_range) = io;
         let busy_ns = self.now_ns.saturating_sub(issued_ns);
         if let Some(m) = self.members.get_mut(member) {
             assert!(m.inflight > 0, "member {member}: a completion with no I/O in flight");
@@ -253,16 +272,28 @@ impl Mddev {
             if let Some(Some((ctx, member, result, write_range))) = led.twins.remove(&primary) {
                 self.dispatch_completion(led, ctx, member, result, write_range);
             }
-            self.after_event(led);
-            return;
+            return true;
         }
         // Twins exist only while a replacement runs: no map lookup per completion otherwise.
         if let Some(held) = (!led.twins.is_empty()).then(|| led.twins.get_mut(&completion.id)).flatten() {
             *held = Some((ctx, member, completion.result, write_range));
-            return;
+            return false;
         }
         self.dispatch_completion(led, ctx, member, completion.result, write_range);
-        self.after_event(led);
+        true
+    }
+
+    /// The I/Os of members declared failed while they were in flight (`Ledger::gone`) end
+    /// now as `Gone`, as md's stripe handling and raid1/10 treat a Faulty device's
+    /// outstanding blocks as failed: writes complete on the others, reads go elsewhere,
+    /// flushes and metadata stop waiting. Their own completions, if the device answers
+    /// later, find nothing in the ledger.
+    fn release_gone(&mut self, led: &mut Ledger) {
+        while let Some(id) = led.gone.pop_front() {
+            let Some(io) = led.ios.remove(id) else { continue };
+            led.late.insert(id, io.1);
+            self.member_io_ended(led, MemberIoCompletion { id, result: Err(MemberIoError::Gone) }, io);
+        }
     }
 
     /// `write_range`: a write's member sectors, which clear bad-block entries once written.

@@ -38,6 +38,8 @@ impl Mddev {
         // anew, `uraid add`).
         self.fail_replacement(led, member, now_ns);
         self.members[member].set_state(MemberState::Faulty);
+        // md waits on no Faulty rdev: what its I/O in flight holds is released as `Gone`.
+        led.release_member(member);
         self.metadata_pending |= self.tun.hold_completions_on_member_failure;
         self.events.push_back(EngineEvent::MemberFaulty(member));
         self.sync_member_failed(member);

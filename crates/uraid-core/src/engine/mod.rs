@@ -265,7 +265,16 @@ impl Engine {
     /// Stop replacing `slot` (its replacement failed, or the caller gave up): the member
     /// stays. Nothing happens if there is no replacement.
     pub fn fail_replacement(&mut self, slot: usize, now_ns: TimeNs) {
-        self.md.fail_replacement(&mut self.led, slot, now_ns)
+        self.md.fail_replacement(&mut self.led, slot, now_ns);
+        self.release_gone();
+    }
+
+    /// A member just failed had I/O in flight: what waits on it goes on now (see
+    /// `Ledger::release_member`), as after any other event.
+    fn release_gone(&mut self) {
+        if !self.led.gone.is_empty() {
+            self.md.after_event(&mut self.led);
+        }
     }
 
     /// The copied replacement of `slot` takes the slot, reached from now on as
@@ -324,9 +333,12 @@ impl Engine {
         self.md.set_write_mostly(member, on)
     }
 
-    /// Mark a member faulty (mdadm --fail); the array continues degraded if it can.
+    /// Mark a member faulty (mdadm --fail); the array continues degraded if it can. Its
+    /// member I/Os in flight are answered `Gone` at once for whatever waits on them, and
+    /// their completions, if the device still answers later, are dropped.
     pub fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
-        self.md.fail_member(&mut self.led, member, now_ns)
+        self.md.fail_member(&mut self.led, member, now_ns);
+        self.release_gone();
     }
 
     /// md's bad-block log of the member in `slot` as read at assembly (device sectors):
