@@ -49,7 +49,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let control = args.dir.join(".uraid-demo.sock");
     let dir = args.dir.clone();
     let banner = move |url: &str, control: &Path| usage(url, control, &dir);
-    let t = uraid_core::Tunables::default();
     serve(
         ServeArgs {
             listen: args.listen.clone(),
@@ -59,8 +58,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             // A member lost between runs should not stop the demo: it runs degraded.
             run: true,
             force: false,
-            sync_speed_min: t.sync_speed_min_kib.to_string(),
-            sync_speed_max: t.sync_speed_max_kib.to_string(),
+            sync_speed_min: None,
+            sync_speed_max: None,
             control: Some(control),
             balance: None,
             rmw_level: None,

@@ -40,12 +40,14 @@ pub struct ServeArgs {
     /// the array cannot start without them.
     #[arg(long, short = 'f')]
     pub force: bool,
-    /// md's sync_speed_min: rebuild/resync floor while other I/O runs, KiB/s (or `system`).
-    #[arg(long = "sync-speed-min", default_value_t = Tunables::default().sync_speed_min_kib.to_string())]
-    pub sync_speed_min: String,
-    /// md's sync_speed_max: rebuild/resync ceiling, KiB/s (or `system`).
-    #[arg(long = "sync-speed-max", default_value_t = Tunables::default().sync_speed_max_kib.to_string())]
-    pub sync_speed_max: String,
+    /// md's sync_speed_min: rebuild/resync floor while other I/O runs, KiB/s (or `system`;
+    /// default 1000). Not on raid0.
+    #[arg(long = "sync-speed-min")]
+    pub sync_speed_min: Option<String>,
+    /// md's sync_speed_max: rebuild/resync ceiling, KiB/s (or `system`; default 200000).
+    /// Not on raid0.
+    #[arg(long = "sync-speed-max")]
+    pub sync_speed_max: Option<String>,
     /// Control socket path (default: .uraid-NAME-UUID8.sock next to the first member, NAME
     /// the array's name, UUID8 the first 8 hex digits of its uuid).
     #[arg(long)]
@@ -157,8 +159,8 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         ("balance", args.balance.as_ref()),
         ("rmw_level", args.rmw_level.as_ref()),
         ("stripe_cache_size", args.stripe_cache_size.as_ref()),
-        ("sync_speed_min", Some(&args.sync_speed_min)),
-        ("sync_speed_max", Some(&args.sync_speed_max)),
+        ("sync_speed_min", args.sync_speed_min.as_ref()),
+        ("sync_speed_max", args.sync_speed_max.as_ref()),
     ];
     let mut tunables = Tunables::default();
     for (name, value) in flags {

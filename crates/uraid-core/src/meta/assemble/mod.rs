@@ -406,15 +406,21 @@ pub fn plan_assembly(
             if (too_old || dropped_by_freshest) && !disowns_freshest {
                 forcible.push((sb.events, slot as usize, candidate));
             }
-            let re_addable = !disowns_freshest && !dropped_by_freshest;
+            // md's re-add: back into its own slot while no other device holds it (a member
+            // failed and removed comes back; one a replacement took over does not).
+            let slot_taken = fresh
+                .dev_roles
+                .iter()
+                .enumerate()
+                .any(|(dev, &role)| dev != sb.dev_number as usize && role == r);
+            let re_addable = !disowns_freshest && !slot_taken;
             warnings.push(if re_addable {
                 format!(
                     "{name} (slot {slot}) is stale ({why}); left out: `uraid serve` adds it back once \
                      the array runs (on a running array: `uraid add {name} --control SOCKET`)"
                 )
             } else {
-                let why =
-                    if dropped_by_freshest { "the array has since let it go from its slot" } else { &why };
+                let why = if slot_taken { "another device has since taken its slot" } else { &why };
                 format!(
                     "{name} (slot {slot}) is stale ({why}); left out and not written (`uraid add {name} \
                      --control SOCKET` makes it a spare, if that is wanted)"
