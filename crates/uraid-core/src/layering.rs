@@ -4,18 +4,23 @@
 //!
 //! An edge runs from a file to the file of every module it names through `crate::`,
 //! `super::`, `self::` or a child module's name, in `use` trees and inline paths alike.
-//! Declaring a child (`mod x;`) is ownership, not an import; unit-test modules at a file's
-//! end are left out, as they may import anything.
+//! Declaring a child (`mod x;`) is ownership, not an import; unit-test modules are left
+//! out, as they may import anything: one inline at a file's end (`#[cfg(test)] mod x {`)
+//! and a file declared `#[cfg(test)] mod x;`.
+//!
+//! The same file is the walk of the other crates: `uraid-sim` includes it as a test module
+//! of its library and `uraid` as an integration test (`tests/layering.rs`), each with
+//! `#[path]`, so `no_import_circle_inside_the_crate` walks the `src` of the crate that runs
+//! it (`CARGO_MANIFEST_DIR`); a binary's `main.rs` is its root as `lib.rs` is a library's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 type ModPath = Vec<String>;
 
-/// Every `.rs` file under `src`, keyed by its module path (`lib.rs` and `x/mod.rs` name
-/// their folder), with its text.
-fn sources(src: &Path) -> BTreeMap<ModPath, (String, String)> {
-    let mut out = BTreeMap::new();
+/// Every `.rs` file under `src` as (path relative to `src` without `.rs`, text).
+fn read_sources(src: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("read src") {
@@ -28,21 +33,71 @@ fn sources(src: &Path) -> BTreeMap<ModPath, (String, String)> {
                 continue;
             }
             let rel = path.strip_prefix(src).expect("under src").with_extension("");
-            let mut m: ModPath = rel.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            if matches!(m.last().map(String::as_str), Some("mod" | "lib")) {
-                m.pop();
-            }
+            let rel: Vec<String> = rel.iter().map(|s| s.to_string_lossy().into_owned()).collect();
             let text = std::fs::read_to_string(&path).expect("read source");
-            out.insert(m, (rel.to_string_lossy().into_owned(), text));
+            out.push((rel.join("/"), text));
         }
     }
     out
 }
 
-/// The text without line comments and without a trailing `#[cfg(test)] mod`.
+/// The files keyed by module path (`lib`, `main` and `x/mod` name their folder), with
+/// their text; the files of test-only modules (`#[cfg(test)] mod x;`) left out.
+fn modules(files: Vec<(String, String)>) -> BTreeMap<ModPath, (String, String)> {
+    let mut out = BTreeMap::new();
+    for (rel, text) in files {
+        let mut m: ModPath = rel.split('/').map(String::from).collect();
+        let root = m.len() == 1 && matches!(m[0].as_str(), "lib" | "main");
+        if root || m.last().is_some_and(|s| s == "mod") {
+            m.pop();
+        }
+        out.insert(m, (rel, text));
+    }
+    let test_only: Vec<ModPath> = out
+        .iter()
+        .flat_map(|(m, (_, text))| {
+            test_modules(text).into_iter().filter(|(_, _, inline)| !inline).map(|(_, name, _)| {
+                let mut child = m.clone();
+                child.push(name);
+                child
+            })
+        })
+        .collect();
+    for m in test_only {
+        out.remove(&m);
+    }
+    out
+}
+
+/// The `#[cfg(test)]` modules a file declares: where each begins, its name, and whether
+/// it is inline (`{`) rather than a file of its own (`;`).
+fn test_modules(text: &str) -> Vec<(usize, String, bool)> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("#[cfg(test)]") {
+        let mut rest = &text[at + "#[cfg(test)]".len()..];
+        // Other attributes (`#[path = ...]`) may come between.
+        loop {
+            rest = rest.trim_start();
+            match rest.strip_prefix("#[").and_then(|r| r.find(']').map(|e| &r[e + 1..])) {
+                Some(after) => rest = after,
+                None => break,
+            }
+        }
+        let Some(after_mod) = rest.strip_prefix("mod ") else { continue };
+        let name: String = after_mod.trim_start().chars().take_while(|&c| is_ident(c)).collect();
+        let tail = after_mod.trim_start()[name.len()..].trim_start();
+        if !name.is_empty() && (tail.starts_with('{') || tail.starts_with(';')) {
+            out.push((at, name, tail.starts_with('{')));
+        }
+    }
+    out
+}
+
+/// The text without line comments and without an inline `#[cfg(test)] mod` (at a file's
+/// end: everything from it on is left out).
 fn code_of(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod ") {
-        Some(i) => &text[..i],
+    let text = match test_modules(text).into_iter().find(|(_, _, inline)| *inline) {
+        Some((i, _, _)) => &text[..i],
         None => text,
     };
     text.lines().map(|l| l.find("//").map_or(l, |i| &l[..i])).collect::<Vec<_>>().join("\n")
@@ -191,12 +246,11 @@ fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     w.out
 }
 
-#[test]
-fn no_import_circle_inside_the_crate() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mods = sources(&src);
+/// Each circle of files under `src`, as "file -> the files of its circle it imports; ...".
+fn import_circles(src: &Path) -> Vec<String> {
+    let mods = modules(read_sources(src));
     let edges = import_edges(&mods);
-    let found: Vec<String> = circles(&edges)
+    circles(&edges)
         .into_iter()
         .map(|mut g| {
             g.sort();
@@ -209,29 +263,73 @@ fn no_import_circle_inside_the_crate() {
                 .collect::<Vec<_>>()
                 .join("; ")
         })
-        .collect();
-    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+        .collect()
+}
+
+/// Circles not untangled yet, by crate, as [`import_circles`] names them: the walk lets
+/// exactly these pass, and fails when one is gone so that its entry goes too.
+const KNOWN_CIRCLES: &[(&str, &str)] = &[(
+    "uraid-sim",
+    // check/mod.rs holds the run's state that cycle.rs imports (Run, SimReport, seed_pick,
+    // DATA_OFFSET_BYTES, DRAWS) and calls cycle::power_cycle: that state wants a leaf.
+    "check/cycle -> check/mod; check/mod -> check/cycle",
+)];
+
+#[test]
+fn no_import_circle_inside_the_crate() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let known: Vec<&str> =
+        KNOWN_CIRCLES.iter().filter(|(c, _)| *c == env!("CARGO_PKG_NAME")).map(|&(_, g)| g).collect();
+    let found = import_circles(&src);
+    let new: Vec<&String> = found.iter().filter(|g| !known.contains(&g.as_str())).collect();
+    assert!(
+        new.is_empty(),
+        "import circles in {}:\n{}",
+        src.display(),
+        new.iter().map(|g| g.as_str()).collect::<Vec<_>>().join("\n")
+    );
+    let gone: Vec<&&str> = known.iter().filter(|k| !found.iter().any(|g| g == *k)).collect();
+    assert!(gone.is_empty(), "no longer a circle, so no longer in KNOWN_CIRCLES: {gone:?}");
+}
+
+fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter().map(|(name, text)| (name.to_string(), text.to_string())).collect()
+}
+
+fn names(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
 }
 
 #[test]
 fn the_walk_finds_a_planted_circle() {
-    let file = |name: &str, text: &str| (name.to_string(), text.to_string());
-    let mods: BTreeMap<ModPath, (String, String)> = [
-        (vec![], file("lib", "mod a; mod b; mod c;")),
-        (vec!["a".to_string()], file("a", "use crate::b::{X, y::Z};")),
-        (vec!["b".to_string()], file("b", "fn f() -> super::c::T { todo!() }")),
-        (vec!["b".to_string(), "y".to_string()], file("b/y", "")),
-        (
-            vec!["c".to_string()],
-            file("c", "use crate::{d, a::W};\n#[cfg(test)]\nmod tests { use crate::b; }"),
-        ),
-    ]
-    .into_iter()
-    .collect();
+    let mods = modules(files(&[
+        ("lib", "mod a; mod b; mod c;"),
+        ("a", "use crate::b::{X, y::Z};"),
+        ("b", "fn f() -> super::c::T { todo!() }"),
+        ("b/y", ""),
+        ("c", "use crate::{d, a::W};\n#[cfg(test)]\nmod tests { use crate::b; }"),
+    ]));
     let edges = import_edges(&mods);
-    assert_eq!(edges["a"], ["b".to_string(), "b/y".to_string()].into());
-    assert_eq!(edges["c"], ["a".to_string(), "lib".to_string()].into(), "tests left out");
+    assert_eq!(edges["a"], names(&["b", "b/y"]));
+    assert_eq!(edges["c"], names(&["a", "lib"]), "tests left out");
     let mut found = circles(&edges);
     found.iter_mut().for_each(|g| g.sort());
     assert_eq!(found, vec![vec!["a".to_string(), "b".to_string(), "c".to_string()]]);
+}
+
+#[test]
+fn a_binary_root_and_test_only_files_are_walked_as_the_compiler_sees_them() {
+    let mods = modules(files(&[
+        ("main", "mod a; mod b;\n#[cfg(test)]\nmod t;\nfn main() { a::run() }"),
+        ("a", "pub fn run() { crate::helper() }"),
+        ("b", "#[cfg(test)]\n#[path = \"../x.rs\"]\nmod x;\nuse crate::a::run;"),
+        ("t", "use crate::b;"),
+    ]));
+    assert!(!mods.contains_key(&vec!["t".to_string()]), "a test-only file is not walked");
+    let edges = import_edges(&mods);
+    assert_eq!(edges["main"], names(&["a"]), "main.rs is the root");
+    assert_eq!(edges["b"], names(&["a"]), "what follows a test module's declaration is read");
+    let mut found = circles(&edges);
+    found.iter_mut().for_each(|g| g.sort());
+    assert_eq!(found, vec![vec!["a".to_string(), "main".to_string()]]);
 }

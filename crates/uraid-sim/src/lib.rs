@@ -85,6 +85,10 @@ pub mod cpu;
 pub mod cpu_bench;
 pub mod disks;
 pub mod experiments;
+// The import-circle walk of uraid-core (docs/architecture.md, "Rooms"), over this crate.
+#[cfg(test)]
+#[path = "../../uraid-core/src/layering.rs"]
+mod layering;
 pub mod md_threads;
 pub mod meta;
 pub mod model;

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::array::assembly::assemble;
+use crate::array::assembly::{assemble, resync_words};
 use crate::array::detail;
-use crate::array::report::{count, detail_text};
+use crate::array::report::{detail_text, sector_of};
 use uraid_core::meta::ResyncNeed;
 
 #[derive(Args, Clone, Debug)]
@@ -30,15 +30,9 @@ pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
         eprintln!("uraid: {w}");
     }
     print!("{}", detail_text(&a.plan.name, &detail::offline(&a)));
-    match &a.plan.resync {
-        ResyncNeed::None => {}
-        ResyncNeed::Full { from_sector } => {
-            println!("\nOn start: full resync from sector {from_sector} (no usable bitmap)")
-        }
-        ResyncNeed::Bitmap { regions: r } => {
-            let sectors: u64 = r.iter().map(|(_, l)| l).sum();
-            println!("\nOn start: bitmap resync of {}, {sectors} sectors", count(r.len(), "region"))
-        }
+    if let Some(words) = resync_words(&a.plan) {
+        let why = if matches!(a.plan.resync, ResyncNeed::Full { .. }) { " (no usable bitmap)" } else { "" };
+        println!("\nOn start: {words}{why}");
     }
     let rebuilding: Vec<String> = a
         .plan
@@ -47,7 +41,7 @@ pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
         .enumerate()
         .filter_map(|(s, m)| match m.state {
             uraid_core::MemberState::Recovering { recovery_offset_sectors } => {
-                Some(format!("slot {s} from sector {recovery_offset_sectors}"))
+                Some(format!("slot {s} from {}", sector_of(recovery_offset_sectors, a.plan.size_sectors)))
             }
             _ => None,
         })

@@ -35,7 +35,7 @@ pub fn run(args: DetailArgs) -> anyhow::Result<()> {
     let a = assemble(&args.members, true, false, false)?;
     let info = detail::offline(&a);
     if args.json {
-        print!("{}", detail_json(&a.plan.name, &info, None, &Vec::new()));
+        print!("{}", detail_json(&a.plan.name, &info, &Vec::new(), &Vec::new()));
     } else {
         print!("{}", detail_text(&a.plan.name, &info));
     }

@@ -172,7 +172,7 @@ pub fn run(args: ReproduceArgs) -> anyhow::Result<()> {
     let mut out = Vec::new();
     for name in names {
         let opts = tables::Options { scale: args.scale, cpu: args.cpu.clone() };
-        let r = tables::run_with(name, &opts, &mut uraid_sim::experiments::SimRunner)
+        let r = tables::run_with(name, &opts, &mut uraid_sim::experiments::sim_job::SimRunner)
             .map_err(anyhow::Error::msg)?;
         if args.json {
             out.push(report_json(&r));

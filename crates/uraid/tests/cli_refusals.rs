@@ -275,7 +275,7 @@ fn messages_read_as_english_and_name_real_commands() {
     drop(served);
     let t = text(&uraid(&["assemble", w0, w1, w2]));
     assert!(t.contains("is stale") && t.contains("uraid add") && !t.contains("re-add it"), "{t}");
-    assert!(t.contains("bitmap resync of 1 region,"), "{t}");
+    assert!(t.contains("resync of 1 bitmap chunk ("), "{t}");
     // Served whole: w2 comes back from the bitmap, "the 1 region written while it was away".
     let served = Served::start(&dir, &members, &[]);
     let t0 = std::time::Instant::now();

@@ -7,46 +7,11 @@
 //! share of its cells that agree; reference cells themselves (1 by construction) are not
 //! counted. The seeds' figures below are copied from the posts in `../shared/seeds/`.
 
-use super::tables::{Cell, Report, Table};
+use super::report::{Cell, Report, Table};
+pub use super::report::{CellFit, Fidelity, NormCell, NormTable};
 
 /// A normalised cell agrees when `|ours / seed - 1| <= TOLERANCE`.
 pub const TOLERANCE: f64 = 0.25;
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct CellFit {
-    pub table: String,
-    pub row: String,
-    pub column: String,
-    /// Normalised values.
-    pub ours: f64,
-    pub seed: f64,
-    pub within: bool,
-}
-
-/// A normalised cell: ours and the seed's (`None` where a side has no figure, or the
-/// seed's for a reference cell, which is not scored).
-pub type NormCell = (Option<f64>, Option<f64>);
-
-/// One seed table, normalised, ours beside the seed's.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NormTable {
-    pub title: String,
-    /// What every cell is divided by.
-    pub reference: String,
-    pub columns: Vec<String>,
-    /// Row label, then a cell per column.
-    pub rows: Vec<(String, Vec<NormCell>)>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fidelity {
-    pub cells: Vec<CellFit>,
-    pub within: usize,
-    pub total: usize,
-    /// `within / total`.
-    pub share: f64,
-    pub tables: Vec<NormTable>,
-}
 
 impl Fidelity {
     fn from_tables(tables: Vec<NormTable>) -> Option<Fidelity> {

@@ -1,6 +1,10 @@
 //! The seeds' experiments on simulated disks: a small fio/tiobench-like job runner
 //! ([`sim_job::run_job`]) and the five reproductions ([`tables`]).
 //!
+//! The files import one another in one direction: this one the jobs' types, `sim_job`
+//! the simulated run of a job (and `SimRunner`), `report` the tables' types, `fidelity`
+//! the scores, `tables` the experiments over all of them.
+//!
 //! Time is virtual (the disks are simulated), and so is CPU: with a CPU profile of the
 //! seed's era (`sim::cpu`), the submitters' work and md's threads' work take virtual time
 //! on modelled cores, and "CPU" columns are that modelled time. Every call into the engine
@@ -8,6 +12,7 @@
 //! host as a cross-check of the modelled queue.
 
 pub mod fidelity;
+pub mod report;
 pub mod sim_job;
 pub mod tables;
 
@@ -309,23 +314,6 @@ pub trait JobRunner {
         job: &Job,
         seed: u64,
     ) -> Result<JobResult, String>;
-}
-
-/// [`sim_job::run_job`] on simulated disks with the job's CPU model: `uraid reproduce`.
-pub struct SimRunner;
-
-impl JobRunner for SimRunner {
-    fn run(
-        &mut self,
-        config: ArrayConfig,
-        profile: &str,
-        member_bytes: u64,
-        job: &Job,
-        seed: u64,
-    ) -> Result<JobResult, String> {
-        let cpu = crate::cpu::CpuCosts::named(&job.cpu).map_err(|e| e.to_string())?;
-        sim_job::run_job(config, profile, member_bytes, job, seed, &cpu)
-    }
 }
 
 /// Host time for the request stream `trace` through a fresh queue (adds, unplug, and the

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use uraid_core::queue::RequestQueue;
 use uraid_core::*;
 
-use super::{Access, Job, JobResult, TimedEngine};
+use super::{Access, Job, JobResult, JobRunner, TimedEngine};
 use crate::array::{RunOutcome, SimArray};
 use crate::cpu::{Cores, CpuCosts, Thread};
 use crate::disks::{SimDisks, SimMemberConfig};
@@ -267,6 +267,23 @@ pub fn run_job(
     result.mbps = result.bytes as f64 / secs / 1e6;
     result.iops = result.ios as f64 / secs;
     Ok(result)
+}
+
+/// [`run_job`] on simulated disks with the job's CPU model: `uraid reproduce`.
+pub struct SimRunner;
+
+impl JobRunner for SimRunner {
+    fn run(
+        &mut self,
+        config: ArrayConfig,
+        profile: &str,
+        member_bytes: u64,
+        job: &Job,
+        seed: u64,
+    ) -> Result<JobResult, String> {
+        let cpu = crate::cpu::CpuCosts::named(&job.cpu).map_err(|e| e.to_string())?;
+        run_job(config, profile, member_bytes, job, seed, &cpu)
+    }
 }
 
 #[cfg(test)]

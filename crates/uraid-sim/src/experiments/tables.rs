@@ -6,57 +6,11 @@ use uraid_core::geometry::algorithm;
 use uraid_core::mirror::Balance;
 use uraid_core::*;
 
-use super::{array_config, Access, Job, JobResult, JobRunner, SimRunner};
+pub use super::report::{Cell, Claim, Report, Table};
+use super::sim_job::SimRunner;
+use super::{array_config, Access, Job, JobResult, JobRunner};
 
 pub const EXPERIMENTS: &[&str] = &["stripe-queue", "degraded-read", "nomerges", "mirror-balance", "rmw"];
-
-#[derive(Clone, Debug)]
-pub enum Cell {
-    Num(f64),
-    Int(u64),
-    Text(String),
-}
-
-impl std::fmt::Display for Cell {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            // A cell that was not measured (`uraid bench workload` with a subset selected).
-            Cell::Num(x) if x.is_nan() => f.write_str("-"),
-            Cell::Num(x) if x.abs() >= 100.0 => write!(f, "{x:.0}"),
-            Cell::Num(x) => write!(f, "{x:.1}"),
-            Cell::Int(x) => write!(f, "{x}"),
-            Cell::Text(s) => f.write_str(s),
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct Table {
-    pub title: String,
-    pub columns: Vec<String>,
-    pub rows: Vec<Vec<Cell>>,
-}
-
-#[derive(Clone, Debug)]
-pub struct Claim {
-    pub claim: String,
-    /// What the seed's own table showed.
-    pub seed: String,
-    pub holds: bool,
-    pub figures: String,
-}
-
-#[derive(Clone, Debug)]
-pub struct Report {
-    pub experiment: String,
-    pub setup: String,
-    pub tables: Vec<Table>,
-    pub claims: Vec<Claim>,
-    /// The CPU profile the run was modelled with.
-    pub cpu: String,
-    /// Each table's cells normalised and compared with the seed's.
-    pub fidelity: Option<super::fidelity::Fidelity>,
-}
 
 /// How an experiment runs.
 #[derive(Clone, Debug)]

@@ -1,6 +1,6 @@
 //! The commands a disk holds, in the orders the head's pick scans them.
 
-use super::QueuedIo;
+use super::io::QueuedIo;
 
 /// A queued command as the pick sees it. Its place on the platters is worked out once,
 /// when it joins the queue, not at every pick it waits through.

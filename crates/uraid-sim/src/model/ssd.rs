@@ -2,7 +2,7 @@
 
 use uraid_core::MemberIoOp;
 
-use super::{DiskModel, QueuedIo};
+use super::io::{DiskModel, QueuedIo};
 use crate::profile::SsdProfile;
 
 /// Flash: `channels` commands at once, fixed latencies, transfers one after another on

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
 use uraid_core::array::StartMember;
-use uraid_core::meta::{AssembleOptions, AssemblyPlan, MemberMetadata, Superblock};
+use uraid_core::meta::{AssembleOptions, AssemblyPlan, MemberMetadata, ResyncNeed, Superblock};
 use uraid_core::Geometry;
 
 use super::member::{open_members, MemberDev};
+use super::report::{binary_bytes, count, resync_whole_sectors, sector_of};
 
 pub struct Assembled {
     /// Offered members, in the order given.
@@ -81,6 +82,36 @@ impl Assembled {
     }
 }
 
+/// How `plan_assembly`'s warning of a dirty start begins.
+const UNCLEAN: &str = "array was not shut down cleanly";
+
+/// How much a start's resync covers: "resync of 3 bitmap chunks (192.00 MiB)", "resync of
+/// the whole array (16.00 TiB of each member)", "resync from sector N (45.2%) to the end".
+pub fn resync_words(plan: &AssemblyPlan) -> Option<String> {
+    let whole = resync_whole_sectors(plan.level, plan.size_sectors, plan.array_sectors);
+    let each = if plan.level == 10 { "of the array" } else { "of each member" };
+    match &plan.resync {
+        ResyncNeed::None => None,
+        ResyncNeed::Full { from_sector: 0 } => {
+            Some(format!("resync of the whole array ({} {each})", binary_bytes(whole * 512)))
+        }
+        ResyncNeed::Full { from_sector } => {
+            Some(format!("resync from {} to the end", sector_of(*from_sector, whole)))
+        }
+        ResyncNeed::Bitmap { regions } => {
+            let sectors: u64 = regions.iter().map(|(_, len)| len).sum();
+            let chunk_sectors =
+                plan.bitmap.as_ref().and_then(|b| b.chunk_bytes).map_or(0, |b| u64::from(b) / 512).max(1);
+            let chunks: u64 = regions.iter().map(|(_, len)| len.div_ceil(chunk_sectors)).sum();
+            Some(format!(
+                "resync of {} ({} {each})",
+                count(chunks as usize, "bitmap chunk"),
+                binary_bytes(sectors * 512)
+            ))
+        }
+    }
+}
+
 /// Opens, checks and plans. `writable` decides how the files are opened (and claims
 /// them); `force` is mdadm's `--force` (see `AssembleOptions::force`).
 pub fn assemble(paths: &[PathBuf], run: bool, force: bool, writable: bool) -> anyhow::Result<Assembled> {
@@ -90,8 +121,14 @@ pub fn assemble(paths: &[PathBuf], run: bool, force: bool, writable: bool) -> an
     let members = open_members(paths, writable)?;
     let metadata: Vec<MemberMetadata> = members.iter().map(MemberDev::metadata).collect();
     let offered: Vec<_> = metadata.iter().map(|m| m.offered.clone()).collect();
-    let plan = uraid_core::meta::plan_assembly(&offered, &AssembleOptions { run, uuid: None, force })
+    let mut plan = uraid_core::meta::plan_assembly(&offered, &AssembleOptions { run, uuid: None, force })
         .map_err(|e| anyhow!("{e}"))?;
+    // The plan says a resync is due; the operator is told how much.
+    if let Some(words) = resync_words(&plan) {
+        if let Some(w) = plan.warnings.iter_mut().find(|w| w.starts_with(UNCLEAN)) {
+            *w = format!("{UNCLEAN}: {words}");
+        }
+    }
     // plan_assembly refuses any member whose superblock does not parse.
     let superblocks: Vec<Superblock> = offered
         .into_iter()

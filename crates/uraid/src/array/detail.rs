@@ -5,7 +5,8 @@ use uraid_core::meta::{Superblock, MAX_SECTOR};
 use uraid_core::{MemberState, ScrubKind, SyncKind, SyncStatus};
 
 use super::assembly::Assembled;
-use super::report::{DetailInfo, DeviceRow};
+use super::detail_info::{DetailInfo, DeviceRow, ScrubView};
+use super::report::percent;
 
 /// One raid slot as the detail shows it.
 #[derive(Clone, Debug)]
@@ -22,7 +23,10 @@ pub struct DetailInput<'a> {
     pub slots: &'a [SlotView],
     /// (dev_number, path) of hot spares.
     pub spares: &'a [(u32, String)],
-    /// Members no longer in the array (failed and not removed, or stale).
+    /// (dev_number, path) of failed members not yet removed whose slot another device
+    /// holds now (md's faulty rows outside the slots, counted in Failed Devices).
+    pub faulty: &'a [(u32, String)],
+    /// Other devices offered that the array does not use (stale ones left out): (state, path).
     pub others: &'a [(String, String)],
     pub sync: Option<SyncStatus>,
     pub dirty: bool,
@@ -32,26 +36,17 @@ pub struct DetailInput<'a> {
     pub scrub: Option<ScrubView>,
 }
 
-/// What md shows in /sys/block/mdX/md/{sync_action,last_sync_action,mismatch_cnt}.
-#[derive(Clone, Debug)]
-pub struct ScrubView {
-    pub sync_action: String,
-    pub last_sync_action: String,
-    pub mismatch_cnt: u64,
-}
-
+/// "Rebuild Status : 0.3% complete": mdadm's line with mdstat's one decimal (a whole
+/// percent of a 16 TiB member is 14 minutes of an hour-long wait).
 pub fn sync_line(s: &SyncStatus) -> String {
-    let pct =
-        if s.total_sectors == 0 { 100.0 } else { s.done_sectors as f64 * 100.0 / s.total_sectors as f64 };
-    match s.kind {
-        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => {
-            format!("Rebuild Status : {pct:.0}% complete")
-        }
-        SyncKind::Resync => format!("Resync Status : {pct:.0}% complete"),
-        SyncKind::Scrub(k) => {
-            format!("{} Status : {pct:.0}% complete", if k == ScrubKind::Check { "Check" } else { "Repair" })
-        }
-    }
+    let pct = percent(s.done_sectors, s.total_sectors);
+    let what = match s.kind {
+        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "Rebuild",
+        SyncKind::Resync => "Resync",
+        SyncKind::Scrub(ScrubKind::Check) => "Check",
+        SyncKind::Scrub(ScrubKind::Repair) => "Repair",
+    };
+    format!("{what} Status : {pct} complete")
 }
 
 pub fn build(d: &DetailInput<'_>) -> DetailInfo {
@@ -97,6 +92,14 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
             path: p.clone(),
         });
     }
+    for (n, p) in d.faulty {
+        rows.push(DeviceRow {
+            number: n.to_string(),
+            slot: "-".into(),
+            state: "faulty".into(),
+            path: p.clone(),
+        });
+    }
     for (what, p) in d.others {
         rows.push(DeviceRow { number: "-".into(), slot: "-".into(), state: what.clone(), path: p.clone() });
     }
@@ -109,7 +112,7 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
         active: count(|s| matches!(s, MemberState::InSync)),
         working: count(|s| matches!(s, MemberState::InSync | MemberState::Recovering { .. }))
             + d.spares.len(),
-        failed: count(|s| matches!(s, MemberState::Faulty)),
+        failed: count(|s| matches!(s, MemberState::Faulty)) + d.faulty.len(),
         spares: d.spares.len() + count(|s| matches!(s, MemberState::Recovering { .. })),
         rows,
         progress: d.sync.as_ref().map(sync_line),
@@ -146,6 +149,7 @@ pub fn offline(a: &Assembled) -> DetailInfo {
         used_dev_sectors: a.plan.size_sectors,
         slots: &slots,
         spares: &spares,
+        faulty: &[],
         others: &others,
         sync: None,
         dirty: a.plan.resync_offset != MAX_SECTOR,

@@ -3,8 +3,10 @@
 
 pub mod assembly;
 pub mod detail;
+pub mod detail_info;
 pub mod device;
 pub mod member;
+pub mod member_io;
 pub mod report;
 pub mod running;
 

@@ -6,15 +6,65 @@ use uraid_core::geometry::layout_name;
 use uraid_core::meta::{feature, format_uuid, raid10_sizes, role, BitmapImage, Superblock, MAX_SECTOR};
 use uraid_core::Level;
 
+use super::detail_info::DetailInfo;
+
 /// "30720 sectors (15.00 MiB 15.73 MB)" style sizes: binary and decimal.
 pub fn human_bytes(bytes: u64) -> String {
-    let units = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40)];
-    let dec = [("KB", 1_000u64), ("MB", 1_000_000), ("GB", 1_000_000_000), ("TB", 1_000_000_000_000)];
-    let pick = |list: &[(&str, u64)]| {
-        let (name, div) = list.iter().rev().find(|(_, d)| bytes >= *d * 2).copied().unwrap_or(list[0]);
-        format!("{:.2} {name}", bytes as f64 / div as f64)
-    };
-    format!("{} {}", pick(&units), pick(&dec))
+    let dec = [
+        ("KB", 1_000u64),
+        ("MB", 1_000_000),
+        ("GB", 1_000_000_000),
+        ("TB", 1_000_000_000_000),
+        ("PB", 1_000_000_000_000_000),
+        ("EB", 1_000_000_000_000_000_000),
+    ];
+    format!("{} {}", binary_bytes(bytes), in_units(bytes, &dec))
+}
+
+/// The binary half of [`human_bytes`]: "15.00 MiB".
+pub fn binary_bytes(bytes: u64) -> String {
+    let units = [
+        ("KiB", 1u64 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("TiB", 1 << 40),
+        ("PiB", 1 << 50),
+        ("EiB", 1 << 60),
+    ];
+    in_units(bytes, &units)
+}
+
+/// `bytes` in the largest unit of `list` it holds twice (mdadm's choice).
+fn in_units(bytes: u64, list: &[(&str, u64)]) -> String {
+    let (name, div) = list.iter().rev().find(|(_, d)| bytes / 2 >= *d).copied().unwrap_or(list[0]);
+    format!("{:.2} {name}", bytes as f64 / div as f64)
+}
+
+/// `done` of `total` as /proc/mdstat shows it: one decimal, cut, not rounded (99.99% is
+/// "99.9%", never "100.0%" before the end).
+pub fn percent(done: u64, total: u64) -> String {
+    let per_mille =
+        if total == 0 { 1000 } else { (u128::from(done.min(total)) * 1000 / u128::from(total)) as u64 };
+    format!("{}.{}%", per_mille / 10, per_mille % 10)
+}
+
+/// `from` as a share of `whole` after a sector: "sector 9913344 (0.3%)".
+pub fn sector_of(from: u64, whole: u64) -> String {
+    format!("sector {from} ({})", percent(from, whole))
+}
+
+/// A time left in words where md's minutes are hard to read: None under three hours,
+/// then "about 5 hours", from two days "about 65 days".
+pub fn time_left_words(seconds: f64) -> Option<String> {
+    let hours = seconds / 3600.0;
+    if !hours.is_finite() || hours < 3.0 {
+        return None;
+    }
+    Some(if hours < 48.0 {
+        format!("about {:.0} hours", hours)
+    } else {
+        format!("about {:.0} days", hours / 24.0)
+    })
 }
 
 /// `n` of `noun`: "1 region", "3 regions".
@@ -70,6 +120,16 @@ pub fn array_sectors_of(sb: &Superblock) -> u64 {
     }
 }
 
+/// What a resync walks, in sectors: md's `resync_max_sectors`, the array for raid10 (its
+/// resync_offset counts array sectors), each member's data elsewhere.
+pub fn resync_whole_sectors(level: i32, used_dev_sectors: u64, array_sectors: u64) -> u64 {
+    if level == 10 {
+        array_sectors
+    } else {
+        used_dev_sectors
+    }
+}
+
 /// 'A' for every slot some member holds in this superblock's view, '.' otherwise.
 pub fn array_state(sb: &Superblock) -> String {
     (0..sb.raid_disks)
@@ -83,7 +143,8 @@ pub fn role_text(sb: &Superblock) -> String {
         role::FAULTY => "faulty".into(),
         role::JOURNAL => "journal".into(),
         r if sb.has(feature::RECOVERY_OFFSET) => {
-            format!("Active device {r} (rebuilt to sector {})", sb.recovery_offset)
+            let done = percent(sb.recovery_offset, sb.size);
+            format!("Active device {r} (rebuilt to sector {}, {done})", sb.recovery_offset)
         }
         r => format!("Active device {r}"),
     }
@@ -134,7 +195,8 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
     } else if sb.resync_offset == 0 {
         "active".to_string()
     } else {
-        format!("active (resync from sector {})", sb.resync_offset)
+        let done = percent(sb.resync_offset, resync_whole_sectors(sb.level, sb.size, array));
+        format!("active (resync from sector {}, {done})", sb.resync_offset)
     };
     line("State", state);
     line("Device UUID", format_uuid(&sb.device_uuid));
@@ -209,36 +271,6 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
     s
 }
 
-/// One row of `--detail`'s device table.
-#[derive(Clone, Debug)]
-pub struct DeviceRow {
-    pub number: String,
-    pub slot: String,
-    pub state: String,
-    pub path: String,
-}
-
-/// Everything `--detail` prints.
-#[derive(Clone, Debug)]
-pub struct DetailInfo {
-    /// The array's authoritative superblock.
-    pub sb: Superblock,
-    pub array_sectors: u64,
-    pub used_dev_sectors: u64,
-    pub state: String,
-    pub active: usize,
-    pub working: usize,
-    pub failed: usize,
-    pub spares: usize,
-    pub rows: Vec<DeviceRow>,
-    /// e.g. "Rebuild Status : 42% complete".
-    pub progress: Option<String>,
-    /// Running arrays only.
-    pub scrub: Option<super::detail::ScrubView>,
-    /// Members whose bad-block log lists entries: (device, (first sector, sectors)).
-    pub bad_blocks: Vec<(String, Vec<(u64, u64)>)>,
-}
-
 /// mdadm --examine-badblocks's listing of one member.
 pub fn bad_blocks_text(device: &str, entries: &[(u64, u64)]) -> String {
     let mut s = format!("Bad-blocks on {device}:\n");
@@ -252,12 +284,12 @@ pub fn bad_blocks_text(device: &str, entries: &[(u64, u64)]) -> String {
 pub type ExecutorIo = Vec<(String, uraid_io::real::ExecutorMemberStats)>;
 
 /// `--detail --json`: the same facts as [`detail_text`], for scripts; `io` adds each
-/// slot's member I/O counts on a running array, `exec` each device's kind and the I/O the
-/// executor ran buffered, inline or timed out.
+/// device's member I/O counts on a running array, `exec` each device's kind and the I/O
+/// the executor ran buffered, inline or timed out.
 pub fn detail_json(
     title: &str,
     d: &DetailInfo,
-    io: Option<&uraid_core::stats::ArrayStats>,
+    io: &super::member_io::DeviceIo,
     exec: &ExecutorIo,
 ) -> String {
     let sb = &d.sb;
@@ -268,8 +300,7 @@ pub fn detail_json(
             let mut v = serde_json::json!({
                 "number": r.number, "raid_device": r.slot, "state": r.state, "device": r.path,
             });
-            let slot_stats = r.slot.parse::<usize>().ok().and_then(|s| io.and_then(|io| io.members.get(s)));
-            if let Some(m) = slot_stats {
+            if let Some((_, m)) = io.iter().find(|(name, _)| *name == r.path) {
                 v["io"] = serde_json::json!({
                     "reads": m.reads, "writes": m.writes, "flushes": m.flushes,
                     "read_bytes": m.read_bytes, "write_bytes": m.write_bytes, "errors": m.errors,
@@ -393,4 +424,35 @@ pub fn detail_text(title: &str, d: &DetailInfo) -> String {
         s.push_str(&bad_blocks_text(dev, entries));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_past_a_thousand_tebibytes_are_in_pebibytes() {
+        assert_eq!(human_bytes(96 << 40), "96.00 TiB 105.55 TB");
+        assert_eq!(human_bytes(2048 << 40), "2.00 PiB 2.25 PB");
+        assert_eq!(human_bytes(3 << 60), "3.00 EiB 3.46 EB");
+        assert_eq!(human_bytes(u64::MAX), "16.00 EiB 18.45 EB");
+    }
+
+    #[test]
+    fn a_percent_has_one_decimal_and_never_rounds_up_to_done() {
+        assert_eq!(percent(9_913_344, 34_359_738_368 / 16), "0.4%");
+        assert_eq!(percent(1, 2_000), "0.0%");
+        assert_eq!(percent(9_999, 10_000), "99.9%");
+        assert_eq!(percent(5, 5), "100.0%");
+        assert_eq!(percent(0, 0), "100.0%");
+        assert_eq!(percent(u64::MAX - 1, u64::MAX), "99.9%");
+    }
+
+    #[test]
+    fn a_long_time_left_is_said_in_hours_or_days() {
+        assert_eq!(time_left_words(2.9 * 3600.0), None);
+        assert_eq!(time_left_words(5.0 * 3600.0).as_deref(), Some("about 5 hours"));
+        assert_eq!(time_left_words(93_643.5 * 60.0).as_deref(), Some("about 65 days"));
+        assert_eq!(time_left_words(f64::INFINITY), None);
+    }
 }

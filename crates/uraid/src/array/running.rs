@@ -11,18 +11,21 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use uraid_core::array::{Array, ArrayOptions, ArrayView, DevRole, MemberKey};
-use uraid_core::{Geometry, MemberState, SyncKind, Tunables};
+use uraid_core::array::{Array, ArrayOptions, ArrayView, DevRole, MemberKey, MemberView};
+use uraid_core::meta::ResyncNeed;
+use uraid_core::{ArrayEngine, Geometry, MemberState, SyncKind, SyncStatus, Tunables};
 use uraid_io::real::{
     fault::Faults, Executor, ExecutorOptions, Member, MemberSet, OpenOptions, DEFAULT_FAILFAST_TIMEOUT,
 };
 use uraid_io::runtime::{ArrayRuntime, RuntimeHandle, RuntimeOptions};
 
 use super::assembly::Assembled;
-use super::detail::{self, DetailInput, ScrubView, SlotView};
+use super::detail::{self, DetailInput, SlotView};
+use super::detail_info::{DetailInfo, DeviceRow, ScrubView};
 use super::device::ArrayDevice;
 use super::member::MemberDev;
-use super::report::{detail_text, level_name, DetailInfo, DeviceRow};
+use super::member_io::{DeviceIo, IoBook};
+use super::report::{detail_text, level_name, percent, resync_whole_sectors, time_left_words};
 
 mod verbs;
 
@@ -51,10 +54,14 @@ pub struct RunningArray {
     pub geometry: Geometry,
     pub read_only: bool,
     used_dev_sectors: u64,
+    /// The syncs this start resumed from a checkpoint (see `counted_from_checkpoint`).
+    resumed: Mutex<Vec<Resumed>>,
     /// Member files by key (the executor's index of each): each holds the member's claim.
     members: Mutex<BTreeMap<MemberKey, MemberDev>>,
     /// Serializes control verbs: each reads the array, may write a device, then changes it.
     ops: Mutex<()>,
+    /// Which device did which member I/O (the engine counts by slot).
+    io_book: Mutex<IoBook>,
     stop: AtomicBool,
     monitor: Mutex<Option<JoinHandle<()>>>,
 }
@@ -108,6 +115,7 @@ impl RunningArray {
         let runtime = ArrayRuntime::start(array, executor, &rt_opts).context("starting the array thread")?;
         let handle = runtime.handle();
         let device = Arc::new(ArrayDevice::new(handle.clone(), a.geometry.array_bytes(), opts.read_only));
+        let resumed = resumed_syncs(&a);
         let members = a.members.into_iter().enumerate().map(|(k, m)| (k as MemberKey, m)).collect();
         let arr = Arc::new(RunningArray {
             handle,
@@ -117,8 +125,10 @@ impl RunningArray {
             geometry: a.geometry,
             read_only: opts.read_only,
             used_dev_sectors: a.plan.size_sectors,
+            resumed: Mutex::new(resumed),
             members: Mutex::new(members),
             ops: Mutex::new(()),
+            io_book: Mutex::new(IoBook::default()),
             stop: AtomicBool::new(false),
             monitor: Mutex::new(None),
         });
@@ -140,7 +150,24 @@ impl RunningArray {
     }
 
     pub fn view(&self) -> anyhow::Result<ArrayView> {
-        self.call(|a, _, _| a.view())
+        Ok(self.view_and_io()?.0)
+    }
+
+    /// The array in one look, with each member's I/O counts (see `member_io`).
+    fn view_and_io(&self) -> anyhow::Result<(ArrayView, DeviceIo)> {
+        let (mut view, stats) = self.call(|a, _, _| (a.view(), a.stats_snapshot()))?;
+        let io = self.note(&mut view, &stats);
+        Ok((view, io))
+    }
+
+    /// What one look at the array tells the books kept here: who did which I/O, and
+    /// whether a sync resumed at start still runs (its progress then counted as md does).
+    fn note(&self, view: &mut ArrayView, stats: &uraid_core::stats::ArrayStats) -> DeviceIo {
+        let whole = resync_whole_sectors(view.sb.level, self.used_dev_sectors, view.array_sectors);
+        let mut resumed = self.resumed.lock().unwrap_or_else(|e| e.into_inner());
+        counted_from_checkpoint(view.sync.as_mut(), whole, &mut resumed);
+        let mut book = self.io_book.lock().unwrap_or_else(|e| e.into_inner());
+        book.note(view.states.len(), &view.members, stats)
     }
 
     /// Waits until the superblocks hold every change the array made up to `mark`.
@@ -169,7 +196,7 @@ impl RunningArray {
     }
 
     fn look(&self) -> anyhow::Result<()> {
-        let (notices, released) = self.call(|a, ex, _| {
+        let (notices, released, mut view, stats) = self.call(|a, ex, _| {
             let notices: Vec<String> = std::iter::from_fn(|| a.pop_notice()).collect();
             let released = a.take_released();
             for &key in &released {
@@ -177,8 +204,9 @@ impl RunningArray {
                     let _ = ex.replace_member(key as usize, p);
                 }
             }
-            (notices, released)
+            (notices, released, a.view(), a.stats_snapshot())
         })?;
+        self.note(&mut view, &stats);
         for n in notices {
             eprintln!("uraid: {}: {n}", self.name);
         }
@@ -243,10 +271,12 @@ impl RunningArray {
             .iter()
             .enumerate()
             .map(|(slot, &state)| {
-                let m = view.slot_member(slot);
+                let m = slot_holder(view, slot);
                 SlotView { dev_number: m.map(|m| m.dev_number), path: m.map(|m| m.name.clone()), state }
             })
             .collect();
+        let faulty: Vec<(u32, String)> =
+            failed_out_of_slot(view).map(|m| (m.dev_number, m.name.clone())).collect();
         let spares: Vec<(u32, String)> = view
             .members
             .iter()
@@ -259,6 +289,7 @@ impl RunningArray {
             used_dev_sectors: self.used_dev_sectors,
             slots: &slots,
             spares: &spares,
+            faulty: &faulty,
             others: &[],
             sync: view.sync.clone(),
             dirty: view.dirty,
@@ -304,8 +335,9 @@ impl RunningArray {
             }
             None => Vec::new(),
         };
-        let info = self.detail_info()?;
-        Ok(super::report::detail_json(&self.name, &info, stats.as_ref().map(|s| &s.array), &exec))
+        let (view, io) = self.view_and_io()?;
+        let info = self.detail_of(&view);
+        Ok(super::report::detail_json(&self.name, &info, &io, &exec))
     }
 
     /// A /proc/mdstat-like view.
@@ -322,7 +354,7 @@ impl RunningArray {
             .iter()
             .enumerate()
             .filter_map(|(slot, state)| {
-                let name = view.slot_member(slot)?.name.clone();
+                let name = slot_holder(&view, slot)?.name.clone();
                 let mark = match state {
                     MemberState::Faulty => "(F)",
                     MemberState::Missing => return None,
@@ -331,6 +363,7 @@ impl RunningArray {
                 Some(format!("{name}[{slot}]{mark}"))
             })
             .collect();
+        devs.extend(failed_out_of_slot(&view).map(|m| format!("{}[{}](F)", m.name, m.dev_number)));
         for m in &view.members {
             match m.role {
                 DevRole::Spare => devs.push(format!("{}[{}](S)", m.name, m.dev_number)),
@@ -372,17 +405,20 @@ impl RunningArray {
             };
             let filled = ((frac * 20.0) as usize).min(20);
             let bar = format!("[{}>{}]", "=".repeat(filled), ".".repeat(20 - filled));
-            let (speed, finish) = match view.sync_speed_sectors {
+            // md's fields as mdstat prints them (finish in minutes, however many), then
+            // the time left in words when minutes say little.
+            let (speed, finish, words) = match view.sync_speed_sectors {
                 Some(v) if v > 0.0 => {
                     let left = sync.total_sectors.saturating_sub(sync.done_sectors) as f64 / v;
-                    (format!("{:.0}K/sec", v / 2.0), format!("{:.1}min", left / 60.0))
+                    let words = time_left_words(left).map(|w| format!(" ({w})")).unwrap_or_default();
+                    (format!("{:.0}K/sec", v / 2.0), format!("{:.1}min", left / 60.0), words)
                 }
-                _ => ("-".to_string(), "-".to_string()),
+                _ => ("-".to_string(), "-".to_string(), String::new()),
             };
             s.push_str(&format!(
-                "      {bar}  {} = {:.1}% ({}/{}) finish={finish} speed={speed}\n",
+                "      {bar}  {} = {} ({}/{}) finish={finish} speed={speed}{words}\n",
                 mdstat_word(sync.kind),
-                frac * 100.0,
+                percent(sync.done_sectors, sync.total_sectors),
                 sync.done_sectors / 2,
                 sync.total_sectors / 2
             ));
@@ -403,10 +439,107 @@ impl RunningArray {
     }
 }
 
+/// A sync the array resumed at start from where its superblocks say it stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Resumed {
+    kind: SyncKind,
+    from_sectors: u64,
+    /// Seen running: once it is not, it is over, and a later job of its kind is new.
+    seen: bool,
+}
+
+/// A recovery from a member's recovery_offset, a resync from resync_offset (not a
+/// bitmap's).
+fn resumed_syncs(a: &Assembled) -> Vec<Resumed> {
+    let at = |kind, from_sectors| Resumed { kind, from_sectors, seen: false };
+    let mut out: Vec<Resumed> = a
+        .plan
+        .slots
+        .iter()
+        .enumerate()
+        .filter_map(|(slot, s)| match s.as_ref()?.recovery_offset_sectors? {
+            0 => None,
+            from => Some(at(SyncKind::Recovery { member: slot }, from)),
+        })
+        .collect();
+    if let ResyncNeed::Full { from_sector } = a.plan.resync {
+        if from_sector > 0 {
+            out.push(at(SyncKind::Resync, from_sector));
+        }
+    }
+    out
+}
+
+/// md counts a resync or recovery over all it walks (`whole`: each member's data, the
+/// array for raid10), from where it resumed: the engine's job counts only what was left
+/// at start. A job resumed from `from` walks `[start, whole)` for a `start` at most
+/// `from` (its first unit's start); it is counted as md would, `start` already done.
+/// Any other job (new, or a bitmap's ranges) is left as it is; a resumed sync seen
+/// running and then not is forgotten.
+fn counted_from_checkpoint(s: Option<&mut SyncStatus>, whole: u64, resumed: &mut Vec<Resumed>) {
+    let running = s.and_then(|s| {
+        let start = whole.checked_sub(s.total_sectors).filter(|&start| start > 0)?;
+        let r = resumed.iter_mut().find(|r| r.kind == s.kind && start <= r.from_sectors)?;
+        r.seen = true;
+        s.done_sectors += start;
+        s.total_sectors = whole;
+        Some(r.kind)
+    });
+    resumed.retain(|r| !r.seen || Some(r.kind) == running);
+}
+
+/// The device in `slot`: its active member (the one being rebuilt there, too), else the
+/// last member to fail there.
+fn slot_holder(view: &ArrayView, slot: usize) -> Option<&MemberView> {
+    let active = view.members.iter().find(|m| matches!(m.role, DevRole::Active { slot: s, .. } if s == slot));
+    active.or_else(|| view.members.iter().rev().find(|m| m.role == DevRole::Faulty { slot }))
+}
+
+/// Failed members not yet removed whose slot another device holds now: md lists them as
+/// faulty, outside the slots, until `remove`.
+fn failed_out_of_slot(view: &ArrayView) -> impl Iterator<Item = &MemberView> {
+    view.members.iter().filter(|m| match m.role {
+        DevRole::Faulty { slot } => slot_holder(view, slot).map(|h| h.key) != Some(m.key),
+        _ => false,
+    })
+}
+
 /// How /proc/mdstat names a running sync ("recovery", where sysfs says "recover").
 fn mdstat_word(kind: SyncKind) -> &'static str {
     match kind {
         SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recovery",
         other => uraid_core::scrub::action_name(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(kind: SyncKind, done_sectors: u64, total_sectors: u64) -> SyncStatus {
+        SyncStatus { kind, done_sectors, total_sectors, recovery_offset_sectors: 0, resync_offset_sectors: 0 }
+    }
+
+    #[test]
+    fn a_resumed_sync_counts_from_its_checkpoint_and_any_other_as_it_is() {
+        let rec = SyncKind::Recovery { member: 2 };
+        let at = |kind, from_sectors| Resumed { kind, from_sectors, seen: false };
+        let mut resumed = vec![at(rec, 4000), at(SyncKind::Resync, 100)];
+        let mut look = |s: Option<&SyncStatus>| {
+            let mut s = s.cloned();
+            counted_from_checkpoint(s.as_mut(), 10_000, &mut resumed);
+            s.map(|s| (s.done_sectors, s.total_sectors))
+        };
+        // A bitmap's ranges (1000 sectors in all) are not a tail from the checkpoint.
+        assert_eq!(look(Some(&status(SyncKind::Resync, 10, 1_000))), Some((10, 1_000)));
+        // Resumed at 4000, rounded down to a unit start (3072): 3072 of 10000 done at once.
+        assert_eq!(look(Some(&status(rec, 10, 10_000 - 3072))), Some((3082, 10_000)));
+        assert_eq!(look(Some(&status(rec, 900, 10_000 - 3072))), Some((3972, 10_000)));
+        // Another slot's recovery stays as the engine counts it.
+        let other = SyncKind::Recovery { member: 1 };
+        assert_eq!(look(Some(&status(other, 10, 6_928))), Some((10, 6_928)));
+        // Once it ran and is over, a later job of the slot (a bitmap re-add) is new.
+        assert_eq!(look(None), None);
+        assert_eq!(look(Some(&status(rec, 10, 6_928))), Some((10, 6_928)));
     }
 }

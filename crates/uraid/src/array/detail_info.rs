@@ -1,0 +1,43 @@
+//! What `--detail` shows of an array, as data: built by `detail` (offline from the
+//! superblocks, or from a running array), printed by `report` as mdadm's text or JSON. A
+//! leaf, so the two need not import each other.
+
+use uraid_core::meta::Superblock;
+
+/// One row of `--detail`'s device table.
+#[derive(Clone, Debug)]
+pub struct DeviceRow {
+    pub number: String,
+    pub slot: String,
+    pub state: String,
+    pub path: String,
+}
+
+/// Everything `--detail` prints.
+#[derive(Clone, Debug)]
+pub struct DetailInfo {
+    /// The array's authoritative superblock.
+    pub sb: Superblock,
+    pub array_sectors: u64,
+    pub used_dev_sectors: u64,
+    pub state: String,
+    pub active: usize,
+    pub working: usize,
+    pub failed: usize,
+    pub spares: usize,
+    pub rows: Vec<DeviceRow>,
+    /// e.g. "Rebuild Status : 42.5% complete".
+    pub progress: Option<String>,
+    /// Running arrays only.
+    pub scrub: Option<ScrubView>,
+    /// Members whose bad-block log lists entries: (device, (first sector, sectors)).
+    pub bad_blocks: Vec<(String, Vec<(u64, u64)>)>,
+}
+
+/// What md shows in /sys/block/mdX/md/{sync_action,last_sync_action,mismatch_cnt}.
+#[derive(Clone, Debug)]
+pub struct ScrubView {
+    pub sync_action: String,
+    pub last_sync_action: String,
+    pub mismatch_cnt: u64,
+}
