@@ -156,11 +156,10 @@ fn open_files(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The executor keeps every member set it replaced (`replace_member`, `attach_member`:
-/// uraid-io's `Executor::retired`) until it is dropped, with a descriptor of every member
-/// in each, so a removed member stays open; the fix is uraid-io's.
+/// `uraid remove` lets the device go: once no I/O started on it is in flight, the server
+/// holds no descriptor of it (before, the executor kept every member set it replaced, with
+/// a descriptor of every member, until it was dropped).
 #[test]
-#[ignore = "uraid-io's executor keeps retired member sets, and their descriptors, open until it is dropped"]
 fn a_removed_member_is_closed() {
     let dir = TempDir::new("removed-closed");
     let members = create(&dir, "5", 3, "16M", &["--bitmap", "internal"]);

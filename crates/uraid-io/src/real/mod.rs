@@ -190,6 +190,8 @@ struct Slot {
     started_ns: u64,
     /// Timed out and already answered: the kernel's late completion only frees the slot.
     abandoned: bool,
+    /// The generation of the member set whose descriptor `fd` is.
+    set_gen: u64,
 }
 
 /// Map a failed syscall to what the engine needs to know.
@@ -312,9 +314,12 @@ pub struct Executor {
     inline_max_bytes: usize,
     /// Scratch list of finished slots for `collect`.
     finished: Vec<(Slot, Result<(), MemberIoError>)>,
-    /// Member sets replaced by `replace_member`, kept so descriptors that I/O already in
-    /// flight uses stay open until the executor is dropped.
-    retired: Vec<Arc<MemberSet>>,
+    /// Member sets replaced by `replace_member`/`attach_member`, each with its generation,
+    /// kept while an I/O started under it may still use its descriptors; dropped after (a
+    /// removed member's file is closed then, as md lets go of an rdev once it drained).
+    retired: Vec<(u64, Arc<MemberSet>)>,
+    /// The generation of `members` (one more at each replacement).
+    set_gen: u64,
     /// Another thread is using the executor for a moment (see [`Executor::set_guest`]).
     guest: bool,
     /// I/Os a guest could not run inline, waiting for the owner's next
@@ -376,6 +381,7 @@ impl Executor {
             inline_max_bytes: opts.inline_memory_io_max_bytes,
             finished: Vec::new(),
             retired: Vec::new(),
+            set_gen: 0,
             guest: false,
             deferred: Vec::new(),
             faults: opts.faults.clone(),
@@ -411,7 +417,8 @@ impl Executor {
         let mut members = self.members.iter().map(Member::try_clone).collect::<io::Result<Vec<_>>>()?;
         members[index] = member;
         let old = std::mem::replace(&mut self.members, Arc::new(MemberSet { members }));
-        self.retired.push(old);
+        self.retired.push((self.set_gen, old));
+        self.set_gen += 1;
         let q = &mut self.queues[index];
         q.hung = false;
         q.depth = MemberQueue::new(self.members.member(index), self.queue_depth, Duration::ZERO).depth;
@@ -425,7 +432,8 @@ impl Executor {
         let mut members = self.members.iter().map(Member::try_clone).collect::<io::Result<Vec<_>>>()?;
         members.push(member);
         let old = std::mem::replace(&mut self.members, Arc::new(MemberSet { members }));
-        self.retired.push(old);
+        self.retired.push((self.set_gen, old));
+        self.set_gen += 1;
         self.queues.push(MemberQueue::new(
             self.members.member(self.members.len() - 1),
             self.queue_depth,
@@ -601,6 +609,7 @@ impl Executor {
             force_async: member.memory_backed,
             sync_write: path == IoPath::BufferedSync,
             started_ns: self.clock.elapsed().as_nanos() as u64,
+            set_gen: self.set_gen,
             abandoned: false,
         };
         match &mut self.backend {
@@ -668,6 +677,7 @@ impl Executor {
             }
         }
         self.finished = finished;
+        self.release_retired();
         // Flush newly started I/Os to the kernel now rather than at the next wait.
         if let Backend::Uring(u) = &mut self.backend {
             u.submit_pending();

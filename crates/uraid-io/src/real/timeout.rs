@@ -84,6 +84,16 @@ impl Executor {
         }
     }
 
+    /// Drops the retired member sets no started I/O uses any more (their descriptors close).
+    pub(super) fn release_retired(&mut self) {
+        if self.retired.is_empty() {
+            return;
+        }
+        let mut oldest = u64::MAX;
+        for_each_slot(&mut self.backend, |s| oldest = oldest.min(s.set_gen));
+        self.retired.retain(|(g, _)| *g >= oldest);
+    }
+
     /// Answers `Gone` for every I/O of a member that has one past its deadline.
     pub(super) fn expire_overdue(&mut self) {
         let now = self.now_ns();

@@ -326,6 +326,7 @@ mod tests {
                 sync_write: false,
                 started_ns: 0,
                 abandoned: false,
+                set_gen: 0,
             });
             held.push(u.ring.submission().len());
         }
