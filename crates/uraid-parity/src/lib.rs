@@ -24,9 +24,10 @@
 //! call loses some speed at 4 KiB blocks (docs/parity.md, "The store fence").
 //!
 //! The free functions run the kernel picked at first use (CPU detection plus a short
-//! benchmark, logged once to stderr like the kernel's `raid6: ... gen() N MB/s`).
-//! Environment: `URAID_PARITY_KERNEL=scalar|avx2|avx512bw|gfni-avx512|gfni-avx` forces a
-//! kernel; `URAID_PARITY_QUIET=1` silences the log; `URAID_PARITY_PROBE=0` turns the
+//! benchmark; with `URAID_PARITY_LOG=1` logged once to stderr like the kernel's
+//! `raid6: ... gen() N MB/s`, silent otherwise: a served array need not print it at every
+//! start). Environment: `URAID_PARITY_KERNEL=scalar|avx2|avx512bw|gfni-avx512|gfni-avx`
+//! forces a kernel; `URAID_PARITY_PROBE=0` turns the
 //! cache probe off (streaming stores then by stripe size alone). Tests and benchmarks that need a
 //! particular kernel call the same operations as methods on [`Kernel`].
 

@@ -20,8 +20,10 @@ pub fn selected_kernel() -> Kernel {
     *SELECTED.get_or_init(select)
 }
 
+/// The choice is logged only when asked (`URAID_PARITY_LOG=1`); `uraid bench parity`
+/// prints every kernel's figures itself.
 fn quiet() -> bool {
-    std::env::var_os("URAID_PARITY_QUIET").is_some_and(|v| !v.is_empty() && v != "0")
+    !std::env::var_os("URAID_PARITY_LOG").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 fn select() -> Kernel {
@@ -53,7 +55,7 @@ fn select() -> Kernel {
     let chosen = choose(&kernels, &best_mb_per_s);
     if !quiet() {
         eprintln!(
-            "uraid-parity: raid6: gen() MB/s: {}; using {} (URAID_PARITY_QUIET=1 silences this)",
+            "uraid-parity: raid6: gen() MB/s: {}; using {}",
             figures.join(", "),
             chosen.name()
         );
