@@ -531,10 +531,16 @@ pub fn plan_assembly(
             missing_slots: degraded_slots.clone(),
         });
     }
-    if !degraded_slots.is_empty() {
-        let slots: Vec<String> = degraded_slots.iter().map(|s| s.to_string()).collect();
-        let (noun, verb) = if slots.len() == 1 { ("slot", "is") } else { ("slots", "are") };
-        warnings.push(format!("array is degraded: {noun} {} {verb} missing or rebuilding", slots.join(", ")));
+    // Said apart: a missing member is lost redundancy; one being rebuilt (a new raid4/5's
+    // last member, as mdadm creates it, or a resumed recovery) comes back by itself.
+    let (rebuilt, missing): (Vec<u32>, Vec<u32>) =
+        degraded_slots.iter().partition(|&&s| slots[s as usize].is_some());
+    for (list, what) in [(&missing, "missing"), (&rebuilt, "being rebuilt from the others")] {
+        if !list.is_empty() {
+            let names: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+            let (noun, verb) = if names.len() == 1 { ("slot", "is") } else { ("slots", "are") };
+            warnings.push(format!("array is degraded: {noun} {} {verb} {what}", names.join(", ")));
+        }
     }
 
     // Sizes as the personalities compute them.
