@@ -130,8 +130,10 @@ fn bad_input_is_refused_and_nothing_is_written() {
     let b = create(&dir, "b", "6", 4, &["--assume-clean"]);
 
     // Too few members: raid6 4 members created dirty (initial resync owed) cannot start
-    // with 2; with a clean array, one missing needs --run.
-    refused(&a[..2], &["--run"], "not enough members");
+    // with 2 (enough for a clean one: the refusal says it is the dirty state); with 1 not
+    // at all; with a clean array, one missing needs --run.
+    refused(&a[..2], &["--run"], "not shut down cleanly and 2 of its 4 members");
+    refused(&a[..1], &["--run"], "not enough members");
     refused(&b[..3], &[], "pass --run");
     // Same member twice.
     refused(&[b[0].clone(), b[0].clone(), b[1].clone(), b[2].clone()], &[], "same device");

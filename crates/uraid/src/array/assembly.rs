@@ -84,6 +84,7 @@ impl Assembled {
 
 /// How `plan_assembly`'s warning of a dirty start begins.
 const UNCLEAN: &str = "array was not shut down cleanly";
+const NEW_ARRAY: &str = "new array";
 
 /// How much a start's resync covers: "resync of 3 bitmap chunks (192.00 MiB)", "resync of
 /// the whole array (16.00 TiB of each member)", "resync from sector N (45.2%) to the end".
@@ -125,8 +126,10 @@ pub fn assemble(paths: &[PathBuf], run: bool, force: bool, writable: bool) -> an
         .map_err(|e| anyhow!("{e}"))?;
     // The plan says a resync is due; the operator is told how much.
     if let Some(words) = resync_words(&plan) {
-        if let Some(w) = plan.warnings.iter_mut().find(|w| w.starts_with(UNCLEAN)) {
-            *w = format!("{UNCLEAN}: {words}");
+        for lead in [UNCLEAN, NEW_ARRAY] {
+            if let Some(w) = plan.warnings.iter_mut().find(|w| w.starts_with(lead)) {
+                *w = format!("{lead}: {words}");
+            }
         }
     }
     // plan_assembly refuses any member whose superblock does not parse.

@@ -121,12 +121,30 @@ impl fmt::Display for AssemblyError {
             }
             NoActiveMembers => write!(f, "every member given is a spare: give the array's active members"),
             TooFewMembers { level, raid_disks, in_sync, clean } => {
+                let parity = match *level {
+                    4 | 5 => 1,
+                    6 => 2,
+                    _ => 0,
+                };
+                // Enough members for a clean start, only not for a dirty one: the refusal is
+                // about the dirty state, so it says that first.
+                if !clean && parity > 0 && in_sync + parity >= *raid_disks {
+                    return write!(
+                        f,
+                        "the raid{level} array was not shut down cleanly and {in_sync} of its \
+                         {raid_disks} members are here: parity may be stale, so a degraded start \
+                         could return wrong data (md refuses a dirty degraded array): find the \
+                         missing members, or start it anyway with --force (mdadm's --assemble \
+                         --force), accepting that stripes being written when it stopped may read \
+                         back wrong; nothing was written"
+                    );
+                }
                 write!(
                     f,
                     "not enough members to start the raid{level} array: {in_sync} of \
                      {raid_disks} are present and in sync"
                 )?;
-                if !clean && matches!(*level, 4..=6) {
+                if !clean && parity > 0 {
                     write!(
                         f,
                         "; the array was not shut down cleanly, so parity may be stale and a \
@@ -628,8 +646,15 @@ pub fn plan_assembly(
             _ => ResyncNeed::Full { from_sector: fresh.resync_offset },
         }
     };
+    // The superblocks mdadm (or `uraid create`) wrote, never updated since: the initial
+    // resync of a new array, not a crash.
+    let never_started = fresh.utime == fresh.ctime && fresh.resync_offset == 0;
     if resync != ResyncNeed::None {
-        warnings.push("array was not shut down cleanly: resync needed".to_string());
+        warnings.push(if never_started {
+            "new array: initial resync needed".to_string()
+        } else {
+            "array was not shut down cleanly: resync needed".to_string()
+        });
     }
     if ppl && resync != ResyncNeed::None {
         warnings.push(
