@@ -88,6 +88,10 @@ pub enum FaultKind {
     /// Every flush of the member fails with `Io` from now on and makes nothing durable
     /// (a cache flush error: md fails the member as for a failed write).
     FlushErrors,
+    /// The member stops answering (a wedged disk, a dead path): no I/O in flight or sent
+    /// later completes, until `timeout_ns` later the executor's member timeout answers
+    /// `Gone` for every one it holds and the member is failed (as `FailStop` then).
+    Hang { timeout_ns: u64 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +150,9 @@ struct Member {
     write_error_ranges: Vec<(u64, u64)>,
     /// `FaultKind::FlushErrors` fired.
     flush_errors: bool,
+    /// `FaultKind::Hang` fired and its timeout has not yet failed the member: nothing
+    /// starts, nothing in flight completes.
+    hung: bool,
     latency_percent: u32,
     completed_ios: u64,
     stats: SimMemberStats,
@@ -174,6 +181,7 @@ impl Member {
             failed: false,
             write_error_ranges: Vec::new(),
             flush_errors: false,
+            hung: false,
             latency_percent: 100,
             completed_ios: 0,
             stats: SimMemberStats { queue_depth_time_ns: vec![0; QUEUE_DEPTH_BUCKETS], ..Default::default() },
@@ -474,7 +482,7 @@ impl SimDisks {
         let now = self.now_ns;
         loop {
             let m = &mut self.members[member];
-            if m.failed || m.queue.is_empty() || m.active_count >= m.channels {
+            if m.failed || m.hung || m.queue.is_empty() || m.active_count >= m.channels {
                 return;
             }
             let Some(channel) = m.active.iter().position(|a| a.is_none()) else { return };
@@ -558,6 +566,10 @@ impl SimDisks {
     fn complete(&mut self, member: usize, channel: usize, out: &mut Vec<MemberIoCompletion>) {
         let now = self.now_ns;
         let m = &mut self.members[member];
+        if m.hung {
+            // Never answered: held in its channel until the timeout answers it `Gone`.
+            return;
+        }
         m.account(now);
         let Some(a) = m.active[channel].take() else { return };
         m.active_count -= 1;
@@ -666,6 +678,7 @@ impl SimDisks {
             FaultKind::WriteErrors { .. } => 5,
             FaultKind::FlushErrors => 6,
             FaultKind::Dropped => 7,
+            FaultKind::Hang { .. } => 10,
         };
         self.trace.event(TAG_FAULT, &[now, fault.member as u64, kind_code]);
         let mut record =
@@ -681,6 +694,7 @@ impl SimDisks {
                 let m = &mut self.members[fault.member];
                 m.account(now);
                 m.failed = true;
+                m.hung = false;
                 if fault.kind == FaultKind::Dropped {
                     m.store.flush_all();
                 }
@@ -719,6 +733,15 @@ impl SimDisks {
                 self.members[fault.member].write_error_ranges.push((offset_bytes, end));
             }
             FaultKind::FlushErrors => self.members[fault.member].flush_errors = true,
+            FaultKind::Hang { timeout_ns } => {
+                self.members[fault.member].hung = true;
+                let at = now.saturating_add(timeout_ns);
+                self.schedule(Fault {
+                    trigger: FaultTrigger::AtNs(at),
+                    member: fault.member,
+                    kind: FaultKind::FailStop,
+                });
+            }
         }
         self.fired.push(record);
     }

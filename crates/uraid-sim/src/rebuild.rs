@@ -48,9 +48,19 @@ pub fn survives_second_failure(level: Level, raid_disks: usize, not_in_sync_afte
     }
 }
 
+/// Virtual time a rebuild step may take before the checker calls it stuck (a recovery that
+/// never ends would otherwise keep `uraid sim` running for ever).
+const SETTLE_LIMIT_NS: u64 = 600_000_000_000;
+
 fn run_idle(array: &mut SimArray<Array>) -> Result<(), String> {
-    match array.run_until_idle() {
+    match array.run_until(array.now_ns() + SETTLE_LIMIT_NS) {
         RunOutcome::Idle => Ok(()),
+        RunOutcome::TimeReached => Err(format!(
+            "the rebuild after the power cycle never settled: {} s of virtual time, sync {:?}, members {:?}",
+            SETTLE_LIMIT_NS / 1_000_000_000,
+            array.engine().engine().sync_status(),
+            array.engine().engine().member_states()
+        )),
         other => Err(format!("the rebuild after the power cycle ended {other:?}")),
     }
 }

@@ -2,7 +2,7 @@
 //! command line: one summary line per run, the reproducing command for a failure.
 
 use clap::Args;
-use uraid_sim::check::{run_sim, SimSpec};
+use uraid_sim::check::{run_sim, SimSpec, DRAWS};
 
 use crate::explain::parse_level;
 use crate::size_arg::parse_size_bytes;
@@ -100,7 +100,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                     "power_cycles": r.power_cycles, "write_hole_exposures": r.write_hole_exposures,
                     "corruption_exposures": r.corruption_exposures,
                     "array_failed_as_expected": r.array_failed_as_expected,
-                    "resync_after_power_cycle": r.resync_after_power_cycle,
+                    "resync_after_power_cycle": r.resync_after_power_cycle, "draws": r.draws, "unreadable_sectors": r.unreadable_sectors,
                     "ok": r.ok, "failure": r.failure, "reproduce": r.reproduce,
                 })
             })
@@ -108,6 +108,21 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else if reports.len() > 1 {
         println!("{} runs, {} passed, {} failed", reports.len(), reports.len() - failed, failed);
+        // How many seeds drew each of the newer kinds (and how many of those passed).
+        let drew: Vec<String> = DRAWS
+            .iter()
+            .map(|d| {
+                let with: Vec<_> = reports.iter().filter(|r| r.draws.contains(d)).collect();
+                let eio = with.iter().filter(|r| r.unreadable_sectors > 0).count();
+                let eio = if *d == DRAWS[1] {
+                    format!(", {eio} with sectors answering EIO")
+                } else {
+                    String::new()
+                };
+                format!("{d}: {} ({} ok{eio})", with.len(), with.iter().filter(|r| r.ok).count())
+            })
+            .collect();
+        println!("drawn: {}", drew.join("; "));
     }
     if failed > 0 {
         anyhow::bail!("{failed} simulation run(s) failed");

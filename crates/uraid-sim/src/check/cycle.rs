@@ -12,8 +12,8 @@ use uraid_core::meta::ResyncNeed;
 use uraid_core::rng::Rng;
 use uraid_core::*;
 
-use super::model::{failed_array_serves_nothing_wrong, read_all, settle, Inflight, Model, SECTOR};
-use super::{seed_pick, Run, SimReport, DATA_OFFSET_BYTES};
+use super::model::{failed_array_serves_nothing_wrong, read_all_split, settle, Inflight, Model, SECTOR};
+use super::{seed_pick, Run, SimReport, DATA_OFFSET_BYTES, DRAWS};
 use crate::array::SimArray;
 use crate::corruption::corrupt_and_repair;
 use crate::meta::{assemble_members, failure_recorded, member_metadata, start_array};
@@ -139,7 +139,19 @@ pub(super) fn power_cycle(
     // (that would be a third loss there on raid6).
     let bad_blocks_listed = (0..n)
         .any(|m| member_metadata(array2.disks(), m).bad_blocks.ok().flatten().is_some_and(|b| !b.is_empty()));
+    // Latent sectors beyond the redundancy during the recovery: the same rows unreadable on
+    // as many in-sync members as, with the slots being brought back, the level cannot
+    // spare. The recovery records them bad on its target and finishes; reads of those rows
+    // may then fail (EIO), never return anything wrong, and every other sector reads back.
+    let beyond = plant_beyond_redundancy(run, &mut array2, &members2, degraded_start, bad_blocks_listed);
+    if let Some((m0, m1, members)) = &beyond {
+        report.draws.push(DRAWS[1]);
+        report.faults.push(format!(
+            "latent sectors beyond the redundancy: member sectors {m0}..{m1} on members {members:?} before the recovery"
+        ));
+    }
     let second_failure = (spec.faults
+        && beyond.is_none()
         && degraded_start
         && level != Level::Raid10
         && !run.latent_planted
@@ -154,8 +166,9 @@ pub(super) fn power_cycle(
         .flatten();
     // For some seeds the power is cut again part way through the recovery (not with a
     // second failure: the two would be one more loss than this checks).
-    let mut cut_at = (spec.faults && second_failure.is_none() && seed_pick(spec.seed, 0x2c07, 3) == 0)
-        .then_some(SECOND_CUT_AT);
+    let mut cut_at =
+        (spec.faults && second_failure.is_none() && beyond.is_none() && seed_pick(spec.seed, 0x2c07, 3) == 0)
+            .then_some(SECOND_CUT_AT);
     let mut rebuilt = RebuildReport::default();
     let outcome = loop {
         let rp = RebuildPlan {
@@ -230,8 +243,26 @@ pub(super) fn power_cycle(
     // What the array holds after the power cycle, sector by sector, as read through it.
     let mut image = Vec::with_capacity(sectors as usize);
     let mut exposures = 0;
-    let finished = read_all(&mut array2, &mut next_id, |off, r| {
-        let data = r.map_err(|e| format!("post-crash read at sector {off}: {e}"))?;
+    // Sectors that answered EIO: only rows with latent sectors beyond the redundancy may.
+    let mut unreadable = BTreeSet::new();
+    let finished = read_all_split(&mut array2, &mut next_id, beyond.is_some(), |off, r| {
+        let data = match (r, &beyond) {
+            (Ok(data), _) => data,
+            (Err(e), Some((m0, m1, _))) => {
+                let (at, _) = geo.map_sector(off);
+                if !(*m0..*m1).contains(&at.member_sector) {
+                    return Err(format!(
+                        "post-crash read of sector {off} (member {}, sector {}) failed outside the rows \
+                         unreadable beyond the redundancy: {e}",
+                        at.member, at.member_sector
+                    ));
+                }
+                unreadable.insert(off);
+                image.push(0);
+                return Ok(());
+            }
+            (Err(e), None) => return Err(format!("post-crash read at sector {off}: {e}")),
+        };
         for (k, got) in data.chunks(SECTOR as usize).enumerate() {
             let s = off + k as u64;
             image.push(sector_digest(got));
@@ -254,6 +285,7 @@ pub(super) fn power_cycle(
         return Err("the power was lost during the read-back".into());
     }
     report.write_hole_exposures += exposures;
+    report.unreadable_sectors = unreadable.len() as u64;
     // A fault planned before the cut may have fired during the read-back: whole again
     // first (the members are compared with what the array served).
     let late = RebuildPlan {
@@ -272,7 +304,9 @@ pub(super) fn power_cycle(
         members_agree(array2.disks(), geo, DATA_OFFSET_BYTES)
             .map_err(|e| format!("after the resync and rebuild the members disagree: {e}"))?;
         let direct = direct_digests(array2.disks(), geo, DATA_OFFSET_BYTES);
-        if let Some(s) = (0..sectors as usize).find(|&s| direct[s].is_some_and(|d| d != image[s])) {
+        if let Some(s) = (0..sectors as usize)
+            .find(|&s| !unreadable.contains(&(s as u64)) && direct[s].is_some_and(|d| d != image[s]))
+        {
             return Err(format!("sector {s} on its member differs from what the array served"));
         }
         // Not over latent sectors: how a scrub meets a read error is not what this checks.
@@ -294,4 +328,45 @@ pub(super) fn power_cycle(
     report.member_ios = array2.disks().completed_ios();
     report.trace_hash = format!("{:016x}", array2.disks().trace_hash());
     Ok(())
+}
+
+/// Draws (one seed in two that can) latent sectors beyond the redundancy before the
+/// recovery after the power cycle: the same member rows made unreadable on the in-sync
+/// members the level would need there, RAID1/4/5/6 (their rows share member sectors), not
+/// with other latent sectors or listed ranges, whose losses would add to these. Returns the
+/// rows (member sectors, data-relative) and the members.
+fn plant_beyond_redundancy(
+    run: &Run,
+    array: &mut SimArray<Array>,
+    members: &[uraid_core::config::MemberConfig],
+    degraded_start: bool,
+    bad_blocks_listed: bool,
+) -> Option<(u64, u64, Vec<usize>)> {
+    let (spec, geo, n) = (run.spec, &run.geo, run.n);
+    if !(spec.faults
+        && degraded_start
+        && matches!(run.level, Level::Raid1 | Level::Raid4 | Level::Raid5 | Level::Raid6)
+        && !run.latent_planted
+        && !bad_blocks_listed
+        && seed_pick(spec.seed, 0x1a7e, 2) == 0)
+    {
+        return None;
+    }
+    let missing = members.iter().filter(|m| m.state != MemberState::InSync).count();
+    let sources: Vec<usize> = (0..n)
+        .filter(|&m| {
+            members[m].state == MemberState::InSync && !run.erroring[m] && !array.disks().is_failed(m)
+        })
+        .collect();
+    // Losses in a row beyond what the level survives: redundancy + 1 in all.
+    let need = (geo.redundancy() + 1).checked_sub(missing).filter(|&k| k >= 1 && k <= sources.len())?;
+    let start = seed_pick(spec.seed, 0x1a7f, sources.len() as u64) as usize;
+    let chosen: Vec<usize> = (0..need).map(|k| sources[(start + k) % sources.len()]).collect();
+    let member_sectors = geo.member_sectors[0];
+    let m0 = seed_pick(spec.seed, 0x1a80, member_sectors - 64);
+    let m1 = m0 + 1 + seed_pick(spec.seed, 0x1a81, 16);
+    for &m in &chosen {
+        array.disks_mut().store_mut(m).add_latent_error(DATA_OFFSET_BYTES + m0 * SECTOR, (m1 - m0) * SECTOR);
+    }
+    Some((m0, m1, chosen))
 }

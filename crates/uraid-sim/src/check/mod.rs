@@ -85,10 +85,28 @@ pub struct SimReport {
     /// A second power cut fell during the rebuild, and the recovery resumed from the
     /// checkpoint its superblock recorded (member sectors), if it had one.
     pub resumed_from_sectors: Option<u64>,
+    /// The draws of the newer kinds this run made (for `uraid sim --seeds N`'s counts):
+    /// see [`DRAWS`].
+    pub draws: Vec<&'static str>,
+    /// Sectors that answered EIO after the power cycle (only rows with latent sectors
+    /// beyond the redundancy may).
+    pub unreadable_sectors: u64,
     pub ok: bool,
     pub failure: Option<String>,
     pub reproduce: String,
 }
+
+/// The newer draws a run may make, as counted in `SimReport::draws`.
+pub const DRAWS: &[&str] = &[
+    "unaligned writes",
+    "latent sectors beyond the redundancy during recovery",
+    "member I/Os that never complete",
+    "scrub check/repair while writes run",
+];
+
+/// The executor's member timeout (`uraid serve --member-timeout`, 30 s, the SCSI layer's
+/// default) scaled a thousandfold as the upkeep clocks are (`meta::SIM_UPKEEP`).
+const MEMBER_TIMEOUT_NS: u64 = 30_000_000;
 
 /// Uniform pick from `v`.
 fn pick<T: Copy>(rng: &mut Rng, v: &[T]) -> T {
@@ -113,6 +131,13 @@ struct Run<'a> {
     erroring: Vec<bool>,
     /// Members dropped while running (they come back at the power cycle).
     dropped: Vec<bool>,
+    /// Half the writes and a third of the reads are byte-granular (unaligned, sub-sector):
+    /// the array read-modify-writes their edge sectors.
+    unaligned: bool,
+    /// md's `check` or `repair` asked for once this many requests were issued.
+    scrub: Option<(usize, ScrubKind)>,
+    /// Requests in flight.
+    queue_depth: usize,
 }
 
 fn choose_shape(spec: &SimSpec, rng: &mut Rng) -> Result<(Level, usize, u32, u64), String> {
@@ -237,7 +262,18 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         latent_planted: false,
         erroring: vec![false; n],
         dropped: vec![false; n],
+        queue_depth: qd,
+        // One seed in three, by the seed alone (no rng draw: the others keep their runs).
+        unaligned: seed_pick(spec.seed, 0x0da1, 3) == 0,
+        // One seed in four with redundancy (by the seed alone, as above).
+        scrub: (level != Level::Raid0 && seed_pick(spec.seed, 0x5c2b, 4) == 0).then(|| {
+            let at = spec.ops / 8 + seed_pick(spec.seed, 0x5c2c, spec.ops as u64 / 2) as usize;
+            (at, if seed_pick(spec.seed, 0x5c2d, 2) == 0 { ScrubKind::Check } else { ScrubKind::Repair })
+        }),
     };
+    if run.unaligned {
+        report.draws.push(DRAWS[0]);
+    }
     let power_loss_at_request = plan_faults(&mut run, &mut disks, rng, report);
     let mut model = Model::new(run.geo.array_sectors());
     let mut array = SimArray::new(first, disks);
@@ -246,10 +282,18 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     array.set_member_merging(true);
     let mut next_id = 1u64;
     let (crashed, inflight) =
-        workload(&run, &mut array, &mut model, rng, qd, power_loss_at_request, &mut next_id)?;
+        workload(&run, &mut array, &mut model, rng, power_loss_at_request, &mut next_id, report)?;
     report.requests = next_id - 1;
     if array.engine().engine().is_failed() {
         return Err("the array failed although faults stayed within its redundancy".into());
+    }
+    if !crashed && array.engine().sync_kind().is_some_and(|k| matches!(k, SyncKind::Scrub(_))) {
+        // A check or repair still running ends before the read-back, and is judged.
+        match array.run_until_idle() {
+            RunOutcome::Idle => scrub_judged(&array, report)?,
+            RunOutcome::PowerLost { .. } => {}
+            other => return Err(format!("the scrub after the workload ended {other:?}")),
+        }
     }
     if !crashed {
         // The whole array must read back as the model says, then the power is cut anyway.
@@ -276,6 +320,17 @@ fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut 
             let m = victims[k];
             // How the member goes, by the seed (no rng draw: each seed keeps its workload).
             let (kind, what) = match seed_pick(spec.seed, 0xfa11 + k as u64, 8) {
+                // One fail-stop in three is a member that stops answering instead: its I/Os
+                // are held until the member timeout answers them `Gone` and fails it.
+                0..=2 if seed_pick(spec.seed, 0x4a96 + k as u64, 3) == 0 => {
+                    if !report.draws.contains(&DRAWS[2]) {
+                        report.draws.push(DRAWS[2]);
+                    }
+                    (
+                        FaultKind::Hang { timeout_ns: MEMBER_TIMEOUT_NS },
+                        format!("I/Os never completing (failed after a {MEMBER_TIMEOUT_NS} ns timeout) on"),
+                    )
+                }
                 0..=2 => (FaultKind::FailStop, "fail-stop".to_string()),
                 3 => {
                     run.dropped[m] = true;
@@ -344,6 +399,33 @@ fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut 
     at_request
 }
 
+/// A check or repair that ran while writes went on, on an array created consistent, every
+/// member in sync throughout and nothing listed bad: it must find nothing (a mismatch there
+/// is a write it raced, or a block it misread). Otherwise it is only recorded.
+fn scrub_judged(array: &SimArray<Array>, report: &mut SimReport) -> Result<(), String> {
+    if !report.faults.iter().any(|f| f.starts_with("scrub ") && f.ends_with("started")) {
+        return Ok(());
+    }
+    let engine = array.engine().engine();
+    let whole = engine.member_states().iter().all(|s| *s == MemberState::InSync)
+        && (0..array.disks().member_count()).all(|m| !array.disks().is_failed(m))
+        && (0..array.disks().member_count()).all(|m| {
+            crate::meta::member_metadata(array.disks(), m)
+                .bad_blocks
+                .ok()
+                .flatten()
+                .is_none_or(|b| b.is_empty())
+        });
+    let mismatches = engine.mismatch_cnt();
+    report.faults.push(format!("scrub finished, mismatch_cnt {mismatches}"));
+    if whole && mismatches > 0 {
+        return Err(format!(
+            "a check/repair of a consistent array, run while writes went on, counted {mismatches} mismatched sectors"
+        ));
+    }
+    Ok(())
+}
+
 /// The random workload up to `spec.ops` requests (fewer when the power is cut first),
 /// every read checked against the model. Returns whether the power was cut, and the
 /// requests still in flight (their completions may come out of the crash).
@@ -352,17 +434,46 @@ fn workload(
     array: &mut SimArray<Array>,
     model: &mut Model,
     rng: &mut Rng,
-    qd: usize,
     power_loss_at_request: Option<usize>,
     next_id: &mut u64,
+    report: &mut SimReport,
 ) -> Result<(bool, Inflight), String> {
-    let spec = run.spec;
+    let (spec, qd) = (run.spec, run.queue_depth);
     let sectors = model.sectors();
     let stripe_sectors = run.chunk_sectors * run.n as u64;
     let mut inflight: Inflight = Vec::new();
     let mut issued = 0usize;
     let mut buf = vec![0u8; SECTOR as usize];
+    // The byte-granular requests' own stream: the main one draws as it did without them.
+    let mut urng = Rng::derive(spec.seed, 0x0da2);
+    // Bytes `[off, off + len)` within sectors `[s0, s0 + len)`, cut short at either end.
+    let mut unaligned = |s0: u64, len: u64, one_in: u64| {
+        (run.unaligned && urng.below(one_in) == 0).then(|| {
+            let head = urng.below(SECTOR);
+            let tail = urng.below(SECTOR - if len == 1 { head } else { 0 });
+            (s0 * SECTOR + head, len * SECTOR - head - tail)
+        })
+    };
+    let mut scrub = run.scrub;
+    let mut scrubbing = false;
     loop {
+        if let Some((at, kind)) = scrub.filter(|&(at, _)| issued >= at) {
+            scrub = None;
+            report.draws.push(DRAWS[3]);
+            let now = array.now_ns();
+            // md refuses one while a resync or recovery runs, or on a degraded array.
+            match array.engine_mut().scrub(Some(kind), now) {
+                Ok(()) => {
+                    scrubbing = true;
+                    report.faults.push(format!("scrub {kind:?} at request {at} started"));
+                }
+                Err(e) => report.faults.push(format!("scrub {kind:?} at request {at} refused: {e}")),
+            }
+        }
+        if scrubbing && !array.engine().sync_kind().is_some_and(|k| matches!(k, SyncKind::Scrub(_))) {
+            scrubbing = false;
+            scrub_judged(array, report)?;
+        }
         // Top up to the queue depth; flushes wait for an empty queue (barriers).
         while inflight.len() < qd && issued < spec.ops {
             if inflight.iter().any(|x| x.3 == RequestOp::Flush) {
@@ -400,15 +511,30 @@ fn workload(
                 _ => RequestOp::WriteZeroes,
             };
             let req = match op {
-                RequestOp::Read => Request::read(id, s0 * SECTOR, len * SECTOR),
+                RequestOp::Read => match unaligned(s0, len, 3) {
+                    Some((off, bytes)) => {
+                        model.unaligned_reads.insert(id, (off, bytes));
+                        Request::read(id, off, bytes)
+                    }
+                    None => Request::read(id, s0 * SECTOR, len * SECTOR),
+                },
                 RequestOp::Write => {
                     let w = id as u32;
                     let mut data = vec![0u8; (len * SECTOR) as usize];
                     for (k, c) in data.chunks_mut(SECTOR as usize).enumerate() {
                         pattern(w, s0 + k as u64, c);
                     }
-                    model.write(w, s0, len);
-                    let mut r = Request::write(id, s0 * SECTOR, data);
+                    let mut r = match unaligned(s0, len, 2) {
+                        Some((off, bytes)) => {
+                            model.write_bytes(w, off, bytes);
+                            let at = (off - s0 * SECTOR) as usize;
+                            Request::write(id, off, data[at..at + bytes as usize].to_vec())
+                        }
+                        None => {
+                            model.write(w, s0, len);
+                            Request::write(id, s0 * SECTOR, data)
+                        }
+                    };
                     r.fua = rng.below(20) == 0;
                     r
                 }
@@ -416,10 +542,16 @@ fn workload(
                     model.write(0, s0, len);
                     Request::trim(id, s0 * SECTOR, len * SECTOR)
                 }
-                _ => {
-                    model.write(0, s0, len);
-                    Request::write_zeroes(id, s0 * SECTOR, len * SECTOR)
-                }
+                _ => match unaligned(s0, len, 2) {
+                    Some((off, bytes)) => {
+                        model.write_bytes(0, off, bytes);
+                        Request::write_zeroes(id, off, bytes)
+                    }
+                    None => {
+                        model.write(0, s0, len);
+                        Request::write_zeroes(id, s0 * SECTOR, len * SECTOR)
+                    }
+                },
             };
             array.submit(req);
             inflight.push((id, s0, s0 + len, op));

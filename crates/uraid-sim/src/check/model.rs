@@ -23,10 +23,19 @@ pub(super) fn pattern(w: u32, s: u64, out: &mut [u8]) {
     }
 }
 
+/// Write ids from here up name a sector's contents after a write that covered it only in
+/// part (an unaligned or sub-sector write's edge sector): kept whole in `Model::mixed`.
+const MIXED: u32 = 0x8000_0000;
+
 pub(super) struct Model {
     pub cur: Vec<u32>,
     pub durable: Vec<u32>,
     pub since: Vec<Vec<u32>>,
+    /// The contents of each mixed id (>= `MIXED`), by (id, sector).
+    mixed: std::collections::BTreeMap<(u32, u64), Box<[u8]>>,
+    next_mixed: u32,
+    /// Reads in flight that are not sector-aligned: id -> (offset, length) in bytes.
+    pub unaligned_reads: std::collections::BTreeMap<u64, (u64, u64)>,
 }
 
 impl Model {
@@ -35,7 +44,62 @@ impl Model {
             cur: vec![0; sectors as usize],
             durable: vec![0; sectors as usize],
             since: vec![Vec::new(); sectors as usize],
+            mixed: Default::default(),
+            next_mixed: MIXED,
+            unaligned_reads: Default::default(),
         }
+    }
+
+    /// The 512 bytes write id `w` left at sector `s` (a pattern, or a mixed sector's bytes).
+    pub fn contents(&self, w: u32, s: u64, out: &mut [u8]) {
+        if w >= MIXED {
+            out.copy_from_slice(&self.mixed[&(w, s)]);
+        } else {
+            pattern(w, s, out);
+        }
+    }
+
+    /// Write `w` (0: zeroes) over bytes `[off, off + len)`, any alignment: the sectors it
+    /// covers whole hold `w`, a partly covered sector its old contents with `w`'s bytes
+    /// over them (the array's read-modify-write of the edge sector writes it whole).
+    pub fn write_bytes(&mut self, w: u32, off: u64, len: u64) {
+        let (first, end) = (off / SECTOR, (off + len).div_ceil(SECTOR));
+        for s in first..end {
+            let lo = (s * SECTOR).max(off) - s * SECTOR;
+            let hi = ((s + 1) * SECTOR).min(off + len) - s * SECTOR;
+            if lo == 0 && hi == SECTOR {
+                self.write(w, s, 1);
+                continue;
+            }
+            let mut now = vec![0u8; SECTOR as usize];
+            self.contents(self.cur[s as usize], s, &mut now);
+            let mut new = vec![0u8; SECTOR as usize];
+            pattern(w, s, &mut new);
+            now[lo as usize..hi as usize].copy_from_slice(&new[lo as usize..hi as usize]);
+            let id = self.next_mixed;
+            self.next_mixed += 1;
+            self.mixed.insert((id, s), now.into_boxed_slice());
+            self.write(id, s, 1);
+        }
+    }
+
+    /// Bytes `[off, off + data.len())` as read hold what the model says now.
+    pub fn check_bytes(&self, off: u64, data: &[u8], buf: &mut [u8]) -> Result<(), String> {
+        let end = off + data.len() as u64;
+        for s in off / SECTOR..end.div_ceil(SECTOR) {
+            self.contents(self.cur[s as usize], s, buf);
+            let lo = (s * SECTOR).max(off);
+            let hi = ((s + 1) * SECTOR).min(end);
+            if data[(lo - off) as usize..(hi - off) as usize]
+                != buf[(lo - s * SECTOR) as usize..(hi - s * SECTOR) as usize]
+            {
+                return Err(format!(
+                    "bytes {lo}..{hi} (sector {s}) differ from the model (expected write {})",
+                    self.cur[s as usize]
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn sectors(&self) -> u64 {
@@ -57,7 +121,7 @@ impl Model {
     /// After a power cycle sector `s` may hold its durable contents or any write since.
     pub fn holds_durable_or_later(&self, s: u64, got: &[u8], buf: &mut [u8]) -> bool {
         std::iter::once(self.durable[s as usize]).chain(self.since[s as usize].iter().copied()).any(|w| {
-            pattern(w, s, buf);
+            self.contents(w, s, buf);
             buf == got
         })
     }
@@ -66,7 +130,7 @@ impl Model {
     pub fn check(&self, s0: u64, s1: u64, data: &[u8], buf: &mut [u8]) -> Result<(), String> {
         for s in s0..s1 {
             let got = &data[((s - s0) * SECTOR) as usize..((s - s0 + 1) * SECTOR) as usize];
-            pattern(self.cur[s as usize], s, buf);
+            self.contents(self.cur[s as usize], s, buf);
             if got != buf {
                 return Err(format!(
                     "sector {s} differs from the model (expected write {})",
@@ -95,7 +159,10 @@ pub(super) fn settle(
     let data = c.result.map_err(|e| format!("request {id} ({op:?} sectors {s0}..{s1}) failed: {e}"))?;
     match op {
         RequestOp::Flush => model.flushed(),
-        RequestOp::Read => model.check(s0, s1, &data, buf).map_err(|e| format!("read {id}: {e}"))?,
+        RequestOp::Read => match model.unaligned_reads.remove(&id) {
+            Some((off, _)) => model.check_bytes(off, &data, buf).map_err(|e| format!("read {id}: {e}"))?,
+            None => model.check(s0, s1, &data, buf).map_err(|e| format!("read {id}: {e}"))?,
+        },
         _ => {}
     }
     Ok(())
@@ -106,23 +173,51 @@ pub(super) fn settle(
 pub(super) fn read_all(
     array: &mut SimArray<Array>,
     next_id: &mut u64,
+    each: impl FnMut(u64, Result<Vec<u8>, uraid_core::RequestError>) -> Result<(), String>,
+) -> Result<bool, String> {
+    read_all_split(array, next_id, false, each)
+}
+
+/// One read of sectors `[off, off + len)`: its result, `None` when the power was lost.
+fn read_piece(
+    array: &mut SimArray<Array>,
+    next_id: &mut u64,
+    off: u64,
+    len: u64,
+) -> Result<Option<Result<Vec<u8>, uraid_core::RequestError>>, String> {
+    let id = *next_id;
+    *next_id += 1;
+    array.submit(Request::read(id, off * SECTOR, len * SECTOR));
+    match array.run_until_idle() {
+        RunOutcome::Idle => {}
+        RunOutcome::PowerLost { .. } => return Ok(None),
+        other => return Err(format!("a read of sectors {off}+{len} ended {other:?}")),
+    }
+    let c = array.take_completions().into_iter().find(|c| c.completion.id == id).ok_or("a read was lost")?;
+    Ok(Some(c.completion.result))
+}
+
+/// As [`read_all`]; with `split_errors` a piece that fails is read again sector by sector,
+/// each sector handed to `each` alone (which sectors fail, and that the others read right).
+pub(super) fn read_all_split(
+    array: &mut SimArray<Array>,
+    next_id: &mut u64,
+    split_errors: bool,
     mut each: impl FnMut(u64, Result<Vec<u8>, uraid_core::RequestError>) -> Result<(), String>,
 ) -> Result<bool, String> {
     let sectors = array.engine().engine().geometry().array_sectors();
     let mut off = 0;
     while off < sectors {
         let len = 256.min(sectors - off);
-        let id = *next_id;
-        *next_id += 1;
-        array.submit(Request::read(id, off * SECTOR, len * SECTOR));
-        match array.run_until_idle() {
-            RunOutcome::Idle => {}
-            RunOutcome::PowerLost { .. } => return Ok(false),
-            other => return Err(format!("a read of sectors {off}+{len} ended {other:?}")),
+        let Some(r) = read_piece(array, next_id, off, len)? else { return Ok(false) };
+        if r.is_err() && split_errors {
+            for s in off..off + len {
+                let Some(r) = read_piece(array, next_id, s, 1)? else { return Ok(false) };
+                each(s, r)?;
+            }
+        } else {
+            each(off, r)?;
         }
-        let c =
-            array.take_completions().into_iter().find(|c| c.completion.id == id).ok_or("a read was lost")?;
-        each(off, c.completion.result)?;
         off += len;
     }
     Ok(true)

@@ -49,14 +49,42 @@ fn ci_seed_reports() -> &'static [(Level, SimReport)] {
     })
 }
 
+/// CI runs that fail on a core bug the simulator's newer draws found, reported and not
+/// fixed here (the checker does not change the core): each must go on failing as listed,
+/// and nothing else may fail; once the core is fixed the test says so, and the entry goes.
+///
+/// Byte-granular writes (issue 24): after a power cut with such a write in flight, the
+/// bitmap resync leaves the members disagreeing at its read-modify-written edge sector
+/// (RAID1/10 copies, RAID4 parity); `uraid sim --seed 51 --ops 400 --level 10` and
+/// `uraid sim --seed 2005446` (RAID1) show it with a power cut alone. See
+/// docs/reliability.md, "Under simulation".
+const KNOWN_CORE_FAILURES: &[(Level, u64, &str)] = &[
+    (Level::Raid10, 5, "after the resync and rebuild the members disagree"),
+    (Level::Raid10, 21, "after the resync and rebuild the members disagree"),
+];
+
+fn known_core_failure(level: Level, r: &SimReport) -> bool {
+    KNOWN_CORE_FAILURES.iter().any(|&(l, seed, _)| l == level && seed == r.seed)
+}
+
 #[test]
 fn ci_seeds_pass_on_every_level() {
     let failures: Vec<String> = ci_seed_reports()
         .iter()
-        .filter(|(_, r)| !r.ok)
+        .filter(|(level, r)| !r.ok && !known_core_failure(*level, r))
         .map(|(_, r)| format!("{}: {:?}", r.reproduce, r.failure))
         .collect();
     assert!(failures.is_empty(), "{failures:#?}");
+    for &(level, seed, what) in KNOWN_CORE_FAILURES {
+        let (_, r) =
+            ci_seed_reports().iter().find(|(l, r)| *l == level && r.seed == seed).expect("in the set");
+        assert!(
+            !r.ok && r.failure.as_deref().is_some_and(|f| f.contains(what)),
+            "{}: listed as failing on a core bug ({what}), now {:?}: fixed? take it off KNOWN_CORE_FAILURES",
+            r.reproduce,
+            r.failure
+        );
+    }
 }
 
 /// A sector unreadable at the cut (here listed in a member's bad-block log after a write
@@ -248,4 +276,36 @@ fn the_ci_seeds_draw_every_new_fault() {
         }
     }
     assert_eq!(seen.len(), 12, "drawn: {seen:?}");
+}
+
+/// A member that stops answering holds every I/O sent to it until the member timeout
+/// answers them `Gone`: the member is then failed, the others' superblocks record it,
+/// and every request completes without error (none waits forever).
+#[test]
+fn a_member_that_never_answers_is_failed_after_the_timeout_and_clients_see_no_error() {
+    let mut array = raid5();
+    let kind = FaultKind::Hang { timeout_ns: MEMBER_TIMEOUT_NS };
+    array.disks_mut().schedule(Fault { trigger: FaultTrigger::AtNs(0), member: 1, kind });
+    let t0 = array.now_ns();
+    write_and_flush(&mut array);
+    assert!(array.now_ns() - t0 >= MEMBER_TIMEOUT_NS, "the writes finished before the timeout");
+    assert_eq!(array.engine().engine().member_states()[1], MemberState::Faulty);
+    let sb0 = member_superblock(array.disks(), 0).unwrap();
+    assert_eq!(sb0.dev_roles[1], role::FAULTY, "member 0's superblock does not record the failure");
+}
+
+/// The CI seeds draw each of the newer kinds, and pass: byte-granular requests, latent
+/// sectors beyond the redundancy during a recovery (some sectors answer EIO then, and
+/// nothing else fails), members whose I/Os never complete.
+#[test]
+fn the_ci_seeds_draw_the_newer_kinds() {
+    for &d in DRAWS {
+        let with: Vec<_> = ci_seed_reports().iter().filter(|(_, r)| r.draws.contains(&d)).collect();
+        assert!(!with.is_empty(), "no CI seed draws {d}");
+        assert!(with.iter().all(|(level, r)| r.ok || known_core_failure(*level, r)), "{d}: a seed failed");
+    }
+    assert!(
+        ci_seed_reports().iter().any(|(_, r)| r.unreadable_sectors > 0),
+        "no CI seed met a row beyond the redundancy"
+    );
 }
