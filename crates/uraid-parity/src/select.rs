@@ -54,11 +54,7 @@ fn select() -> Kernel {
         kernels.iter().zip(&best_mb_per_s).map(|(k, mb)| format!("{} {mb}", k.name())).collect();
     let chosen = choose(&kernels, &best_mb_per_s);
     if !quiet() {
-        eprintln!(
-            "uraid-parity: raid6: gen() MB/s: {}; using {}",
-            figures.join(", "),
-            chosen.name()
-        );
+        eprintln!("uraid-parity: raid6: gen() MB/s: {}; using {}", figures.join(", "), chosen.name());
     }
     chosen
 }
