@@ -100,10 +100,13 @@ impl Array {
         if self.sbs.mark_dirty() {
             self.dirty_seq = self.rounds.push(Work::Superblocks);
         }
-        let mut wait_seq = self.write_barrier.max(self.dirty_seq);
         if !intent.pages.is_empty() {
-            wait_seq = wait_seq.max(self.rounds.push(Work::BitmapPages(intent.pages)));
+            self.pages_seq = self.rounds.push(Work::BitmapPages(intent.pages));
         }
+        // Its bits may have been set in memory by an earlier write whose page round is still
+        // in flight: that round must be done too. A read-modify-write's write-back is put at
+        // the head of the queue, ahead of that earlier write, so FIFO order does not cover it.
+        let wait_seq = self.write_barrier.max(self.dirty_seq).max(self.pages_seq);
         Held { req, wait_seq, arrival, span, sync_range: intent.sync_range }
     }
 

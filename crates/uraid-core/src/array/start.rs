@@ -146,6 +146,7 @@ impl Array {
             after: BTreeMap::new(),
             write_barrier: 0,
             dirty_seq: 0,
+            pages_seq: 0,
             held: VecDeque::new(),
             writes: DetMap::default(),
             rmws: Vec::new(),

@@ -76,6 +76,9 @@ pub struct Array {
     /// The round that marks the superblocks dirty: every write waits for it, also one
     /// admitted while it is in flight (after `mark_dirty` already said dirty).
     pub(super) dirty_seq: RoundSeq,
+    /// The last round that writes bitmap pages: a write whose bits were already set in
+    /// memory still waits for it (they may not be on disk yet).
+    pub(super) pages_seq: RoundSeq,
     // Admission (see `admission`).
     pub(super) held: VecDeque<Held>,
     pub(super) writes: DetMap<RequestId, WriteInFlight>,

@@ -53,15 +53,10 @@ fn ci_seed_reports() -> &'static [(Level, SimReport)] {
 /// fixed here (the checker does not change the core): each must go on failing as listed,
 /// and nothing else may fail; once the core is fixed the test says so, and the entry goes.
 ///
-/// Byte-granular writes (issue 24): after a power cut with such a write in flight, the
-/// bitmap resync leaves the members disagreeing at its read-modify-written edge sector
-/// (RAID1/10 copies, RAID4 parity); `uraid sim --seed 51 --ops 400 --level 10` and
-/// `uraid sim --seed 2005446` (RAID1) show it with a power cut alone. See
+/// Empty now: the byte-granular writes' bug (raid10 CI seeds 5 and 21: a read-modify-write's
+/// write-back went ahead of a bitmap page still being written) is fixed; see
 /// docs/reliability.md, "Under simulation".
-const KNOWN_CORE_FAILURES: &[(Level, u64, &str)] = &[
-    (Level::Raid10, 5, "after the resync and rebuild the members disagree"),
-    (Level::Raid10, 21, "after the resync and rebuild the members disagree"),
-];
+const KNOWN_CORE_FAILURES: &[(Level, u64, &str)] = &[];
 
 fn known_core_failure(level: Level, r: &SimReport) -> bool {
     KNOWN_CORE_FAILURES.iter().any(|&(l, seed, _)| l == level && seed == r.seed)
