@@ -646,9 +646,9 @@ pub fn plan_assembly(
             _ => ResyncNeed::Full { from_sector: fresh.resync_offset },
         }
     };
-    // The superblocks mdadm (or `uraid create`) wrote, never updated since: the initial
-    // resync of a new array, not a crash.
-    let never_started = fresh.utime == fresh.ctime && fresh.resync_offset == 0;
+    // The superblocks `uraid create` wrote (events 0), never started since (a start marks
+    // them dirty, events 1 on): the initial resync of a new array, not a crash.
+    let never_started = fresh.events == 0 && fresh.resync_offset == 0;
     if resync != ResyncNeed::None {
         warnings.push(if never_started {
             "new array: initial resync needed".to_string()
