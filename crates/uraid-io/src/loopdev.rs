@@ -14,7 +14,8 @@ pub struct LoopDevice {
     backing: PathBuf,
 }
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// statfs's `f_type` of tmpfs.
+pub const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// Whether `dir` is on tmpfs, where a loop device measures memory, not a disk.
 pub fn on_tmpfs(dir: &Path) -> io::Result<bool> {

@@ -254,20 +254,10 @@ fn a_close_that_no_member_records_is_not_reported_clean() {
     for r in &rules {
         extra.extend(["--debug-fault", r.as_str()]);
     }
-    let mut served = Served::start(&dir, &members, &extra);
+    let served = Served::start(&dir, &members, &extra);
     copy_in(&pattern_file(&dir, 1 << 20, 17), &served.url);
     std::fs::write(&arm, b"").unwrap();
-    let mut child = served.child.take().unwrap();
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let t0 = Instant::now();
-    let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "uraid serve did not stop:\n{}", served.log_text());
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let log = served.log_text();
+    let (st, log) = served.terminate();
     assert!(!log.contains("stopped cleanly"), "reported clean with no superblock written:\n{log}");
     assert!(!st.success(), "exit status {st} after a close nothing recorded:\n{log}");
 }

@@ -112,6 +112,15 @@ fn create(dir: &TempDir, level: &str, names: &[&str], size: &str, extra: &[&str]
     members
 }
 
+/// Waits (at most 60 s) until no replacement is shown in `status` any more.
+fn wait_replaced(s: &Served) {
+    let t0 = Instant::now();
+    while s.ctl("status", None).contains("(R)") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn hashes(files: &[PathBuf]) -> Vec<String> {
     files.iter().map(|p| sha256_file(p)).collect()
 }
@@ -200,11 +209,7 @@ fn replace_then_md_finds_the_array_consistent() {
     ok(tool("nbdcopy", &[img.to_str().unwrap(), &s.url]), "nbdcopy");
     let o = replace(&s.control, &members[1], &new, false);
     assert!(o.status.success(), "{}", text(&o));
-    let t0 = Instant::now();
-    while s.ctl("status", None).contains("(R)") {
-        assert!(t0.elapsed() < Duration::from_secs(60), "{}", s.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_replaced(&s);
     // What uraid serves after the replacement, to compare with what md reads.
     let back = dir.path("back.bin");
     ok(tool("nbdcopy", &[&s.url, back.to_str().unwrap()]), "nbdcopy back");
@@ -324,11 +329,7 @@ fn a_stop_in_the_middle_keeps_the_member_and_never_takes_the_unfinished_copy() {
     // The same device can be given again; this time the copy runs to the end.
     let o = replace(&s.control, &members[1], &new, false);
     assert!(o.status.success(), "{}", text(&o));
-    let t0 = Instant::now();
-    while s.ctl("status", None).contains("(R)") {
-        assert!(t0.elapsed() < Duration::from_secs(60), "{}", s.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_replaced(&s);
     assert!(!claimed(&members[1]));
     s.ctl("fail", Some(&members[0]));
     let back2 = dir.path("back2.bin");
@@ -349,11 +350,7 @@ fn a_replaced_disk_offered_again_is_left_out_and_never_written() {
     let s = Served::start(&dir, &members, &[]);
     let o = replace(&s.control, &members[1], &new, false);
     assert!(o.status.success(), "{}", text(&o));
-    let t0 = Instant::now();
-    while s.ctl("status", None).contains("(R)") {
-        assert!(t0.elapsed() < Duration::from_secs(60), "{}", s.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_replaced(&s);
     s.stop();
     let before = sha256_file(&members[1]);
     let all = vec![members[0].clone(), members[1].clone(), members[2].clone(), new.clone()];

@@ -79,7 +79,7 @@ pub struct Member {
     pub(super) memory_backed: bool,
 }
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+use crate::loopdev::TMPFS_MAGIC;
 
 /// Whether an open regular file lives on tmpfs (memory, possibly swap).
 fn on_tmpfs(f: &File) -> bool {

@@ -270,19 +270,23 @@ struct MemberQueue {
 
 impl MemberQueue {
     fn new(member: &Member, default_depth: usize, timeout: Duration) -> MemberQueue {
-        let depth = match member.device_queue() {
-            Some((nr_requests, _)) => nr_requests.clamp(1, MAX_BLOCK_QUEUE_DEPTH),
-            None => default_depth,
-        };
         MemberQueue {
             in_flight: 0,
-            depth,
+            depth: depth_for(member, default_depth),
             waiting: VecDeque::new(),
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
             hung: false,
             abandoned: 0,
             counts: ExecutorMemberStats::default(),
         }
+    }
+}
+
+/// I/Os a member takes at once: a block device its request queue's, else the default.
+fn depth_for(member: &Member, default_depth: usize) -> usize {
+    match member.device_queue() {
+        Some((nr_requests, _)) => nr_requests.clamp(1, MAX_BLOCK_QUEUE_DEPTH),
+        None => default_depth,
     }
 }
 
@@ -421,7 +425,7 @@ impl Executor {
         self.set_gen += 1;
         let q = &mut self.queues[index];
         q.hung = false;
-        q.depth = MemberQueue::new(self.members.member(index), self.queue_depth, Duration::ZERO).depth;
+        q.depth = depth_for(self.members.member(index), self.queue_depth);
         Ok(())
     }
 

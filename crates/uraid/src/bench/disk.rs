@@ -162,7 +162,7 @@ impl Devices {
         // The folder may not exist yet: its nearest existing ancestor tells the filesystem.
         let existing = parent.ancestors().find(|p| p.exists()).unwrap_or(Path::new("."));
         let (magic, free_bytes) = statfs(existing)?;
-        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        use uraid_io::loopdev::TMPFS_MAGIC;
         const RAMFS_MAGIC: i64 = 0x8584_58f6;
         if magic == TMPFS_MAGIC || magic == RAMFS_MAGIC {
             bail!(

@@ -143,15 +143,20 @@ impl Served {
     }
 
     /// SIGTERM, then the exit status must be success.
-    pub fn stop(mut self) -> String {
+    pub fn stop(self) -> String {
+        let (st, log) = self.terminate();
+        assert!(st.success(), "uraid serve exited with {st} after SIGTERM:\n{log}");
+        log
+    }
+
+    /// SIGTERM and wait (at most 30 s): the exit status and the server's log.
+    pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
         let mut child = self.child.take().unwrap();
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let t0 = Instant::now();
         loop {
             if let Some(st) = child.try_wait().unwrap() {
-                let log = self.log_text();
-                assert!(st.success(), "uraid serve exited with {st} after SIGTERM:\n{log}");
-                return log;
+                return (st, self.log_text());
             }
             assert!(t0.elapsed() < Duration::from_secs(30), "uraid serve did not stop:\n{}", self.log_text());
             std::thread::sleep(Duration::from_millis(20));
