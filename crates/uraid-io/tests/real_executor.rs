@@ -231,3 +231,38 @@ fn reads_fill_a_spare_buffer_only_when_unshared() {
         }
     }
 }
+
+/// Linux's (major, minor) from uname, (0, 0) if it cannot be read.
+fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// The array thread is the ring's only issuer where the kernel has DEFER_TASKRUN (6.1):
+/// completion work waits for it instead of interrupting it. The executor is built on
+/// one thread and driven by another, as `uraid serve` does: the driving thread, the first
+/// to submit, must become the ring's issuer (a ring bound to the builder answers EEXIST).
+#[test]
+fn a_ring_built_on_one_thread_is_driven_by_another_with_deferred_completions() {
+    use uraid_io::real::CompletionMode;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let paths = vec![temp_file(&dir, "deferred-m0", 1 << 20)];
+    let ex = executor(&paths, BackendChoice::IoUring, 8);
+    if kernel_version() >= (6, 1) {
+        assert_eq!(ex.completion_mode(), Some(CompletionMode::Deferred));
+    }
+    let data: Vec<u8> = (0..16384u32).map(|i| (i * 31 + 7) as u8).collect();
+    let expect = data.clone();
+    let read_back = std::thread::spawn(move || {
+        let mut ex = ex;
+        let w = run(&mut ex, vec![io(1, 0, MemberIoOp::Write, 4096, 16384, data)]);
+        assert!(w[0].result.is_ok(), "{w:?}");
+        let r = run(&mut ex, vec![io(2, 0, MemberIoOp::Read, 4096, 16384, vec![])]);
+        r.into_iter().next().expect("one completion").result.expect("read")
+    })
+    .join()
+    .expect("the driving thread");
+    assert_eq!(&read_back[..], &expect[..]);
+    let _ = std::fs::remove_file(&paths[0]);
+}

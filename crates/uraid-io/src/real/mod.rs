@@ -41,6 +41,7 @@ use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
 pub use buf::AlignedBuf;
 pub use member::{Member, MemberKind, MemberSet, OpenOptions};
 pub use timeout::{DEFAULT_FAILFAST_TIMEOUT, DEFAULT_MEMBER_TIMEOUT};
+pub use uring::CompletionMode;
 
 use member::IoPath;
 
@@ -395,6 +396,14 @@ impl Executor {
             next_timeout_scan_ns: 0,
             log: opts.log,
         })
+    }
+
+    /// How the io_uring ring takes completions (`None`: the thread pool).
+    pub fn completion_mode(&self) -> Option<CompletionMode> {
+        match &self.backend {
+            Backend::Uring(u) => Some(u.completion_mode()),
+            Backend::Pool(_) => None,
+        }
     }
 
     pub fn backend(&self) -> BackendKind {

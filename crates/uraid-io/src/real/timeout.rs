@@ -82,6 +82,9 @@ impl Executor {
                 q.timeout_ns as f64 / 1e9
             );
         }
+        if let Backend::Uring(u) = &self.backend {
+            eprintln!("uraid-io: io_uring: {}", u.completion_mode());
+        }
     }
 
     /// Drops the retired member sets no started I/O uses any more (their descriptors close).

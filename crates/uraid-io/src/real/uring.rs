@@ -34,7 +34,56 @@ impl EventFd {
     }
 }
 
+/// How the kernel hands completions over (chosen once, by what the kernel accepts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionMode {
+    /// `SINGLE_ISSUER | DEFER_TASKRUN` (6.1+): completion work waits until the ring's one
+    /// thread asks for events, in a batch, instead of interrupting it or another thread.
+    Deferred,
+    /// `COOP_TASKRUN` (5.19+): completion work runs at this thread's next kernel entry.
+    Cooperative,
+    /// Older kernels: completion work interrupts the thread (an IPI).
+    Interrupting,
+}
+
+impl std::fmt::Display for CompletionMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CompletionMode::Deferred => {
+                "completions deferred to the array thread (SINGLE_ISSUER, DEFER_TASKRUN)"
+            }
+            CompletionMode::Cooperative => "cooperative completions (COOP_TASKRUN)",
+            CompletionMode::Interrupting => "completions by interrupt (no COOP_TASKRUN)",
+        })
+    }
+}
+
+/// The most capable ring the kernel accepts. A deferred ring starts disabled: the thread
+/// that first uses it (the array thread, not the one that built the executor) enables it
+/// and becomes its only issuer (see `enable`).
+fn build_ring(entries: u32) -> io::Result<(IoUring, CompletionMode)> {
+    let mut b = IoUring::builder();
+    b.setup_cqsize(entries * 2);
+    let deferred = b
+        .clone()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_taskrun_flag()
+        .setup_r_disabled()
+        .build(entries);
+    if let Ok(r) = deferred {
+        return Ok((r, CompletionMode::Deferred));
+    }
+    if let Ok(r) = b.clone().setup_coop_taskrun().setup_taskrun_flag().build(entries) {
+        return Ok((r, CompletionMode::Cooperative));
+    }
+    Ok((b.build(entries)?, CompletionMode::Interrupting))
+}
+
 pub struct UringBackend {
+    completions: CompletionMode,
+    /// A deferred ring not enabled yet (no I/O so far).
+    disabled: bool,
     ring: IoUring,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
@@ -54,13 +103,7 @@ pub struct UringBackend {
 impl UringBackend {
     /// `queue_depth`: the most I/Os the executor keeps in flight.
     pub fn new(entries: u32, queue_depth: usize) -> io::Result<Self> {
-        // COOP_TASKRUN (5.19+): completions' task work runs when this thread next enters
-        // the kernel instead of interrupting it with an IPI; this thread reaps them itself
-        // anyway. Older kernels refuse the flag: build without it.
-        let ring = match IoUring::builder().setup_cqsize(entries * 2).setup_coop_taskrun().build(entries) {
-            Ok(r) => r,
-            Err(_) => IoUring::builder().setup_cqsize(entries * 2).build(entries)?,
-        };
+        let (ring, completions) = build_ring(entries)?;
         if !ring.params().is_feature_ext_arg() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -68,6 +111,8 @@ impl UringBackend {
             ));
         }
         Ok(UringBackend {
+            disabled: completions == CompletionMode::Deferred,
+            completions,
             ring,
             slots: Vec::new(),
             free: Vec::new(),
@@ -133,7 +178,27 @@ impl UringBackend {
         self.push_entry(&entry);
     }
 
+    pub fn completion_mode(&self) -> CompletionMode {
+        self.completions
+    }
+
+    /// Enables a deferred ring on the calling thread, which becomes its only issuer: every
+    /// later submit and wait must come from it (the kernel answers EEXIST otherwise). The
+    /// executor is built on one thread and driven by the array thread; nothing is
+    /// submitted before the hand-over, so the first use is the array thread's.
+    fn enable(&mut self) {
+        if self.disabled {
+            self.disabled = false;
+            if let Err(e) = self.ring.submitter().register_enable_rings() {
+                // Cannot happen on a ring the kernel just built disabled; a ring left
+                // disabled fails every submit, which the executor reports as I/O errors.
+                eprintln!("uraid-io: enabling the io_uring ring failed: {e}");
+            }
+        }
+    }
+
     fn push_entry(&mut self, entry: &squeue::Entry) {
+        self.enable();
         loop {
             // SAFETY: every buffer an entry points to lives in `slots` (or eventfd_buf) until
             // its completion is reaped; `drain` waits for all before drop.
@@ -162,8 +227,13 @@ impl UringBackend {
         self.eventfd_armed = true;
     }
 
+    /// Hands queued entries to the kernel, and lets it post completion work waiting for
+    /// this thread (`IORING_SQ_TASKRUN`: a deferred ring posts nothing until asked).
     pub fn submit_pending(&mut self) {
-        if !self.ring.submission().is_empty() {
+        let mut sq = self.ring.submission();
+        sq.sync();
+        if !sq.is_empty() || sq.taskrun() {
+            drop(sq);
             let _ = self.ring.submit();
         }
     }
@@ -179,6 +249,7 @@ impl UringBackend {
     }
 
     pub fn reap(&mut self, finished: &mut Vec<(Slot, Result<(), MemberIoError>)>, timeout: Option<Duration>) {
+        self.enable();
         let may_block = timeout != Some(Duration::ZERO);
         if may_block {
             self.arm_eventfd();

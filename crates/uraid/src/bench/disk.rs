@@ -87,6 +87,12 @@ struct Row {
     one_device_iops: f64,
     /// uraid_iops / (devices x one_device_iops): above 1 the figure is not the disks'.
     devices_ratio: f64,
+    /// Every device at once (fio O_DIRECT spreading the job over all of them, the same
+    /// region of each, the same queue depth): what the devices give together, the
+    /// ceiling a RAID over them meets first when they share a bus, a disk or CPUs.
+    all_devices_iops: f64,
+    /// uraid_iops / all_devices_iops.
+    all_devices_ratio: f64,
 }
 
 #[derive(Serialize)]
@@ -330,6 +336,18 @@ impl Bench {
         wipe(&[device.to_path_buf()])?;
         self.measure(&Target::Direct(device), region_bytes, None)
     }
+
+    /// fio on every device at once: its job spread over them (one file per device, the
+    /// first `region_bytes` of each).
+    fn all_devices(&self, devices: &[PathBuf], region_bytes: u64) -> anyhow::Result<Vec<Measured>> {
+        eprintln!("all {} devices at once", devices.len());
+        wipe(devices)?;
+        // fio separates file names with ':' and reads '\:' as one (by-path names have them).
+        let names: Vec<String> =
+            devices.iter().map(|d| d.display().to_string().replace(':', "\\:")).collect();
+        let joined = PathBuf::from(names.join(":"));
+        self.measure(&Target::Direct(&joined), region_bytes * devices.len() as u64, None)
+    }
 }
 
 pub fn run(args: DiskArgs) -> anyhow::Result<()> {
@@ -371,6 +389,7 @@ pub fn run(args: DiskArgs) -> anyhow::Result<()> {
 
     let bench = Bench { runtime_secs: args.runtime, scratch: scratch.0.clone(), stop };
     let one = bench.one_device(&devices.paths[0], half_bytes)?;
+    let all = bench.all_devices(&devices.paths, half_bytes)?;
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let mut rows = Vec::new();
     for &level in &levels {
@@ -386,6 +405,8 @@ pub fn run(args: DiskArgs) -> anyhow::Result<()> {
                 target: target(level, job),
                 one_device_iops: one[i].iops,
                 devices_ratio: ratio(uraid[i].iops, count as f64 * one[i].iops),
+                all_devices_iops: all[i].iops,
+                all_devices_ratio: ratio(uraid[i].iops, all[i].iops),
             });
         }
     }
@@ -426,15 +447,22 @@ fn print_report(r: &Report, count: usize) {
             println!();
             println!(
                 "| job | uraid raid{level} IOPS | btrfs raid{level} IOPS | uraid/btrfs | target | \
-                 one device IOPS | uraid/({count} x one) |"
+                 one device IOPS | uraid/({count} x one) | all {count} devices IOPS | uraid/all |"
             );
-            println!("|---|---|---|---|---|---|---|");
+            println!("|---|---|---|---|---|---|---|---|---|");
         }
         let t = target_cell(row.ratio, row.target);
         let bound = if row.devices_ratio > 1.0 { " ABOVE THE DEVICES" } else { "" };
         println!(
-            "| {} | {:.0} | {:.0} | {:.2} | {t} | {:.0} | {:.2}{bound} |",
-            row.job, row.uraid_iops, row.btrfs_iops, row.ratio, row.one_device_iops, row.devices_ratio
+            "| {} | {:.0} | {:.0} | {:.2} | {t} | {:.0} | {:.2}{bound} | {:.0} | {:.2} |",
+            row.job,
+            row.uraid_iops,
+            row.btrfs_iops,
+            row.ratio,
+            row.one_device_iops,
+            row.devices_ratio,
+            row.all_devices_iops,
+            row.all_devices_ratio
         );
     }
 }
