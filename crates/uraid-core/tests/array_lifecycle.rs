@@ -305,3 +305,37 @@ fn failing_the_last_redundant_member_is_refused_unless_forced() {
         assert!(d.engine.engine().is_failed(), "raid{level}: forced fail did not fail the array");
     }
 }
+
+/// md's unplug: the bits of writes that wait together for the bitmap go to disk in one
+/// page round (one write of each page and one flush per member), not one round per write.
+/// Before: each write into a clean chunk queued a round of its own, run one after another,
+/// so random writes into clean chunks went one bitmap write + flush at a time.
+#[test]
+fn writes_waiting_for_bitmap_bits_share_one_page_round() {
+    let mut d = start(create(1, 2, true), &[0, 1]);
+    let sb = d.members.superblock(0);
+    let bitmap_at = sb.bitmap_sector().unwrap() * 512;
+    let data_at = sb.data_offset * 512;
+    let writes = 16u64;
+    // Sixteen 4 KiB writes, each in a chunk of its own (64 KiB bitmap chunks), all at once.
+    for i in 0..writes {
+        d.submit(Request::write(i + 1, i * 65536 + 4096, data(i, 4096)));
+    }
+    d.run_until_idle();
+    assert_eq!(d.done.len(), writes as usize, "every write completed");
+    assert!(d.done.iter().all(|c| c.result.is_ok()), "{:?}", d.done);
+    let log = &d.members.log;
+    let last_data = log.iter().rposition(|e| e.1 == MemberIoOp::Write && e.2 >= data_at).unwrap();
+    let page_writes = log[..last_data]
+        .iter()
+        .filter(|e| e.0 == 0 && e.1 == MemberIoOp::Write && e.2 >= bitmap_at && e.2 < data_at)
+        .count();
+    let flushes = log[..last_data].iter().filter(|e| e.0 == 0 && e.1 == MemberIoOp::Flush).count();
+    // The first write's round starts at once; the fifteen that arrive while it runs share
+    // the next. (The superblocks' dirty round writes page 0's header too.)
+    assert!(page_writes <= 4, "{page_writes} bitmap writes on member 0 for {writes} writes");
+    assert!(flushes <= 4, "{flushes} flushes on member 0 before the last data write");
+    for i in 0..writes {
+        assert_eq!(d.run_one(Request::read(100 + i, i * 65536 + 4096, 4096)).unwrap(), data(i, 4096));
+    }
+}

@@ -82,6 +82,24 @@ impl Rounds {
         if let (Work::Superblocks, Some((seq, Work::Superblocks))) = (&work, self.queue.back()) {
             return *seq;
         }
+        // So does a bitmap page round last in the queue, given this one's pages too: the
+        // page bytes are taken when it starts, with every bit set by then (md's unplug
+        // writes the bits of a whole batch of writes at once).
+        if let (Work::BitmapPages(new), Some((seq, Work::BitmapPages(queued)))) =
+            (&work, self.queue.back_mut())
+        {
+            for w in new {
+                match queued.iter_mut().find(|q| q.page == w.page) {
+                    Some(q) => {
+                        let end = (q.offset_bytes + q.len_bytes).max(w.offset_bytes + w.len_bytes);
+                        q.offset_bytes = q.offset_bytes.min(w.offset_bytes);
+                        q.len_bytes = end - q.offset_bytes;
+                    }
+                    None => queued.push(w.clone()),
+                }
+            }
+            return *seq;
+        }
         self.last_seq += 1;
         self.queue.push_back((self.last_seq, work));
         self.last_seq
@@ -129,6 +147,7 @@ impl Rounds {
     pub(super) fn start(&mut self, seq: RoundSeq, round: Option<MetaRound>, raw: Vec<MetaIo>) {
         assert!(self.running.is_none(), "one metadata round at a time");
         let ios = round.as_ref().map_or(&raw[..], |r| &r.ios[..]);
+        let flush_once = round.as_ref().is_some_and(MetaRound::writes_bitmap_pages_only);
         let mut chains: Vec<Chain> = Vec::new();
         for io in ios {
             let key = io.key();
@@ -145,7 +164,14 @@ impl Rounds {
                 steps.push_back((MemberIoOp::Write, *offset_bytes, IoBytes::from(bytes.clone()), why));
             }
             // A write's own flush (md's FUA) is part of the same step for the operator.
-            steps.push_back((MemberIoOp::Flush, 0, IoBytes::new(), why));
+            if !flush_once {
+                steps.push_back((MemberIoOp::Flush, 0, IoBytes::new(), why));
+            }
+        }
+        if flush_once {
+            for c in &mut chains {
+                c.steps.push_back((MemberIoOp::Flush, 0, IoBytes::new(), "writing a bitmap page"));
+            }
         }
         let mut running = Running { seq, round, chains, failed: Vec::new() };
         for c in &mut running.chains {

@@ -140,6 +140,13 @@ impl MetaRound {
     pub fn writes_superblocks(&self) -> bool {
         matches!(self.kind, RoundKind::Superblocks)
     }
+
+    /// Whether the round only writes bitmap pages: independent of each other, so one flush
+    /// per member after the last of them makes them all durable (md writes the pages of an
+    /// unplug side by side and waits once).
+    pub fn writes_bitmap_pages_only(&self) -> bool {
+        matches!(self.kind, RoundKind::BitmapPages { .. })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
