@@ -95,7 +95,7 @@ impl Rounds {
                         q.offset_bytes = q.offset_bytes.min(w.offset_bytes);
                         q.len_bytes = end - q.offset_bytes;
                     }
-                    None => queued.push(w.clone()),
+                    None => queued.push(*w),
                 }
             }
             return *seq;
