@@ -243,6 +243,17 @@ fn a_slow_recovery_says_how_long_in_hours_or_days() {
     let minutes: f64 = line.split("finish=").nth(1).unwrap().split("min").next().unwrap().parse().unwrap();
     assert!(minutes > 180.0, "{line}");
     assert!(line.contains("(about ") && (line.contains(" hours)") || line.contains(" days)")), "{line}");
+    // `detail --json` gives the same in numbers, not a preformatted line.
+    let control = s.control.display().to_string();
+    let json = ok(uraid(&["detail", "--json", "--control", &control]), "detail --json");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let p = &v["progress"];
+    assert_eq!(p["action"], "recovery", "{json}");
+    let (done, total) = (p["done_sectors"].as_u64(), p["total_sectors"].as_u64());
+    assert!(done.is_some() && total.is_some_and(|t| t > done.unwrap_or(u64::MAX)), "{json}");
+    assert!(p["percent"].as_f64().is_some_and(|x| (0.0..100.0).contains(&x)), "{json}");
+    assert!(p["speed_kib_per_s"].as_f64().is_some_and(|x| x > 0.0), "{json}");
+    assert!(p["eta_s"].as_f64().is_some_and(|x| x > 3.0 * 3600.0), "{json}");
     s.stop();
 }
 

@@ -5,7 +5,7 @@ use uraid_core::meta::{Superblock, MAX_SECTOR};
 use uraid_core::{MemberState, ScrubKind, SyncKind, SyncStatus};
 
 use super::assembly::Assembled;
-use super::detail_info::{DetailInfo, DeviceRow, ScrubView};
+use super::detail_info::{DetailInfo, DeviceRow, ScrubView, SyncProgress};
 use super::report::percent;
 
 /// One raid slot as the detail shows it.
@@ -47,6 +47,14 @@ pub fn sync_line(s: &SyncStatus) -> String {
         SyncKind::Scrub(ScrubKind::Repair) => "Repair",
     };
     format!("{what} Status : {pct} complete")
+}
+
+/// mdstat's word for a sync (`recovery = 12.5%`), also `sync_action`'s for the others.
+pub fn sync_word(kind: SyncKind) -> &'static str {
+    match kind {
+        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recovery",
+        other => uraid_core::scrub::action_name(other),
+    }
 }
 
 pub fn build(d: &DetailInput<'_>) -> DetailInfo {
@@ -116,6 +124,13 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
         spares: d.spares.len() + count(|s| matches!(s, MemberState::Recovering { .. })),
         rows,
         progress: d.sync.as_ref().map(sync_line),
+        sync: d.sync.as_ref().map(|s| SyncProgress {
+            action: sync_word(s.kind),
+            done_sectors: s.done_sectors,
+            total_sectors: s.total_sectors,
+            speed_kib_per_s: None,
+            eta_s: None,
+        }),
         scrub: d.scrub.clone(),
         bad_blocks: Vec::new(),
     }

@@ -28,10 +28,25 @@ pub struct DetailInfo {
     pub rows: Vec<DeviceRow>,
     /// e.g. "Rebuild Status : 42.5% complete".
     pub progress: Option<String>,
+    /// The same as numbers, for `--json`.
+    pub sync: Option<SyncProgress>,
     /// Running arrays only.
     pub scrub: Option<ScrubView>,
     /// Members whose bad-block log lists entries: (device, (first sector, sectors)).
     pub bad_blocks: Vec<(String, Vec<(u64, u64)>)>,
+}
+
+/// A resync, recovery or scrub in numbers (md's `sync_completed` and `sync_speed`).
+#[derive(Clone, Debug)]
+pub struct SyncProgress {
+    /// mdstat's word: recovery, resync, check or repair.
+    pub action: &'static str,
+    pub done_sectors: u64,
+    pub total_sectors: u64,
+    /// KiB a second over the last few seconds; running arrays only.
+    pub speed_kib_per_s: Option<f64>,
+    /// Seconds left at that speed.
+    pub eta_s: Option<f64>,
 }
 
 /// What md shows in /sys/block/mdX/md/{sync_action,last_sync_action,mismatch_cnt}.

@@ -335,7 +335,14 @@ pub fn detail_json(
         "spare_devices": d.spares,
         "events": sb.events,
         "bitmap": sb.bitmap_sector().is_some(),
-        "progress": d.progress,
+        "progress": d.sync.as_ref().map(|p| serde_json::json!({
+            "action": p.action,
+            "done_sectors": p.done_sectors,
+            "total_sectors": p.total_sectors,
+            "percent": if p.total_sectors == 0 { 100.0 } else { p.done_sectors as f64 * 100.0 / p.total_sectors as f64 },
+            "speed_kib_per_s": p.speed_kib_per_s,
+            "eta_s": p.eta_s,
+        })),
         "devices": devices,
     });
     if let Some(sc) = &d.scrub {

@@ -316,6 +316,10 @@ impl RunningArray {
                 info.bad_blocks.push((m.name.clone(), m.bad_blocks.clone()));
             }
         }
+        if let (Some(p), Some(v)) = (info.sync.as_mut(), view.sync_speed_sectors.filter(|v| *v > 0.0)) {
+            p.speed_kib_per_s = Some(v / 2.0);
+            p.eta_s = Some(p.total_sectors.saturating_sub(p.done_sectors) as f64 / v);
+        }
         info
     }
 
@@ -417,7 +421,7 @@ impl RunningArray {
             };
             s.push_str(&format!(
                 "      {bar}  {} = {} ({}/{}) finish={finish} speed={speed}{words}\n",
-                mdstat_word(sync.kind),
+                super::detail::sync_word(sync.kind),
                 percent(sync.done_sectors, sync.total_sectors),
                 sync.done_sectors / 2,
                 sync.total_sectors / 2
@@ -433,7 +437,9 @@ impl RunningArray {
     /// `done total` of the running sync, or `idle`: what the CLI's progress bar polls.
     pub fn progress(&self) -> anyhow::Result<String> {
         Ok(match self.view()?.sync {
-            Some(s) => format!("{} {} {}\n", mdstat_word(s.kind), s.done_sectors, s.total_sectors),
+            Some(s) => {
+                format!("{} {} {}\n", super::detail::sync_word(s.kind), s.done_sectors, s.total_sectors)
+            }
             None => "idle\n".to_string(),
         })
     }
@@ -505,12 +511,6 @@ fn failed_out_of_slot(view: &ArrayView) -> impl Iterator<Item = &MemberView> {
 }
 
 /// How /proc/mdstat names a running sync ("recovery", where sysfs says "recover").
-fn mdstat_word(kind: SyncKind) -> &'static str {
-    match kind {
-        SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recovery",
-        other => uraid_core::scrub::action_name(other),
-    }
-}
 
 #[cfg(test)]
 mod tests {
