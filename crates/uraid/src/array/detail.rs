@@ -49,7 +49,8 @@ pub fn sync_line(s: &SyncStatus) -> String {
     format!("{what} Status : {pct} complete")
 }
 
-/// mdstat's word for a sync (`recovery = 12.5%`), also `sync_action`'s for the others.
+/// How /proc/mdstat names a running sync ("recovery", where sysfs says "recover"); the
+/// others by `sync_action`'s names.
 pub fn sync_word(kind: SyncKind) -> &'static str {
     match kind {
         SyncKind::Recovery { .. } | SyncKind::Replace { .. } => "recovery",

@@ -510,8 +510,6 @@ fn failed_out_of_slot(view: &ArrayView) -> impl Iterator<Item = &MemberView> {
     })
 }
 
-/// How /proc/mdstat names a running sync ("recovery", where sysfs says "recover").
-
 #[cfg(test)]
 mod tests {
     use super::*;
