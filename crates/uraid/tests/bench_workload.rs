@@ -24,7 +24,6 @@ fn workload_runs_on_temp_members_and_plots() {
         .arg(&dir)
         .args(["--member-size", "32M", "--seconds-per-cell", "0.05", "--bs", "4K,64K", "--json", "--plot"])
         .arg(&svg)
-        .env("URAID_PARITY_QUIET", "1")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -84,7 +83,6 @@ fn members_with_an_md_superblock_are_refused_without_force() {
     let out = Command::new(env!("CARGO_BIN_EXE_uraid"))
         .args(["bench", "workload", "nomerges", "--seconds-per-cell", "0.05", "--members"])
         .args(&paths)
-        .env("URAID_PARITY_QUIET", "1")
         .output()
         .unwrap();
     assert!(!out.status.success());

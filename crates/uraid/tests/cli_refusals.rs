@@ -224,12 +224,8 @@ fn two_arrays_in_one_folder_get_two_control_sockets() {
         let mut args =
             vec!["serve".to_string(), "--unix".into(), dir.path(&format!("{tag}.nbd")).display().to_string()];
         args.extend(members.iter().map(|p| p.display().to_string()));
-        let child = Command::new(URAID)
-            .args(&args)
-            .env("URAID_PARITY_QUIET", "1")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let child =
+            Command::new(URAID).args(&args).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
         children.push(child);
         let t0 = std::time::Instant::now();
         let sock = loop {

@@ -173,9 +173,7 @@ impl Drop for Scratch {
 
 fn uraid_cmd() -> anyhow::Result<Command> {
     let exe = std::env::current_exe().context("locating the uraid binary")?;
-    let mut c = Command::new(exe);
-    c.env("URAID_PARITY_QUIET", "1");
-    Ok(c)
+    Ok(Command::new(exe))
 }
 
 pub(crate) fn run_uraid(args: &[&str]) -> anyhow::Result<String> {

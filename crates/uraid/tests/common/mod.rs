@@ -38,7 +38,7 @@ impl Drop for TempDir {
 
 /// Runs a tool that the test suite needs; a missing tool fails the test.
 pub fn tool(name: &str, args: &[&str]) -> Output {
-    Command::new(name).args(args).env("URAID_PARITY_QUIET", "1").output().unwrap_or_else(|e| {
+    Command::new(name).args(args).output().unwrap_or_else(|e| {
         panic!("{name} is required by this test (scripts/install-deps.sh installs it): {e}")
     })
 }
@@ -101,7 +101,6 @@ impl Served {
         args.extend(members.iter().map(|p| p.display().to_string()));
         let child = Command::new(URAID)
             .args(&args)
-            .env("URAID_PARITY_QUIET", "1")
             .stdout(Stdio::null())
             .stderr(logf)
             .spawn()
@@ -300,7 +299,6 @@ pub fn sha256_bytes(data: &[u8]) -> String {
 pub fn bounded(cmd: &str, args: &[&str], limit: Duration) -> Output {
     let mut child = Command::new(cmd)
         .args(args)
-        .env("URAID_PARITY_QUIET", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
