@@ -1,8 +1,8 @@
 //! The control socket of a running `uraid serve`, and the client commands that use it.
 //!
 //! Protocol: the client sends one line (`detail`, `status`, `progress`, `fail [--force] MEMBER`,
-//! `remove MEMBER`, `add MEMBER`), the server answers `OK` or `ERR` on the first line,
-//! then text, and closes the connection.
+//! `remove MEMBER`, `add MEMBER`, `stop`, ...), the server answers `OK` or `ERR` on the first
+//! line, then text, and closes the connection.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -32,12 +32,45 @@ pub fn request(sock: &Path, command: &str) -> anyhow::Result<String> {
     }
 }
 
+/// How a `uraid serve` ended, for the `stop` command that asked for it: set once the array
+/// is closed (or failed to close), after the NBD server stopped.
+#[derive(Default)]
+pub struct Stopping {
+    outcome: std::sync::Mutex<Option<Result<String, String>>>,
+    done: std::sync::Condvar,
+}
+
+impl Stopping {
+    pub fn finished(&self, outcome: Result<String, String>) {
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+        self.done.notify_all();
+    }
+
+    fn wait(&self) -> Result<String, String> {
+        let mut g = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(o) = g.as_ref() {
+                return o.clone();
+            }
+            g = self.done.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// What the control thread needs to stop the server it belongs to.
+pub struct StopHandle {
+    pub shutdown: uraid_nbd::ShutdownHandle,
+    pub stopping: std::sync::Arc<Stopping>,
+}
+
 /// Serves the control socket until `stop` is set. One thread; each command is short
-/// (an add returns once the recovery started).
+/// (an add returns once the recovery started) but `stop`, which answers once the array is
+/// closed.
 pub fn serve(
     listener: std::os::unix::net::UnixListener,
     array: std::sync::Arc<crate::array::running::RunningArray>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop_handle: StopHandle,
 ) {
     use std::sync::atomic::Ordering;
     let _ = listener.set_nonblocking(true);
@@ -46,7 +79,7 @@ pub fn serve(
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
                 let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-                handle_client(stream, &array);
+                handle_client(stream, &array, &stop_handle);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(std::time::Duration::from_millis(50))
@@ -56,7 +89,7 @@ pub fn serve(
     }
 }
 
-fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray) {
+fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray, stop: &StopHandle) {
     let mut line = String::new();
     let mut r = BufReader::new(match stream.try_clone() {
         Ok(s) => s,
@@ -105,8 +138,17 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
             None if arg.is_empty() => array.set_tunable("", ""),
             None => Err(anyhow::anyhow!("`set` needs a tunable and a value, e.g. `set rmw_level 0`")),
         },
+        "stop" => {
+            eprintln!(
+                "uraid: stop asked on the control socket: stopping (finishing in-flight requests, then \
+                 marking the array clean)"
+            );
+            stop.shutdown.shutdown();
+            stop.stopping.wait().map_err(anyhow::Error::msg)
+        }
         other => Err(anyhow::anyhow!(
-            "unknown control command {other:?}: use detail, status, progress, action, fail, remove, add, replace or set"
+            "unknown control command {other:?}: use detail, status, progress, action, fail, remove, add, \
+             replace, set or stop"
         )),
     };
     let mut w = stream;
@@ -195,6 +237,13 @@ pub fn run_set(args: SetArgs) -> anyhow::Result<()> {
 
 pub fn run_status(args: StatusArgs) -> anyhow::Result<()> {
     print!("{}", request(&args.control, "status")?);
+    Ok(())
+}
+
+/// `uraid stop`: the server stops as on SIGTERM, and the answer comes once the array is
+/// closed, saying whether it was closed cleanly.
+pub fn run_stop(args: StatusArgs) -> anyhow::Result<()> {
+    print!("{}", request(&args.control, "stop")?);
     Ok(())
 }
 

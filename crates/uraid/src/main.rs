@@ -39,6 +39,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// /proc/mdstat-like status of a running array (through its control socket).
     Status(control::StatusArgs),
+    /// Stop a running array as SIGTERM does: in-flight requests finish, the array is marked
+    /// clean; answers once it is closed (mdadm --stop).
+    Stop(control::StatusArgs),
     /// Scrub a running array: check, repair or idle (md's sync_action, mdadm --action).
     Action(control::ActionArgs),
     /// Mark a member of a running array faulty (mdadm --fail).
@@ -83,6 +86,7 @@ fn main() {
         Command::Demo(args) => demo::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Status(args) => control::run_status(args),
+        Command::Stop(args) => control::run_stop(args),
         Command::Fail(args) => control::run_fail(args),
         Command::Remove(args) => control::run_remove(args),
         Command::Add(args) => control::run_add(args),

@@ -239,12 +239,15 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let server = Server::new(vec![export], ServerOptions::default()).context("NBD server")?;
 
     let stop_control = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::new(crate::control::Stopping::default());
     let control_thread = {
         let array = array.clone();
         let stop = stop_control.clone();
+        let handle =
+            crate::control::StopHandle { shutdown: server.shutdown_handle(), stopping: stopping.clone() };
         std::thread::Builder::new()
             .name("uraid-control".into())
-            .spawn(move || crate::control::serve(control_listener, array, stop))?
+            .spawn(move || crate::control::serve(control_listener, array, stop, handle))?
     };
     let shutdown = server.shutdown_handle();
     let signal_handle = signals.handle();
@@ -265,11 +268,14 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         Listener::Unix(_, p) => format!("nbd+unix:///{export_name}?socket={}", p.display()),
     };
     eprintln!(
-        "uraid: serving {} ({}, {} devices, {}) on {url}\nuraid: control socket {}",
+        "uraid: serving {} ({}, {} devices, {}) on {url}, pid {}\nuraid: control socket {}\n\
+         uraid: `uraid stop --control {}` stops it (as SIGTERM does)",
         array.name,
         level_name(array.geometry.level.md_level()),
         array.geometry.raid_disks,
         human_bytes(array.geometry.array_bytes()),
+        std::process::id(),
+        control_path.display(),
         control_path.display()
     );
     if let Some(b) = banner {
@@ -279,11 +285,18 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         Listener::Tcp(l) => server.serve_tcp(l.try_clone()?),
         Listener::Unix(l, _) => server.serve_unix(l.try_clone()?),
     };
-    stop_control.store(true, std::sync::atomic::Ordering::SeqCst);
-    let _ = control_thread.join();
     signal_handle.close();
     let _ = signal_thread.join();
     let stopped = array.stop();
+    // A `uraid stop` waiting on the control thread hears how it ended; only then does that
+    // thread stop taking commands (those arriving meanwhile find the array stopped).
+    stopping.finished(match (&served, &stopped) {
+        (_, Err(e)) => Err(format!("{e:#}")),
+        (Err(e), Ok(())) => Err(format!("the NBD server failed: {e}")),
+        (Ok(()), Ok(())) => Ok(format!("{} stopped cleanly\n", array.name)),
+    });
+    stop_control.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = control_thread.join();
     let _ = std::fs::remove_file(&control_path);
     if let Listener::Unix(_, p) = &listener {
         let _ = std::fs::remove_file(p);

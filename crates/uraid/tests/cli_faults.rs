@@ -260,6 +260,45 @@ fn a_close_that_no_member_records_is_not_reported_clean() {
     let (st, log) = served.terminate();
     assert!(!log.contains("stopped cleanly"), "reported clean with no superblock written:\n{log}");
     assert!(!st.success(), "exit status {st} after a close nothing recorded:\n{log}");
+
+    // `uraid stop` says so too, and fails.
+    let _ = std::fs::remove_file(&arm);
+    let served = Served::start(&dir, &members, &[&extra[..], &["--run"]].concat());
+    std::fs::write(&arm, b"").unwrap();
+    let (out, st, log) = served.stop_verb();
+    let said = text(&out);
+    assert!(!out.status.success() && said.contains("not closed cleanly"), "uraid stop: {said}\n{log}");
+    assert!(!st.success() && !log.contains("stopped cleanly"), "exit status {st}:\n{log}");
+}
+
+/// `uraid stop --control` (mdadm --stop) stops the server as SIGTERM does and answers once
+/// the array is closed: the superblocks say clean, the server exited with success, and
+/// nothing answers on the control socket afterwards.
+#[test]
+fn uraid_stop_answers_once_the_array_is_closed_clean() {
+    let dir = TempDir::new("stopverb");
+    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "stopverb"]);
+    let served = Served::start(&dir, &members, &[]);
+    let log = served.log_text();
+    assert!(log.contains(&format!("uraid stop --control {}", served.control.display())), "{log}");
+    assert!(log.contains(", pid "), "the server does not say its pid:\n{log}");
+    let src = pattern_file(&dir, 1 << 20, 23);
+    copy_in(&src, &served.url);
+    let control = served.control.clone();
+    let (out, st, log) = served.stop_verb();
+    assert!(out.status.success() && text(&out).contains("stopverb stopped cleanly"), "{}\n{log}", text(&out));
+    assert!(st.success(), "exit status {st}:\n{log}");
+    assert!(log.contains("stop asked on the control socket"), "{log}");
+    for m in &members {
+        let ex = ok(uraid(&["examine", m.to_str().unwrap()]), "examine");
+        assert_eq!(mdadm_field(&ex, "State").as_deref(), Some("clean"), "{}:\n{ex}", m.display());
+    }
+    let again = uraid(&["stop", "--control", control.to_str().unwrap()]);
+    assert!(!again.status.success(), "a second stop found a server: {}", text(&again));
+    // The data is there for the next start.
+    let served = Served::start(&dir, &members, &[]);
+    assert_eq!(read_array(&dir, &served.url)[..1 << 20].to_vec(), std::fs::read(&src).unwrap());
+    served.stop();
 }
 
 /// mdadm --assemble --force: after two members of a RAID5 dropped out one after the other

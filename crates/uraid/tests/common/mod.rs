@@ -149,9 +149,23 @@ impl Served {
     }
 
     /// SIGTERM and wait (at most 30 s): the exit status and the server's log.
-    pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
+    pub fn terminate(self) -> (std::process::ExitStatus, String) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        self.wait_exit()
+    }
+
+    /// `uraid stop --control` (its output), then the server's exit status and log.
+    pub fn stop_verb(self) -> (std::process::Output, std::process::ExitStatus, String) {
+        let c = self.control.display().to_string();
+        let out = uraid(&["stop", "--control", &c]);
+        let (st, log) = self.wait_exit();
+        (out, st, log)
+    }
+
+    /// Waits (at most 30 s) for the server to exit: its status and log.
+    fn wait_exit(mut self) -> (std::process::ExitStatus, String) {
         let mut child = self.child.take().unwrap();
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let t0 = Instant::now();
         loop {
             if let Some(st) = child.try_wait().unwrap() {
