@@ -9,6 +9,7 @@ mod demo;
 mod detail;
 mod examine;
 mod explain;
+mod list;
 mod reproduce;
 mod serve;
 mod sim;
@@ -39,6 +40,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// /proc/mdstat-like status of a running array (through its control socket).
     Status(control::StatusArgs),
+    /// The arrays `uraid serve` runs on this machine: name, uuid, level, state, pid, control
+    /// socket and NBD URL.
+    List(list::ListArgs),
     /// Stop a running array as SIGTERM does: in-flight requests finish, the array is marked
     /// clean; answers once it is closed (mdadm --stop).
     Stop(control::StatusArgs),
@@ -87,6 +91,7 @@ fn main() {
         Command::Serve(args) => serve::run(args),
         Command::Status(args) => control::run_status(args),
         Command::Stop(args) => control::run_stop(args),
+        Command::List(args) => list::run(args),
         Command::Fail(args) => control::run_fail(args),
         Command::Remove(args) => control::run_remove(args),
         Command::Add(args) => control::run_add(args),

@@ -178,6 +178,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     for w in &assembled.plan.warnings {
         eprintln!("uraid: {w}");
     }
+    let uuid = assembled.plan.uuid;
     let control_path = args.control.clone().unwrap_or_else(|| {
         crate::control::default_socket_path(&args.members[0], &assembled.plan.name, &assembled.plan.uuid)
     });
@@ -281,6 +282,16 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     if let Some(b) = banner {
         println!("{}", b(&url, &control_path));
     }
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let _listed = crate::list::register(&crate::list::Entry {
+        name: array.name.clone(),
+        uuid: uraid_core::meta::superblock::format_uuid(&uuid),
+        level: level_name(array.geometry.level.md_level()),
+        pid: std::process::id(),
+        control: absolute(&control_path),
+        url: url.clone(),
+        members: args.members.iter().map(|m| absolute(m)).collect(),
+    });
     let served = match &listener {
         Listener::Tcp(l) => server.serve_tcp(l.try_clone()?),
         Listener::Unix(l, _) => server.serve_unix(l.try_clone()?),

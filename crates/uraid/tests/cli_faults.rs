@@ -285,6 +285,19 @@ fn uraid_stop_answers_once_the_array_is_closed_clean() {
     let src = pattern_file(&dir, 1 << 20, 23);
     copy_in(&src, &served.url);
     let control = served.control.clone();
+    let listed = |control: &Path| -> Option<serde_json::Value> {
+        let out = ok(uraid(&["list", "--json"]), "list --json");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        v.as_array()?.iter().find(|e| e["control"].as_str() == control.to_str()).cloned()
+    };
+    let entry = listed(&control).unwrap_or_else(|| panic!("uraid list does not show {}", control.display()));
+    assert_eq!(entry["name"].as_str().map(|n| n.ends_with(":stopverb")), Some(true), "{entry}");
+    assert_eq!(entry["level"], "raid5", "{entry}");
+    assert_eq!(entry["url"].as_str(), Some(served.url.as_str()), "{entry}");
+    assert!(
+        entry["state"].as_str().is_some_and(|s| s.starts_with("active") || s.starts_with("clean")),
+        "{entry}"
+    );
     let (out, st, log) = served.stop_verb();
     assert!(out.status.success() && text(&out).contains("stopverb stopped cleanly"), "{}\n{log}", text(&out));
     assert!(st.success(), "exit status {st}:\n{log}");
@@ -295,6 +308,14 @@ fn uraid_stop_answers_once_the_array_is_closed_clean() {
     }
     let again = uraid(&["stop", "--control", control.to_str().unwrap()]);
     assert!(!again.status.success(), "a second stop found a server: {}", text(&again));
+    assert!(listed(&control).is_none(), "uraid list still shows the stopped array");
+    // A server killed with SIGKILL leaves its entry behind: `list` leaves it out.
+    let mut killed = Served::start(&dir, &members, &[]);
+    assert!(listed(&killed.control).is_some(), "uraid list does not show the second start");
+    let mut child = killed.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(listed(&killed.control).is_none(), "uraid list shows a killed server");
     // The data is there for the next start.
     let served = Served::start(&dir, &members, &[]);
     assert_eq!(read_array(&dir, &served.url)[..1 << 20].to_vec(), std::fs::read(&src).unwrap());
