@@ -14,6 +14,7 @@ mod reproduce;
 mod serve;
 mod sim;
 mod size_arg;
+mod zero;
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +41,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// /proc/mdstat-like status of a running array (through its control socket).
     Status(control::StatusArgs),
+    /// Erase the md superblock of members no running array holds (mdadm --zero-superblock).
+    ZeroSuperblock(zero::ZeroArgs),
     /// The arrays `uraid serve` runs on this machine: name, uuid, level, state, pid, control
     /// socket and NBD URL.
     List(list::ListArgs),
@@ -92,6 +95,7 @@ fn main() {
         Command::Status(args) => control::run_status(args),
         Command::Stop(args) => control::run_stop(args),
         Command::List(args) => list::run(args),
+        Command::ZeroSuperblock(args) => zero::run(args),
         Command::Fail(args) => control::run_fail(args),
         Command::Remove(args) => control::run_remove(args),
         Command::Add(args) => control::run_add(args),

@@ -317,3 +317,36 @@ fn messages_read_as_english_and_name_real_commands() {
         assert!(!o.status.success() && !t.contains("(os error"), "{args:?}: {t}");
     }
 }
+
+/// mdadm --zero-superblock: refused (nothing written) for a member a running array holds,
+/// and for a file with no md superblock, even beside members it could erase; otherwise
+/// only the superblock goes: examine finds none, the data area is unchanged.
+#[test]
+fn zero_superblock_erases_only_superblocks_of_members_nobody_holds() {
+    let dir = TempDir::new("zerosb");
+    let members = create(&dir, "1", &["q0", "q1"], &["--name", "zerosb"]);
+    let plain = dir.path("plain");
+    std::fs::write(&plain, vec![0x5au8; 1 << 20]).unwrap();
+    let served = Served::start(&dir, &members, &[]);
+    let before = hashes(&members);
+    let o = uraid(&["zero-superblock", members[0].to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("in use by pid"), "{}", text(&o));
+    assert_eq!(hashes(&members), before, "a member of a running array was written");
+    served.stop();
+
+    let mut all = members.clone();
+    all.push(plain.clone());
+    let before = hashes(&all);
+    let o = uraid(&["zero-superblock", members[0].to_str().unwrap(), plain.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("no md superblock"), "{}", text(&o));
+    assert_eq!(hashes(&all), before, "a refused zero-superblock wrote something");
+
+    let data_at = 2048 * 512u64;
+    let data_before = std::fs::read(&members[0]).unwrap()[data_at as usize..].to_vec();
+    ok(uraid(&["zero-superblock", members[0].to_str().unwrap()]), "zero-superblock");
+    let ex = uraid(&["examine", members[0].to_str().unwrap()]);
+    assert!(!ex.status.success() && text(&ex).contains("no md superblock"), "{}", text(&ex));
+    assert_eq!(std::fs::read(&members[0]).unwrap()[data_at as usize..], data_before[..], "data changed");
+    // The other member is untouched and still examines as a member of the array.
+    ok(uraid(&["examine", members[1].to_str().unwrap()]), "examine of the other member");
+}
