@@ -18,11 +18,22 @@ pub struct DetailArgs {
     /// Print JSON (on a running array with each member's I/O counts).
     #[arg(long)]
     pub json: bool,
+    /// One config line (`ARRAY NAME metadata=1.2 UUID=... devices=...`, mdadm.conf's form)
+    /// for each array running on this machine (see `uraid list`).
+    #[arg(long, conflicts_with_all = ["control", "json", "members"])]
+    pub scan: bool,
     /// Member files or block devices (offline detail).
     pub members: Vec<PathBuf>,
 }
 
 pub fn run(args: DetailArgs) -> anyhow::Result<()> {
+    if args.scan {
+        for e in crate::list::running_entries() {
+            let devices: Vec<String> = e.members.iter().map(|m| m.display().to_string()).collect();
+            println!("ARRAY {} metadata=1.2 UUID={} devices={}", e.name, e.uuid, devices.join(","));
+        }
+        return Ok(());
+    }
     if let Some(sock) = &args.control {
         let reply = crate::control::request(sock, if args.json { "detail-json" } else { "detail" })?;
         print!("{reply}");

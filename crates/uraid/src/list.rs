@@ -67,19 +67,32 @@ fn alive(pid: u32) -> bool {
     unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
 }
 
-/// The entries of servers still running; the files of those that are not are removed.
-fn running(dir: &Path) -> Vec<(Entry, String)> {
+/// Every entry file in `dir` with what it says, in name then pid order.
+fn entries(dir: &Path) -> Vec<(PathBuf, Entry)> {
     let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<(PathBuf, Entry)> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().and_then(|x| x.to_str()) == Some("json"))
+        .filter_map(|p| {
+            let e = serde_json::from_slice::<Entry>(&std::fs::read(&p).ok()?).ok()?;
+            Some((p, e))
+        })
+        .collect();
+    out.sort_by(|a, b| a.1.name.cmp(&b.1.name).then(a.1.pid.cmp(&b.1.pid)));
+    out
+}
+
+/// The servers running now, without asking them anything.
+pub fn running_entries() -> Vec<Entry> {
+    entries(&run_dir()).into_iter().map(|(_, e)| e).filter(|e| alive(e.pid)).collect()
+}
+
+/// The servers still running, each with its state; the files of those that are not are
+/// removed.
+fn running(dir: &Path) -> Vec<(Entry, String)> {
     let mut out = Vec::new();
-    for e in rd.flatten() {
-        let path = e.path();
-        if path.extension().and_then(|x| x.to_str()) != Some("json") {
-            continue;
-        }
-        let Some(entry) = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<Entry>(&b).ok())
-        else {
-            continue;
-        };
+    for (path, entry) in entries(dir) {
         if !alive(entry.pid) {
             let _ = std::fs::remove_file(&path);
             continue;
@@ -93,7 +106,6 @@ fn running(dir: &Path) -> Vec<(Entry, String)> {
             .unwrap_or_else(|| "starting or stopping".to_string());
         out.push((entry, state));
     }
-    out.sort_by(|a, b| a.0.name.cmp(&b.0.name).then(a.0.pid.cmp(&b.0.pid)));
     out
 }
 

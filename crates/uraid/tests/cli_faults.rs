@@ -298,6 +298,15 @@ fn uraid_stop_answers_once_the_array_is_closed_clean() {
         entry["state"].as_str().is_some_and(|s| s.starts_with("active") || s.starts_with("clean")),
         "{entry}"
     );
+    // detail --scan: a config line naming the array's uuid and its members.
+    let scan = ok(uraid(&["detail", "--scan"]), "detail --scan");
+    let uuid = entry["uuid"].as_str().unwrap();
+    let line = scan.lines().find(|l| l.contains(uuid)).unwrap_or_else(|| panic!("{scan}"));
+    assert!(line.starts_with("ARRAY ") && line.contains(" metadata=1.2 "), "{line}");
+    let devices = line.split("devices=").nth(1).unwrap_or_else(|| panic!("{line}"));
+    for m in &members {
+        assert!(devices.split(',').any(|d| Path::new(d) == std::path::absolute(m).unwrap()), "{line}");
+    }
     let (out, st, log) = served.stop_verb();
     assert!(out.status.success() && text(&out).contains("stopverb stopped cleanly"), "{}\n{log}", text(&out));
     assert!(st.success(), "exit status {st}:\n{log}");
