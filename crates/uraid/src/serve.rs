@@ -282,6 +282,11 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     if let Some(b) = banner {
         println!("{}", b(&url, &control_path));
     }
+    crate::notify::notify(&format!(
+        "READY=1\nMAINPID={}\nSTATUS=serving {} on {url}",
+        std::process::id(),
+        array.name
+    ));
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let _listed = crate::list::register(&crate::list::Entry {
         name: array.name.clone(),
@@ -296,6 +301,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         Listener::Tcp(l) => server.serve_tcp(l.try_clone()?),
         Listener::Unix(l, _) => server.serve_unix(l.try_clone()?),
     };
+    crate::notify::notify(&format!("STOPPING=1\nSTATUS=stopping {}", array.name));
     signal_handle.close();
     let _ = signal_thread.join();
     let stopped = array.stop();

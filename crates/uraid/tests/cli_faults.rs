@@ -369,3 +369,50 @@ fn force_takes_back_the_freshest_member_that_dropped_out() {
     assert_eq!(read_array(&dir, &forced.url)[..1 << 20].to_vec(), std::fs::read(&src).unwrap());
     forced.stop();
 }
+
+/// systemd's Type=notify: under `NOTIFY_SOCKET`, serve says READY=1 (with its pid) once it
+/// listens, and STOPPING=1 when a stop begins; the unit template in contrib/ passes
+/// `systemd-analyze verify` (its ExecStart pointed at this build).
+#[test]
+fn serve_tells_systemd_when_it_is_ready_and_when_it_stops() {
+    let dir = TempDir::new("sdnotify");
+    let members = create(&dir, "1", 2, &["--name", "sdnotify"]);
+    let notify_path = dir.path("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let control = dir.path("sd.ctl");
+    let sock = dir.path("sd.sock");
+    let log = std::fs::File::create(dir.path("sd.log")).unwrap();
+    let mut child = std::process::Command::new(URAID)
+        .args(["serve", "--unix", sock.to_str().unwrap(), "--control", control.to_str().unwrap()])
+        .args(paths(&members))
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = notify.recv(&mut buf).expect("no READY=1 from uraid serve");
+    let ready = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready}");
+    assert!(ready.lines().any(|l| l == format!("MAINPID={}", child.id())), "{ready}");
+    // Ready means listening: the control socket answers now.
+    ok(uraid(&["status", "--control", control.to_str().unwrap()]), "status after READY=1");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let n = notify.recv(&mut buf).expect("no STOPPING=1 from uraid serve");
+    let stopping = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping}");
+    assert!(child.wait().unwrap().success());
+
+    let unit =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/systemd/uraid@.service"))
+            .expect("contrib/systemd/uraid@.service");
+    assert!(unit.contains("Type=notify") && unit.contains("ExecStart=/usr/local/bin/uraid serve"), "{unit}");
+    let instance = dir.path("uraid@demo.service");
+    std::fs::write(&instance, unit.replace("/usr/local/bin/uraid", URAID)).unwrap();
+    let o = std::process::Command::new("systemd-analyze")
+        .args(["verify", instance.to_str().unwrap()])
+        .output()
+        .expect("systemd-analyze (package systemd; scripts/install-deps.sh installs it)");
+    let said = text(&o);
+    assert!(o.status.success() && said.trim().is_empty(), "systemd-analyze verify: {said}");
+}
