@@ -66,6 +66,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             stripe_cache_size: None,
             inline_request_max_bytes: uraid_io::runtime::DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES,
             member_timeout: uraid_io::real::DEFAULT_MEMBER_TIMEOUT,
+            monitor_program: None,
+            monitor_test: false,
             debug_faults: Vec::new(),
             members: members.iter().filter(|m| m.exists()).cloned().collect(),
         },

@@ -74,6 +74,14 @@ pub struct ServeArgs {
     /// with an `ms`/`s` suffix. md's failfast members get at most 2 s.
     #[arg(long = "member-timeout", default_value = "30s", value_parser = parse_timeout)]
     pub member_timeout: std::time::Duration,
+    /// Runs PATH as `PATH EVENT ARRAY [MEMBER]` on each of mdadm --monitor's events (Fail,
+    /// DegradedArray, RebuildStarted, Rebuild20/40/60/80, RebuildFinished, SpareActive);
+    /// events also go to stderr.
+    #[arg(long = "monitor-program")]
+    pub monitor_program: Option<PathBuf>,
+    /// A TestMessage event once serving (mdadm --monitor --test), to check the program runs.
+    #[arg(long = "monitor-test", requires = "monitor_program")]
+    pub monitor_test: bool,
     /// Testing only: fail a member's I/O, `member=SLOT,op=read|write|flush|meta[,after=N][,count=N]`
     /// (the first N such I/Os succeed, then COUNT fail, or all). Repeatable.
     #[arg(long = "debug-fault", hide = true)]
@@ -209,6 +217,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         faults,
         tunables,
         member_timeout: args.member_timeout,
+        monitor_program: args.monitor_program.clone(),
     };
     // md's ppl_recover, once nothing can refuse the start any more.
     if !args.read_only {
@@ -281,6 +290,9 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     );
     if let Some(b) = banner {
         println!("{}", b(&url, &control_path));
+    }
+    if args.monitor_test {
+        array.test_event();
     }
     crate::notify::notify(&format!(
         "READY=1\nMAINPID={}\nSTATUS=serving {} on {url}",

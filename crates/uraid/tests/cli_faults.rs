@@ -416,3 +416,59 @@ fn serve_tells_systemd_when_it_is_ready_and_when_it_stops() {
     let said = text(&o);
     assert!(o.status.success() && said.trim().is_empty(), "systemd-analyze verify: {said}");
 }
+
+/// mdadm --monitor's program: run with `EVENT ARRAY [MEMBER]` on a fail (Fail, then
+/// DegradedArray) and through the rebuild after an add (RebuildStarted, Rebuild20..80,
+/// RebuildFinished, SpareActive); `--monitor-test` sends TestMessage at start.
+#[test]
+fn the_monitor_program_hears_a_fail_and_the_rebuild_after_an_add() {
+    let dir = TempDir::new("monitor");
+    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "monitor"]);
+    let heard = dir.path("heard");
+    let program = dir.path("on-event");
+    std::fs::write(&program, format!("#!/bin/sh\necho \"$@\" >> {}\n", heard.display())).unwrap();
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let served = Served::start(
+        &dir,
+        &members,
+        &["--monitor-program", program.to_str().unwrap(), "--monitor-test", "--sync-speed-max", "4000"],
+    );
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&heard).unwrap_or_default().lines().map(str::to_string).collect()
+    };
+    let wait_for = |what: &str| {
+        let t0 = Instant::now();
+        while !lines().iter().any(|l| l.starts_with(what)) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no {what}: {:?}\n{}",
+                lines(),
+                served.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for("TestMessage ");
+    let array = lines()[0].split(' ').nth(1).unwrap().to_string();
+    assert!(array.ends_with(":monitor"), "{:?}", lines());
+    served.ctl("fail", Some(&members[1]));
+    wait_for("DegradedArray");
+    served.ctl("remove", Some(&members[1]));
+    let new = dir.path("new1");
+    std::fs::File::create(&new).unwrap().set_len(std::fs::metadata(&members[1]).unwrap().len()).unwrap();
+    served.ctl("add", Some(&new));
+    wait_for("SpareActive");
+    let got = lines();
+    let pos = |l: &str| got.iter().position(|g| g == l).unwrap_or_else(|| panic!("no {l:?} in {got:?}"));
+    let fail = pos(&format!("Fail {array} {}", members[1].display()));
+    let degraded = pos(&format!("DegradedArray {array}"));
+    let started = pos(&format!("RebuildStarted {array}"));
+    let r40 = pos(&format!("Rebuild40 {array}"));
+    let finished = pos(&format!("RebuildFinished {array}"));
+    let active = pos(&format!("SpareActive {array} {}", new.display()));
+    assert!(
+        fail < degraded && degraded < started && started < r40 && r40 < finished && finished < active,
+        "{got:?}"
+    );
+    served.stop();
+}

@@ -5,6 +5,7 @@ pub mod assembly;
 pub mod detail;
 pub mod detail_info;
 pub mod device;
+pub mod events;
 pub mod member;
 pub mod member_io;
 pub mod report;

@@ -44,6 +44,8 @@ pub struct StartOptions {
     /// See `ExecutorOptions::member_timeout`; md's failfast members get at most
     /// `DEFAULT_FAILFAST_TIMEOUT`.
     pub member_timeout: Duration,
+    /// Run with mdadm's arguments on each event (`serve --monitor-program`).
+    pub monitor_program: Option<std::path::PathBuf>,
 }
 
 pub struct RunningArray {
@@ -64,6 +66,7 @@ pub struct RunningArray {
     io_book: Mutex<IoBook>,
     stop: AtomicBool,
     monitor: Mutex<Option<JoinHandle<()>>>,
+    events: Mutex<super::events::Events>,
 }
 
 pub(super) fn exec_open_options(read_only: bool) -> OpenOptions {
@@ -131,7 +134,12 @@ impl RunningArray {
             io_book: Mutex::new(IoBook::default()),
             stop: AtomicBool::new(false),
             monitor: Mutex::new(None),
+            events: Mutex::new(super::events::Events::new(&a.plan.name, opts.monitor_program.clone())),
         });
+        // The events' baseline is the array as it starts, before any verb can change it.
+        if let Ok(view) = arr.view() {
+            arr.events.lock().unwrap_or_else(|e| e.into_inner()).look(&view);
+        }
         let me = arr.clone();
         let t = std::thread::Builder::new()
             .name("uraid-monitor".into())
@@ -210,6 +218,7 @@ impl RunningArray {
         for n in notices {
             eprintln!("uraid: {}: {n}", self.name);
         }
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).look(&view);
         let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
         for key in released {
             // Its claim (flock) goes with the file: another array may take it now.
@@ -220,6 +229,11 @@ impl RunningArray {
 
     /// Stops serving: the runtime finishes the requests in flight and flushes, the array
     /// marks its superblocks clean through it, then the thread ends.
+    /// mdadm --monitor --test: a TestMessage event now.
+    pub fn test_event(&self) {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).test_message();
+    }
+
     pub fn stop(&self) -> anyhow::Result<()> {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.monitor.lock().unwrap_or_else(|e| e.into_inner()).take() {
