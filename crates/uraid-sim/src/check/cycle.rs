@@ -13,7 +13,7 @@ use uraid_core::rng::Rng;
 use uraid_core::*;
 
 use super::model::{failed_array_serves_nothing_wrong, read_all_split, settle, Inflight, Model, SECTOR};
-use super::{seed_pick, Run, SimReport, DATA_OFFSET_BYTES, DRAWS};
+use super::spec::{seed_pick, Run, SimReport, DATA_OFFSET_BYTES, DRAWS};
 use crate::array::SimArray;
 use crate::corruption::corrupt_and_repair;
 use crate::meta::{assemble_members, failure_recorded, member_metadata, start_array};

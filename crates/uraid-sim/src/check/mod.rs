@@ -26,118 +26,18 @@ use model::{pattern, settle, verify_all, Inflight, Model, SECTOR};
 
 mod cycle;
 mod model;
+mod spec;
 #[cfg(test)]
 mod tests;
 
-const DATA_OFFSET_BYTES: u64 = 1 << 20;
-/// md superblock 1.2: 4 KiB from the member's start.
-const SUPERBLOCK_OFFSET_BYTES: u64 = 4096;
-/// The bitmap area a write-error fault covers (header and every page the sim's arrays use).
-const BITMAP_AREA_BYTES: u64 = 64 << 10;
-
-/// A choice of `n` made by the seed alone, apart from the workload's rng stream (so a new
-/// fault kind leaves every seed's workload as it was). `tag` separates the choices.
-fn seed_pick(seed: u64, tag: u64, n: u64) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    Rng::derive(seed, tag).below(n)
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct SimSpec {
-    pub seed: u64,
-    pub level: Option<Level>,
-    pub raid_devices: Option<usize>,
-    pub layout: Option<String>,
-    pub chunk_bytes: Option<u64>,
-    pub ops: usize,
-    pub queue_depth: Option<usize>,
-    pub profile: String,
-    pub member_bytes: u64,
-    pub faults: bool,
-    pub plant_bug: bool,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct SimReport {
-    pub seed: u64,
-    pub level: i32,
-    pub raid_devices: usize,
-    pub layout: String,
-    pub chunk_bytes: u64,
-    pub queue_depth: usize,
-    pub requests: u64,
-    pub member_ios: u64,
-    pub trace_hash: String,
-    pub faults: Vec<String>,
-    pub power_cycles: u32,
-    pub write_hole_exposures: u64,
-    /// Sectors silent corruption damaged where md's repair cannot tell the good copy (a
-    /// RAID4/5 data block, a RAID1/10 first copy): md's loss, counted, not a failure.
-    pub corruption_exposures: u64,
-    /// A second failure during recovery took more than the level survives, and the
-    /// array failed as md's would (served nothing wrong before or after).
-    pub array_failed_as_expected: bool,
-    /// What the re-assembly after the power cycle resynced: "none", "full from N" or
-    /// "bitmap: R regions, S sectors" (sync space).
-    pub resync_after_power_cycle: String,
-    /// A second power cut fell during the rebuild, and the recovery resumed from the
-    /// checkpoint its superblock recorded (member sectors), if it had one.
-    pub resumed_from_sectors: Option<u64>,
-    /// The draws of the newer kinds this run made (for `uraid sim --seeds N`'s counts):
-    /// see [`DRAWS`].
-    pub draws: Vec<&'static str>,
-    /// Sectors that answered EIO after the power cycle (only rows with latent sectors
-    /// beyond the redundancy may).
-    pub unreadable_sectors: u64,
-    pub ok: bool,
-    pub failure: Option<String>,
-    pub reproduce: String,
-}
-
-/// The newer draws a run may make, as counted in `SimReport::draws`.
-pub const DRAWS: &[&str] = &[
-    "unaligned writes",
-    "latent sectors beyond the redundancy during recovery",
-    "member I/Os that never complete",
-    "scrub check/repair while writes run",
-];
-
-/// The executor's member timeout (`uraid serve --member-timeout`, 30 s, the SCSI layer's
-/// default) scaled a thousandfold as the upkeep clocks are (`meta::SIM_UPKEEP`).
-const MEMBER_TIMEOUT_NS: u64 = 30_000_000;
+use spec::{
+    seed_pick, Run, BITMAP_AREA_BYTES, DATA_OFFSET_BYTES, MEMBER_TIMEOUT_NS, SUPERBLOCK_OFFSET_BYTES,
+};
+pub use spec::{SimReport, SimSpec, DRAWS};
 
 /// Uniform pick from `v`.
 fn pick<T: Copy>(rng: &mut Rng, v: &[T]) -> T {
     v[rng.below(v.len() as u64) as usize]
-}
-
-/// One run's shape and fault plan, shared by its phases.
-struct Run<'a> {
-    spec: &'a SimSpec,
-    level: Level,
-    n: usize,
-    layout: u32,
-    geo: Geometry,
-    /// The chunk the shape drew (a raid1 draws one too; it sizes the workload's requests).
-    chunk_sectors: u64,
-    tunables: Tunables,
-    /// Members the level survives losing at once.
-    redundancy: usize,
-    planned_failures: usize,
-    latent_planted: bool,
-    /// Members whose disk gives write or flush errors (replaced, never re-added).
-    erroring: Vec<bool>,
-    /// Members dropped while running (they come back at the power cycle).
-    dropped: Vec<bool>,
-    /// Half the writes and a third of the reads are byte-granular (unaligned, sub-sector):
-    /// the array read-modify-writes their edge sectors.
-    unaligned: bool,
-    /// md's `check` or `repair` asked for once this many requests were issued.
-    scrub: Option<(usize, ScrubKind)>,
-    /// Requests in flight.
-    queue_depth: usize,
 }
 
 fn choose_shape(spec: &SimSpec, rng: &mut Rng) -> Result<(Level, usize, u32, u64), String> {
