@@ -25,6 +25,7 @@ use super::store::PowerLossPolicy;
 use model::{pattern, settle, verify_all, Inflight, Model, SECTOR};
 
 mod cycle;
+mod members;
 mod model;
 mod spec;
 #[cfg(test)]
@@ -110,7 +111,14 @@ pub fn run_sim(spec: &SimSpec) -> SimReport {
 
 fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<(), String> {
     let (level, n, layout, chunk_bytes) = choose_shape(spec, rng)?;
-    let member_sectors = (spec.member_bytes - DATA_OFFSET_BYTES) / SECTOR;
+    // Three seeds in four get an internal bitmap with small chunks (so it limits the
+    // resync after the power cycle); decided by the seed, not the rng, which keeps the
+    // workload of each seed as it was.
+    let bitmap_chunk = (level != Level::Raid0 && !spec.seed.is_multiple_of(4)).then_some(64 << 10);
+    // Half the RAID5 seeds without a bitmap keep md's partial parity log instead.
+    let ppl = level == Level::Raid5 && bitmap_chunk.is_none() && seed_pick(spec.seed, 0x9971, 2) == 0;
+    let data_offset_bytes = if ppl { 2 * DATA_OFFSET_BYTES } else { DATA_OFFSET_BYTES };
+    let member_sectors = (spec.member_bytes - data_offset_bytes) / SECTOR;
     let geo = Geometry::new(level, n, layout, chunk_bytes / SECTOR, &vec![member_sectors; n])?;
     report.level = level.md_level();
     report.raid_devices = n;
@@ -134,16 +142,27 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         ),
         ..Tunables::default()
     };
-    let sims: Vec<SimMemberConfig> = (0..n)
+    // One seed in four with redundancy has one or two hot spares (by the seed alone).
+    let spares = if level != Level::Raid0 && seed_pick(spec.seed, 0x5a4e, 4) == 0 {
+        1 + seed_pick(spec.seed, 0x5a4f, 2) as usize
+    } else {
+        0
+    };
+    // One seed in five with redundancy replaces a member while the workload runs (`uraid
+    // replace`, md's want_replacement) onto a blank disk of its own, after the spares.
+    let replace = (level != Level::Raid0 && seed_pick(spec.seed, 0x7e91, 5) == 0).then(|| {
+        (
+            spec.ops / 8 + seed_pick(spec.seed, 0x7e92, spec.ops as u64 / 2) as usize,
+            seed_pick(spec.seed, 0x7e93, n as u64) as usize,
+        )
+    });
+    let disk_count = n + spares + usize::from(replace.is_some());
+    let sims: Vec<SimMemberConfig> = (0..disk_count)
         .map(|_| SimMemberConfig::builtin(&spec.profile, spec.member_bytes))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let mut disks = SimDisks::new(sims, spec.seed).map_err(|e| e.to_string())?;
-    // Three seeds in four get an internal bitmap with small chunks (so it limits the
-    // resync after the power cycle); decided by the seed, not the rng, which keeps the
-    // workload of each seed as it was.
-    let bitmap_chunk = (level != Level::Raid0 && !spec.seed.is_multiple_of(4)).then_some(64 << 10);
-    create_on_disks(&mut disks, &geo, spec.member_bytes, DATA_OFFSET_BYTES, bitmap_chunk, spec.seed)?;
+    create_on_disks(&mut disks, &geo, spec.member_bytes, data_offset_bytes, bitmap_chunk, ppl, spec.seed)?;
     // Started as `uraid serve` starts it: from what the members hold.
     let (plan0, offered0) = assemble_members(&disks).map_err(|e| format!("assembly: {e}"))?;
     let mut first = start_array(&disks, &plan0, &offered0, tunables.clone())?;
@@ -160,8 +179,12 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         redundancy,
         planned_failures: 0,
         latent_planted: false,
-        erroring: vec![false; n],
-        dropped: vec![false; n],
+        erroring: vec![false; disk_count],
+        dropped: vec![false; disk_count],
+        replace,
+        spares,
+        ppl,
+        data_offset_bytes,
         queue_depth: qd,
         // One seed in three, by the seed alone (no rng draw: the others keep their runs).
         unaligned: seed_pick(spec.seed, 0x0da1, 3) == 0,
@@ -174,9 +197,17 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     if run.unaligned {
         report.draws.push(DRAWS[0]);
     }
-    let power_loss_at_request = plan_faults(&mut run, &mut disks, rng, report);
+    if run.ppl {
+        report.draws.push(DRAWS[5]);
+    }
+    let mut power_loss_at_request = plan_faults(&mut run, &mut disks, rng, report);
+    if let Some(at) = members::cut_during_replace(&run) {
+        power_loss_at_request = Some(power_loss_at_request.map_or(at, |p| p.min(at)));
+        report.faults.push(format!("power loss at request {at} (during the replacement)"));
+    }
     let mut model = Model::new(run.geo.array_sectors());
     let mut array = SimArray::new(first, disks);
+    members::add_spares(&run, &mut array, report)?;
     // Member queues merge what the engine sends at once (as under md): splitting the merged
     // completions back is checked here too.
     array.set_member_merging(true);
@@ -247,7 +278,7 @@ fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut 
                         (4, _) => {
                             let half = (member_sectors / 2) * SECTOR;
                             let at = seed_pick(spec.seed, 0xda7a + k as u64, member_sectors / 2) * SECTOR;
-                            (DATA_OFFSET_BYTES + at, half, "data")
+                            (run.data_offset_bytes + at, half, "data")
                         }
                         (6, Some(at)) => (at, BITMAP_AREA_BYTES, "bitmap"),
                         _ => (SUPERBLOCK_OFFSET_BYTES, 4096, "superblock"),
@@ -261,7 +292,7 @@ fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut 
         if run.planned_failures < run.redundancy && rng.below(2) == 0 {
             run.latent_planted = true;
             let m = rng.below(n as u64) as usize;
-            let off = DATA_OFFSET_BYTES + rng.below(member_sectors - 64) * SECTOR;
+            let off = run.data_offset_bytes + rng.below(member_sectors - 64) * SECTOR;
             let len = SECTOR * (1 + rng.below(16));
             disks.schedule(Fault {
                 trigger: FaultTrigger::AtNs(0),
@@ -356,7 +387,12 @@ fn workload(
     };
     let mut scrub = run.scrub;
     let mut scrubbing = false;
+    let mut replace = run.replace;
     loop {
+        if let Some((at, slot)) = replace.filter(|&(at, _)| issued >= at) {
+            replace = None;
+            members::start_replace(run, array, at, slot, report);
+        }
         if let Some((at, kind)) = scrub.filter(|&(at, _)| issued >= at) {
             scrub = None;
             report.draws.push(DRAWS[3]);

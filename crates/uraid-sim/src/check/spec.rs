@@ -4,6 +4,7 @@
 use uraid_core::rng::Rng;
 use uraid_core::*;
 
+/// Where the data starts on a member without a partial parity log.
 pub(super) const DATA_OFFSET_BYTES: u64 = 1 << 20;
 /// md superblock 1.2: 4 KiB from the member's start.
 pub(super) const SUPERBLOCK_OFFSET_BYTES: u64 = 4096;
@@ -77,6 +78,9 @@ pub const DRAWS: &[&str] = &[
     "latent sectors beyond the redundancy during recovery",
     "member I/Os that never complete",
     "scrub check/repair while writes run",
+    "hot spares",
+    "partial parity log (RAID5)",
+    "replace (a replacement rebuilt beside its member)",
 ];
 
 /// The executor's member timeout (`uraid serve --member-timeout`, 30 s, the SCSI layer's
@@ -97,10 +101,22 @@ pub(super) struct Run<'a> {
     pub(super) redundancy: usize,
     pub(super) planned_failures: usize,
     pub(super) latent_planted: bool,
-    /// Members whose disk gives write or flush errors (replaced, never re-added).
+    /// Disks (by index, spares included) whose disk gives write or flush errors (replaced,
+    /// never re-added).
     pub(super) erroring: Vec<bool>,
     /// Members dropped while running (they come back at the power cycle).
     pub(super) dropped: Vec<bool>,
+    /// Hot spares (disks `n..n + spares`), added as `uraid add` adds them to a whole array:
+    /// a failing member's slot is taken and recovered by one, as md does.
+    pub(super) spares: usize,
+    /// RAID5 with md's partial parity log (no bitmap): replayed at every dirty start.
+    pub(super) ppl: bool,
+    /// `uraid replace` of the member in a slot onto the disk after the spares, asked for
+    /// once this many requests were issued: (request, slot).
+    pub(super) replace: Option<(usize, usize)>,
+    /// Where the data starts on each member: 1 MiB, 2 MiB with a partial parity log (its
+    /// 1 MiB area sits between the superblock and the data).
+    pub(super) data_offset_bytes: u64,
     /// Half the writes and a third of the reads are byte-granular (unaligned, sub-sector):
     /// the array read-modify-writes their edge sectors.
     pub(super) unaligned: bool,
