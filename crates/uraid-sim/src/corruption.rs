@@ -13,6 +13,7 @@ use uraid_core::{Geometry, Level, ScrubKind};
 
 use crate::array::{RunOutcome, SimArray};
 use crate::disks::{Fault, FaultKind, FaultTrigger};
+use crate::meta::slot_disks;
 use crate::verify::{direct_digests, members_agree};
 
 const SECTOR: u64 = 512;
@@ -63,9 +64,10 @@ pub fn corrupt_and_repair(
     let (member, member_sector, len, what) = choose_block(geo, seed_pick);
     let offset_bytes = data_offset_bytes + member_sector * SECTOR;
     let at = array.now_ns();
+    let disk = slot_disks(array.engine())[member];
     array.disks_mut().schedule(Fault {
         trigger: FaultTrigger::AtNs(at),
-        member,
+        member: disk,
         kind: FaultKind::Corrupt { offset_bytes, len_bytes: len * SECTOR, bit_flips: 4 },
     });
     if array.run_until_idle() != RunOutcome::Idle {
@@ -79,26 +81,30 @@ pub fn corrupt_and_repair(
     // Bits flipped: the members now disagree somewhere, which the repair must find.
     let visible = !damaged.is_empty();
     let now = array.now_ns();
+    let before = slot_disks(array.engine());
     array.engine_mut().scrub(Some(ScrubKind::Repair), now)?;
     if array.run_until_idle() != RunOutcome::Idle {
         return Err("the repair did not finish".into());
     }
     // A fault planned before the power cut may fire now: md stops the repair (it does not
-    // repair a degraded array), and there is nothing more to judge.
-    if array.engine().engine().member_states().iter().any(|s| *s != uraid_core::MemberState::InSync) {
+    // repair a degraded array), and there is nothing more to judge. A hot spare that took
+    // the failed member's slot was rebuilt from the damage meanwhile.
+    if array.engine().engine().member_states().iter().any(|s| *s != uraid_core::MemberState::InSync)
+        || slot_disks(array.engine()) != before
+    {
         return Ok(None);
     }
     let mismatch_cnt = array.engine().engine().mismatch_cnt();
     if visible && mismatch_cnt == 0 {
         return Err(format!("repair found nothing although the members disagree ({what} corrupted)"));
     }
-    members_agree(array.disks(), geo, data_offset_bytes)
+    members_agree(array.disks(), &slot_disks(array.engine()), geo, data_offset_bytes)
         .map_err(|e| format!("after repairing {what} the members still disagree: {e}"))?;
     // Which array sectors had the damaged block as their data or a copy.
     let unidentifiable = matches!(geo.level, Level::Raid1 | Level::Raid10 | Level::Raid4 | Level::Raid5);
     let mut copies = Vec::new();
     let mut exposures = 0;
-    let direct = direct_digests(array.disks(), geo, data_offset_bytes);
+    let direct = direct_digests(array.disks(), &slot_disks(array.engine()), geo, data_offset_bytes);
     for (s, (&now, &before)) in direct.iter().zip(image).enumerate() {
         if now.is_none_or(|d| d == before) {
             continue;

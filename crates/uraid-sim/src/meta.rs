@@ -6,12 +6,15 @@
 
 use uraid_core::array::{Array, ArrayOptions, StartMember, UpkeepPeriods};
 use uraid_core::meta::{
-    create_array, plan_assembly, read_member, AssembleOptions, AssemblyPlan, CreateParams, MemberMetadata,
-    Superblock,
+    create_array, has_ppl, plan_assembly, ppl_recover, read_member, AssembleOptions, AssemblyPlan,
+    CreateParams, MemberMetadata, Superblock, MAX_SECTOR,
 };
 use uraid_core::{Geometry, Level, Tunables};
 
 use crate::disks::SimDisks;
+
+/// Where md's 1.2 superblock sits on a member.
+const SUPERBLOCK_BYTES: u64 = 4096;
 
 /// Virtual seconds start here (superblock ctime/utime).
 pub const EPOCH_SECONDS: u64 = 1_700_000_000;
@@ -22,7 +25,7 @@ pub const EPOCH_SECONDS: u64 = 1_700_000_000;
 pub const SIM_UPKEEP: UpkeepPeriods =
     UpkeepPeriods { safe_mode_ns: 1_000_000, bitmap_daemon_ns: 5_000_000, recovery_checkpoint_ns: 3_000_000 };
 
-/// `uraid create --assume-clean` on the simulated members, written straight into the
+/// `uraid create --assume-clean` (with `--consistency-policy=ppl` when `ppl`) on the simulated members, written straight into the
 /// stores and made durable.
 pub fn create_on_disks(
     disks: &mut SimDisks,
@@ -30,6 +33,7 @@ pub fn create_on_disks(
     member_bytes: u64,
     data_offset_bytes: u64,
     bitmap_chunk_bytes: Option<u32>,
+    ppl: bool,
     seed: u64,
 ) -> Result<(), String> {
     let n = geo.raid_disks;
@@ -44,6 +48,7 @@ pub fn create_on_disks(
     p.data_offset_sectors = Some(data_offset_bytes / 512);
     p.bitmap = bitmap_chunk_bytes.is_some();
     p.bitmap_chunk_bytes = bitmap_chunk_bytes;
+    p.ppl = ppl;
     p.assume_clean = true;
     p.name = "sim".into();
     p.set_uuid = uuid(seed, 0xff);
@@ -83,11 +88,59 @@ pub fn member_metadata(disks: &SimDisks, m: usize) -> MemberMetadata {
 /// The readable members offered to `plan_assembly` (a failed member cannot be read), with
 /// the member behind each offered index.
 pub fn assemble_members(disks: &SimDisks) -> Result<(AssemblyPlan, Vec<usize>), String> {
-    let readable: Vec<usize> = (0..disks.member_count()).filter(|&m| !disks.is_failed(m)).collect();
+    // A blank disk (a hot spare's bay before its `uraid add`) is no member: nobody names it.
+    let readable: Vec<usize> =
+        (0..disks.member_count()).filter(|&m| !disks.is_failed(m) && !blank(disks, m)).collect();
     let offered: Vec<_> = readable.iter().map(|&m| member_metadata(disks, m).offered).collect();
     let plan = plan_assembly(&offered, &AssembleOptions { run: true, uuid: None, force: true })
         .map_err(|e| e.to_string())?;
     Ok((plan, readable))
+}
+
+/// The disk behind each slot (the engine's I/O member): a hot spare or a replacement that
+/// took a slot is reached through its own disk, whose index is not the slot's.
+pub fn slot_disks(array: &Array) -> Vec<usize> {
+    let engine = array.engine();
+    (0..engine.geometry().raid_disks).map(|slot| engine.io_member(slot)).collect()
+}
+
+/// Nothing was ever written where md's superblock goes.
+fn blank(disks: &SimDisks, m: usize) -> bool {
+    let mut b = vec![0u8; 4096];
+    disks.store(m).peek(SUPERBLOCK_BYTES, &mut b);
+    b.iter().all(|&x| x == 0)
+}
+
+/// md's ppl_recover before a dirty RAID5 with a partial parity log starts, as `uraid serve`
+/// runs it: the logged stripes' parity rewritten and made durable, then the plan told
+/// (no resync when every log was sound). Returns what it said, None when nothing was due.
+pub fn replay_ppl(
+    disks: &mut SimDisks,
+    plan: &mut AssemblyPlan,
+    offered: &[usize],
+) -> Result<Option<String>, String> {
+    let superblocks: Vec<Superblock> = offered
+        .iter()
+        .map(|&m| member_superblock(disks, m).ok_or_else(|| format!("member{m}: no superblock")))
+        .collect::<Result<_, _>>()?;
+    let fresh = superblocks.get(plan.freshest).ok_or("no freshest member")?;
+    if !has_ppl(fresh) || plan.resync_offset == MAX_SECTOR {
+        return Ok(None);
+    }
+    let rec = ppl_recover(plan, &superblocks, &mut |i, offset, len| {
+        let mut b = vec![0u8; len];
+        disks.store(offered[i]).peek(offset, &mut b);
+        Ok(b)
+    })
+    .map_err(|e| format!("replaying the partial parity log: {e}"))?;
+    for w in &rec.writes {
+        let store = disks.store_mut(offered[w.member]);
+        store.write(w.offset_bytes, &w.bytes).map_err(|e| format!("recovered parity: {e:?}"))?;
+    }
+    for w in &rec.writes {
+        disks.store_mut(offered[w.member]).flush_all();
+    }
+    Ok(Some(plan.apply_ppl_recovery(&rec)))
 }
 
 /// What the members durably hold after a power cycle, planned as `uraid serve` plans it.

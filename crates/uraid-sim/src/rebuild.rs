@@ -5,7 +5,7 @@
 //! second member may fail while a recovery runs (md's nightmare: the level decides whether
 //! the array survives it).
 
-use uraid_core::array::{Added, Array, NewMember};
+use uraid_core::array::{Added, Array, DevRole, NewMember};
 use uraid_core::meta::AssemblyPlan;
 use uraid_core::{Level, MemberState, SyncKind};
 
@@ -69,13 +69,52 @@ fn run_idle(array: &mut SimArray<Array>) -> Result<(), String> {
 fn stale_member(rp: &RebuildPlan, array: &SimArray<Array>, slot: usize) -> Option<usize> {
     let st = rp.plan.stale.iter().find(|s| s.slot == Some(slot as u32))?;
     let member = rp.offered[st.member];
-    (member == slot && !rp.erroring[member] && !array.disks().is_failed(member)).then_some(member)
+    (!rp.erroring[member] && !array.disks().is_failed(member) && !held(array, member)).then_some(member)
+}
+
+/// Is the disk an active member or a spare of the array (not one it has failed)?
+fn held(array: &SimArray<Array>, disk: usize) -> bool {
+    array
+        .engine()
+        .superblocks()
+        .member(disk as u64)
+        .is_some_and(|m| !matches!(m.role, DevRole::Faulty { .. }))
+}
+
+/// The bay whose disk is swapped for a blank one to bring `slot` back: the one the slot
+/// last used, else the first the array does not hold (a failed or a let-go disk), one
+/// another slot's stale member is in last.
+fn free_bay(rp: &RebuildPlan, array: &SimArray<Array>, slot: usize) -> Result<usize, String> {
+    let stale: Vec<usize> = rp.plan.stale.iter().map(|s| rp.offered[s.member]).collect();
+    let count = array.disks().member_count();
+    let last = array.engine().engine().io_member(slot);
+    let mut bays: Vec<usize> =
+        std::iter::once(last).chain(0..count).filter(|&d| d < count && !held(array, d)).collect();
+    bays.sort_by_key(|d| (*d != last, stale.contains(d)));
+    bays.first().copied().ok_or_else(|| format!("no free bay for a disk to bring slot {slot} back"))
 }
 
 /// `uraid add` of the disk `member` (its superblock written first, as mdadm writes it):
 /// the array decides whether it is rebuilt in full or only where the bitmap says it missed
 /// writes. Returns what the array made of it.
-fn add_disk(array: &mut SimArray<Array>, member: usize, returning: bool) -> Result<Added, String> {
+pub fn add_disk(array: &mut SimArray<Array>, member: usize, returning: bool) -> Result<Added, String> {
+    let m = new_member(array, member, returning)?;
+    let now = array.now_ns();
+    array.engine_mut().add_member(m, now)
+}
+
+/// `uraid replace` of the member in `slot` by the blank disk `bay` (its superblock written
+/// first): md's want_replacement, the disk rebuilt beside the member, which stays.
+pub fn replace_with_disk(array: &mut SimArray<Array>, slot: usize, bay: usize) -> Result<(), String> {
+    array.engine().may_replace(slot)?;
+    let m = new_member(array, bay, false)?;
+    let now = array.now_ns();
+    array.engine_mut().replace_member(slot, m, now)
+}
+
+/// The disk `member` made ready to join: its old metadata read (a member coming back), the
+/// array's faulty entry of it removed, its new superblock and bitmap written and flushed.
+fn new_member(array: &mut SimArray<Array>, member: usize, returning: bool) -> Result<NewMember, String> {
     // What the disk carries as a member coming back: its superblock and its bad-block log
     // (read before its new superblock goes over them, as `uraid add` reads them).
     let meta = returning.then(|| member_metadata(array.disks(), member));
@@ -101,10 +140,7 @@ fn add_disk(array: &mut SimArray<Array>, member: usize, returning: bool) -> Resu
         store.write(at, &area).map_err(|e| format!("{name}: {e:?}"))?;
     }
     store.flush_all();
-    let now = array.now_ns();
-    array
-        .engine_mut()
-        .add_member(NewMember { key: member as u64, name, sb, previous, replaces: None, bad_blocks }, now)
+    Ok(NewMember { key: member as u64, name, sb, previous, replaces: None, bad_blocks })
 }
 
 /// What the rebuild did.
@@ -177,13 +213,18 @@ pub fn rebuild(
                     added
                 }
                 None => {
-                    log.push(format!("member {slot} replaced by a blank disk and recovered"));
-                    if array.engine().superblocks().member(slot as u64).is_some() {
+                    let bay = free_bay(rp, array, slot)?;
+                    log.push(if bay == slot {
+                        format!("member {slot} replaced by a blank disk and recovered")
+                    } else {
+                        format!("slot {slot}: member {bay} replaced by a blank disk and recovered")
+                    });
+                    if array.engine().superblocks().member(bay as u64).is_some() {
                         let now = array.now_ns();
-                        array.engine_mut().remove(slot as u64, now)?;
+                        array.engine_mut().remove(bay as u64, now)?;
                     }
-                    array.disks_mut().replace_member(slot);
-                    add_disk(array, slot, false)?
+                    array.disks_mut().replace_member(bay);
+                    add_disk(array, bay, false)?
                 }
             };
             if !matches!(added, Added::Rebuilding { slot: s, .. } if s == slot) {
@@ -251,6 +292,7 @@ fn fail_during_recovery(
         return Ok(None);
     }
     log.push(format!("member {victim} failed during the recovery"));
-    array.disks_mut().fail_member(victim);
+    let disk = array.engine().engine().io_member(victim);
+    array.disks_mut().fail_member(disk);
     Ok(Some(states.iter().filter(|s| **s != MemberState::InSync).count() + 1))
 }

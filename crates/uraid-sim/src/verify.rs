@@ -12,15 +12,16 @@ use crate::meta::member_metadata;
 
 const SECTOR: u64 = 512;
 
-/// Per member, the data sectors its bad-block log lists, as data-relative [start, end).
+/// Per slot, the data sectors its member's bad-block log lists, as data-relative [start, end).
 struct BadRows(Vec<Vec<(u64, u64)>>);
 
 impl BadRows {
-    fn read(disks: &SimDisks, data_offset_bytes: u64) -> BadRows {
+    fn read(disks: &SimDisks, slots: &[usize], data_offset_bytes: u64) -> BadRows {
         let first = data_offset_bytes / SECTOR;
         BadRows(
-            (0..disks.member_count())
-                .map(|m| {
+            slots
+                .iter()
+                .map(|&m| {
                     let bb = member_metadata(disks, m).bad_blocks.ok().flatten();
                     bb.map(|bb| {
                         bb.entries()
@@ -39,9 +40,16 @@ impl BadRows {
 }
 
 /// Compares every mirror copy, or every stripe's parity with its data, on the members
-/// themselves. Call on an array with every member in sync and no resync owed.
-pub fn members_agree(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Result<(), String> {
-    let bad = BadRows::read(disks, data_offset_bytes);
+/// themselves. Call on an array with every member in sync and no resync owed. `slots` names
+/// the disk in each slot (a hot spare or a replacement may hold one).
+pub fn members_agree(
+    disks: &SimDisks,
+    slots: &[usize],
+    geo: &Geometry,
+    data_offset_bytes: u64,
+) -> Result<(), String> {
+    let bad = BadRows::read(disks, slots, data_offset_bytes);
+    let disks = Slots { disks, slots };
     match geo.level {
         Level::Raid0 => Ok(()),
         Level::Raid1 | Level::Raid10 => mirrors_agree(disks, geo, data_offset_bytes, &bad),
@@ -58,24 +66,20 @@ fn first_difference_but(a: &[u8], b: &[u8], skip: impl Fn(u64) -> bool) -> Optio
         .map(|(k, _)| k as u64)
 }
 
-fn read(
-    disks: &SimDisks,
-    member: usize,
-    member_sector: u64,
-    sectors: u64,
-    data_offset_bytes: u64,
-) -> Vec<u8> {
+/// The disks as the array's slots reach them.
+#[derive(Clone, Copy)]
+struct Slots<'a> {
+    disks: &'a SimDisks,
+    slots: &'a [usize],
+}
+
+fn read(disks: Slots, slot: usize, member_sector: u64, sectors: u64, data_offset_bytes: u64) -> Vec<u8> {
     let mut buf = vec![0u8; (sectors * SECTOR) as usize];
-    disks.store(member).peek(data_offset_bytes + member_sector * SECTOR, &mut buf);
+    disks.disks.store(disks.slots[slot]).peek(data_offset_bytes + member_sector * SECTOR, &mut buf);
     buf
 }
 
-fn mirrors_agree(
-    disks: &SimDisks,
-    geo: &Geometry,
-    data_offset_bytes: u64,
-    bad: &BadRows,
-) -> Result<(), String> {
+fn mirrors_agree(disks: Slots, geo: &Geometry, data_offset_bytes: u64, bad: &BadRows) -> Result<(), String> {
     let sectors = geo.array_sectors();
     let mut copies = Vec::new();
     let mut s = 0;
@@ -108,12 +112,7 @@ fn mirrors_agree(
     Ok(())
 }
 
-fn parity_agrees(
-    disks: &SimDisks,
-    geo: &Geometry,
-    data_offset_bytes: u64,
-    bad: &BadRows,
-) -> Result<(), String> {
+fn parity_agrees(disks: Slots, geo: &Geometry, data_offset_bytes: u64, bad: &BadRows) -> Result<(), String> {
     let kernel = uraid_parity::selected_kernel();
     let chunk = geo.chunk_sectors;
     let stripes = geo.array_sectors() / geo.stripe_data_sectors();
@@ -177,9 +176,15 @@ pub fn sector_digest(sector: &[u8]) -> u64 {
 }
 
 /// Every array sector's digest as its primary location (md's first copy, or its data
-/// block) holds it; None where that location is listed bad.
-pub fn direct_digests(disks: &SimDisks, geo: &Geometry, data_offset_bytes: u64) -> Vec<Option<u64>> {
-    let bad = BadRows::read(disks, data_offset_bytes);
+/// block) holds it; None where that location is listed bad. `slots` as for [`members_agree`].
+pub fn direct_digests(
+    disks: &SimDisks,
+    slots: &[usize],
+    geo: &Geometry,
+    data_offset_bytes: u64,
+) -> Vec<Option<u64>> {
+    let bad = BadRows::read(disks, slots, data_offset_bytes);
+    let disks = Slots { disks, slots };
     let sectors = geo.array_sectors();
     let mut out = Vec::with_capacity(sectors as usize);
     let mut s = 0;

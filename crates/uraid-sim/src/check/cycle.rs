@@ -13,10 +13,10 @@ use uraid_core::rng::Rng;
 use uraid_core::*;
 
 use super::model::{failed_array_serves_nothing_wrong, read_all_split, settle, Inflight, Model, SECTOR};
-use super::{seed_pick, Run, SimReport, DATA_OFFSET_BYTES, DRAWS};
+use super::spec::{seed_pick, Run, SimReport, DRAWS};
 use crate::array::SimArray;
 use crate::corruption::corrupt_and_repair;
-use crate::meta::{assemble_members, failure_recorded, member_metadata, start_array};
+use crate::meta::{assemble_members, failure_recorded, member_metadata, replay_ppl, slot_disks, start_array};
 use crate::rebuild::{rebuild, survives_second_failure, RebuildPlan, RebuildReport, Rebuilt};
 use crate::store::PowerLossPolicy;
 use crate::verify::{direct_digests, members_agree, sector_digest};
@@ -45,8 +45,21 @@ pub(super) fn power_cycle(
     let sectors = geo.array_sectors();
     let mut buf = vec![0u8; SECTOR as usize];
     let states = array.engine().engine().member_states();
+    // The disk in each slot at the cut (a hot spare may have taken one).
+    let at_crash = slot_disks(array.engine());
+    for (slot, &d) in at_crash.iter().enumerate().filter(|(slot, &d)| d != *slot) {
+        report
+            .faults
+            .push(format!("member {d} (a hot spare or a replacement) in slot {slot} at the power cut"));
+    }
+    for r in array.engine().engine().replacements() {
+        report.faults.push(format!(
+            "power cut while member {} replaced slot {} ({} sectors copied)",
+            r.io_member, r.slot, r.recovery_offset_sectors
+        ));
+    }
     let degraded_at_crash =
-        states.iter().enumerate().any(|(m, s)| *s != MemberState::InSync || array.disks().is_failed(m));
+        states.iter().zip(&at_crash).any(|(s, &d)| *s != MemberState::InSync || array.disks().is_failed(d));
     // What was acknowledged before a completed flush must survive.
     let crash = array.crash(&PowerLossPolicy::default());
     report.power_cycles += 1;
@@ -56,8 +69,9 @@ pub(super) fn power_cycle(
     let mut disks = crash.disks;
     disks.cancel_power_loss();
     // A dropped member answers again after the power cycle, with its old superblock.
-    let revived: Vec<bool> = (0..n).map(|m| run.dropped[m] && disks.is_failed(m)).collect();
-    for m in (0..n).filter(|&m| revived[m]) {
+    let revived: Vec<bool> =
+        (0..disks.member_count()).map(|m| run.dropped[m] && disks.is_failed(m)).collect();
+    for m in (0..disks.member_count()).filter(|&m| revived[m]) {
         disks.revive_member(m);
         report.faults.push(format!("member {m} back after the power cycle, stale"));
     }
@@ -66,17 +80,19 @@ pub(super) fn power_cycle(
     // writes were in flight (md's write hole, with no member lost).
     let latent_at_crash: BTreeSet<(usize, u64)> = (0..n)
         .flat_map(|m| {
-            let mut ranges: Vec<(u64, u64)> = disks.store(m).latent_error_ranges().collect();
-            let listed = member_metadata(&disks, m).bad_blocks.ok().flatten();
+            let d = at_crash[m];
+            let mut ranges: Vec<(u64, u64)> = disks.store(d).latent_error_ranges().collect();
+            let listed = member_metadata(&disks, d).bad_blocks.ok().flatten();
             ranges.extend(listed.iter().flat_map(|bb| bb.entries()).map(|(s, l)| (s, s + l)));
             ranges.into_iter().flat_map(move |(a, b)| (a..b).map(move |s| (m, s)))
         })
-        .filter_map(|(m, s)| Some((m, s.checked_sub(DATA_OFFSET_BYTES / SECTOR)?)))
+        .filter_map(|(m, s)| Some((m, s.checked_sub(run.data_offset_bytes / SECTOR)?)))
         .collect();
     let mut lost = 0;
     let mut lost_at_crash = vec![false; n];
     for m in 0..n {
-        if states[m] != MemberState::InSync || disks.is_failed(m) || revived[m] {
+        let d = at_crash[m];
+        if states[m] != MemberState::InSync || disks.is_failed(d) || revived[d] {
             lost += 1;
             lost_at_crash[m] = true;
         }
@@ -88,17 +104,21 @@ pub(super) fn power_cycle(
         && rng.below(2) == 0
     {
         let m = (0..n).find(|&m| !lost_at_crash[m]).expect("a member");
-        disks.fail_member(m);
+        disks.fail_member(at_crash[m]);
         lost_at_crash[m] = true;
         lost_after_crash = true;
         report.faults.push(format!("member {m} lost after the power cut, before resync"));
     }
     // md may take a lost member back in sync only while no superblock records its loss:
     // then nothing acknowledged depended on it (completions wait for the record).
-    let unrecorded: Vec<bool> = (0..n).map(|m| !disks.is_failed(m) && !failure_recorded(&disks, m)).collect();
+    let unrecorded: Vec<bool> =
+        (0..disks.member_count()).map(|m| !disks.is_failed(m) && !failure_recorded(&disks, m)).collect();
     // Re-assembly from what the members durably hold, as `uraid serve` does: the
     // superblocks decide who is in, the bitmap (or resync_offset) what is resynced.
     let (mut plan, mut offered) = assemble_members(&disks).map_err(|e| format!("re-assembly: {e}"))?;
+    if let Some(said) = replay_ppl(&mut disks, &mut plan, &offered)? {
+        report.faults.push(said);
+    }
     if plan.array_sectors != geo.array_sectors() || plan.raid_disks as usize != n {
         return Err(format!(
             "re-assembly: the superblocks give {} sectors on {}",
@@ -114,7 +134,8 @@ pub(super) fn power_cycle(
     };
     let members2 = plan.member_configs();
     for (m, st) in members2.iter().enumerate() {
-        if st.state == MemberState::InSync && lost_at_crash[m] && !unrecorded[m] {
+        let same_disk = plan.slots[m].as_ref().is_some_and(|s| offered[s.member] == at_crash[m]);
+        if st.state == MemberState::InSync && same_disk && lost_at_crash[m] && !unrecorded[at_crash[m]] {
             return Err(format!("re-assembly took member {m} back in sync although its loss is recorded"));
         }
     }
@@ -133,11 +154,12 @@ pub(super) fn power_cycle(
         return Err("a dirty degraded start dropped the resync it owes".into());
     }
     let mut array2 = SimArray::new(second, disks);
+    let started_with = slot_disks(array2.engine());
     // Every slot left out comes back (re-added or replaced, then recovered); maybe a second
     // member fails while that runs. Not raid10 (whether it survives depends on which copies
     // the failure takes), and not with a latent sector planted or a bad-block range listed
     // (that would be a third loss there on raid6).
-    let bad_blocks_listed = (0..n)
+    let bad_blocks_listed = (0..array2.disks().member_count())
         .any(|m| member_metadata(array2.disks(), m).bad_blocks.ok().flatten().is_some_and(|b| !b.is_empty()));
     // Latent sectors beyond the redundancy during the recovery: the same rows unreadable on
     // as many in-sync members as, with the slots being brought back, the level cannot
@@ -159,9 +181,10 @@ pub(super) fn power_cycle(
         && seed_pick(spec.seed, 0x5ec0, 3) == 0)
         .then(|| {
             let start = seed_pick(spec.seed, 0x5ec1, n as u64) as usize;
-            (0..n)
-                .map(|k| (start + k) % n)
-                .find(|&m| members2[m].state == MemberState::InSync && !run.erroring[m])
+            (0..n).map(|k| (start + k) % n).find(|&m| {
+                members2[m].state == MemberState::InSync
+                    && !run.erroring[array2.engine().engine().io_member(m)]
+            })
         })
         .flatten();
     // For some seeds the power is cut again part way through the recovery (not with a
@@ -185,6 +208,9 @@ pub(super) fn power_cycle(
                 let mut disks = crash.disks;
                 disks.cancel_power_loss();
                 (plan, offered) = assemble_members(&disks).map_err(|e| format!("second re-assembly: {e}"))?;
+                if let Some(said) = replay_ppl(&mut disks, &mut plan, &offered)? {
+                    report.faults.push(said);
+                }
                 let from = plan.slots.iter().flatten().filter_map(|s| s.recovery_offset_sectors).max();
                 report.resumed_from_sectors = from;
                 report.faults.push(match from {
@@ -223,12 +249,23 @@ pub(super) fn power_cycle(
     }
     // A member lost during the resync (a planned fault firing, or the second failure):
     // stripes its resync had not reached were rebuilt from stale parity, md's write hole.
-    let lost_during_resync = rebuilt.brought_back.iter().any(|&m| !lost_at_crash[m]);
+    // A hot spare that took a slot during the resync counts as one brought back.
+    let now_in = slot_disks(array2.engine());
+    let lost_during_resync = rebuilt.brought_back.iter().any(|&m| !lost_at_crash[m])
+        || (0..n).any(|m| now_in[m] != started_with[m] && !lost_at_crash[m]);
     let write_hole_possible =
         level.has_parity() && (degraded_at_crash || lost_after_crash || lost_during_resync);
     // Every sector: the durable value or one of the writes since.
     let stale_stripes: BTreeSet<u64> = if level.has_parity() {
         (0..sectors).filter(|&s| !model.since[s as usize].is_empty()).map(|s| stripe_of(geo, s)).collect()
+    } else {
+        Default::default()
+    };
+    // md's partial parity log works in 4 KiB rows (a page of every member of a stripe):
+    // the rows a write since the last flush touched.
+    let row = |s: u64| (stripe_of(geo, s), geo.map_sector(s).0.member_sector / 8);
+    let written_rows: BTreeSet<(u64, u64)> = if run.ppl {
+        (0..sectors).filter(|&s| !model.since[s as usize].is_empty()).map(row).collect()
     } else {
         Default::default()
     };
@@ -238,7 +275,10 @@ pub(super) fn power_cycle(
             let (at, _) = geo.map_sector(s);
             latent_at_crash.contains(&(at.member, at.member_sector))
         };
-        stale && (write_hole_possible || latent())
+        // md's partial parity log closes the hole but for the rows being written: a sector
+        // in a row nothing wrote since the last flush must hold its contents.
+        let written = || !run.ppl || written_rows.contains(&row(s));
+        stale && ((write_hole_possible && written()) || latent())
     };
     // What the array holds after the power cycle, sector by sector, as read through it.
     let mut image = Vec::with_capacity(sectors as usize);
@@ -301,19 +341,21 @@ pub(super) fn power_cycle(
     // Whole and resynced: every member agrees with the others, read member by member, and
     // each sector's primary location holds what the array served.
     if !array2.engine().engine().resync_owed() {
-        members_agree(array2.disks(), geo, DATA_OFFSET_BYTES)
+        let slots = slot_disks(array2.engine());
+        members_agree(array2.disks(), &slots, geo, run.data_offset_bytes)
             .map_err(|e| format!("after the resync and rebuild the members disagree: {e}"))?;
-        let direct = direct_digests(array2.disks(), geo, DATA_OFFSET_BYTES);
+        let direct = direct_digests(array2.disks(), &slots, geo, run.data_offset_bytes);
         if let Some(s) = (0..sectors as usize)
             .find(|&s| !unreadable.contains(&(s as u64)) && direct[s].is_some_and(|d| d != image[s]))
         {
             return Err(format!("sector {s} on its member differs from what the array served"));
         }
         // Not over latent sectors: how a scrub meets a read error is not what this checks.
-        let latent_left = (0..n).any(|m| array2.disks().store(m).latent_error_sectors() > 0);
+        let latent_left =
+            (0..array2.disks().member_count()).any(|m| array2.disks().store(m).latent_error_sectors() > 0);
         if spec.faults && level != Level::Raid0 && !latent_left && seed_pick(spec.seed, 0xc0de, 2) == 0 {
             let pick = |tag: u64, n: u64| seed_pick(spec.seed, 0xc0de + tag, n);
-            match corrupt_and_repair(&mut array2, geo, &image, DATA_OFFSET_BYTES, &pick)? {
+            match corrupt_and_repair(&mut array2, geo, &image, run.data_offset_bytes, &pick)? {
                 Some(r) => {
                     report.faults.push(format!(
                         "silent corruption of {}, repair mismatch_cnt {}",
@@ -353,9 +395,11 @@ fn plant_beyond_redundancy(
         return None;
     }
     let missing = members.iter().filter(|m| m.state != MemberState::InSync).count();
+    let slots = slot_disks(array.engine());
     let sources: Vec<usize> = (0..n)
         .filter(|&m| {
-            members[m].state == MemberState::InSync && !run.erroring[m] && !array.disks().is_failed(m)
+            let d = slots[m];
+            members[m].state == MemberState::InSync && !run.erroring[d] && !array.disks().is_failed(d)
         })
         .collect();
     // Losses in a row beyond what the level survives: redundancy + 1 in all.
@@ -366,7 +410,10 @@ fn plant_beyond_redundancy(
     let m0 = seed_pick(spec.seed, 0x1a80, member_sectors - 64);
     let m1 = m0 + 1 + seed_pick(spec.seed, 0x1a81, 16);
     for &m in &chosen {
-        array.disks_mut().store_mut(m).add_latent_error(DATA_OFFSET_BYTES + m0 * SECTOR, (m1 - m0) * SECTOR);
+        array
+            .disks_mut()
+            .store_mut(slots[m])
+            .add_latent_error(run.data_offset_bytes + m0 * SECTOR, (m1 - m0) * SECTOR);
     }
     Some((m0, m1, chosen))
 }

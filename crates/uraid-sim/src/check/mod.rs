@@ -25,119 +25,20 @@ use super::store::PowerLossPolicy;
 use model::{pattern, settle, verify_all, Inflight, Model, SECTOR};
 
 mod cycle;
+mod members;
 mod model;
+mod spec;
 #[cfg(test)]
 mod tests;
 
-const DATA_OFFSET_BYTES: u64 = 1 << 20;
-/// md superblock 1.2: 4 KiB from the member's start.
-const SUPERBLOCK_OFFSET_BYTES: u64 = 4096;
-/// The bitmap area a write-error fault covers (header and every page the sim's arrays use).
-const BITMAP_AREA_BYTES: u64 = 64 << 10;
-
-/// A choice of `n` made by the seed alone, apart from the workload's rng stream (so a new
-/// fault kind leaves every seed's workload as it was). `tag` separates the choices.
-fn seed_pick(seed: u64, tag: u64, n: u64) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    Rng::derive(seed, tag).below(n)
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct SimSpec {
-    pub seed: u64,
-    pub level: Option<Level>,
-    pub raid_devices: Option<usize>,
-    pub layout: Option<String>,
-    pub chunk_bytes: Option<u64>,
-    pub ops: usize,
-    pub queue_depth: Option<usize>,
-    pub profile: String,
-    pub member_bytes: u64,
-    pub faults: bool,
-    pub plant_bug: bool,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct SimReport {
-    pub seed: u64,
-    pub level: i32,
-    pub raid_devices: usize,
-    pub layout: String,
-    pub chunk_bytes: u64,
-    pub queue_depth: usize,
-    pub requests: u64,
-    pub member_ios: u64,
-    pub trace_hash: String,
-    pub faults: Vec<String>,
-    pub power_cycles: u32,
-    pub write_hole_exposures: u64,
-    /// Sectors silent corruption damaged where md's repair cannot tell the good copy (a
-    /// RAID4/5 data block, a RAID1/10 first copy): md's loss, counted, not a failure.
-    pub corruption_exposures: u64,
-    /// A second failure during recovery took more than the level survives, and the
-    /// array failed as md's would (served nothing wrong before or after).
-    pub array_failed_as_expected: bool,
-    /// What the re-assembly after the power cycle resynced: "none", "full from N" or
-    /// "bitmap: R regions, S sectors" (sync space).
-    pub resync_after_power_cycle: String,
-    /// A second power cut fell during the rebuild, and the recovery resumed from the
-    /// checkpoint its superblock recorded (member sectors), if it had one.
-    pub resumed_from_sectors: Option<u64>,
-    /// The draws of the newer kinds this run made (for `uraid sim --seeds N`'s counts):
-    /// see [`DRAWS`].
-    pub draws: Vec<&'static str>,
-    /// Sectors that answered EIO after the power cycle (only rows with latent sectors
-    /// beyond the redundancy may).
-    pub unreadable_sectors: u64,
-    pub ok: bool,
-    pub failure: Option<String>,
-    pub reproduce: String,
-}
-
-/// The newer draws a run may make, as counted in `SimReport::draws`.
-pub const DRAWS: &[&str] = &[
-    "unaligned writes",
-    "latent sectors beyond the redundancy during recovery",
-    "member I/Os that never complete",
-    "scrub check/repair while writes run",
-];
-
-/// The executor's member timeout (`uraid serve --member-timeout`, 30 s, the SCSI layer's
-/// default) scaled a thousandfold as the upkeep clocks are (`meta::SIM_UPKEEP`).
-const MEMBER_TIMEOUT_NS: u64 = 30_000_000;
+use spec::{
+    seed_pick, Run, BITMAP_AREA_BYTES, DATA_OFFSET_BYTES, MEMBER_TIMEOUT_NS, SUPERBLOCK_OFFSET_BYTES,
+};
+pub use spec::{SimReport, SimSpec, DRAWS};
 
 /// Uniform pick from `v`.
 fn pick<T: Copy>(rng: &mut Rng, v: &[T]) -> T {
     v[rng.below(v.len() as u64) as usize]
-}
-
-/// One run's shape and fault plan, shared by its phases.
-struct Run<'a> {
-    spec: &'a SimSpec,
-    level: Level,
-    n: usize,
-    layout: u32,
-    geo: Geometry,
-    /// The chunk the shape drew (a raid1 draws one too; it sizes the workload's requests).
-    chunk_sectors: u64,
-    tunables: Tunables,
-    /// Members the level survives losing at once.
-    redundancy: usize,
-    planned_failures: usize,
-    latent_planted: bool,
-    /// Members whose disk gives write or flush errors (replaced, never re-added).
-    erroring: Vec<bool>,
-    /// Members dropped while running (they come back at the power cycle).
-    dropped: Vec<bool>,
-    /// Half the writes and a third of the reads are byte-granular (unaligned, sub-sector):
-    /// the array read-modify-writes their edge sectors.
-    unaligned: bool,
-    /// md's `check` or `repair` asked for once this many requests were issued.
-    scrub: Option<(usize, ScrubKind)>,
-    /// Requests in flight.
-    queue_depth: usize,
 }
 
 fn choose_shape(spec: &SimSpec, rng: &mut Rng) -> Result<(Level, usize, u32, u64), String> {
@@ -210,7 +111,14 @@ pub fn run_sim(spec: &SimSpec) -> SimReport {
 
 fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<(), String> {
     let (level, n, layout, chunk_bytes) = choose_shape(spec, rng)?;
-    let member_sectors = (spec.member_bytes - DATA_OFFSET_BYTES) / SECTOR;
+    // Three seeds in four get an internal bitmap with small chunks (so it limits the
+    // resync after the power cycle); decided by the seed, not the rng, which keeps the
+    // workload of each seed as it was.
+    let bitmap_chunk = (level != Level::Raid0 && !spec.seed.is_multiple_of(4)).then_some(64 << 10);
+    // Half the RAID5 seeds without a bitmap keep md's partial parity log instead.
+    let ppl = level == Level::Raid5 && bitmap_chunk.is_none() && seed_pick(spec.seed, 0x9971, 2) == 0;
+    let data_offset_bytes = if ppl { 2 * DATA_OFFSET_BYTES } else { DATA_OFFSET_BYTES };
+    let member_sectors = (spec.member_bytes - data_offset_bytes) / SECTOR;
     let geo = Geometry::new(level, n, layout, chunk_bytes / SECTOR, &vec![member_sectors; n])?;
     report.level = level.md_level();
     report.raid_devices = n;
@@ -234,16 +142,27 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         ),
         ..Tunables::default()
     };
-    let sims: Vec<SimMemberConfig> = (0..n)
+    // One seed in four with redundancy has one or two hot spares (by the seed alone).
+    let spares = if level != Level::Raid0 && seed_pick(spec.seed, 0x5a4e, 4) == 0 {
+        1 + seed_pick(spec.seed, 0x5a4f, 2) as usize
+    } else {
+        0
+    };
+    // One seed in five with redundancy replaces a member while the workload runs (`uraid
+    // replace`, md's want_replacement) onto a blank disk of its own, after the spares.
+    let replace = (level != Level::Raid0 && seed_pick(spec.seed, 0x7e91, 5) == 0).then(|| {
+        (
+            spec.ops / 8 + seed_pick(spec.seed, 0x7e92, spec.ops as u64 / 2) as usize,
+            seed_pick(spec.seed, 0x7e93, n as u64) as usize,
+        )
+    });
+    let disk_count = n + spares + usize::from(replace.is_some());
+    let sims: Vec<SimMemberConfig> = (0..disk_count)
         .map(|_| SimMemberConfig::builtin(&spec.profile, spec.member_bytes))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let mut disks = SimDisks::new(sims, spec.seed).map_err(|e| e.to_string())?;
-    // Three seeds in four get an internal bitmap with small chunks (so it limits the
-    // resync after the power cycle); decided by the seed, not the rng, which keeps the
-    // workload of each seed as it was.
-    let bitmap_chunk = (level != Level::Raid0 && !spec.seed.is_multiple_of(4)).then_some(64 << 10);
-    create_on_disks(&mut disks, &geo, spec.member_bytes, DATA_OFFSET_BYTES, bitmap_chunk, spec.seed)?;
+    create_on_disks(&mut disks, &geo, spec.member_bytes, data_offset_bytes, bitmap_chunk, ppl, spec.seed)?;
     // Started as `uraid serve` starts it: from what the members hold.
     let (plan0, offered0) = assemble_members(&disks).map_err(|e| format!("assembly: {e}"))?;
     let mut first = start_array(&disks, &plan0, &offered0, tunables.clone())?;
@@ -260,8 +179,12 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         redundancy,
         planned_failures: 0,
         latent_planted: false,
-        erroring: vec![false; n],
-        dropped: vec![false; n],
+        erroring: vec![false; disk_count],
+        dropped: vec![false; disk_count],
+        replace,
+        spares,
+        ppl,
+        data_offset_bytes,
         queue_depth: qd,
         // One seed in three, by the seed alone (no rng draw: the others keep their runs).
         unaligned: seed_pick(spec.seed, 0x0da1, 3) == 0,
@@ -274,9 +197,17 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     if run.unaligned {
         report.draws.push(DRAWS[0]);
     }
-    let power_loss_at_request = plan_faults(&mut run, &mut disks, rng, report);
+    if run.ppl {
+        report.draws.push(DRAWS[5]);
+    }
+    let mut power_loss_at_request = plan_faults(&mut run, &mut disks, rng, report);
+    if let Some(at) = members::cut_during_replace(&run) {
+        power_loss_at_request = Some(power_loss_at_request.map_or(at, |p| p.min(at)));
+        report.faults.push(format!("power loss at request {at} (during the replacement)"));
+    }
     let mut model = Model::new(run.geo.array_sectors());
     let mut array = SimArray::new(first, disks);
+    members::add_spares(&run, &mut array, report)?;
     // Member queues merge what the engine sends at once (as under md): splitting the merged
     // completions back is checked here too.
     array.set_member_merging(true);
@@ -347,7 +278,7 @@ fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut 
                         (4, _) => {
                             let half = (member_sectors / 2) * SECTOR;
                             let at = seed_pick(spec.seed, 0xda7a + k as u64, member_sectors / 2) * SECTOR;
-                            (DATA_OFFSET_BYTES + at, half, "data")
+                            (run.data_offset_bytes + at, half, "data")
                         }
                         (6, Some(at)) => (at, BITMAP_AREA_BYTES, "bitmap"),
                         _ => (SUPERBLOCK_OFFSET_BYTES, 4096, "superblock"),
@@ -361,7 +292,7 @@ fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut 
         if run.planned_failures < run.redundancy && rng.below(2) == 0 {
             run.latent_planted = true;
             let m = rng.below(n as u64) as usize;
-            let off = DATA_OFFSET_BYTES + rng.below(member_sectors - 64) * SECTOR;
+            let off = run.data_offset_bytes + rng.below(member_sectors - 64) * SECTOR;
             let len = SECTOR * (1 + rng.below(16));
             disks.schedule(Fault {
                 trigger: FaultTrigger::AtNs(0),
@@ -456,7 +387,12 @@ fn workload(
     };
     let mut scrub = run.scrub;
     let mut scrubbing = false;
+    let mut replace = run.replace;
     loop {
+        if let Some((at, slot)) = replace.filter(|&(at, _)| issued >= at) {
+            replace = None;
+            members::start_replace(run, array, at, slot, report);
+        }
         if let Some((at, kind)) = scrub.filter(|&(at, _)| issued >= at) {
             scrub = None;
             report.draws.push(DRAWS[3]);
