@@ -355,6 +355,8 @@ pub fn plan_assembly(
     let n = raid_disks as usize;
     let mut slots: Vec<Option<SlotMember>> = vec![None; n];
     let mut slot_events: Vec<u64> = vec![0; n];
+    // Whether the slot's holder so far is an unfinished replacement (md's want_replacement).
+    let mut slot_replacement: Vec<bool> = vec![false; n];
     let mut spares = Vec::new();
     let mut stale = Vec::new();
     // Stale only by their event count: what `force` may take back, (events, slot, member).
@@ -454,16 +456,26 @@ pub fn plan_assembly(
             continue;
         }
         let s = slot as usize;
+        let replacement = sb.has(feature::REPLACEMENT);
         match &slots[s] {
             None => {
                 slots[s] = Some(candidate);
                 slot_events[s] = sb.events;
+                slot_replacement[s] = replacement;
             }
             Some(cur) => {
-                let better = sb.events > slot_events[s]
-                    || (sb.events == slot_events[s]
-                        && cur.recovery_offset_sectors.is_some()
-                        && recovery.is_none());
+                // An unfinished replacement never takes its slot from the member it is
+                // copying, however fresh its superblock (a power cut during a round can leave
+                // it one event ahead): the member holds all the data, the replacement only
+                // what the copy reached. md keeps both; uraid keeps the member.
+                let better = if replacement != slot_replacement[s] {
+                    slot_replacement[s]
+                } else {
+                    sb.events > slot_events[s]
+                        || (sb.events == slot_events[s]
+                            && cur.recovery_offset_sectors.is_some()
+                            && recovery.is_none())
+                };
                 let (kept, dropped) = if better { (i, cur.member) } else { (cur.member, i) };
                 warnings.push(format!(
                     "{} and {} both claim slot {slot}; using {}, {} left out{}",
@@ -471,11 +483,16 @@ pub fn plan_assembly(
                     name,
                     members[kept].name,
                     members[dropped].name,
-                    if sb.has(feature::REPLACEMENT) { " (an unfinished replacement)" } else { "" }
+                    if (better && slot_replacement[s]) || (!better && replacement) {
+                        " (an unfinished replacement)"
+                    } else {
+                        ""
+                    }
                 ));
                 if better {
                     slots[s] = Some(candidate);
                     slot_events[s] = sb.events;
+                    slot_replacement[s] = replacement;
                 }
             }
         }
