@@ -63,7 +63,7 @@ impl Mddev {
         }
         self.mismatch_cnt_sectors = 0;
         self.sync_queue.push_back((SyncKind::Scrub(kind), None));
-        self.pump_sync(led);
+        self.wake_sync(led);
         Ok(())
     }
 
@@ -76,7 +76,7 @@ impl Mddev {
             self.events.push_back(EngineEvent::SyncAborted(kind));
             stopped = true;
         }
-        self.pump_sync(led);
+        self.wake_sync(led);
         stopped
     }
 

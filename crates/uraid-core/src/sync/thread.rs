@@ -68,7 +68,7 @@ impl Mddev {
         }
         self.sync_queue.push_back((SyncKind::Recovery { member: slot }, Some(ranges)));
         self.events.push_back(EngineEvent::RecoveryStarted(slot));
-        self.pump_sync(led);
+        self.wake_sync(led);
     }
 
     pub(crate) fn start_resync(&mut self, led: &mut Ledger, ranges: Option<Vec<(u64, u64)>>, now_ns: TimeNs) {
@@ -84,7 +84,7 @@ impl Mddev {
             r
         });
         self.queue_resync(ranges, false);
-        self.pump_sync(led);
+        self.wake_sync(led);
     }
 
     pub(crate) fn resync_owed(&self) -> bool {
@@ -272,6 +272,14 @@ impl Mddev {
     /// rest left to requests.
     pub(crate) fn sync_cache_share_heads(&self) -> u64 {
         self.tun.stripe_cache_size as u64 / 8
+    }
+
+    /// A job was asked for outside a request or a completion: start its units and run the
+    /// heads they claimed now. A claimed head waits for a handler pass, and with no unit
+    /// left to pace nothing else brings the caller back (`uraid sim --seed 2000574`).
+    pub(crate) fn wake_sync(&mut self, led: &mut Ledger) {
+        self.pump_sync(led);
+        self.run_stripes(led);
     }
 
     /// Start whatever background units pacing and windows allow.
