@@ -75,8 +75,7 @@ impl Mddev {
         });
         self.sync_queue.push_back((SyncKind::Replace { slot }, Some(vec![(from_sectors, u64::MAX)])));
         self.events.push_back(EngineEvent::RecoveryStarted(slot));
-        self.pump_sync(led);
-        self.run_stripes(led);
+        self.wake_sync(led);
         Ok(())
     }
 

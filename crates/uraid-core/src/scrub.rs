@@ -63,7 +63,7 @@ impl Mddev {
         }
         self.mismatch_cnt_sectors = 0;
         self.sync_queue.push_back((SyncKind::Scrub(kind), None));
-        self.pump_sync(led);
+        self.wake_sync(led);
         Ok(())
     }
 
@@ -76,7 +76,7 @@ impl Mddev {
             self.events.push_back(EngineEvent::SyncAborted(kind));
             stopped = true;
         }
-        self.pump_sync(led);
+        self.wake_sync(led);
         stopped
     }
 
@@ -152,8 +152,9 @@ impl Mddev {
         if unreadable {
             return UnitStart::Unreadable;
         }
-        let reads: u32 = pieces.iter().map(|p| p.2.len() as u32).sum();
         let bufs = pieces.iter().map(|p| vec![None; p.2.len()]).collect();
+        // A copy listed bad there is not read (md's sync_request leaves it out of the
+        // reads): it holds data older than what was acknowledged (see `direct_scrub_compare`).
         let ios: Vec<(usize, u64, u64, u32, u32)> = pieces
             .iter()
             .enumerate()
@@ -161,9 +162,14 @@ impl Mddev {
                 copies
                     .iter()
                     .enumerate()
+                    .filter(|(_, e)| !self.members[e.member].has_bad_block(e.member_sector, *n))
                     .map(move |(c, e)| (e.member, e.member_sector, *n, i as u32, c as u32))
             })
             .collect();
+        if ios.is_empty() {
+            return UnitStart::Nothing;
+        }
+        let reads = ios.len() as u32;
         let scrub = Box::new(DirectScrub { kind, pieces, bufs, compared: false });
         self.direct_sync = Some(DirectUnit { start, end, pending: reads, failed: false, scrub: Some(scrub) });
         for (member, sector, n, piece, copy) in ios {
@@ -210,8 +216,10 @@ impl Mddev {
 
     /// All copies read: compare each md sync bio window's copies with the first (a resync:
     /// with the one reads took before it), count, and on repair or resync write that copy
-    /// over the others that differ (md copies from the first copy that read; every copy
-    /// read here).
+    /// over the others that differ (md copies from the first copy that read). A copy
+    /// listed bad there was not read: it is neither the reference nor compared; repair
+    /// rewrites it from the reference unless a write failed on its member this run (md
+    /// skips an acknowledged bad block on a member with WriteErrorSeen).
     fn direct_scrub_compare(&mut self, led: &mut Ledger) {
         let w = self.resync_bio_sectors();
         let u = self.direct_sync.as_mut().expect("unit");
@@ -229,19 +237,30 @@ impl Mddev {
                 let mut differs = false;
                 for (i, (pos, n, ext)) in s.pieces.iter().enumerate() {
                     let (a, b) = ((*pos).max(wa), (pos + n).min(wb));
+                    let read = |k: usize| s.bufs[i][k].is_some();
                     // A resync keeps the copy reads took before it came (`Balance::Prefer`,
-                    // the lowest member); check and repair md's first copy.
+                    // the lowest member); check and repair md's first copy that was read.
                     let reference = match s.kind {
-                        OnMismatch::Resync => (0..copies).min_by_key(|&k| ext[k].member).unwrap_or(0),
-                        OnMismatch::Count | OnMismatch::Repair => 0,
+                        OnMismatch::Resync => (0..copies).filter(|&k| read(k)).min_by_key(|&k| ext[k].member),
+                        OnMismatch::Count | OnMismatch::Repair => (0..copies).find(|&k| read(k)),
                     };
+                    let Some(reference) = reference else { continue };
                     if a >= b || c == reference {
                         continue;
                     }
                     let rg = ((a - pos) * SECTOR_BYTES) as usize..((b - pos) * SECTOR_BYTES) as usize;
                     let first = &s.bufs[i][reference].as_ref().expect("read")[rg.clone()];
-                    differs |= first != &s.bufs[i][c].as_ref().expect("read")[rg.clone()];
-                    segs.push((ext[c].member, ext[c].member_sector + (a - pos), b - a, first.to_vec()));
+                    let seg = (ext[c].member, ext[c].member_sector + (a - pos), b - a, first.to_vec());
+                    match s.bufs[i][c].as_ref() {
+                        Some(copy) => {
+                            differs |= first != &copy[rg.clone()];
+                            segs.push(seg);
+                        }
+                        None if s.kind != OnMismatch::Count && !self.members[seg.0].write_error_seen => {
+                            writes.push(seg)
+                        }
+                        None => {}
+                    }
                 }
                 if differs {
                     mismatch += wb - wa.max(start);

@@ -345,3 +345,46 @@ fn a_resync_that_cannot_read_a_member_rebuilds_and_rewrites_it() {
         assert_reads_back(&mut d, &model, &ctx);
     }
 }
+
+/// A resync (or a re-added member's recovery) of one region, on an array nothing else
+/// happens to, runs to its end driven only by the caller's usual loop: completions, and
+/// `tick` when `next_deadline_ns` says so. Its first units used to claim their stripe
+/// heads and wait there for a handler pass that only another request would have started
+/// (`uraid sim --seed 2000574`: a bitmap resync of 128 sectors stuck at 0 of 128).
+#[test]
+fn a_resync_with_nothing_else_to_do_runs_to_its_end() {
+    for (level, n, layout) in shapes() {
+        let ctx = format!("{level:?} n={n}");
+        let g = geo(level, n, layout);
+        let (members, model) = written(&g, 51);
+        let mut d = Driver::new(Engine::new(config(g.clone(), DATA_OFFSET)).unwrap(), members, 53);
+        // One sync unit (a chunk row of 16 sectors on raid4/5/6): no later unit's pacing
+        // deadline brings the caller back.
+        d.engine.start_resync(Some(vec![(256, 272)]), 0);
+        let mut events = Vec::new();
+        let mut guard = 0;
+        while d.step() {
+            guard += 1;
+            assert!(guard < 1_000_000, "{ctx}: the driver never went idle");
+        }
+        while let Some(e) = d.engine.pop_event() {
+            events.push(e);
+        }
+        assert!(!d.engine.sync_active(), "{ctx}: the resync never ended: {:?}", d.engine.sync_status());
+        assert!(events.contains(&EngineEvent::ResyncDone), "{ctx}: {events:?}");
+        assert_reads_back(&mut d, &model, &ctx);
+
+        // A member back with a bitmap's few regions to rebuild.
+        let victim = n - 1;
+        d.engine.fail_member(victim, d.now_ns);
+        while d.step() {}
+        d.engine.readd_member(victim, DATA_OFFSET, Some(vec![(512, 528)]), d.now_ns).unwrap();
+        guard = 0;
+        while d.step() {
+            guard += 1;
+            assert!(guard < 1_000_000, "{ctx}: the driver never went idle");
+        }
+        assert!(!d.engine.sync_active(), "{ctx}: the recovery never ended: {:?}", d.engine.sync_status());
+        assert_eq!(d.engine.member_states()[victim], MemberState::InSync, "{ctx}");
+    }
+}

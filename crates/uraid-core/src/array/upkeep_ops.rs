@@ -342,7 +342,10 @@ impl Array {
                 }
                 match sync.kind {
                     SyncKind::Recovery { member } => {
-                        self.sbs.record_recovery_offset(member, sync.recovery_offset_sectors)
+                        self.sbs.record_recovery_offset(member, sync.recovery_offset_sectors);
+                        for &(m, offset) in &sync.also_recovering {
+                            self.sbs.record_recovery_offset(m, offset);
+                        }
                     }
                     SyncKind::Replace { slot } => {
                         self.sbs.record_replacement_offset(slot, sync.recovery_offset_sectors)
@@ -374,7 +377,10 @@ impl Array {
                 if let Some(s) = sync {
                     match s.kind {
                         SyncKind::Recovery { member } => {
-                            self.sbs.record_recovery_offset(member, s.recovery_offset_sectors)
+                            self.sbs.record_recovery_offset(member, s.recovery_offset_sectors);
+                            for &(m, offset) in &s.also_recovering {
+                                self.sbs.record_recovery_offset(m, offset);
+                            }
                         }
                         SyncKind::Replace { slot } => {
                             self.sbs.record_replacement_offset(slot, s.recovery_offset_sectors)

@@ -142,8 +142,13 @@ impl Mddev {
                 if result.is_err() {
                     self.fail_member(led, member, self.now_ns);
                 }
+                // A recovery target that failed left the job (raid6 rebuilds two at once):
+                // the unit counts while the job still runs it.
+                let job_runs_it = self.sync.as_ref().is_some_and(|j| {
+                    j.unit_in_flight(unit) && matches!(j.kind, crate::sync::SyncKind::Recovery { .. })
+                });
                 if left == 0 {
-                    self.head_sync_done(led, unit, result.is_ok() && !self.failed);
+                    self.head_sync_done(led, unit, (result.is_ok() || job_runs_it) && !self.failed);
                 }
             }
             IoCtx::PplLog { .. } | IoCtx::PplLogFlush { .. } | IoCtx::PplFlush { .. } => {

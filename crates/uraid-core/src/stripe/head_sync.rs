@@ -51,36 +51,47 @@ impl Mddev {
         }
         let (unit, kind) = (op.unit, op.kind);
         let full = self.cache.full_mask;
-        // The rows written: all of them, but for a recovery's rows nothing can rebuild.
-        let mut write_rows = full;
-        // (block to write, engine member to write it to)
-        let targets: Vec<(usize, usize)> = match kind {
+        // (block to write, engine member to write it to, rows): all of them, but for a
+        // recovery's rows nothing can rebuild.
+        let targets: Vec<(usize, usize, SectorMask)> = match kind {
             crate::sync::SyncKind::Recovery { member } => {
-                if !self.members[member].writable() {
+                // Every member the pass rebuilds (raid6: two from one read of the others).
+                let mut members = self.recovery_targets();
+                if !members.contains(&member) {
+                    members = vec![member];
+                }
+                members.retain(|&m| self.members[m].writable());
+                if members.is_empty() {
                     st.sync = None;
                     self.head_sync_done(led, unit, false);
                     return;
+                }
+                let mut ready = Vec::with_capacity(members.len());
+                for &m in &members {
+                    match self.recovery_ready(led, key, st, m) {
+                        None => return,
+                        Some(Some(lost)) => ready.push((m, lost)),
+                        Some(None) => {
+                            st.sync = None;
+                            self.head_sync_done(led, unit, false);
+                            return;
+                        }
+                    }
                 }
                 // md's handle_failed_sync: rows more sources than parity covers cannot
                 // supply are recorded as bad blocks on the member rebuilt, and the recovery
                 // goes on (reads there fail, as md's do). With no room in its log to say so,
                 // it stops (md's recovery_disabled): the member never looks rebuilt there.
-                let lost = match self.recovery_ready(led, key, st, member) {
-                    None => return,
-                    Some(Some(lost))
-                        if runs(lost)
-                            .all(|(r0, n)| self.record_bad_block(member, st.base_sector + r0, n)) =>
-                    {
-                        lost
-                    }
-                    Some(_) => {
+                let mut out = Vec::with_capacity(ready.len());
+                for (m, lost) in ready {
+                    if !runs(lost).all(|(r0, n)| self.record_bad_block(m, st.base_sector + r0, n)) {
                         st.sync = None;
                         self.head_sync_done(led, unit, false);
                         return;
                     }
-                };
-                write_rows &= !lost;
-                vec![(member, member)]
+                    out.push((m, m, full & !lost));
+                }
+                out
             }
             // The member's own block, read from it (a failed read is rebuilt from the others
             // and rewritten to it by `ensure`), goes to the replacement.
@@ -100,7 +111,7 @@ impl Mddev {
                     // Not while the rebuilt rows are being rewritten to the member: the
                     // rewrite reaches the replacement too, and must not land after this copy.
                     Ensure::Ready if st.dev[slot].rewriting != 0 => return,
-                    Ensure::Ready => vec![(slot, self.replacement_index(slot))],
+                    Ensure::Ready => vec![(slot, self.replacement_index(slot), full)],
                 }
             }
             // Scrub units always claim their heads as a row (see `stripe::scrub`).
@@ -133,11 +144,11 @@ impl Mddev {
                 for &m in &parity {
                     st.dev[m].valid |= full;
                 }
-                parity.into_iter().map(|m| (m, m)).collect()
+                parity.into_iter().map(|m| (m, m, full)).collect()
             }
         };
         let mut writes = 0;
-        for (block, m) in targets {
+        for (block, m, write_rows) in targets {
             if !self.target_writable(m) {
                 continue;
             }

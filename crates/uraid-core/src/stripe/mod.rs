@@ -281,8 +281,8 @@ enum Ensure {
 
 /// A recovery unit over consecutive heads of one chunk row.
 pub(crate) struct RowUnit {
-    /// The member being rebuilt.
-    target: usize,
+    /// The members being rebuilt (raid6: up to two, from one read of the others).
+    targets: Vec<usize>,
     /// Keys of the claimed heads, in order.
     heads: Vec<u64>,
     /// Heads that have no write batch left and have stopped taking new ones.
@@ -295,8 +295,8 @@ pub(crate) struct RowUnit {
     bufs: Vec<Option<Vec<u8>>>,
     /// A survivor read failed: the per-head path redoes the unit.
     read_failed: bool,
-    /// The rebuilt range being written, kept to reuse its buffer once the write is done.
-    written: Option<Arc<Vec<u8>>>,
+    /// The rebuilt ranges being written, kept to reuse their buffers once written.
+    written: Vec<Arc<Vec<u8>>>,
 }
 
 /// Per-head syncs standing in for one job unit (a row unit's fallback): the unit is done

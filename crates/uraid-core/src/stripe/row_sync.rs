@@ -22,11 +22,20 @@ use std::sync::Arc;
 use super::{HeadsLeft, IoCtx, RowUnit, SyncOp};
 use crate::api::*;
 use crate::engine::Mddev;
+use crate::geometry::StripeMap;
 use crate::ledger::Ledger;
 use crate::sync::SyncKind;
 
 /// Heads a row unit covers at most (1 MiB of each member with 64 KiB heads).
 pub(crate) const MAX_ROW_HEADS: u64 = 16;
+
+/// How a sync unit claims its heads.
+enum Claim {
+    /// A recovery row unit rebuilding these members.
+    Row(Vec<usize>),
+    /// A scrub unit (check, repair, or a comparing resync).
+    Scrub,
+}
 
 /// A claimed head leaves its unit before the unit started (the array failed while it
 /// waited for its batch); true when the unit has no head left.
@@ -81,15 +90,18 @@ impl Mddev {
         let row = match kind {
             SyncKind::Recovery { member } => {
                 let last = end - 1;
+                let targets = self.recovery_targets();
                 // A listed bad block on another member leaves the unit to the per-head path,
                 // which rebuilds around it (a row unit reads every other member whole).
                 let others_whole = (0..self.geo.raid_disks).all(|m| {
-                    m == member
+                    targets.contains(&m)
                         || self.members[m].state == crate::config::MemberState::InSync
                             && !self.members[m].has_bad_block(start, end - start)
                 });
-                (others_whole && self.members[member].writable() && !self.members[member].readable(last))
-                    .then_some(member)
+                let writable = targets.iter().all(|&t| self.members[t].writable());
+                let unbuilt = targets.iter().any(|&t| !self.members[t].readable(last));
+                (others_whole && targets.contains(&member) && writable && unbuilt)
+                    .then_some(Claim::Row(targets))
             }
             // md's resync compares parity and writes it only where it is wrong: a scrub
             // unit (see `stripe::scrub`) where every member can be read over the range,
@@ -99,12 +111,12 @@ impl Mddev {
                     self.members[m].state == crate::config::MemberState::InSync
                         && !self.members[m].has_bad_block(start, end - start)
                 })
-                .then_some(usize::MAX),
+                .then_some(Claim::Scrub),
             // Replacement copies read one member per head: the per-head path (see `replace`).
             SyncKind::Replace { .. } => None,
             // A scrub unit claims its heads like a row unit: no batch starts on them until
             // its reads are compared and its rewrites have landed (md's sync barrier).
-            SyncKind::Scrub(_) => Some(usize::MAX),
+            SyncKind::Scrub(_) => Some(Claim::Scrub),
         };
         for (i, &key) in keys.iter().enumerate() {
             let own_head = !self.cache.heads.contains_key(&key);
@@ -121,22 +133,22 @@ impl Mddev {
             }
             let st = self.cache.heads.get_mut(&key).expect("head");
             // A row unit's heads count as writing from the start: no batch starts on them.
-            let writing = row.map(|_| 0);
+            let writing = row.as_ref().map(|_| 0);
             st.sync = Some(SyncOp { unit: start, kind, writing, own_head, row: row.is_some(), ready: false });
             self.cache.mark(key);
         }
         match row {
-            Some(usize::MAX) => self.new_scrub_unit(start, keys),
-            Some(target) => {
+            Some(Claim::Scrub) => self.new_scrub_unit(start, keys),
+            Some(Claim::Row(targets)) => {
                 let unit = RowUnit {
-                    target,
+                    targets,
                     heads: keys,
                     heads_ready: 0,
                     started: false,
                     pending: 0,
                     bufs: vec![None; self.geo.raid_disks],
                     read_failed: false,
-                    written: None,
+                    written: Vec::new(),
                 };
                 self.cache.rows.insert(start, unit);
             }
@@ -178,17 +190,20 @@ impl Mddev {
         if u.heads_ready < u.heads.len() {
             return;
         }
-        let (target, n_heads) = (u.target, u.heads.len() as u64);
+        let (targets, n_heads) = (u.targets.clone(), u.heads.len() as u64);
         let len_sectors = n_heads * self.cache.head_sectors;
         let len = (len_sectors * SECTOR_BYTES) as usize;
-        // One survivor is not needed: a lost data block or P comes from the data and P, a
-        // lost Q from the data alone. md reads every member during a sync; raid6 recovery
-        // reads one member in five (of six) less here.
+        // With one target one survivor is not needed: a lost data block or P comes from the
+        // data and P, a lost Q from the data alone. md reads every member during a sync;
+        // raid6 recovery reads one member in five (of six) less here.
         let (map, _) = self.cached_map(unit / self.geo.chunk_sectors);
-        let unneeded = map.qd_idx.map(|q| if target == q { map.pd_idx } else { q });
+        let unneeded = match targets[..] {
+            [target] => map.qd_idx.map(|q| if target == q { map.pd_idx } else { q }),
+            _ => None,
+        };
         let mut reads = 0;
         for m in 0..self.geo.raid_disks {
-            if m == target || Some(m) == unneeded {
+            if targets.contains(&m) || Some(m) == unneeded {
                 continue;
             }
             let spare = self.row_buf(len);
@@ -259,55 +274,110 @@ impl Mddev {
             return;
         }
         let u = self.cache.rows.get_mut(&unit).expect("row unit");
-        let target = u.target;
-        let job_on = self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Recovery { member: target });
-        if u.read_failed || self.failed || !job_on || !self.members[target].writable() {
+        let targets = u.targets.clone();
+        let job_targets = self.recovery_targets();
+        let job_on = targets.iter().all(|t| job_targets.contains(t) && self.members[*t].writable());
+        let u = self.cache.rows.get_mut(&unit).expect("row unit");
+        if u.read_failed || self.failed || !job_on {
             self.row_fall_back(unit);
             return;
         }
         let mut bufs = std::mem::take(&mut u.bufs);
         let len = bufs.iter().flatten().next().expect("survivors read").len();
-        let mut out = self.row_buf(len);
-        self.compute_row(unit, target, &bufs, &mut out);
+        let mut outs: Vec<Vec<u8>> = targets.iter().map(|_| self.row_buf(len)).collect();
+        self.compute_row(unit, &targets, &bufs, &mut outs);
         for v in bufs.iter_mut().filter_map(Option::take) {
             self.recycle_row_buf(v);
         }
-        let out = Arc::new(out);
+        let outs: Vec<Arc<Vec<u8>>> = outs.into_iter().map(Arc::new).collect();
         let u = self.cache.rows.get_mut(&unit).expect("row unit");
-        u.pending = 1;
-        u.written = Some(out.clone());
-        let (len_sectors, data) = (len as u64 / SECTOR_BYTES, IoBytes::slice(&out, 0..len));
-        self.issue_io(led, target, MemberIoOp::Write, unit, len_sectors, data, IoCtx::RowSyncWrite { unit });
+        u.pending = targets.len() as u32;
+        u.written = outs.clone();
+        let len_sectors = len as u64 / SECTOR_BYTES;
+        for (&target, out) in targets.iter().zip(&outs) {
+            let data = IoBytes::slice(out, 0..len);
+            self.issue_io(
+                led,
+                target,
+                MemberIoOp::Write,
+                unit,
+                len_sectors,
+                data,
+                IoCtx::RowSyncWrite { unit },
+            );
+        }
     }
 
-    /// The lost member's range from the survivors' (all of the stripe's other members).
-    fn compute_row(&mut self, unit: u64, target: usize, bufs: &[Option<Vec<u8>>], out: &mut [u8]) {
+    /// The lost members' ranges (one, or two on raid6) from the survivors' (all of the
+    /// stripe's other members, but one not needed for a single target).
+    fn compute_row(&mut self, unit: u64, targets: &[usize], bufs: &[Option<Vec<u8>>], outs: &mut [Vec<u8>]) {
         let (map, dd_of) = self.cached_map(unit / self.geo.chunk_sectors);
-        if self.cache.row_zero.len() < out.len() {
-            self.cache.row_zero = vec![0; out.len()];
+        let len = outs[0].len();
+        if self.cache.row_zero.len() < len {
+            self.cache.row_zero = vec![0; len];
         }
-        let zero = &self.cache.row_zero[..out.len()];
+        let mut scratch =
+            self.cache.row_pool.pop().filter(|v| v.len() == len).unwrap_or_else(|| vec![0; len]);
+        let zero = &self.cache.row_zero[..len];
         let mut slots: Vec<&[u8]> = vec![zero; map.syndrome_disks];
         for (dd, &m) in map.data_members.iter().enumerate() {
-            if m != target {
+            if !targets.contains(&m) {
                 slots[map.syndrome_slot[dd]] = bufs[m].as_deref().expect("survivor read");
             }
         }
-        if let Some(dd) = dd_of[target] {
-            let p = bufs[map.pd_idx].as_deref().expect("P read");
-            uraid_parity::recover_data_from_p(&slots, map.syndrome_slot[dd], p, out);
-        } else if target == map.pd_idx {
-            uraid_parity::xor_gen(&slots, out);
+        let slot_of = |m: usize| dd_of[m].map(|dd| map.syndrome_slot[dd]);
+        let is_p = |m: usize| m == map.pd_idx;
+        match (targets, &mut outs[..]) {
+            (&[t], [out]) => match slot_of(t) {
+                Some(z) => {
+                    let p = bufs[map.pd_idx].as_deref().expect("P read");
+                    uraid_parity::recover_data_from_p(&slots, z, p, out);
+                }
+                None if is_p(t) => uraid_parity::xor_gen(&slots, out),
+                // Q: the syndrome also yields P, into a scratch buffer.
+                None => uraid_parity::gen_syndrome(&slots, &mut scratch, out),
+            },
+            (&[a, b], [out_a, out_b]) => match (slot_of(a), slot_of(b)) {
+                (Some(za), Some(zb)) => {
+                    let p = bufs[map.pd_idx].as_deref().expect("P read");
+                    let q = bufs[map.qd_idx.expect("raid6")].as_deref().expect("Q read");
+                    uraid_parity::recover_2data(&slots, za, zb, p, q, out_a, out_b);
+                }
+                // Both syndromes: from the data alone.
+                (None, None) if is_p(a) => uraid_parity::gen_syndrome(&slots, out_a, out_b),
+                (None, None) => uraid_parity::gen_syndrome(&slots, out_b, out_a),
+                // One data block and a syndrome: the block from the surviving syndrome, then
+                // the lost syndrome from the data.
+                (Some(z), None) => Self::data_and_syndrome(&map, &mut slots, z, is_p(b), bufs, out_a, out_b),
+                (None, Some(z)) => Self::data_and_syndrome(&map, &mut slots, z, is_p(a), bufs, out_b, out_a),
+            },
+            _ => unreachable!("one or two members rebuilt at once"),
+        }
+        self.cache.row_pool.push(scratch);
+    }
+
+    /// Data slot `z` and one syndrome (P when `p_lost`, else Q) rebuilt: the block from the
+    /// surviving syndrome and the other data, then the lost syndrome from all the data.
+    fn data_and_syndrome<'a>(
+        map: &StripeMap,
+        slots: &mut Vec<&'a [u8]>,
+        z: usize,
+        p_lost: bool,
+        bufs: &[Option<Vec<u8>>],
+        out_data: &'a mut [u8],
+        out_syndrome: &mut [u8],
+    ) {
+        let mut scratch = vec![0u8; out_syndrome.len()];
+        if p_lost {
+            let q = bufs[map.qd_idx.expect("raid6")].as_deref().expect("Q read");
+            uraid_parity::recover_data_from_q(slots, z, q, out_data);
+            slots[z] = &*out_data;
+            uraid_parity::gen_syndrome(slots, out_syndrome, &mut scratch);
         } else {
-            // Q: the syndrome also yields P, into a scratch buffer.
-            let mut p = self
-                .cache
-                .row_pool
-                .pop()
-                .filter(|v| v.len() == out.len())
-                .unwrap_or_else(|| vec![0; out.len()]);
-            uraid_parity::gen_syndrome(&slots, &mut p, out);
-            self.cache.row_pool.push(p);
+            let p = bufs[map.pd_idx].as_deref().expect("P read");
+            uraid_parity::recover_data_from_p(slots, z, p, out_data);
+            slots[z] = &*out_data;
+            uraid_parity::gen_syndrome(slots, &mut scratch, out_syndrome);
         }
     }
 
@@ -318,15 +388,24 @@ impl Mddev {
         member: usize,
         result: MemberIoResult,
     ) {
-        let Some(mut u) = self.cache.rows.remove(&unit) else { return };
-        // The executor has let go of the written bytes: the buffer serves the next unit.
-        if let Some(v) = u.written.take().and_then(|b| Arc::try_unwrap(b).ok()) {
-            self.recycle_row_buf(v);
-        }
-        let ok = result.is_ok();
-        if !ok {
+        let Some(u) = self.cache.rows.get_mut(&unit) else { return };
+        u.pending -= 1;
+        let last = u.pending == 0;
+        // A target whose write failed is failed, which takes it out of the job (or stops
+        // the job, its own member failing); the unit is done once every write is.
+        if result.is_err() {
             self.fail_member(led, member, self.now_ns);
         }
+        if !last {
+            return;
+        }
+        let Some(mut u) = self.cache.rows.remove(&unit) else { return };
+        // The executor has let go of the written bytes: the buffers serve the next units.
+        for v in std::mem::take(&mut u.written).into_iter().filter_map(|b| Arc::try_unwrap(b).ok()) {
+            self.recycle_row_buf(v);
+        }
+        // Failed targets left the job; the unit counts while one of them is still rebuilt.
+        let ok = u.targets.iter().any(|&t| self.members[t].writable());
         for key in u.heads {
             let Some(st) = self.cache.heads.get_mut(&key) else { continue };
             let own_head = st.sync.as_ref().is_some_and(|s| s.own_head);
@@ -347,7 +426,7 @@ impl Mddev {
         for v in u.bufs.into_iter().flatten() {
             self.recycle_row_buf(v);
         }
-        self.heads_to_per_head(unit, u.heads, SyncKind::Recovery { member: u.target });
+        self.heads_to_per_head(unit, u.heads, SyncKind::Recovery { member: u.targets[0] });
     }
 
     /// The claimed `heads` of a unit each sync on their own as `kind`; the job unit is

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use super::{IoCtx, ScrubUnit};
 use crate::api::*;
 use crate::engine::Mddev;
+use crate::geometry::StripeMap;
 use crate::ledger::Ledger;
 use crate::sync::{OnMismatch, SyncKind};
 
@@ -156,14 +157,35 @@ impl Mddev {
 
     /// Compare each page's parity with its data, count md's mismatches and, on repair or
     /// resync, fix the pages in `bufs`. Returns, per member, the pages to write back.
+    ///
+    /// A page a member lists bad holds data older than what was acknowledged there (a
+    /// write failed): as md's analyse_stripe counts that block failed, it is solved from the
+    /// others, never compared nor used to compute parity, and rewritten only when no write
+    /// failed on the member this run (md skips an acknowledged bad block on a member with
+    /// WriteErrorSeen). A page more members list than parity covers is left as it is.
     fn scrub_compare(&mut self, unit: u64, mode: OnMismatch, bufs: &mut [Vec<u8>]) -> Vec<Vec<u64>> {
         let (map, _) = self.cached_map(unit / self.geo.chunk_sectors);
         let mut dirty: Vec<Vec<u64>> = vec![Vec::new(); bufs.len()];
         let zero = [0u8; PAGE_BYTES];
         let (mut p, mut q) = ([0u8; PAGE_BYTES], [0u8; PAGE_BYTES]);
         let pages = bufs[map.pd_idx].len() / PAGE_BYTES;
+        let listed = |e: &Self, m: usize, page: usize| {
+            e.members[m].has_bad_block(unit + page as u64 * STRIPE_PAGE_SECTORS, STRIPE_PAGE_SECTORS)
+        };
         for page in 0..pages {
             let rg = page * PAGE_BYTES..(page + 1) * PAGE_BYTES;
+            let lost: Vec<usize> = (0..bufs.len()).filter(|&m| listed(self, m, page)).collect();
+            if lost.len() > self.geo.level.parity_disks() {
+                continue;
+            }
+            if !lost.is_empty() {
+                solve_lost(&map, bufs, rg.clone(), &lost);
+                if mode != OnMismatch::Count {
+                    for &m in &lost {
+                        dirty[m].push(page as u64);
+                    }
+                }
+            }
             {
                 let mut slots: Vec<&[u8]> = vec![&zero; map.syndrome_disks];
                 for (dd, &m) in map.data_members.iter().enumerate() {
@@ -217,6 +239,13 @@ impl Mddev {
                 }
                 (Some(qd), false, true) => fix(qd, &q, bufs),
                 _ => fix(map.pd_idx, &p, bufs),
+            }
+        }
+        for (m, pages) in dirty.iter_mut().enumerate() {
+            pages.sort_unstable();
+            pages.dedup();
+            if self.members[m].write_error_seen {
+                pages.retain(|&page| !listed(self, m, page as usize));
             }
         }
         dirty
@@ -273,6 +302,62 @@ impl Mddev {
             }
         }
         self.sync_unit_done(led, unit, ok && !self.failed);
+    }
+}
+
+/// The byte range `rg` of the `lost` members (no more than the parity covers) solved
+/// from the others' in `bufs`: lost data from P (or Q, or both), then lost P and Q from
+/// the data.
+fn solve_lost(map: &StripeMap, bufs: &mut [Vec<u8>], rg: std::ops::Range<usize>, lost: &[usize]) {
+    let lost_dd: Vec<usize> =
+        (0..map.data_members.len()).filter(|&dd| lost.contains(&map.data_members[dd])).collect();
+    let zero = vec![0u8; rg.len()];
+    let mut outs = vec![vec![0u8; rg.len()]; lost_dd.len()];
+    {
+        let mut slots: Vec<&[u8]> = vec![&zero; map.syndrome_disks];
+        for (dd, &m) in map.data_members.iter().enumerate() {
+            slots[map.syndrome_slot[dd]] = &bufs[m][rg.clone()];
+        }
+        let p = (!lost.contains(&map.pd_idx)).then(|| &bufs[map.pd_idx][rg.clone()]);
+        let q = map.qd_idx.filter(|q| !lost.contains(q)).map(|q| &bufs[q][rg.clone()]);
+        let slot = |dd: usize| map.syndrome_slot[dd];
+        match (lost_dd.as_slice(), outs.as_mut_slice()) {
+            ([], _) => {}
+            ([a], [out]) => match p {
+                Some(p) => uraid_parity::recover_data_from_p(&slots, slot(*a), p, out),
+                None => uraid_parity::recover_data_from_q(&slots, slot(*a), q.expect("Q survives"), out),
+            },
+            ([a, b], [out_a, out_b]) => {
+                let (p, q) = (p.expect("P survives"), q.expect("Q survives"));
+                uraid_parity::recover_2data(&slots, slot(*a), slot(*b), p, q, out_a, out_b);
+            }
+            _ => unreachable!("at most two members are solved for"),
+        }
+    }
+    for (&dd, out) in lost_dd.iter().zip(&outs) {
+        bufs[map.data_members[dd]][rg.clone()].copy_from_slice(out);
+    }
+    let p_lost = lost.contains(&map.pd_idx);
+    let q_lost = map.qd_idx.is_some_and(|q| lost.contains(&q));
+    if !p_lost && !q_lost {
+        return;
+    }
+    let (mut p, mut q) = (vec![0u8; rg.len()], vec![0u8; rg.len()]);
+    {
+        let mut slots: Vec<&[u8]> = vec![&zero; map.syndrome_disks];
+        for (dd, &m) in map.data_members.iter().enumerate() {
+            slots[map.syndrome_slot[dd]] = &bufs[m][rg.clone()];
+        }
+        match map.qd_idx {
+            Some(_) => uraid_parity::gen_syndrome(&slots, &mut p, &mut q),
+            None => uraid_parity::xor_gen(&slots, &mut p),
+        }
+    }
+    if p_lost {
+        bufs[map.pd_idx][rg.clone()].copy_from_slice(&p);
+    }
+    if let Some(qd) = map.qd_idx.filter(|_| q_lost) {
+        bufs[qd][rg].copy_from_slice(&q);
     }
 }
 

@@ -34,6 +34,9 @@ pub struct SyncStatus {
     /// Resync: everything below this (in the job's sectors: member sectors, array sectors
     /// for raid10) is in sync; what a stopped resync records as md's resync_offset.
     pub resync_offset_sectors: u64,
+    /// Recovery: the other members the same pass rebuilds (raid6: md recovers every failed
+    /// device a stripe meets), each with its recovery_offset.
+    pub also_recovering: Vec<(usize, u64)>,
 }
 
 /// Things the caller acts on (superblock updates, monitor messages).
@@ -87,6 +90,8 @@ pub(crate) struct SyncJob {
     window: usize,
     /// Where recovery began (raid10 reports this until the end, its units not being in member order).
     start_offset: u64,
+    /// A recovery's other members rebuilt by the same pass (raid6 only, see `join_recovery`).
+    pub also: Vec<usize>,
 }
 
 impl SyncJob {

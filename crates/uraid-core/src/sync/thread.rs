@@ -63,12 +63,57 @@ impl Mddev {
     }
 
     fn queue_recovery_ranges(&mut self, led: &mut Ledger, slot: usize, ranges: Vec<(u64, u64)>) {
-        if self.sync.as_ref().is_some_and(|j| j.kind == SyncKind::Recovery { member: slot }) {
+        if self
+            .sync
+            .as_ref()
+            .is_some_and(|j| j.kind == SyncKind::Recovery { member: slot } || j.also.contains(&slot))
+        {
             return;
         }
-        self.sync_queue.push_back((SyncKind::Recovery { member: slot }, Some(ranges)));
         self.events.push_back(EngineEvent::RecoveryStarted(slot));
-        self.pump_sync(led);
+        if !self.join_recovery(slot, &ranges) {
+            self.sync_queue.push_back((SyncKind::Recovery { member: slot }, Some(ranges)));
+        }
+        self.wake_sync(led);
+    }
+
+    /// Does one recovery pass rebuild every member being recovered? raid6: md's
+    /// handle_stripe solves two failed devices of a stripe from one read of the others.
+    pub(crate) fn recovers_together(&self) -> bool {
+        self.geo.level.parity_disks() >= 2 && !self.pers.sync_in_array_sectors
+    }
+
+    /// The members the running recovery writes: its own first, then those that joined it.
+    pub(crate) fn recovery_targets(&self) -> Vec<usize> {
+        let Some(job) = self.sync.as_ref() else { return Vec::new() };
+        let SyncKind::Recovery { member } = job.kind else { return Vec::new() };
+        std::iter::once(member)
+            .chain(job.also.iter().copied())
+            .filter(|&m| matches!(self.members[m].state, MemberState::Recovering { .. }))
+            .collect()
+    }
+
+    /// `slot`'s recovery joins the running one (raid6): the pass goes on over `ranges`
+    /// too, from where they start, as md restarts its recovery at the lowest
+    /// recovery_offset of the devices it recovers. Units below where the running one had
+    /// got rebuild its member again (the same data); its recovery_offset never goes back.
+    fn join_recovery(&mut self, slot: usize, ranges: &[(u64, u64)]) -> bool {
+        if !self.recovers_together() {
+            return false;
+        }
+        let limit = self.member_data_sectors();
+        let Some(job) = self.sync.as_mut().filter(|j| matches!(j.kind, SyncKind::Recovery { .. })) else {
+            return false;
+        };
+        let unit = job.unit_sectors;
+        let mut todo: SectorRanges = job.todo.drain(..).collect();
+        todo.extend(ranges.iter().map(|&(a, b)| ((a.min(limit) / unit) * unit, b.min(limit))));
+        let todo = merge_ranges(todo);
+        let left: u64 = todo.iter().map(|&(a, b)| b - a).sum();
+        job.total_sectors = job.done_sectors + job.active.len() as u64 * unit + left;
+        job.todo = todo.into();
+        job.also.push(slot);
+        true
     }
 
     pub(crate) fn start_resync(&mut self, led: &mut Ledger, ranges: Option<Vec<(u64, u64)>>, now_ns: TimeNs) {
@@ -84,7 +129,7 @@ impl Mddev {
             r
         });
         self.queue_resync(ranges, false);
-        self.pump_sync(led);
+        self.wake_sync(led);
     }
 
     pub(crate) fn resync_owed(&self) -> bool {
@@ -176,12 +221,21 @@ impl Mddev {
             SyncKind::Resync => self.lowest_unsynced(j),
             SyncKind::Recovery { .. } | SyncKind::Replace { .. } | SyncKind::Scrub(_) => 0,
         };
+        let also_recovering = j
+            .also
+            .iter()
+            .filter_map(|&m| match self.members[m].state {
+                MemberState::Recovering { recovery_offset_sectors } => Some((m, recovery_offset_sectors)),
+                _ => None,
+            })
+            .collect();
         Some(SyncStatus {
             kind: j.kind,
             done_sectors: j.done_sectors,
             total_sectors: j.total_sectors,
             recovery_offset_sectors,
             resync_offset_sectors,
+            also_recovering,
         })
     }
 
@@ -194,7 +248,25 @@ impl Mddev {
         self.geo.member_sectors.iter().copied().max().unwrap_or(0)
     }
 
-    fn begin_job(&mut self, kind: SyncKind, ranges: Option<Vec<(u64, u64)>>) -> Option<SyncJob> {
+    fn begin_job(&mut self, kind: SyncKind, mut ranges: Option<Vec<(u64, u64)>>) -> Option<SyncJob> {
+        // raid6: the other queued recoveries (two members resumed after a power cut, or
+        // added together) run in the same pass.
+        let mut also = Vec::new();
+        if let SyncKind::Recovery { member } = kind {
+            let recovering = |m: usize| matches!(self.members[m].state, MemberState::Recovering { .. });
+            if self.recovers_together() && recovering(member) {
+                while let Some(i) = self.sync_queue.iter().position(
+                    |(k, _)| matches!(*k, SyncKind::Recovery { member: b } if b != member && recovering(b)),
+                ) {
+                    let (k, r) = self.sync_queue.remove(i).expect("queued job");
+                    let SyncKind::Recovery { member: b } = k else { unreachable!("a recovery") };
+                    also.push(b);
+                    let mut all = ranges.take().unwrap_or_else(|| vec![(0, u64::MAX)]);
+                    all.extend(r.unwrap_or_else(|| vec![(0, u64::MAX)]));
+                    ranges = Some(merge_ranges(all));
+                }
+            }
+        }
         let limit = if self.pers.sync_in_array_sectors {
             self.geo.array_sectors()
         } else {
@@ -256,6 +328,7 @@ impl Mddev {
             unit_sectors: unit,
             window: (self.pers.sync_window_units)(self, unit),
             start_offset,
+            also,
         })
     }
 
@@ -272,6 +345,14 @@ impl Mddev {
     /// rest left to requests.
     pub(crate) fn sync_cache_share_heads(&self) -> u64 {
         self.tun.stripe_cache_size as u64 / 8
+    }
+
+    /// A job was asked for outside a request or a completion: start its units and run the
+    /// heads they claimed now. A claimed head waits for a handler pass, and with no unit
+    /// left to pace nothing else brings the caller back (`uraid sim --seed 2000574`).
+    pub(crate) fn wake_sync(&mut self, led: &mut Ledger) {
+        self.pump_sync(led);
+        self.run_stripes(led);
     }
 
     /// Start whatever background units pacing and windows allow.
@@ -378,22 +459,28 @@ impl Mddev {
         let Some(job) = self.sync.as_ref() else { return };
         let offset =
             if self.pers.sync_in_array_sectors { job.start_offset } else { self.lowest_unsynced(job) };
-        let member = match job.kind {
-            SyncKind::Recovery { member } => member,
+        let members: Vec<usize> = match job.kind {
+            SyncKind::Recovery { member } => {
+                std::iter::once(member).chain(job.also.iter().copied()).collect()
+            }
             SyncKind::Replace { slot } => return self.replacement_progress(slot, offset),
             _ => return,
         };
-        if let MemberState::Recovering { recovery_offset_sectors } = &mut self.members[member].state {
-            *recovery_offset_sectors = (*recovery_offset_sectors).max(offset);
+        for member in members {
+            if let MemberState::Recovering { recovery_offset_sectors } = &mut self.members[member].state {
+                *recovery_offset_sectors = (*recovery_offset_sectors).max(offset);
+            }
         }
     }
 
     fn finish_job(&mut self, job: SyncJob) {
         match job.kind {
             SyncKind::Recovery { member } => {
-                if matches!(self.members[member].state, MemberState::Recovering { .. }) {
-                    self.members[member].set_state(MemberState::InSync);
-                    self.events.push_back(EngineEvent::RecoveryDone(member));
+                for m in std::iter::once(member).chain(job.also.iter().copied()) {
+                    if matches!(self.members[m].state, MemberState::Recovering { .. }) {
+                        self.members[m].set_state(MemberState::InSync);
+                        self.events.push_back(EngineEvent::RecoveryDone(m));
+                    }
                 }
             }
             SyncKind::Replace { slot } => self.replacement_copied(slot),
@@ -413,10 +500,21 @@ impl Mddev {
 
     /// The member being rebuilt failed, or the array did: stop the job.
     pub(crate) fn sync_member_failed(&mut self, member: usize) {
+        // A member that joined the pass leaves it; the others go on being rebuilt.
+        if let Some(j) = self.sync.as_mut() {
+            j.also.retain(|&m| m != member);
+        }
         if self.sync.as_ref().is_some_and(|j| {
             j.kind == SyncKind::Recovery { member } || matches!(j.kind, SyncKind::Resync | SyncKind::Scrub(_))
         }) {
             let job = self.sync.take().expect("job");
+            // The members that joined this pass start one of their own where they had got.
+            for &m in job.also.iter().rev() {
+                if let MemberState::Recovering { recovery_offset_sectors } = self.members[m].state {
+                    let ranges = vec![(recovery_offset_sectors, u64::MAX)];
+                    self.sync_queue.push_front((SyncKind::Recovery { member: m }, Some(ranges)));
+                }
+            }
             self.sync_aborted(job, true);
         }
         self.sync_queue.retain(|(k, _)| *k != SyncKind::Recovery { member });

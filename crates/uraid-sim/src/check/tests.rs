@@ -143,10 +143,13 @@ fn the_power_cycle_resyncs_what_the_superblocks_and_bitmap_say() {
 /// before the engine had the bad-block logs, 7 a raid6 recovery that read a range listed
 /// bad on another member, 1622 a resync that rebuilt a member's good rows from stale
 /// parity because a few other rows were listed bad, and 1313 a member brought back while
-/// another slot failed meanwhile (the checker's own ordering).
+/// another slot failed meanwhile (the checker's own ordering). 2000574: a bitmap resync of
+/// one sync unit after an early power cut claimed its heads and never ran them. 76
+/// (raid10), 2000741 (raid5), 2006006 (raid4), 2006120 (raid1): md's repair took a range
+/// listed bad after a failed write for good and spread its old data.
 #[test]
 fn seeds_found_failing_pass() {
-    for seed in [7, 1265, 1313, 1622, 9936] {
+    for seed in [7, 76, 1265, 1313, 1622, 9936, 2000574, 2000741, 2006006, 2006120] {
         // As `uraid sim --seed N` draws it: the level from the seed.
         let spec = SimSpec { level: None, ops: 2000, ..spec(seed, Level::Raid0) };
         let r = run_sim(&spec);

@@ -529,7 +529,14 @@ mod tests {
     use super::*;
 
     fn status(kind: SyncKind, done_sectors: u64, total_sectors: u64) -> SyncStatus {
-        SyncStatus { kind, done_sectors, total_sectors, recovery_offset_sectors: 0, resync_offset_sectors: 0 }
+        SyncStatus {
+            kind,
+            done_sectors,
+            total_sectors,
+            recovery_offset_sectors: 0,
+            resync_offset_sectors: 0,
+            also_recovering: Vec::new(),
+        }
     }
 
     #[test]
