@@ -13,7 +13,7 @@ use uraid_core::{Geometry, Level, ScrubKind};
 
 use crate::array::{RunOutcome, SimArray};
 use crate::disks::{Fault, FaultKind, FaultTrigger};
-use crate::meta::slot_disks;
+use crate::meta::{member_metadata, slot_disks};
 use crate::verify::{direct_digests, members_agree};
 
 const SECTOR: u64 = 512;
@@ -95,6 +95,40 @@ pub fn corrupt_and_repair(
         return Ok(None);
     }
     let mismatch_cnt = array.engine().engine().mismatch_cnt();
+    // A member lists these rows bad (its writes failed there): md's repair counts that block
+    // failed (analyse_stripe) and never reads it. Listed on another member, the page holds
+    // more faults than the level can tell apart, and the repair may find nothing or solve
+    // the listed block from the damage, as md's does; listed on the damaged member itself,
+    // the damage is in a block md never takes for good. Either way the rows are counted as
+    // an exposure, and everything outside them must be untouched.
+    let slots = slot_disks(array.engine());
+    let first = data_offset_bytes / SECTOR;
+    let rows = member_sector..member_sector + len;
+    let listed_elsewhere = slots.iter().any(|&d| {
+        member_metadata(array.disks(), d).bad_blocks.ok().flatten().is_some_and(|bb| {
+            bb.entries().any(|(s, l)| {
+                s.saturating_sub(first) < rows.end && (s + l).saturating_sub(first) > rows.start
+            })
+        })
+    });
+    if listed_elsewhere {
+        let mut copies = Vec::new();
+        let mut exposures = 0;
+        let direct = direct_digests(array.disks(), &slots, geo, data_offset_bytes);
+        for (s, (&now, &before)) in direct.iter().zip(image).enumerate() {
+            if now.is_none_or(|d| d == before) {
+                continue;
+            }
+            geo.copies(s as u64, &mut copies);
+            if !copies.iter().any(|c| rows.contains(&c.member_sector)) {
+                return Err(format!(
+                    "after repairing {what} (rows a member lists bad) array sector {s} outside them changed"
+                ));
+            }
+            exposures += 1;
+        }
+        return Ok(Some(Repaired { what: format!("{what}, rows listed bad"), mismatch_cnt, exposures }));
+    }
     if visible && mismatch_cnt == 0 {
         return Err(format!("repair found nothing although the members disagree ({what} corrupted)"));
     }

@@ -146,10 +146,16 @@ fn the_power_cycle_resyncs_what_the_superblocks_and_bitmap_say() {
 /// another slot failed meanwhile (the checker's own ordering). 2000574: a bitmap resync of
 /// one sync unit after an early power cut claimed its heads and never ran them. 76
 /// (raid10), 2000741 (raid5), 2006006 (raid4), 2006120 (raid1): md's repair took a range
-/// listed bad after a failed write for good and spread its old data.
+/// listed bad after a failed write for good and spread its old data. 2001088, 2007869: the
+/// checker's corruption landed in rows a member lists bad (an exposure, as md's repair
+/// cannot tell). 3002292 (raid4), 3006310 (raid1), 3009888 (raid5): a power cut while a
+/// replacement copied, and re-assembly gave the half-copied replacement the member's slot.
 #[test]
 fn seeds_found_failing_pass() {
-    for seed in [7, 76, 1265, 1313, 1622, 9936, 2000574, 2000741, 2006006, 2006120] {
+    for seed in [
+        7, 76, 1265, 1313, 1622, 9936, 2000574, 2000741, 2006006, 2006120, 2001088, 2007869, 3002292,
+        3006310, 3009888,
+    ] {
         // As `uraid sim --seed N` draws it: the level from the seed.
         let spec = SimSpec { level: None, ops: 2000, ..spec(seed, Level::Raid0) };
         let r = run_sim(&spec);
