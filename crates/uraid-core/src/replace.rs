@@ -190,8 +190,9 @@ impl Mddev {
         Ok(())
     }
 
-    /// raid1/10 copy of one piece: the member's own copy when readable there, else another
-    /// copy (`tried`: members whose read failed). Returns the extent to read.
+    /// raid1/10 copy of one piece: the member's own copy when readable there and none of it
+    /// is listed bad (where its writes failed it holds older data), else another copy
+    /// (`tried`: members whose read failed). Returns the extent to read.
     pub(crate) fn replace_source(
         &mut self,
         slot: usize,
@@ -202,7 +203,7 @@ impl Mddev {
         let own = copies.iter().find(|c| {
             c.member == slot
                 && tried & crate::direct::bit(slot) == 0
-                && self.members[slot].readable(c.member_sector + n - 1)
+                && self.members[slot].readable_range(c.member_sector, n)
         });
         if let Some(c) = own {
             return Some(*c);

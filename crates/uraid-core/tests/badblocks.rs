@@ -366,3 +366,63 @@ fn a_repair_never_takes_a_range_listed_bad_for_good() {
         );
     }
 }
+
+/// md's replace on a mirror copies a range the member lists bad (where its writes failed
+/// it holds older data) from another copy, never from the member. Before, the replacement
+/// took the member's old data there unlisted, and once it held the slot a read served it
+/// (`uraid sim --seed 3004493`, 3006274, 4001414: RAID1).
+#[test]
+fn a_replacement_never_copies_a_range_its_member_lists_bad() {
+    for g in arrays().into_iter().filter(|g| matches!(g.level, Level::Raid1 | Level::Raid10)) {
+        let ctx = format!("{:?}", g.level);
+        let n = g.raid_disks;
+        let mut cfg = config(g.clone(), DATA_OFFSET);
+        cfg.tunables.hold_completions_on_member_failure = true;
+        let members = MemMembers::new(n + 1, DATA_OFFSET + MEMBER_SECTORS * 512);
+        let mut d = Driver::new(Engine::new(cfg).unwrap(), members, 5);
+        for slot in 0..n {
+            d.engine.set_bad_blocks(slot, Some(BadBlocks::new(0, 8)));
+        }
+        let bytes = g.array_bytes() as usize;
+        let mut old = vec![0u8; bytes];
+        Rng(7).fill(&mut old);
+        d.run_one(Request::write(1, 0, old)).expect("first write");
+        let mut model = vec![0u8; bytes];
+        Rng(8).fill(&mut model);
+        let fail = [(0, DATA_OFFSET + 64 * 512, DATA_OFFSET + 80 * 512)];
+        d.submit(Request::write(2, 0, model.clone()));
+        drain_failing_writes(&mut d, &fail);
+        d.engine.metadata_committed();
+        drain_failing_writes(&mut d, &[]);
+        assert_eq!(d.take_done(2).map(|c| c.result), Some(Ok(Vec::new())), "{ctx}");
+        assert!(d.engine.bad_blocks(0).is_some_and(|bb| !bb.is_empty()), "{ctx}: nothing listed");
+        events(&mut d);
+
+        d.engine.start_replacement(0, n, DATA_OFFSET, 0, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let mut guard = 0;
+        while d.engine.sync_active() {
+            d.engine.tick(d.now_ns);
+            d.step();
+            guard += 1;
+            assert!(guard < 1_000_000, "{ctx}: the copy never finished");
+        }
+        d.run_until_idle();
+        let r = d.engine.replacements();
+        assert!(r.len() == 1 && r[0].copied, "{ctx}: {r:?}");
+        d.engine.promote_replacement(0, n, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        // The slot's log is now the replacement's own (empty), as the array sets it.
+        d.engine.set_bad_blocks(0, Some(BadBlocks::new(0, 8)));
+        // Only the replacement holds slot 0's copies now: the other copy's member goes.
+        d.members.gone[1] = true;
+        d.engine.fail_member(1, d.now_ns);
+        d.engine.metadata_committed();
+        d.run_until_idle();
+        let t = d.engine.tunables().clone();
+        d.engine.set_tunables(Tunables { stripe_cache_size: 17, ..t.clone() }).unwrap();
+        d.engine.set_tunables(t).unwrap();
+        assert!(
+            read_all(&mut d, bytes).unwrap() == model,
+            "{ctx}: the replacement holds the member's old data"
+        );
+    }
+}

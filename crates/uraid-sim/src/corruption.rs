@@ -103,7 +103,9 @@ pub fn corrupt_and_repair(
     // an exposure, and everything outside them must be untouched.
     let slots = slot_disks(array.engine());
     let first = data_offset_bytes / SECTOR;
-    let rows = member_sector..member_sector + len;
+    // In whole 4 KiB pages: md's stripe works page by page, so a listed sector anywhere in
+    // the damaged block's pages puts them beyond what the repair can tell apart.
+    let rows = member_sector / 8 * 8..(member_sector + len).div_ceil(8) * 8;
     let listed_elsewhere = slots.iter().any(|&d| {
         member_metadata(array.disks(), d).bad_blocks.ok().flatten().is_some_and(|bb| {
             bb.entries().any(|(s, l)| {

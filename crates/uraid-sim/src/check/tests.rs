@@ -150,11 +150,13 @@ fn the_power_cycle_resyncs_what_the_superblocks_and_bitmap_say() {
 /// checker's corruption landed in rows a member lists bad (an exposure, as md's repair
 /// cannot tell). 3002292 (raid4), 3006310 (raid1), 3009888 (raid5): a power cut while a
 /// replacement copied, and re-assembly gave the half-copied replacement the member's slot.
+/// 3004493, 4001414 (raid1): a replacement copied a range its member listed bad. 4002398
+/// (raid4): the listed sector was in the damaged block's page, not in its sectors.
 #[test]
 fn seeds_found_failing_pass() {
     for seed in [
         7, 76, 1265, 1313, 1622, 9936, 2000574, 2000741, 2006006, 2006120, 2001088, 2007869, 3002292,
-        3006310, 3009888,
+        3006310, 3009888, 3004493, 4001414, 4002398,
     ] {
         // As `uraid sim --seed N` draws it: the level from the seed.
         let spec = SimSpec { level: None, ops: 2000, ..spec(seed, Level::Raid0) };
