@@ -213,6 +213,26 @@ fn an_unfinished_replacement_one_event_ahead_never_takes_the_members_slot() {
             })
             .collect()
     };
+    // Cut earlier in the round that listed it: the members' superblocks do not list the
+    // replacement yet, the replacement's own does; it is still not the reference.
+    let mut unlisted = sbs.clone();
+    for sb in &mut unlisted {
+        sb.dev_roles[3] = role::SPARE;
+        sb.update_csum();
+    }
+    let early: Vec<OfferedMember> = [&unlisted[0], &unlisted[1], &unlisted[2], &repl]
+        .iter()
+        .enumerate()
+        .map(|(i, sb)| OfferedMember {
+            name: format!("d{i}"),
+            dev_sectors: 32768,
+            superblock: Ok((*sb).clone()),
+            bitmap: None,
+        })
+        .collect();
+    let plan = plan_assembly(&early, &AssembleOptions::default()).unwrap_or_else(|e| panic!("unlisted: {e}"));
+    let held: Vec<Option<usize>> = plan.slots.iter().map(|s| s.as_ref().map(|m| m.member)).collect();
+    assert_eq!(held, vec![Some(0), Some(1), Some(2)], "unlisted: {:?}", plan.warnings);
     for order in [[0, 1, 2, 3], [0, 3, 2, 1]] {
         let offered = offer(&order);
         let plan = plan_assembly(&offered, &AssembleOptions { run: true, ..Default::default() })

@@ -152,11 +152,13 @@ fn the_power_cycle_resyncs_what_the_superblocks_and_bitmap_say() {
 /// replacement copied, and re-assembly gave the half-copied replacement the member's slot.
 /// 3004493, 4001414 (raid1): a replacement copied a range its member listed bad. 4002398
 /// (raid4): the listed sector was in the damaged block's page, not in its sectors.
+/// 4004933 (raid5): cut while a replacement copied, before the members' superblocks listed
+/// it: the replacement's was taken for the freshest and every member looked stale.
 #[test]
 fn seeds_found_failing_pass() {
     for seed in [
         7, 76, 1265, 1313, 1622, 9936, 2000574, 2000741, 2006006, 2006120, 2001088, 2007869, 3002292,
-        3006310, 3009888, 3004493, 4001414, 4002398,
+        3006310, 3009888, 3004493, 4001414, 4002398, 4004933,
     ] {
         // As `uraid sim --seed N` draws it: the level from the seed.
         let spec = SimSpec { level: None, ops: 2000, ..spec(seed, Level::Raid0) };

@@ -307,13 +307,19 @@ pub fn plan_assembly(
         let r = sb.role();
         r < role::MAX || r == role::JOURNAL
     };
-    let freshest = group.iter().filter(|(_, sb)| is_active_role(sb)).fold(
-        None::<(usize, &Superblock)>,
-        |best, &(i, sb)| match best {
-            Some((_, b)) if b.events >= sb.events => best,
-            _ => Some((i, sb)),
-        },
-    );
+    // Not an unfinished replacement while a member is there: a power cut in a superblock
+    // round can leave the replacement's superblock the freshest, listing itself where the
+    // members' older ones do not yet, and every member would then look stale beside it.
+    let pick_freshest = |skip_replacements: bool| {
+        group
+            .iter()
+            .filter(|(_, sb)| is_active_role(sb) && !(skip_replacements && sb.has(feature::REPLACEMENT)))
+            .fold(None::<(usize, &Superblock)>, |best, &(i, sb)| match best {
+                Some((_, b)) if b.events >= sb.events => best,
+                _ => Some((i, sb)),
+            })
+    };
+    let freshest = pick_freshest(true).or_else(|| pick_freshest(false));
     let Some((fresh_idx, fresh)) = freshest else {
         if !refused.is_empty() {
             return Err(AssemblyError::Refused(refused));
