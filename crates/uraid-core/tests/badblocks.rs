@@ -26,11 +26,16 @@ fn arrays() -> Vec<Geometry> {
 }
 
 fn driver(g: &Geometry, seed: u64) -> Driver {
+    driver_with_spares(g, seed, 0)
+}
+
+/// As [`driver`], with `spares` more blank devices after the members (for a replacement).
+fn driver_with_spares(g: &Geometry, seed: u64, spares: usize) -> Driver {
     let mut cfg = config(g.clone(), DATA_OFFSET);
     cfg.tunables.hold_completions_on_member_failure = true;
     let mut d = Driver::new(
         Engine::new(cfg).unwrap(),
-        MemMembers::new(g.raid_disks, DATA_OFFSET + MEMBER_SECTORS * 512),
+        MemMembers::new(g.raid_disks + spares, DATA_OFFSET + MEMBER_SECTORS * 512),
         seed,
     );
     let t = Tunables { balance: Balance::RoundRobin, ..d.engine.tunables().clone() };
@@ -62,6 +67,42 @@ fn listed(sector: u64, n: u64) -> Option<BadBlocks> {
     let mut bb = BadBlocks::new(0, 8);
     assert!(bb.set(DATA_OFFSET_SECTORS + sector, n));
     Some(bb)
+}
+
+/// The whole array written with `seed`, then again with `seed + 1` while member 0's
+/// writes to data sectors 64-80 fail: those end in its bad-block log, holding the first
+/// write's data. Returns the second write's bytes, what every read must give.
+fn write_over_a_failing_range(d: &mut Driver, bytes: usize, seed: u64, ctx: &str) -> Vec<u8> {
+    write_whole(d, bytes, seed);
+    let mut model = vec![0u8; bytes];
+    Rng(seed + 1).fill(&mut model);
+    let fail = [(0, DATA_OFFSET + 64 * 512, DATA_OFFSET + 80 * 512)];
+    d.submit(Request::write(2, 0, model.clone()));
+    drain_failing_writes(d, &fail);
+    d.engine.metadata_committed();
+    drain_failing_writes(d, &[]);
+    assert_eq!(d.take_done(2).map(|c| c.result), Some(Ok(Vec::new())), "{ctx}");
+    assert!(d.engine.bad_blocks(0).is_some_and(|bb| !bb.is_empty()), "{ctx}: nothing listed");
+    model
+}
+
+/// Ticks the engine until its resync, recovery, scrub or copy is over, then settles.
+fn run_sync_to_end(d: &mut Driver, ctx: &str) {
+    let mut guard = 0;
+    while d.engine.sync_active() {
+        d.engine.tick(d.now_ns);
+        d.step();
+        guard += 1;
+        assert!(guard < 1_000_000, "{ctx}: the sync never finished");
+    }
+    d.run_until_idle();
+}
+
+/// Empties the stripe cache, so that reads go to the members, not to what writes left.
+fn drop_stripe_cache(d: &mut Driver) {
+    let t = d.engine.tunables().clone();
+    d.engine.set_tunables(Tunables { stripe_cache_size: 17, ..t.clone() }).unwrap();
+    d.engine.set_tunables(t).unwrap();
 }
 
 fn events(d: &mut Driver) -> Vec<EngineEvent> {
@@ -324,31 +365,13 @@ fn a_repair_never_takes_a_range_listed_bad_for_good() {
         let ctx = format!("{:?}", g.level);
         let mut d = driver(&g, 21);
         let bytes = g.array_bytes() as usize;
-        let mut old = vec![0u8; bytes];
-        Rng(3).fill(&mut old);
-        d.run_one(Request::write(1, 0, old)).expect("first write");
-        let mut model = vec![0u8; bytes];
-        Rng(4).fill(&mut model);
         // Member 0 holds the first copy of its mirror pieces (what md's repair copies from).
-        let fail = [(0, DATA_OFFSET + 64 * 512, DATA_OFFSET + 80 * 512)];
-        d.submit(Request::write(2, 0, model.clone()));
-        drain_failing_writes(&mut d, &fail);
-        d.engine.metadata_committed();
-        drain_failing_writes(&mut d, &[]);
-        assert_eq!(d.take_done(2).map(|c| c.result), Some(Ok(Vec::new())), "{ctx}");
-        assert!(d.engine.bad_blocks(0).is_some_and(|bb| !bb.is_empty()), "{ctx}: nothing listed");
+        let model = write_over_a_failing_range(&mut d, bytes, 3, &ctx);
         assert!(read_all(&mut d, bytes).unwrap() == model, "{ctx}: before the repair");
         events(&mut d);
 
         d.engine.start_scrub(ScrubKind::Repair, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-        let mut guard = 0;
-        while d.engine.sync_active() {
-            d.engine.tick(d.now_ns);
-            d.step();
-            guard += 1;
-            assert!(guard < 1_000_000, "{ctx}: the repair never finished");
-        }
-        d.run_until_idle();
+        run_sync_to_end(&mut d, &ctx);
         let ev = events(&mut d);
         assert!(ev.iter().any(|e| matches!(e, EngineEvent::ScrubDone { .. })), "{ctx}: {ev:?}");
         assert!(d.engine.member_states().iter().all(|s| *s == MemberState::InSync), "{ctx}");
@@ -357,9 +380,7 @@ fn a_repair_never_takes_a_range_listed_bad_for_good() {
             "{ctx}: the repair wrote over the range listed after a write error"
         );
         // Out of the stripe cache, which still holds what the write put there.
-        let t = d.engine.tunables().clone();
-        d.engine.set_tunables(Tunables { stripe_cache_size: 17, ..t.clone() }).unwrap();
-        d.engine.set_tunables(t).unwrap();
+        drop_stripe_cache(&mut d);
         assert!(
             read_all(&mut d, bytes).unwrap() == model,
             "{ctx}: a read after the repair served the old data"
@@ -376,37 +397,13 @@ fn a_replacement_never_copies_a_range_its_member_lists_bad() {
     for g in arrays().into_iter().filter(|g| matches!(g.level, Level::Raid1 | Level::Raid10)) {
         let ctx = format!("{:?}", g.level);
         let n = g.raid_disks;
-        let mut cfg = config(g.clone(), DATA_OFFSET);
-        cfg.tunables.hold_completions_on_member_failure = true;
-        let members = MemMembers::new(n + 1, DATA_OFFSET + MEMBER_SECTORS * 512);
-        let mut d = Driver::new(Engine::new(cfg).unwrap(), members, 5);
-        for slot in 0..n {
-            d.engine.set_bad_blocks(slot, Some(BadBlocks::new(0, 8)));
-        }
+        let mut d = driver_with_spares(&g, 5, 1);
         let bytes = g.array_bytes() as usize;
-        let mut old = vec![0u8; bytes];
-        Rng(7).fill(&mut old);
-        d.run_one(Request::write(1, 0, old)).expect("first write");
-        let mut model = vec![0u8; bytes];
-        Rng(8).fill(&mut model);
-        let fail = [(0, DATA_OFFSET + 64 * 512, DATA_OFFSET + 80 * 512)];
-        d.submit(Request::write(2, 0, model.clone()));
-        drain_failing_writes(&mut d, &fail);
-        d.engine.metadata_committed();
-        drain_failing_writes(&mut d, &[]);
-        assert_eq!(d.take_done(2).map(|c| c.result), Some(Ok(Vec::new())), "{ctx}");
-        assert!(d.engine.bad_blocks(0).is_some_and(|bb| !bb.is_empty()), "{ctx}: nothing listed");
+        let model = write_over_a_failing_range(&mut d, bytes, 7, &ctx);
         events(&mut d);
 
         d.engine.start_replacement(0, n, DATA_OFFSET, 0, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-        let mut guard = 0;
-        while d.engine.sync_active() {
-            d.engine.tick(d.now_ns);
-            d.step();
-            guard += 1;
-            assert!(guard < 1_000_000, "{ctx}: the copy never finished");
-        }
-        d.run_until_idle();
+        run_sync_to_end(&mut d, &ctx);
         let r = d.engine.replacements();
         assert!(r.len() == 1 && r[0].copied, "{ctx}: {r:?}");
         d.engine.promote_replacement(0, n, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: {e}"));
@@ -417,9 +414,7 @@ fn a_replacement_never_copies_a_range_its_member_lists_bad() {
         d.engine.fail_member(1, d.now_ns);
         d.engine.metadata_committed();
         d.run_until_idle();
-        let t = d.engine.tunables().clone();
-        d.engine.set_tunables(Tunables { stripe_cache_size: 17, ..t.clone() }).unwrap();
-        d.engine.set_tunables(t).unwrap();
+        drop_stripe_cache(&mut d);
         assert!(
             read_all(&mut d, bytes).unwrap() == model,
             "{ctx}: the replacement holds the member's old data"

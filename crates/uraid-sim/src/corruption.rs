@@ -106,51 +106,41 @@ pub fn corrupt_and_repair(
     // In whole 4 KiB pages: md's stripe works page by page, so a listed sector anywhere in
     // the damaged block's pages puts them beyond what the repair can tell apart.
     let rows = member_sector / 8 * 8..(member_sector + len).div_ceil(8) * 8;
-    let listed_elsewhere = slots.iter().any(|&d| {
+    let rows_listed = slots.iter().any(|&d| {
         member_metadata(array.disks(), d).bad_blocks.ok().flatten().is_some_and(|bb| {
             bb.entries().any(|(s, l)| {
                 s.saturating_sub(first) < rows.end && (s + l).saturating_sub(first) > rows.start
             })
         })
     });
-    if listed_elsewhere {
-        let mut copies = Vec::new();
-        let mut exposures = 0;
-        let direct = direct_digests(array.disks(), &slots, geo, data_offset_bytes);
-        for (s, (&now, &before)) in direct.iter().zip(image).enumerate() {
-            if now.is_none_or(|d| d == before) {
-                continue;
-            }
-            geo.copies(s as u64, &mut copies);
-            if !copies.iter().any(|c| rows.contains(&c.member_sector)) {
-                return Err(format!(
-                    "after repairing {what} (rows a member lists bad) array sector {s} outside them changed"
-                ));
-            }
-            exposures += 1;
-        }
-        return Ok(Some(Repaired { what: format!("{what}, rows listed bad"), mismatch_cnt, exposures }));
-    }
-    if visible && mismatch_cnt == 0 {
+    if visible && mismatch_cnt == 0 && !rows_listed {
         return Err(format!("repair found nothing although the members disagree ({what} corrupted)"));
     }
-    members_agree(array.disks(), &slot_disks(array.engine()), geo, data_offset_bytes)
-        .map_err(|e| format!("after repairing {what} the members still disagree: {e}"))?;
-    // Which array sectors had the damaged block as their data or a copy.
+    if !rows_listed {
+        members_agree(array.disks(), &slots, geo, data_offset_bytes)
+            .map_err(|e| format!("after repairing {what} the members still disagree: {e}"))?;
+    }
+    // Which array sectors had the damaged block as their data or a copy (or, where a member
+    // lists the rows bad, any block in those rows).
     let unidentifiable = matches!(geo.level, Level::Raid1 | Level::Raid10 | Level::Raid4 | Level::Raid5);
     let mut copies = Vec::new();
     let mut exposures = 0;
-    let direct = direct_digests(array.disks(), &slot_disks(array.engine()), geo, data_offset_bytes);
+    let direct = direct_digests(array.disks(), &slots, geo, data_offset_bytes);
     for (s, (&now, &before)) in direct.iter().zip(image).enumerate() {
         if now.is_none_or(|d| d == before) {
             continue;
         }
         geo.copies(s as u64, &mut copies);
-        let touched = copies.iter().any(|c| c.member == member && damaged.contains(&c.member_sector));
-        if !(touched && unidentifiable) {
+        let exposed = if rows_listed {
+            copies.iter().any(|c| rows.contains(&c.member_sector))
+        } else {
+            unidentifiable && copies.iter().any(|c| c.member == member && damaged.contains(&c.member_sector))
+        };
+        if !exposed {
             return Err(format!("after repairing {what} array sector {s} holds something it never held"));
         }
         exposures += 1;
     }
+    let what = if rows_listed { format!("{what}, rows listed bad") } else { what };
     Ok(Some(Repaired { what, mismatch_cnt, exposures }))
 }

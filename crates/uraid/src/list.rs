@@ -63,8 +63,9 @@ pub fn register(entry: &Entry) -> Registered {
 }
 
 fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid as i32, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    // SAFETY: signal 0 only checks that the process exists (EPERM: it does, as another user's).
+    let rc = unsafe { libc::kill(pid as i32, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Every entry file in `dir` with what it says, in name then pid order.

@@ -230,8 +230,7 @@ impl UringBackend {
     /// Hands queued entries to the kernel, and lets it post completion work waiting for
     /// this thread (`IORING_SQ_TASKRUN`: a deferred ring posts nothing until asked).
     pub fn submit_pending(&mut self) {
-        let mut sq = self.ring.submission();
-        sq.sync();
+        let sq = self.ring.submission();
         if !sq.is_empty() || sq.taskrun() {
             drop(sq);
             let _ = self.ring.submit();

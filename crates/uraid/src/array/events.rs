@@ -6,8 +6,9 @@
 use std::path::PathBuf;
 
 use uraid_core::array::ArrayView;
-use uraid_core::array::DevRole;
 use uraid_core::MemberState;
+
+use super::running::slot_holder;
 
 /// What one look saw, for the next to compare with.
 #[derive(Clone, Debug, Default)]
@@ -24,14 +25,7 @@ fn seen(view: &ArrayView) -> Seen {
         .states
         .iter()
         .enumerate()
-        .map(|(slot, &state)| {
-            let holder = view
-                .members
-                .iter()
-                .find(|m| matches!(m.role, DevRole::Active { slot: s, .. } if s == slot))
-                .or_else(|| view.members.iter().rev().find(|m| m.role == DevRole::Faulty { slot }));
-            (state, holder.map(|m| m.name.clone()))
-        })
+        .map(|(slot, &state)| (state, slot_holder(view, slot).map(|m| m.name.clone())))
         .collect();
     let sync_fifths =
         view.sync.as_ref().map(|s| (s.done_sectors * 5).checked_div(s.total_sectors).unwrap_or(5));

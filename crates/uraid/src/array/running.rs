@@ -510,7 +510,7 @@ fn counted_from_checkpoint(s: Option<&mut SyncStatus>, whole: u64, resumed: &mut
 
 /// The device in `slot`: its active member (the one being rebuilt there, too), else the
 /// last member to fail there.
-fn slot_holder(view: &ArrayView, slot: usize) -> Option<&MemberView> {
+pub(super) fn slot_holder(view: &ArrayView, slot: usize) -> Option<&MemberView> {
     let active = view.members.iter().find(|m| matches!(m.role, DevRole::Active { slot: s, .. } if s == slot));
     active.or_else(|| view.members.iter().rev().find(|m| m.role == DevRole::Faulty { slot }))
 }
