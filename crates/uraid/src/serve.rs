@@ -248,6 +248,24 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     export.read_only = args.read_only;
     let server = Server::new(vec![export], ServerOptions::default()).context("NBD server")?;
 
+    let url = match &listener {
+        Listener::Tcp(l) => {
+            let a = l.local_addr()?;
+            format!("nbd://{a}/{export_name}")
+        }
+        Listener::Unix(_, p) => format!("nbd+unix:///{export_name}?socket={}", p.display()),
+    };
+    // Listed before the control socket answers: whoever reaches the array finds it listed.
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let _listed = crate::list::register(&crate::list::Entry {
+        name: array.name.clone(),
+        uuid: uraid_core::meta::superblock::format_uuid(&uuid),
+        level: level_name(array.geometry.level.md_level()),
+        pid: std::process::id(),
+        control: absolute(&control_path),
+        url: url.clone(),
+        members: args.members.iter().map(|m| absolute(m)).collect(),
+    });
     let stop_control = Arc::new(AtomicBool::new(false));
     let stopping = Arc::new(crate::control::Stopping::default());
     let control_thread = {
@@ -270,13 +288,6 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         }
     })?;
 
-    let url = match &listener {
-        Listener::Tcp(l) => {
-            let a = l.local_addr()?;
-            format!("nbd://{a}/{export_name}")
-        }
-        Listener::Unix(_, p) => format!("nbd+unix:///{export_name}?socket={}", p.display()),
-    };
     eprintln!(
         "uraid: serving {} ({}, {} devices, {}) on {url}, pid {}\nuraid: control socket {}\n\
          uraid: `uraid stop --control {}` stops it (as SIGTERM does)",
@@ -299,16 +310,6 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         std::process::id(),
         array.name
     ));
-    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    let _listed = crate::list::register(&crate::list::Entry {
-        name: array.name.clone(),
-        uuid: uraid_core::meta::superblock::format_uuid(&uuid),
-        level: level_name(array.geometry.level.md_level()),
-        pid: std::process::id(),
-        control: absolute(&control_path),
-        url: url.clone(),
-        members: args.members.iter().map(|m| absolute(m)).collect(),
-    });
     let served = match &listener {
         Listener::Tcp(l) => server.serve_tcp(l.try_clone()?),
         Listener::Unix(l, _) => server.serve_unix(l.try_clone()?),

@@ -8,7 +8,14 @@ use std::path::PathBuf;
 use uraid_core::array::ArrayView;
 use uraid_core::MemberState;
 
-use super::running::slot_holder;
+use uraid_core::array::{DevRole, MemberView};
+
+/// The device in `slot`: its active member (the one being rebuilt there, too), else the
+/// last member to fail there.
+pub(super) fn slot_holder(view: &ArrayView, slot: usize) -> Option<&MemberView> {
+    let active = view.members.iter().find(|m| matches!(m.role, DevRole::Active { slot: s, .. } if s == slot));
+    active.or_else(|| view.members.iter().rev().find(|m| m.role == DevRole::Faulty { slot }))
+}
 
 /// What one look saw, for the next to compare with.
 #[derive(Clone, Debug, Default)]

@@ -23,6 +23,7 @@ use super::assembly::Assembled;
 use super::detail::{self, DetailInput, SlotView};
 use super::detail_info::{DetailInfo, DeviceRow, ScrubView};
 use super::device::ArrayDevice;
+use super::events::slot_holder;
 use super::member::MemberDev;
 use super::member_io::{DeviceIo, IoBook};
 use super::report::{detail_text, level_name, percent, resync_whole_sectors, time_left_words};
@@ -506,13 +507,6 @@ fn counted_from_checkpoint(s: Option<&mut SyncStatus>, whole: u64, resumed: &mut
         Some(r.kind)
     });
     resumed.retain(|r| !r.seen || Some(r.kind) == running);
-}
-
-/// The device in `slot`: its active member (the one being rebuilt there, too), else the
-/// last member to fail there.
-pub(super) fn slot_holder(view: &ArrayView, slot: usize) -> Option<&MemberView> {
-    let active = view.members.iter().find(|m| matches!(m.role, DevRole::Active { slot: s, .. } if s == slot));
-    active.or_else(|| view.members.iter().rev().find(|m| m.role == DevRole::Faulty { slot }))
 }
 
 /// Failed members not yet removed whose slot another device holds now: md lists them as
