@@ -20,8 +20,10 @@
 //! a bio's mapping in the submitter's context: when the engine's state is free (the
 //! runtime thread sleeps), `submit` takes it, feeds the request straight into the engine,
 //! does the member I/O that completes inline (small I/O of memory-backed members), delivers
-//! what completed and returns; I/O that must wait for a device is left for the runtime
-//! thread, which is woken for it. A 4 KiB request to a tmpfs array then crosses no thread
+//! what completed and returns; I/O that must wait for a device goes to the submitter's own
+//! io_uring ring when it drives one (`submit_driven`, `RuntimeOptions::submitter_rings`:
+//! it reaps that ring itself and finishes the requests there), else it is left for the
+//! runtime thread, which is woken for it. A 4 KiB request to a tmpfs array then crosses no thread
 //! at all: the NBD connection thread reads it, runs it and sends the reply, saving the two
 //! wake-ups of a hand-off (connection thread to runtime, runtime to client), which cost
 //! much of the server's CPU in context switches (docs/performance.md, "Performance:
@@ -29,9 +31,10 @@
 //! runtime thread holds the state except while it sleeps.
 
 use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -40,7 +43,10 @@ use uraid_core::stats::ArrayStats;
 use uraid_core::{CompletionRound, Request, RequestCompletion, RequestError, SubmitError};
 
 use crate::engine::ArrayEngine;
+
+mod submitter_rings;
 use crate::real::{BackendKind, Executor, ExecutorMemberStats, Sleeper, Waker};
+use submitter_rings::{forget_thread_ring, set_thread_ring, thread_ring, ThreadRing, THREAD_RING_WAIT};
 
 /// A request's completion callback, with the completing thread's round (see
 /// [`CompletionRound`]): the runtime thread ends its round at the end of each loop, a
@@ -62,6 +68,12 @@ pub struct RuntimeOptions {
     /// Larger requests go to the runtime thread, so their engine work (parity of a full
     /// stripe, say) overlaps with the client reading the next request off the network.
     pub run_on_submitter_max_bytes: u64,
+    /// A submitter running rounds itself issues their member I/O on an io_uring ring of
+    /// its own and finishes it there (see `real/guest.rs`), where the kernel has deferred
+    /// completions; otherwise that I/O waits for the runtime thread. The submitter must
+    /// then drive its ring while it owes I/O ([`RuntimeHandle::drive_thread_io`]) and
+    /// close it when done ([`RuntimeHandle::thread_done`]).
+    pub submitter_rings: bool,
 }
 
 /// Default of [`RuntimeOptions::run_on_submitter_max_bytes`]: small requests, for which
@@ -73,6 +85,7 @@ impl Default for RuntimeOptions {
         RuntimeOptions {
             channel_capacity: 1024,
             run_on_submitter_max_bytes: DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES,
+            submitter_rings: true,
         }
     }
 }
@@ -129,7 +142,14 @@ trait SubmitterRound: Send + Sync {
         req: Request,
         done: Callback,
         round: &mut CompletionRound,
+        driven: bool,
     ) -> Result<(), (Request, Callback)>;
+    /// I/O this thread issued on its own ring and has not reaped.
+    fn owed(&self) -> usize;
+    /// See [`RuntimeHandle::drive_thread_io`].
+    fn drive(&self, readable: Option<RawFd>, timeout: Duration, round: &mut CompletionRound) -> bool;
+    /// See [`RuntimeHandle::thread_done`].
+    fn done(&self, round: &mut CompletionRound);
 }
 
 /// A cheap, cloneable way in for clients.
@@ -197,14 +217,91 @@ impl<E> RuntimeHandle<E> {
         done: Callback,
         round: &mut CompletionRound,
     ) -> Result<(), RuntimeError> {
+        self.submit_inner(req, done, round, false)
+    }
+
+    /// [`RuntimeHandle::submit`] from a thread that drives its own ring: a round it runs
+    /// may issue member I/O there (see [`RuntimeOptions::submitter_rings`]), and it keeps
+    /// the promise of [`RuntimeHandle::thread_owes_io`].
+    pub fn submit_driven(
+        &self,
+        req: Request,
+        done: Callback,
+        round: &mut CompletionRound,
+    ) -> Result<(), RuntimeError> {
+        self.submit_inner(req, done, round, true)
+    }
+
+    fn submit_inner(
+        &self,
+        req: Request,
+        done: Callback,
+        round: &mut CompletionRound,
+        driven: bool,
+    ) -> Result<(), RuntimeError> {
         let (req, done) = match &self.submitter_round {
-            Some(sr) if req.len_bytes <= sr.max_bytes() => match sr.try_run(req, done, round) {
+            Some(sr) if req.len_bytes <= sr.max_bytes() => match sr.try_run(req, done, round, driven) {
                 Ok(()) => return Ok(()),
                 Err(back) => back,
             },
             _ => (req, done),
         };
-        self.send(Msg::Request(req, done))
+        if !self.thread_owes_io() {
+            return self.send(Msg::Request(req, done));
+        }
+        // A full channel must not block a thread that owes I/O: the runtime may be waiting
+        // for exactly that I/O before it takes more.
+        let mut msg = Msg::Request(req, done);
+        loop {
+            self.wake.queued.fetch_add(1, Ordering::SeqCst);
+            match self.tx.try_send(msg) {
+                Ok(()) => {
+                    fence(Ordering::SeqCst);
+                    self.wake.wake();
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.wake.queued.fetch_sub(1, Ordering::SeqCst);
+                    match e {
+                        TrySendError::Full(m) => msg = m,
+                        TrySendError::Disconnected(_) => return Err(RuntimeError::Stopped),
+                    }
+                }
+            }
+            self.drive_thread_io(None, Duration::from_millis(1), round);
+        }
+    }
+
+    /// Whether this thread issued member I/O on a ring of its own that it has not reaped
+    /// (see [`RuntimeOptions::submitter_rings`]): it must not block anywhere but in
+    /// [`RuntimeHandle::drive_thread_io`] until this is false, since only it can finish
+    /// those requests, its own and other clients' alike.
+    pub fn thread_owes_io(&self) -> bool {
+        self.submitter_round.as_ref().is_some_and(|sr| sr.owed() > 0)
+    }
+
+    /// Reaps this thread's ring and finishes what completed (callbacks run with `round`);
+    /// when nothing was ready, first waits up to `timeout` for a completion or for
+    /// `readable` (a socket) to become readable. Returns true when the caller should go on:
+    /// `readable` is readable, or the thread owes nothing more.
+    pub fn drive_thread_io(
+        &self,
+        readable: Option<RawFd>,
+        timeout: Duration,
+        round: &mut CompletionRound,
+    ) -> bool {
+        match &self.submitter_round {
+            Some(sr) => sr.drive(readable, timeout, round),
+            None => true,
+        }
+    }
+
+    /// This thread is done with the array: finishes what it owes (waiting for it) and
+    /// closes its ring.
+    pub fn thread_done(&self, round: &mut CompletionRound) {
+        if let Some(sr) = &self.submitter_round {
+            sr.done(round);
+        }
     }
 
     /// Submit and wait for the completion (for control paths and tests).
@@ -256,6 +353,7 @@ pub struct ArrayRuntime<E> {
 impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
     pub fn start(engine: E, executor: Executor, opts: &RuntimeOptions) -> std::io::Result<ArrayRuntime<E>> {
         let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));
+        let executor_id = executor.id();
         let wake = Arc::new(Wake {
             waker: executor.waker(),
             sleeping: AtomicBool::new(false),
@@ -264,8 +362,13 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
         let state: SharedLoop<E> = Arc::new(Mutex::new(Some(Loop::new(engine, executor, wake.clone()))));
         let max_bytes = opts.run_on_submitter_max_bytes;
         let submitter_round = (max_bytes > 0).then(|| {
-            Arc::new(Submitters { state: state.clone(), wake: wake.clone(), max_bytes })
-                as Arc<dyn SubmitterRound>
+            Arc::new(Submitters {
+                state: state.clone(),
+                wake: wake.clone(),
+                max_bytes,
+                executor_id,
+                rings: opts.submitter_rings,
+            }) as Arc<dyn SubmitterRound>
         });
         let handle = RuntimeHandle { tx, wake, submitter_round };
         let thread =
@@ -398,6 +501,10 @@ struct Submitters<E: ArrayEngine> {
     state: SharedLoop<E>,
     wake: Arc<Wake>,
     max_bytes: u64,
+    /// The executor's [`Executor::id`]: the key of this thread's ring in [`THREAD_RINGS`].
+    executor_id: u64,
+    /// [`RuntimeOptions::submitter_rings`].
+    rings: bool,
 }
 
 impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
@@ -410,6 +517,7 @@ impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
         req: Request,
         done: Callback,
         round: &mut CompletionRound,
+        driven: bool,
     ) -> Result<(), (Request, Callback)> {
         let mut guard = match self.state.try_lock() {
             Ok(g) => g,
@@ -417,7 +525,9 @@ impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
             Err(TryLockError::WouldBlock) | Err(TryLockError::Poisoned(_)) => return Err((req, done)),
         };
         let Some(lp) = guard.as_mut() else { return Err((req, done)) };
-        let need_runtime = match catch_unwind(AssertUnwindSafe(|| lp.submitter_round(req, done, round))) {
+        let ring = if driven { self.ring(lp) } else { None };
+        let need_runtime = match catch_unwind(AssertUnwindSafe(|| lp.submitter_round(req, done, round, ring)))
+        {
             Ok(Ok(need)) => need,
             Ok(Err(back)) => return Err(back),
             Err(_) => {
@@ -430,11 +540,37 @@ impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
                 return Ok(());
             }
         };
+        let owed = ring.and_then(|g| lp.ex.guest_ring_state(g)).map_or(0, |s| s.owed);
         drop(guard);
+        if let Some(g) = ring {
+            set_thread_ring(ThreadRing { executor_id: self.executor_id, ring: Some(g), owed });
+        }
         if need_runtime {
             self.wake.wake();
         }
         Ok(())
+    }
+
+    fn owed(&self) -> usize {
+        thread_ring(self.executor_id).map_or(0, |t| t.owed)
+    }
+
+    fn drive(&self, readable: Option<RawFd>, timeout: Duration, round: &mut CompletionRound) -> bool {
+        self.drive_ring(readable, timeout, true, round)
+    }
+
+    fn done(&self, round: &mut CompletionRound) {
+        let Some(t) = thread_ring(self.executor_id) else { return };
+        if let Some(g) = t.ring {
+            // Bounded by the member timeout: I/O past it is answered by the runtime thread
+            // and no longer owed; a stopped runtime owes nothing.
+            while self.owed() > 0 {
+                self.drive_ring(None, THREAD_RING_WAIT, false, round);
+                round.end();
+            }
+            self.with_state(|lp| lp.ex.close_guest_ring(g));
+        }
+        forget_thread_ring(self.executor_id);
     }
 }
 
@@ -564,12 +700,14 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         req: Request,
         cb: Callback,
         round: &mut CompletionRound,
+        ring: Option<usize>,
     ) -> Result<bool, (Request, Callback)> {
         if self.closing.is_some() || self.held.is_some() || self.wake.queued.load(Ordering::SeqCst) > 0 {
             return Err((req, cb));
         }
         let now = self.now_ns();
         self.ex.set_guest(true);
+        self.ex.set_guest_ring(ring, true);
         // The completions of this round are the submitter's: its round holds them (the
         // runtime thread's is empty while it sleeps, when a submitter may run).
         std::mem::swap(&mut self.round, round);
@@ -577,9 +715,16 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         self.engine.unplug(now);
         while self.pump() {}
         std::mem::swap(&mut self.round, round);
+        self.ex.set_guest_ring(None, false);
         self.ex.set_guest(false);
+        Ok(self.runtime_needed())
+    }
+
+    /// Whether the runtime thread must look soon after a submitter's round: I/O left for
+    /// it, a request held back, or an engine deadline before it would wake.
+    fn runtime_needed(&self) -> bool {
         let deadline_early = self.engine.next_deadline_ns().is_some_and(|d| d < self.sleep_until_ns);
-        Ok(self.ex.has_deferred() || self.held.is_some() || deadline_early)
+        self.ex.has_deferred() || self.held.is_some() || deadline_early
     }
 
     /// One round of the runtime thread: take messages, pump, and the shutdown steps.

@@ -126,6 +126,26 @@ pub trait BlockDevice: Send + Sync + 'static {
         BlockSizeConstraints::default()
     }
     fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound);
+    /// Whether the calling thread owes the device work only it can do: I/O `submit` issued
+    /// on a ring of this thread's own, whose requests (its own and other connections')
+    /// finish only when this thread reaps it. While true the thread must not block but in
+    /// [`BlockDevice::drive_thread_io`].
+    fn thread_owes_io(&self) -> bool {
+        false
+    }
+    /// Does that work: finishes what completed, after waiting up to `timeout` for a
+    /// completion or for `readable` to become readable when nothing was ready. Returns
+    /// true when the caller should go on (`readable` is readable, or nothing is owed).
+    fn drive_thread_io(
+        &self,
+        _readable: Option<std::os::fd::RawFd>,
+        _timeout: std::time::Duration,
+        _round: &mut CompletionRound,
+    ) -> bool {
+        true
+    }
+    /// The calling thread is done with the device: it finishes what it owes first.
+    fn thread_done(&self, _round: &mut CompletionRound) {}
 }
 
 /// Counters of requests that reached a device; tests use them to prove that flushes and

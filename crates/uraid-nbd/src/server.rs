@@ -307,6 +307,14 @@ impl Stream {
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
         })
     }
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
     fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
@@ -336,13 +344,31 @@ impl Stream {
 /// socket ([`FlushingReader`]) and waiting for budget (`Budget::acquire`).
 type ConnectionRound = Rc<RefCell<CompletionRound>>;
 
-/// The transmission phase's socket reader: ends the connection's round before it reads.
-struct FlushingReader(Stream, ConnectionRound);
+/// The transmission phase's socket reader: ends the connection's round before it reads,
+/// and while the thread owes the device I/O only it can finish (see
+/// [`BlockDevice::thread_owes_io`]), waits for its socket and that I/O together.
+struct FlushingReader {
+    stream: Stream,
+    round: ConnectionRound,
+    device: Arc<dyn BlockDevice>,
+}
+
+/// The longest a thread owing device I/O sleeps before it looks again.
+const THREAD_IO_WAIT: Duration = Duration::from_millis(100);
 
 impl Read for FlushingReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.1.borrow_mut().end();
-        self.0.read(buf)
+        let mut round = self.round.borrow_mut();
+        round.end();
+        while self.device.thread_owes_io() {
+            let go = self.device.drive_thread_io(Some(self.stream.raw_fd()), THREAD_IO_WAIT, &mut round);
+            round.end();
+            if go {
+                break;
+            }
+        }
+        drop(round);
+        self.stream.read(buf)
     }
 }
 
@@ -383,7 +409,8 @@ fn serve_connection(shared: &Shared, stream: Stream) -> io::Result<()> {
             stream.set_read_timeout(None)?;
             // The handshake consumed everything the reader had buffered (it is in `leftover`).
             let round = ConnectionRound::default();
-            let flushing = FlushingReader(reader.into_inner(), round.clone());
+            let device = Arc::clone(&shared.exports[session.export_index].device);
+            let flushing = FlushingReader { stream: reader.into_inner(), round: round.clone(), device };
             let reader = BufReader::with_capacity(READ_BUFFER_BYTES, flushing);
             transmission(shared, session, io::Cursor::new(leftover).chain(reader), writer, &round)
         }
@@ -433,6 +460,10 @@ fn handshake(
     }
 }
 
+/// How long a reader waiting for budget while it owes device I/O sleeps in its ring
+/// before it looks at the budget again.
+const BUDGET_WAIT_OWING: Duration = Duration::from_millis(5);
+
 /// Counts requests and bytes in flight on one connection.
 struct Budget {
     /// Requests, bytes, and whether the reader waits for room.
@@ -443,7 +474,7 @@ struct Budget {
 }
 
 impl Budget {
-    fn acquire(&self, bytes: usize, round: &ConnectionRound) {
+    fn acquire(&self, bytes: usize, round: &ConnectionRound, device: &dyn BlockDevice) {
         let full = |st: &(usize, usize, bool)| {
             st.0 > 0 && (st.0 >= self.max_requests || st.1 + bytes > self.max_bytes)
         };
@@ -452,6 +483,17 @@ impl Budget {
             // Replies this thread holds back release budget: send them before waiting.
             drop(st);
             round.borrow_mut().end();
+            st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        }
+        while full(&st) && device.thread_owes_io() {
+            // Requests only this thread can finish hold budget: finish them rather than
+            // wait for a release that would never come. Budget another thread frees meanwhile
+            // is seen within the bounded wait.
+            drop(st);
+            let mut r = round.borrow_mut();
+            device.drive_thread_io(None, BUDGET_WAIT_OWING, &mut r);
+            r.end();
+            drop(r);
             st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         }
         while full(&st) {
@@ -529,7 +571,7 @@ fn transmission(
                 if let Err(e) = discard(&mut reader, discard_payload_bytes) {
                     break Err(e);
                 }
-                budget.acquire(0, round);
+                budget.acquire(0, round, &*device);
                 let body = ReplyBody::Error { errno, message: Cow::Borrowed(message) };
                 replies.pending(header.handle, 0).reply(body, &mut round.borrow_mut());
                 continue;
@@ -545,7 +587,7 @@ fn transmission(
             Command::Write { offset_bytes, len_bytes, fua } => {
                 // Take the budget before reading the payload: a full budget stops the
                 // socket being read at all.
-                budget.acquire(len_bytes as usize, round);
+                budget.acquire(len_bytes as usize, round, &*device);
                 let data = match read_payload(&mut reader, len_bytes as usize) {
                     Ok(d) => d,
                     Err(e) => {
@@ -572,7 +614,7 @@ fn transmission(
             }
             Command::Disconnect => break Ok(()),
         };
-        budget.acquire(budget_bytes, round);
+        budget.acquire(budget_bytes, round, &*device);
         submit(
             &*device,
             request,
@@ -582,7 +624,9 @@ fn transmission(
         );
     };
     // The writer ends once every submitted request has been answered, so joining it waits
-    // for the device to finish what was submitted. Replies held on this thread go first.
+    // for the device to finish what was submitted, part of which only this thread can
+    // finish. Replies held on this thread go first.
+    device.thread_done(&mut round.borrow_mut());
     round.borrow_mut().end();
     replies.reader_done();
     let _ = writer_thread.join();

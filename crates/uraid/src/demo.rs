@@ -65,6 +65,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             rmw_level: None,
             stripe_cache_size: None,
             inline_request_max_bytes: uraid_io::runtime::DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES,
+            connection_rings: "on".into(),
             member_timeout: uraid_io::real::DEFAULT_MEMBER_TIMEOUT,
             monitor_program: None,
             monitor_test: false,

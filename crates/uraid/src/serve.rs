@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// work overlaps with reading the next request.
     #[arg(long = "inline-request-max", default_value = "64K", value_parser = crate::size_arg::parse_size_bytes)]
     pub inline_request_max_bytes: u64,
+    /// `on`: a connection thread that runs a request itself issues its member I/O on an
+    /// io_uring ring of its own and finishes it there, waking no other thread (kernel 6.1+;
+    /// elsewhere, and with `off`, that I/O goes to the array thread's ring).
+    #[arg(long = "connection-rings", default_value = "on", value_parser = ["on", "off"])]
+    pub connection_rings: String,
     /// A member I/O not completed within this fails the member (its reads are served from
     /// the other copies), as the block layer's command timeout does for md: seconds, or
     /// with an `ms`/`s` suffix. md's failfast members get at most 2 s.
@@ -214,6 +219,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let opts = StartOptions {
         read_only: args.read_only,
         inline_request_max_bytes: args.inline_request_max_bytes,
+        connection_rings: args.connection_rings == "on",
         faults,
         tunables,
         member_timeout: args.member_timeout,
@@ -266,6 +272,19 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         url: url.clone(),
         members: args.members.iter().map(|m| absolute(m)).collect(),
     });
+    // Said before the control socket answers: whoever reaches it (a test, a script reading
+    // the log) finds the pid and the stop hint printed.
+    eprintln!(
+        "uraid: serving {} ({}, {} devices, {}) on {url}, pid {}\nuraid: control socket {}\n\
+         uraid: `uraid stop --control {}` stops it (as SIGTERM does)",
+        array.name,
+        level_name(array.geometry.level.md_level()),
+        array.geometry.raid_disks,
+        human_bytes(array.geometry.array_bytes()),
+        std::process::id(),
+        control_path.display(),
+        control_path.display()
+    );
     let stop_control = Arc::new(AtomicBool::new(false));
     let stopping = Arc::new(crate::control::Stopping::default());
     let control_thread = {
@@ -288,17 +307,6 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         }
     })?;
 
-    eprintln!(
-        "uraid: serving {} ({}, {} devices, {}) on {url}, pid {}\nuraid: control socket {}\n\
-         uraid: `uraid stop --control {}` stops it (as SIGTERM does)",
-        array.name,
-        level_name(array.geometry.level.md_level()),
-        array.geometry.raid_disks,
-        human_bytes(array.geometry.array_bytes()),
-        std::process::id(),
-        control_path.display(),
-        control_path.display()
-    );
     if let Some(b) = banner {
         println!("{}", b(&url, &control_path));
     }

@@ -25,6 +25,7 @@
 
 mod buf;
 pub mod fault;
+mod guest;
 mod member;
 mod pool;
 mod timeout;
@@ -39,9 +40,10 @@ use std::time::Duration;
 use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
 
 pub use buf::AlignedBuf;
+pub use guest::GuestRingState;
 pub use member::{Member, MemberKind, MemberSet, OpenOptions};
 pub use timeout::{DEFAULT_FAILFAST_TIMEOUT, DEFAULT_MEMBER_TIMEOUT};
-pub use uring::CompletionMode;
+pub use uring::{wait_for_completion, CompletionMode};
 
 use member::IoPath;
 
@@ -327,9 +329,19 @@ pub struct Executor {
     set_gen: u64,
     /// Another thread is using the executor for a moment (see [`Executor::set_guest`]).
     guest: bool,
-    /// I/Os a guest could not run inline, waiting for the owner's next
-    /// [`Executor::start_deferred`].
+    /// I/Os a guest could not run inline nor on a ring of its own, waiting for the owner's
+    /// next [`Executor::start_deferred`].
     deferred: Vec<MemberIo>,
+    /// Guest threads' own rings (see `guest.rs`), and the one of the guest running now.
+    guests: Vec<Option<Box<uring::UringBackend>>>,
+    active_guest: Option<usize>,
+    /// New I/O of the running guest goes to its ring (see [`Executor::set_guest_ring`]).
+    guest_issues: bool,
+    /// A guest that may not issue left a member's waiting I/O with room to start: the
+    /// owner's next `start_deferred` starts it.
+    waiting_unstarted: bool,
+    /// See [`Executor::id`].
+    id: u64,
     faults: Option<std::sync::Arc<fault::Faults>>,
     /// I/O an injected `hold` rule keeps: never performed, never completed (but timed
     /// out like any other), with when it was held.
@@ -389,6 +401,11 @@ impl Executor {
             set_gen: 0,
             guest: false,
             deferred: Vec::new(),
+            guests: Vec::new(),
+            active_guest: None,
+            guest_issues: false,
+            waiting_unstarted: false,
+            id: guest::next_executor_id(),
             faults: opts.faults.clone(),
             held: Vec::new(),
             clock: std::time::Instant::now(),
@@ -475,18 +492,20 @@ impl Executor {
 
     /// While `guest` is set, the executor is used by a thread other than its owner (a
     /// client running an engine round itself, see the runtime): I/O that completes inline
-    /// (small I/O of memory-backed members) still runs now, everything else waits in a list
-    /// for the owner's [`Executor::start_deferred`], and `poll` returns inline completions
-    /// only. So only the owner ever touches the io_uring ring: a ring has one submitter
-    /// (completion task work runs on it), and one reaper (the owner sleeps in the ring
-    /// without holding the executor, and must not lose the wake-up a guest would reap).
+    /// (small I/O of memory-backed members) still runs now; everything else goes to the
+    /// guest's own ring if it has one ([`Executor::set_guest_ring`], `guest.rs`), else waits
+    /// in a list for the owner's [`Executor::start_deferred`]; and `poll` returns inline
+    /// completions and the guest ring's only. So only the owner ever touches the owner's
+    /// io_uring ring: a ring has one submitter (completion task work runs on it), and one
+    /// reaper (the owner sleeps in the ring without holding the executor, and must not lose
+    /// the wake-up a guest would reap).
     pub fn set_guest(&mut self, guest: bool) {
         self.guest = guest;
     }
 
     /// I/Os a guest left for the owner.
     pub fn has_deferred(&self) -> bool {
-        !self.deferred.is_empty()
+        !self.deferred.is_empty() || self.waiting_unstarted
     }
 
     /// Starts the I/Os guests left for the owner, in their order (the owner's call only).
@@ -494,8 +513,32 @@ impl Executor {
         if self.guest {
             return;
         }
+        if std::mem::take(&mut self.waiting_unstarted) {
+            for member in 0..self.queues.len() {
+                self.start_waiting(member);
+            }
+        }
         for io in std::mem::take(&mut self.deferred) {
             self.route(io);
+        }
+    }
+
+    /// Starts member `member`'s waiting I/Os while it has room, unless the running guest
+    /// may not issue (they then wait for the owner).
+    fn start_waiting(&mut self, member: usize) {
+        let may_start = !self.guest || self.guest_issues;
+        loop {
+            let q = &mut self.queues[member];
+            if q.in_flight >= q.depth || q.waiting.is_empty() {
+                return;
+            }
+            if !may_start {
+                self.waiting_unstarted = true;
+                return;
+            }
+            let Some(next) = q.waiting.pop_front() else { return };
+            q.in_flight += 1;
+            self.start(next);
         }
     }
 
@@ -538,7 +581,7 @@ impl Executor {
             self.ready.push(done);
             return;
         }
-        if self.guest {
+        if self.guest && !self.guest_issues {
             self.deferred.push(io);
             return;
         }
@@ -625,9 +668,14 @@ impl Executor {
             set_gen: self.set_gen,
             abandoned: false,
         };
-        match &mut self.backend {
-            Backend::Uring(u) => u.push(slot),
-            Backend::Pool(p) => p.push(slot),
+        let guest_ring = match self.active_guest {
+            Some(g) if self.guest && self.guest_issues => self.guests[g].as_mut(),
+            _ => None,
+        };
+        match (guest_ring, &mut self.backend) {
+            (Some(ring), _) => ring.push(slot),
+            (None, Backend::Uring(u)) => u.push(slot),
+            (None, Backend::Pool(p)) => p.push(slot),
         }
     }
 
@@ -658,20 +706,22 @@ impl Executor {
 
     fn collect(&mut self, out: &mut Vec<MemberIoCompletion>, timeout: Option<Duration>) -> usize {
         let before = out.len();
-        if self.guest {
-            out.append(&mut self.ready);
-            let n = out.len() - before;
-            self.in_flight -= n;
-            return n;
-        }
         // Reused between calls: one allocation less per poll on the hot path.
         let mut finished = std::mem::take(&mut self.finished);
-        let timeout = if self.ready.is_empty() { timeout } else { Some(Duration::ZERO) };
-        match &mut self.backend {
-            Backend::Uring(u) => u.reap(&mut finished, timeout),
-            Backend::Pool(p) => p.reap(&mut finished, timeout),
+        if self.guest {
+            // A guest reaps its own ring only; the owner's is the owner's.
+            let guest_ring = self.active_guest.and_then(|g| self.guests[g].as_mut());
+            if let Some(ring) = guest_ring {
+                ring.reap(&mut finished, Some(Duration::ZERO));
+            }
+        } else {
+            let timeout = if self.ready.is_empty() { timeout } else { Some(Duration::ZERO) };
+            match &mut self.backend {
+                Backend::Uring(u) => u.reap(&mut finished, timeout),
+                Backend::Pool(p) => p.reap(&mut finished, timeout),
+            }
+            self.expire_overdue();
         }
-        self.expire_overdue();
         out.append(&mut self.ready);
         for (slot, result) in finished.drain(..) {
             let member = slot.member;
@@ -682,17 +732,19 @@ impl Executor {
             } else {
                 out.push(finish_slot(slot, result, &mut self.aligned_pool));
             }
-            let q = &mut self.queues[member];
-            q.in_flight -= 1;
-            if let Some(next) = q.waiting.pop_front() {
-                q.in_flight += 1;
-                self.start(next);
-            }
+            self.queues[member].in_flight -= 1;
+            self.start_waiting(member);
         }
         self.finished = finished;
-        self.release_retired();
+        if !self.guest {
+            self.release_retired();
+        }
         // Flush newly started I/Os to the kernel now rather than at the next wait.
-        if let Backend::Uring(u) = &mut self.backend {
+        if self.guest {
+            if let Some(ring) = self.active_guest.and_then(|g| self.guests[g].as_mut()) {
+                ring.submit_pending();
+            }
+        } else if let Backend::Uring(u) = &mut self.backend {
             u.submit_pending();
         }
         let n = out.len() - before;
@@ -743,6 +795,7 @@ fn run_inline(member: &Member, io: MemberIo) -> MemberIoCompletion {
 impl Drop for Executor {
     fn drop(&mut self) {
         // The kernel or a worker may still write into buffers we own: wait them out.
+        self.drop_guest_rings();
         match &mut self.backend {
             Backend::Uring(u) => u.drain(),
             Backend::Pool(p) => p.shutdown(),

@@ -11,6 +11,8 @@ use uraid_core::{MemberIoError, MemberIoOp};
 use super::{errno_to_error, Slot};
 
 const WAKE_TOKEN: u64 = u64::MAX;
+/// A client thread's own ring (see `guest.rs`) polls that thread's socket with it.
+const POLL_TOKEN: u64 = u64::MAX - 1;
 
 pub struct EventFd {
     fd: OwnedFd,
@@ -98,6 +100,10 @@ pub struct UringBackend {
     submit_at_once_below: usize,
     /// Scratch list of (user_data, result) for `reap`.
     cqes: Vec<(u64, i32)>,
+    /// A socket poll is in the kernel (`arm_poll`).
+    poll_armed: bool,
+    /// That poll completed since it was last armed.
+    poll_fired: bool,
 }
 
 impl UringBackend {
@@ -122,6 +128,8 @@ impl UringBackend {
             outstanding: 0,
             submit_at_once_below: queue_depth * 3 / 4,
             cqes: Vec::new(),
+            poll_armed: false,
+            poll_fired: false,
         })
     }
 
@@ -276,6 +284,11 @@ impl UringBackend {
                 self.eventfd_armed = false;
                 continue;
             }
+            if ud == POLL_TOKEN {
+                self.poll_armed = false;
+                self.poll_fired = true;
+                continue;
+            }
             let idx = ud as usize;
             let Some(slot) = self.slots.get_mut(idx).and_then(Option::as_mut) else { continue };
             let outcome = if res < 0 {
@@ -306,6 +319,59 @@ impl UringBackend {
         self.submit_pending();
     }
 
+    /// Asks the kernel to post a completion when `fd` is readable (or hung up), unless such
+    /// a poll is already armed; forgets an earlier one that fired (what it saw may have
+    /// been read since: a poll armed now sees the socket as it is).
+    pub fn arm_poll(&mut self, fd: std::os::fd::RawFd) {
+        self.poll_fired = false;
+        if self.poll_armed {
+            return;
+        }
+        let entry = opcode::PollAdd::new(types::Fd(fd), (libc::POLLIN | libc::POLLRDHUP) as u32)
+            .build()
+            .user_data(POLL_TOKEN);
+        self.push_entry(&entry);
+        self.poll_armed = true;
+    }
+
+    /// Whether the armed poll fired.
+    pub fn poll_fired(&self) -> bool {
+        self.poll_fired
+    }
+
+    /// I/Os in the kernel that someone still waits for (not timed out and answered).
+    pub fn live_outstanding(&self) -> usize {
+        self.outstanding - self.slots.iter().flatten().filter(|s| s.abandoned).count()
+    }
+
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Whether completions are posted and not yet reaped (`false` may still have
+    /// completion work waiting for this thread: a wait runs it).
+    pub fn completions_ready(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+    }
+
+    pub fn ring_fd(&self) -> std::os::fd::RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    /// Drops the ring and every buffer the kernel may still write (a timed-out I/O of a
+    /// hung device): leaked, never freed.
+    pub fn leak(mut self) {
+        self.forget_kernel_state();
+    }
+
+    fn forget_kernel_state(&mut self) {
+        let ring =
+            std::mem::replace(&mut self.ring, IoUring::new(8).unwrap_or_else(|_| std::process::abort()));
+        std::mem::forget(ring);
+        std::mem::forget(std::mem::take(&mut self.slots));
+        std::mem::forget(std::mem::replace(&mut self.eventfd_buf, Box::new(0)));
+    }
+
     /// Wait until the kernel holds no pointer into our buffers.
     pub fn drain(&mut self) {
         if self.eventfd_armed {
@@ -328,13 +394,7 @@ impl UringBackend {
                 if rounds > 600 || (only_abandoned && rounds > 10) {
                     // A device that never answers: leak the ring rather than free buffers the
                     // kernel may still write.
-                    let ring = std::mem::replace(
-                        &mut self.ring,
-                        IoUring::new(8).unwrap_or_else(|_| std::process::abort()),
-                    );
-                    std::mem::forget(ring);
-                    std::mem::forget(std::mem::take(&mut self.slots));
-                    std::mem::forget(std::mem::replace(&mut self.eventfd_buf, Box::new(0)));
+                    self.forget_kernel_state();
                     return;
                 }
             }

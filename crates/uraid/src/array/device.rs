@@ -38,7 +38,7 @@ impl ArrayDevice {
                 d(c.result.map_err(to_block_error), round)
             }
         });
-        if self.handle.submit(req, cb, round).is_err() {
+        if self.handle.submit_driven(req, cb, round).is_err() {
             if let Some(d) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 d(Err(to_block_error(RequestError::ArrayFailed)), round)
             }
@@ -58,6 +58,23 @@ impl BlockDevice for ArrayDevice {
     /// One array serves every connection: a flush covers all writes completed before it.
     fn multi_conn_consistent(&self) -> bool {
         true
+    }
+
+    fn thread_owes_io(&self) -> bool {
+        self.handle.thread_owes_io()
+    }
+
+    fn drive_thread_io(
+        &self,
+        readable: Option<std::os::fd::RawFd>,
+        timeout: std::time::Duration,
+        round: &mut CompletionRound,
+    ) -> bool {
+        self.handle.drive_thread_io(readable, timeout, round)
+    }
+
+    fn thread_done(&self, round: &mut CompletionRound) {
+        self.handle.thread_done(round)
     }
 
     fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound) {

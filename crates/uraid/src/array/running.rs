@@ -39,6 +39,8 @@ pub struct StartOptions {
     pub read_only: bool,
     /// See `RuntimeOptions::run_on_submitter_max_bytes`.
     pub inline_request_max_bytes: u64,
+    /// See `RuntimeOptions::submitter_rings`.
+    pub connection_rings: bool,
     /// Injected member faults (tests of real runs).
     pub faults: Option<Arc<Faults>>,
     pub tunables: Tunables,
@@ -112,8 +114,15 @@ impl RunningArray {
             }
         }
         executor.log_choices();
+        if opts.connection_rings
+            && opts.inline_request_max_bytes > 0
+            && executor.completion_mode() == Some(uraid_io::real::CompletionMode::Deferred)
+        {
+            eprintln!("uraid-io: connection threads issue and reap their requests' member I/O on io_uring rings of their own");
+        }
         let rt_opts = RuntimeOptions {
             run_on_submitter_max_bytes: opts.inline_request_max_bytes,
+            submitter_rings: opts.connection_rings,
             ..RuntimeOptions::default()
         };
         let runtime = ArrayRuntime::start(array, executor, &rt_opts).context("starting the array thread")?;
