@@ -79,14 +79,18 @@ pub enum MetaTrapHow {
 
 /// A member failure that falls on one of the array's metadata I/Os (a superblock, bitmap
 /// or bad-block-log write or its flush) as it is issued, so a metadata round is in flight:
-/// the `skip + 1`-th such I/O to `member` (writes only for `WriteError`), counted only
-/// once another member has failed when `after_failure` (a failure-recording round).
+/// the `skip + 1`-th such I/O to `member` (writes only for `WriteError`, only at `only_at`
+/// when given), counted only once another member has failed when `after_failure` (a
+/// failure-recording round).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetaTrap {
     pub member: usize,
     pub skip: u64,
     pub how: MetaTrapHow,
     pub after_failure: bool,
+    /// Count only the metadata I/Os at this member byte offset (the superblock's: the
+    /// dirty-marking, clean-marking and failure-recording rounds).
+    pub only_at: Option<u64>,
 }
 
 /// The metadata I/O a [`MetaTrap`] fell on.
@@ -132,6 +136,7 @@ impl SimMembers {
             if io.member != trap.member
                 || !uraid_core::is_array_meta_io(io.id)
                 || (trap.how == MetaTrapHow::WriteError && io.op != MemberIoOp::Write)
+                || trap.only_at.is_some_and(|at| io.op != MemberIoOp::Write || io.offset_bytes != at)
             {
                 continue;
             }

@@ -279,10 +279,19 @@ fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut 
                 // With a second failure planned, half count only once another member
                 // failed: the round that records that failure meets this one.
                 let after_failure = run.planned_failures >= 2 && seed_pick(spec.seed, 0x3e7c, 2) == 0;
-                let skip = seed_pick(spec.seed, 0x3e7d, if after_failure { 4 } else { 40 });
-                run.meta_trap = Some(MetaTrap { member: m, skip, how, after_failure });
+                // Half count only superblock writes (most metadata I/O is the bitmap's):
+                // the first is the dirty-marking round's, or the one recording the failure.
+                let superblocks = after_failure || seed_pick(spec.seed, 0x3e7e, 2) == 0;
+                let skip = match (after_failure, superblocks) {
+                    (true, _) => 0,
+                    (false, true) => seed_pick(spec.seed, 0x3e7d, 4),
+                    (false, false) => seed_pick(spec.seed, 0x3e7d, 40),
+                };
+                let only_at = superblocks.then_some(SUPERBLOCK_OFFSET_BYTES);
+                run.meta_trap = Some(MetaTrap { member: m, skip, how, after_failure, only_at });
                 report.faults.push(format!(
-                    "{how:?} on member {m} at its metadata I/O {skip}{}",
+                    "{how:?} on member {m} at its {} {skip}{}",
+                    if superblocks { "superblock write" } else { "metadata I/O" },
                     if after_failure { " after another member failed" } else { "" }
                 ));
                 continue;
