@@ -12,7 +12,7 @@ type MergedParts = Vec<(u64, u64, u64)>;
 /// Largest member I/O a merge builds (Linux's default max_sectors_kb is 1280 KiB on SATA).
 pub const MAX_MERGED_MEMBER_IO_BYTES: u64 = 1 << 20;
 
-use crate::disks::SimDisks;
+use crate::disks::{FaultKind, SimDisks};
 use crate::store::PowerLossPolicy;
 use uraid_core::{drive, ArrayEngine};
 
@@ -61,6 +61,46 @@ struct SimMembers {
     /// Merged member I/O -> its parts (original id, byte offset in the merged I/O, length).
     merged: HashMap<u64, MergedParts>,
     next_merged_id: u64,
+    /// A member failure set to fall on a metadata I/O of the array's (see [`MetaTrap`]).
+    meta_trap: Option<MetaTrap>,
+    meta_trap_hit: Option<MetaTrapHit>,
+}
+
+/// How a [`MetaTrap`] fails its member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaTrapHow {
+    /// The metadata write fails (the member's writes to that area fail from then on).
+    WriteError,
+    /// The member stops (fail-stop) with the I/O in flight.
+    FailStop,
+    /// The member's link is lost with the I/O in flight (it comes back later, stale).
+    Dropped,
+}
+
+/// A member failure that falls on one of the array's metadata I/Os (a superblock, bitmap
+/// or bad-block-log write or its flush) as it is issued, so a metadata round is in flight:
+/// the `skip + 1`-th such I/O to `member` (writes only for `WriteError`, only at `only_at`
+/// when given), counted only once another member has failed when `after_failure` (a
+/// failure-recording round).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetaTrap {
+    pub member: usize,
+    pub skip: u64,
+    pub how: MetaTrapHow,
+    pub after_failure: bool,
+    /// Count only the metadata I/Os at this member byte offset (the superblock's: the
+    /// dirty-marking, clean-marking and failure-recording rounds).
+    pub only_at: Option<u64>,
+}
+
+/// The metadata I/O a [`MetaTrap`] fell on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetaTrapHit {
+    pub member: usize,
+    pub op: MemberIoOp,
+    pub offset_bytes: u64,
+    pub len_bytes: u64,
+    pub at_ns: u64,
 }
 
 impl drive::MemberExecutor for SimMembers {
@@ -76,6 +116,57 @@ impl SimMembers {
     /// Hands what was issued at this instant to the disks, merged as a plugged queue would.
     fn unplug(&mut self) {
         let ios = std::mem::take(&mut self.issued);
+        let fail_after = self.spring_meta_trap(&ios);
+        self.submit_all(ios);
+        if let Some((member, kind)) = fail_after {
+            self.disks.fault_now(member, kind);
+        }
+    }
+
+    /// Checks `ios` against the metadata trap: a write error is set before they go, a
+    /// member failure is returned to fire once they went.
+    fn spring_meta_trap(&mut self, ios: &[MemberIo]) -> Option<(usize, FaultKind)> {
+        let trap = self.meta_trap.as_mut()?;
+        if trap.after_failure
+            && !(0..self.disks.member_count()).any(|d| d != trap.member && self.disks.is_failed(d))
+        {
+            return None;
+        }
+        for io in ios {
+            if io.member != trap.member
+                || !uraid_core::is_array_meta_io(io.id)
+                || (trap.how == MetaTrapHow::WriteError && io.op != MemberIoOp::Write)
+                || trap.only_at.is_some_and(|at| io.op != MemberIoOp::Write || io.offset_bytes != at)
+            {
+                continue;
+            }
+            if trap.skip > 0 {
+                trap.skip -= 1;
+                continue;
+            }
+            let trap = self.meta_trap.take().expect("armed");
+            self.meta_trap_hit = Some(MetaTrapHit {
+                member: trap.member,
+                op: io.op,
+                offset_bytes: io.offset_bytes,
+                len_bytes: io.len_bytes,
+                at_ns: self.disks.now_ns(),
+            });
+            return match trap.how {
+                MetaTrapHow::WriteError => {
+                    let kind =
+                        FaultKind::WriteErrors { offset_bytes: io.offset_bytes, len_bytes: io.len_bytes };
+                    self.disks.fault_now(trap.member, kind);
+                    None
+                }
+                MetaTrapHow::FailStop => Some((trap.member, FaultKind::FailStop)),
+                MetaTrapHow::Dropped => Some((trap.member, FaultKind::Dropped)),
+            };
+        }
+        None
+    }
+
+    fn submit_all(&mut self, ios: Vec<MemberIo>) {
         if !self.merge_member_ios {
             for io in ios {
                 self.disks.submit(io);
@@ -174,6 +265,8 @@ impl<E: ArrayEngine> SimArray<E> {
                 merge_member_ios: false,
                 merged: HashMap::new(),
                 next_merged_id: 1 << 62,
+                meta_trap: None,
+                meta_trap_hit: None,
             },
             scheduled: BTreeMap::new(),
             scheduled_seq: 0,
@@ -195,6 +288,16 @@ impl<E: ArrayEngine> SimArray<E> {
 
     pub fn now_ns(&self) -> u64 {
         self.members.disks.now_ns()
+    }
+
+    /// Arms a member failure to fall on a metadata I/O (see [`MetaTrap`]).
+    pub fn set_meta_trap(&mut self, trap: MetaTrap) {
+        self.members.meta_trap = Some(trap);
+    }
+
+    /// The metadata I/O the trap fell on, if it did.
+    pub fn meta_trap_hit(&self) -> Option<MetaTrapHit> {
+        self.members.meta_trap_hit
     }
     pub fn engine(&self) -> &E {
         &self.engine

@@ -433,6 +433,19 @@ impl SimDisks {
         self.fire_due_faults_now();
     }
 
+    /// Fire a fault on `member` now (a fail-stop, a link lost, write errors from now on).
+    pub fn fault_now(&mut self, member: usize, kind: FaultKind) {
+        self.schedule(Fault { trigger: FaultTrigger::AtNs(self.now_ns), member, kind });
+        self.fire_due_faults_now();
+    }
+
+    /// The member's write errors end (a transient fault: a remapped sector, a cable
+    /// reseated); what they failed stays as it was.
+    pub fn clear_write_errors(&mut self, member: usize) {
+        self.members[member].write_error_ranges.clear();
+        self.trace.event(TAG_FAULT, &[self.now_ns, member as u64, 11]);
+    }
+
     fn fire_due_faults_now(&mut self) {
         while let Some(Reverse(e)) = self.events.peek() {
             if e.at_ns > self.now_ns || !matches!(e.kind, EventKind::Fault(_)) {

@@ -13,7 +13,7 @@ use uraid_core::rng::Rng;
 use uraid_core::*;
 
 use super::model::{failed_array_serves_nothing_wrong, read_all_split, settle, Inflight, Model, SECTOR};
-use super::spec::{seed_pick, Run, SimReport, DRAWS};
+use super::spec::{seed_pick, Run, SimReport, BITMAP_AREA_BYTES, DRAWS, SUPERBLOCK_OFFSET_BYTES};
 use crate::array::SimArray;
 use crate::corruption::corrupt_and_repair;
 use crate::meta::{assemble_members, failure_recorded, member_metadata, replay_ppl, slot_disks, start_array};
@@ -44,6 +44,10 @@ pub(super) fn power_cycle(
     let (spec, level, n, geo) = (run.spec, run.level, run.n, &run.geo);
     let sectors = geo.array_sectors();
     let mut buf = vec![0u8; SECTOR as usize];
+    if let Some(said) = meta_trap_hit(&array) {
+        report.draws.push(DRAWS[8]);
+        report.faults.push(said);
+    }
     let states = array.engine().engine().member_states();
     // The disk in each slot at the cut (a hot spare may have taken one).
     let at_crash = slot_disks(array.engine());
@@ -98,8 +102,13 @@ pub(super) fn power_cycle(
         }
     }
     let mut lost_after_crash = false;
+    // Not over ranges a member lists bad after the planned re-add's write errors: they
+    // are lost on that member as latent sectors are.
     if spec.faults
-        && lost.max(run.planned_failures) + usize::from(run.latent_planted) < run.redundancy
+        && lost.max(run.planned_failures)
+            + usize::from(run.latent_planted)
+            + usize::from(run.readd_bad_blocks.is_some())
+            < run.redundancy
         && level.has_parity()
         && rng.below(2) == 0
     {
@@ -416,4 +425,20 @@ fn plant_beyond_redundancy(
             .add_latent_error(run.data_offset_bytes + m0 * SECTOR, (m1 - m0) * SECTOR);
     }
     Some((m0, m1, chosen))
+}
+
+/// What the planned failure on a metadata I/O fell on, if it fell (see `MetaTrap`).
+fn meta_trap_hit(array: &SimArray<Array>) -> Option<String> {
+    let hit = array.meta_trap_hit()?;
+    let sb = crate::meta::member_superblock(array.disks(), hit.member);
+    let bitmap_at = sb.as_ref().and_then(|sb| sb.bitmap_sector()).map(|s| s * SECTOR);
+    let what = match (hit.op, hit.offset_bytes) {
+        (MemberIoOp::Flush, _) => "a metadata flush".to_string(),
+        (_, SUPERBLOCK_OFFSET_BYTES) => "a superblock write".to_string(),
+        (_, o) if bitmap_at.is_some_and(|b| (b..b + BITMAP_AREA_BYTES).contains(&o)) => {
+            "a bitmap page write".to_string()
+        }
+        (_, o) => format!("a metadata write at byte {o} (bad-block log or PPL area)"),
+    };
+    Some(format!("member {} failed on {what} of a metadata round at {} ns", hit.member, hit.at_ns))
 }

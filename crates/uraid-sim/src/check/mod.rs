@@ -18,7 +18,7 @@ use uraid_core::geometry::{algorithm, layout_name, parse_layout};
 use uraid_core::rng::Rng;
 use uraid_core::*;
 
-use super::array::{RunOutcome, SimArray};
+use super::array::{MetaTrap, MetaTrapHow, RunOutcome, SimArray};
 use super::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
 use super::meta::{assemble_members, create_on_disks, member_superblock, start_array};
 use super::store::PowerLossPolicy;
@@ -193,6 +193,8 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
             let at = spec.ops / 8 + seed_pick(spec.seed, 0x5c2c, spec.ops as u64 / 2) as usize;
             (at, if seed_pick(spec.seed, 0x5c2d, 2) == 0 { ScrubKind::Check } else { ScrubKind::Repair })
         }),
+        readd_bad_blocks: None,
+        meta_trap: None,
     };
     if run.unaligned {
         report.draws.push(DRAWS[0]);
@@ -201,12 +203,23 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         report.draws.push(DRAWS[5]);
     }
     let mut power_loss_at_request = plan_faults(&mut run, &mut disks, rng, report);
+    run.readd_bad_blocks = members::plan_readd_bad_blocks(&run);
+    if let Some(r) = run.readd_bad_blocks {
+        report.faults.push(format!(
+            "data write errors member {} bytes {}+{} from request {} to {}, then failed and re-added at \
+             request {}",
+            r.member, r.offset_bytes, r.len_bytes, r.errors_at, r.fail_at, r.readd_at
+        ));
+    }
     if let Some(at) = members::cut_during_replace(&run) {
         power_loss_at_request = Some(power_loss_at_request.map_or(at, |p| p.min(at)));
         report.faults.push(format!("power loss at request {at} (during the replacement)"));
     }
     let mut model = Model::new(run.geo.array_sectors());
     let mut array = SimArray::new(first, disks);
+    if let Some(trap) = run.meta_trap {
+        array.set_meta_trap(trap);
+    }
     members::add_spares(&run, &mut array, report)?;
     // Member queues merge what the engine sends at once (as under md): splitting the merged
     // completions back is checked here too.
@@ -249,6 +262,40 @@ fn plan_faults(run: &mut Run, disks: &mut SimDisks, rng: &mut Rng, report: &mut 
             victims.swap(k, i);
             let at = 50 + rng.below(spec.ops as u64);
             let m = victims[k];
+            // The first failure falls on one of the member's metadata I/Os instead, for one
+            // seed in three (by the seed alone): a round in flight meets it.
+            if k == 0 && seed_pick(spec.seed, 0x3e7a, 3) == 0 {
+                let how = match seed_pick(spec.seed, 0x3e7b, 3) {
+                    0 => {
+                        run.erroring[m] = true;
+                        MetaTrapHow::WriteError
+                    }
+                    1 => MetaTrapHow::FailStop,
+                    _ => {
+                        run.dropped[m] = true;
+                        MetaTrapHow::Dropped
+                    }
+                };
+                // With a second failure planned, half count only once another member
+                // failed: the round that records that failure meets this one.
+                let after_failure = run.planned_failures >= 2 && seed_pick(spec.seed, 0x3e7c, 2) == 0;
+                // Half count only superblock writes (most metadata I/O is the bitmap's):
+                // the first is the dirty-marking round's, or the one recording the failure.
+                let superblocks = after_failure || seed_pick(spec.seed, 0x3e7e, 2) == 0;
+                let skip = match (after_failure, superblocks) {
+                    (true, _) => 0,
+                    (false, true) => seed_pick(spec.seed, 0x3e7d, 4),
+                    (false, false) => seed_pick(spec.seed, 0x3e7d, 40),
+                };
+                let only_at = superblocks.then_some(SUPERBLOCK_OFFSET_BYTES);
+                run.meta_trap = Some(MetaTrap { member: m, skip, how, after_failure, only_at });
+                report.faults.push(format!(
+                    "{how:?} on member {m} at its {} {skip}{}",
+                    if superblocks { "superblock write" } else { "metadata I/O" },
+                    if after_failure { " after another member failed" } else { "" }
+                ));
+                continue;
+            }
             // How the member goes, by the seed (no rng draw: each seed keeps its workload).
             let (kind, what) = match seed_pick(spec.seed, 0xfa11 + k as u64, 8) {
                 // One fail-stop in three is a member that stops answering instead: its I/Os
@@ -388,7 +435,11 @@ fn workload(
     let mut scrub = run.scrub;
     let mut scrubbing = false;
     let mut replace = run.replace;
+    let mut readd = run.readd_bad_blocks.map(|r| (r, members::ReaddStep::Planned));
     loop {
+        if let Some((plan, step)) = &mut readd {
+            members::readd_step(plan, step, array, issued, report)?;
+        }
         if let Some((at, slot)) = replace.filter(|&(at, _)| issued >= at) {
             replace = None;
             members::start_replace(run, array, at, slot, report);

@@ -81,7 +81,23 @@ pub const DRAWS: &[&str] = &[
     "hot spares",
     "partial parity log (RAID5)",
     "replace (a replacement rebuilt beside its member)",
+    "re-add with a bad-block log",
+    "member failures during metadata rounds",
 ];
+
+/// A member whose writes fail on a data range for a while (its bad-block log lists what
+/// failed, it stays in sync), then failed (`uraid fail`) and re-added (`uraid add`, which
+/// loads the device's log and keeps it), all at request counts.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReaddBadBlocks {
+    pub(super) member: usize,
+    /// The member byte range whose writes fail.
+    pub(super) offset_bytes: u64,
+    pub(super) len_bytes: u64,
+    pub(super) errors_at: usize,
+    pub(super) fail_at: usize,
+    pub(super) readd_at: usize,
+}
 
 /// The executor's member timeout (`uraid serve --member-timeout`, 30 s, the SCSI layer's
 /// default) scaled a thousandfold as the upkeep clocks are (`meta::SIM_UPKEEP`).
@@ -124,4 +140,8 @@ pub(super) struct Run<'a> {
     pub(super) scrub: Option<(usize, ScrubKind)>,
     /// Requests in flight.
     pub(super) queue_depth: usize,
+    /// A member with entries in its bad-block log failed and re-added while writes run.
+    pub(super) readd_bad_blocks: Option<ReaddBadBlocks>,
+    /// A planned failure that falls on a metadata I/O, a round in flight.
+    pub(super) meta_trap: Option<crate::array::MetaTrap>,
 }

@@ -154,11 +154,13 @@ fn the_power_cycle_resyncs_what_the_superblocks_and_bitmap_say() {
 /// (raid4): the listed sector was in the damaged block's page, not in its sectors.
 /// 4004933 (raid5): cut while a replacement copied, before the members' superblocks listed
 /// it: the replacement's was taken for the freshest and every member looked stale.
+/// 5000091 (raid5): the checker's own, the re-add draw's listed ranges were not counted as
+/// a loss when another member was failed after the power cut.
 #[test]
 fn seeds_found_failing_pass() {
     for seed in [
         7, 76, 1265, 1313, 1622, 9936, 2000574, 2000741, 2006006, 2006120, 2001088, 2007869, 3002292,
-        3006310, 3009888, 3004493, 4001414, 4002398, 4004933,
+        3006310, 3009888, 3004493, 4001414, 4002398, 4004933, 5000091,
     ] {
         // As `uraid sim --seed N` draws it: the level from the seed.
         let spec = SimSpec { level: None, ops: 2000, ..spec(seed, Level::Raid0) };
@@ -327,4 +329,24 @@ fn the_ci_seeds_meet_a_spare_taking_a_slot_and_a_ppl_replay() {
     let met = |key: &str| ci_seed_reports().iter().any(|(_, r)| r.faults.iter().any(|f| f.contains(key)));
     assert!(met("in slot"), "no CI seed had a hot spare take a failed member's slot");
     assert!(met("partial parity log replayed"), "no CI seed replayed a partial parity log");
+}
+
+/// The CI seeds meet what the two draws of issue 24 are for: a member re-added from its
+/// bitmap with entries in its bad-block log (the ranges it lists hold older data, which no
+/// read may return), and a member failing on a superblock write and on a bitmap page write
+/// of a round in flight, once on the round that records another member's failure.
+#[test]
+fn the_ci_seeds_meet_a_re_add_with_a_bad_block_log_and_failures_in_metadata_rounds() {
+    let met = |key: &str| ci_seed_reports().iter().any(|(_, r)| r.faults.iter().any(|f| f.contains(key)));
+    assert!(met("bad-block entries (from the bitmap"), "no CI seed re-added a member with a bad-block log");
+    assert!(met("failed on a superblock write of a metadata round"), "no CI seed failed a superblock write");
+    assert!(
+        met("failed on a bitmap page write of a metadata round"),
+        "no CI seed failed a bitmap page write"
+    );
+    let recording = ci_seed_reports().iter().any(|(_, r)| {
+        r.faults.iter().any(|f| f.contains("after another member failed"))
+            && r.faults.iter().any(|f| f.contains("failed on a superblock write of a metadata round"))
+    });
+    assert!(recording, "no CI seed failed a member during the round recording another's failure");
 }
