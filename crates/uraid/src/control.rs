@@ -111,6 +111,7 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         "detail" => array.detail(),
         "detail-json" => array.detail_json(),
         "status" => array.status(),
+        "status-json" => array.status_json(),
         "progress" => array.progress(),
         "action" => array.action(arg),
         "fail" => need_arg("fail").and_then(|_| match arg.strip_prefix("--force ") {
@@ -193,6 +194,16 @@ pub struct StatusArgs {
     /// Control socket of the running `uraid serve`.
     #[arg(long)]
     pub control: std::path::PathBuf,
+    /// JSON: the array's state, counts, sync progress and devices (docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct StopArgs {
+    /// Control socket of the running `uraid serve`.
+    #[arg(long)]
+    pub control: std::path::PathBuf,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -236,13 +247,13 @@ pub fn run_set(args: SetArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_status(args: StatusArgs) -> anyhow::Result<()> {
-    print!("{}", request(&args.control, "status")?);
+    print!("{}", request(&args.control, if args.json { "status-json" } else { "status" })?);
     Ok(())
 }
 
 /// `uraid stop`: the server stops as on SIGTERM, and the answer comes once the array is
 /// closed, saying whether it was closed cleanly.
-pub fn run_stop(args: StatusArgs) -> anyhow::Result<()> {
+pub fn run_stop(args: StopArgs) -> anyhow::Result<()> {
     print!("{}", request(&args.control, "stop")?);
     Ok(())
 }

@@ -49,7 +49,7 @@ enum Command {
     List(list::ListArgs),
     /// Stop a running array as SIGTERM does: in-flight requests finish, the array is marked
     /// clean; answers once it is closed (mdadm --stop).
-    Stop(control::StatusArgs),
+    Stop(control::StopArgs),
     /// Scrub a running array: check, repair or idle (md's sync_action, mdadm --action).
     Action(control::ActionArgs),
     /// Mark a member of a running array faulty (mdadm --fail).

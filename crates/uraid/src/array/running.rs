@@ -319,8 +319,8 @@ impl RunningArray {
         for m in &view.members {
             if let DevRole::Replacement { slot } = m.role {
                 info.rows.push(DeviceRow {
-                    number: m.dev_number.to_string(),
-                    slot: slot.to_string(),
+                    number: Some(m.dev_number),
+                    slot: Some(slot),
                     state: "spare rebuilding replacement".into(),
                     path: m.name.clone(),
                 });
@@ -357,6 +357,15 @@ impl RunningArray {
         let (view, io) = self.view_and_io()?;
         let info = self.detail_of(&view);
         Ok(super::report::detail_json(&self.name, &info, &io, &exec))
+    }
+
+    /// `status --json`: the array's state, counts, sync and devices (docs/json.md).
+    pub fn status_json(&self) -> anyhow::Result<String> {
+        let view = self.view()?;
+        // As `status`: what the array let go by then is released before the answer.
+        self.look()?;
+        let v = super::report::status_json(&self.name, &self.detail_of(&view));
+        Ok(serde_json::to_string_pretty(&v)? + "\n")
     }
 
     /// A /proc/mdstat-like view.
