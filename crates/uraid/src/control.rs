@@ -112,6 +112,7 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         "detail-json" => array.detail_json(),
         "status" => array.status(),
         "status-json" => array.status_json(),
+        "monitor" => array.monitor_look(),
         "progress" => array.progress(),
         "action" => array.action(arg),
         "fail" => need_arg("fail").and_then(|_| match arg.strip_prefix("--force ") {

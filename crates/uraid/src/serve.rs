@@ -75,8 +75,8 @@ pub struct ServeArgs {
     #[arg(long = "member-timeout", default_value = "30s", value_parser = parse_timeout)]
     pub member_timeout: std::time::Duration,
     /// Runs PATH as `PATH EVENT ARRAY [MEMBER]` on each of mdadm --monitor's events (Fail,
-    /// DegradedArray, RebuildStarted, Rebuild20/40/60/80, RebuildFinished, SpareActive);
-    /// events also go to stderr.
+    /// FailSpare, DegradedArray, RebuildStarted, Rebuild20/40/60/80, RebuildFinished,
+    /// SpareActive, DeviceDisappeared); events also go to stderr.
     #[arg(long = "monitor-program")]
     pub monitor_program: Option<PathBuf>,
     /// A TestMessage event once serving (mdadm --monitor --test), to check the program runs.

@@ -122,3 +122,112 @@ fn status_detail_examine_and_list_give_numbers_as_numbers() {
     assert!(e["pid"].is_u64(), "{e:#}");
     served.stop();
 }
+
+/// A program that appends its arguments, one call a line, to `heard`.
+fn event_program(dir: &TempDir, name: &str) -> (PathBuf, PathBuf) {
+    let heard = dir.path(&format!("{name}.heard"));
+    let program = dir.path(name);
+    std::fs::write(&program, format!("#!/bin/sh\necho \"$@\" >> {}\n", heard.display())).unwrap();
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (program, heard)
+}
+
+fn heard(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().map(str::to_string).collect()
+}
+
+/// `uraid monitor` runs the program with mdadm's arguments from outside the server: Fail
+/// then DegradedArray on a fail, FailSpare for a device that fails during its rebuild,
+/// the rebuild's events after an add, DeviceDisappeared for a member file deleted and for
+/// the array once its server stops; `--oneshot` reports an array already degraded.
+#[test]
+fn uraid_monitor_runs_the_program_on_the_arrays_events() {
+    let dir = TempDir::new("monitor-verb");
+    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "watched"]);
+    let served = Served::start(&dir, &members, &["--sync-speed-max", "1000"]);
+    let c = served.control.display().to_string();
+    let (program, heard_path) = event_program(&dir, "on-event");
+    let log = std::fs::File::create(dir.path("monitor.log")).unwrap();
+    let mut monitor = std::process::Command::new(URAID)
+        .args([
+            "monitor",
+            "--control",
+            &c,
+            "--program",
+            program.to_str().unwrap(),
+            "--test",
+            "--delay",
+            "0.1",
+        ])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let wait_for = |what: &str| {
+        let t0 = Instant::now();
+        while !heard(&heard_path).iter().any(|l| l.starts_with(what)) {
+            let mlog = std::fs::read_to_string(dir.path("monitor.log")).unwrap_or_default();
+            assert!(t0.elapsed() < Duration::from_secs(30), "no {what}: {:?}\n{mlog}", heard(&heard_path));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for("TestMessage ");
+    let array = heard(&heard_path)[0].split(' ').nth(1).unwrap().to_string();
+    assert!(array.ends_with(":watched"), "{:?}", heard(&heard_path));
+
+    served.ctl("fail", Some(&members[1]));
+    wait_for("DegradedArray");
+    // --oneshot: one look, an array already degraded reported, then exit.
+    let (once, once_heard) = event_program(&dir, "once");
+    ok(
+        uraid(&["monitor", "--oneshot", "--control", &c, "--program", once.to_str().unwrap()]),
+        "monitor --oneshot",
+    );
+    assert_eq!(heard(&once_heard), vec![format!("DegradedArray {array}")]);
+
+    served.ctl("remove", Some(&members[1]));
+    let size = std::fs::metadata(&members[1]).unwrap().len();
+    let new = |name: &str| {
+        let p = dir.path(name);
+        std::fs::File::create(&p).unwrap().set_len(size).unwrap();
+        p
+    };
+    let doomed = new("doomed");
+    served.ctl("add", Some(&doomed));
+    wait_for("RebuildStarted");
+    served.ctl("fail", Some(&doomed));
+    wait_for("FailSpare");
+    served.ctl("remove", Some(&doomed));
+    let new1 = new("new1");
+    served.ctl("add", Some(&new1));
+    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "set");
+    wait_for("SpareActive");
+
+    std::fs::remove_file(&members[0]).unwrap();
+    wait_for("DeviceDisappeared");
+    let (out, st, slog) = served.stop_verb();
+    assert!(out.status.success() && st.success(), "{}\n{slog}", text(&out));
+    let t0 = Instant::now();
+    while !heard(&heard_path).contains(&format!("DeviceDisappeared {array}")) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", heard(&heard_path));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+
+    let got = heard(&heard_path);
+    let pos = |l: String| got.iter().position(|g| *g == l).unwrap_or_else(|| panic!("no {l:?} in {got:?}"));
+    let order = [
+        pos(format!("TestMessage {array}")),
+        pos(format!("Fail {array} {}", members[1].display())),
+        pos(format!("DegradedArray {array}")),
+        pos(format!("RebuildStarted {array}")),
+        pos(format!("FailSpare {array} {}", doomed.display())),
+        pos(format!("Rebuild40 {array}")),
+        pos(format!("SpareActive {array} {}", new1.display())),
+        pos(format!("DeviceDisappeared {array} {}", members[0].display())),
+        pos(format!("DeviceDisappeared {array}")),
+    ];
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{got:?}");
+    assert_eq!(got.iter().filter(|l| l.starts_with("Fail ")).count(), 1, "{got:?}");
+    assert_eq!(got.iter().filter(|l| l.starts_with("DegradedArray")).count(), 1, "{got:?}");
+}
