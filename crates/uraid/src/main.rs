@@ -3,6 +3,7 @@
 mod array;
 mod assemble;
 mod bench;
+mod config;
 mod control;
 mod create;
 mod demo;
