@@ -1,7 +1,8 @@
 //! The control socket of a running `uraid serve`, and the client commands that use it.
 //!
-//! Protocol: the client sends one line (`detail`, `status`, `progress`, `fail [--force] MEMBER`,
-//! `remove MEMBER`, `add MEMBER`, `stop`, ...), the server answers `OK` or `ERR` on the first
+//! Protocol: the client sends one line (`detail`, `status`, `progress`, `monitor` (one look
+//! for `uraid monitor`, JSON), `fail [--force] MEMBER`, `remove MEMBER`, `add MEMBER`,
+//! `stop`, ...), the server answers `OK` or `ERR` on the first
 //! line, then text, and closes the connection.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -149,8 +150,8 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
             stop.stopping.wait().map_err(anyhow::Error::msg)
         }
         other => Err(anyhow::anyhow!(
-            "unknown control command {other:?}: use detail, status, progress, action, fail, remove, add, \
-             replace, set or stop"
+            "unknown control command {other:?}: use detail, detail-json, status, status-json, progress, \
+             monitor, action, fail, remove, add, replace, set or stop"
         )),
     };
     let mut w = stream;

@@ -277,10 +277,11 @@ fn detail_scan_written_to_a_config_file_serves_the_same_array_again() {
 
     let served = Served::start(&dir, &members, &[]);
     let c = served.control.display().to_string();
+    // The control socket accepts once bound; an answer comes once the array is listed.
+    let before = json(ok(uraid(&["detail", "--json", "--control", &c]), "detail --json"));
     let scan = ok(uraid(&["detail", "--scan"]), "detail --scan");
     let line =
         scan.lines().find(|l| l.ends_with(&format!(" control={c}"))).unwrap_or_else(|| panic!("{scan}"));
-    let before = json(ok(uraid(&["detail", "--json", "--control", &c]), "detail --json"));
     let (out, st, log) = served.stop_verb();
     assert!(out.status.success() && st.success(), "{log}");
     let name = line.split_whitespace().nth(1).unwrap().to_string();
