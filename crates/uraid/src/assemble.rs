@@ -19,13 +19,46 @@ pub struct AssembleArgs {
     /// `uraid serve --force`); nothing is written here either.
     #[arg(long, short = 'f')]
     pub force: bool,
+    /// Check the arrays of the config file's ARRAY lines (only NAME's when given), their
+    /// members found by UUID (mdadm --assemble --scan).
+    #[arg(long, value_name = "NAME", num_args = 0..=1, conflicts_with = "members")]
+    pub scan: Option<Option<String>>,
+    /// The config file --scan reads.
+    #[arg(long, default_value = crate::config::DEFAULT_PATH)]
+    pub config: PathBuf,
     /// Member files or block devices, in any order.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "scan")]
     pub members: Vec<PathBuf>,
 }
 
 pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
-    let a = assemble(&args.members, args.run, args.force, false)?;
+    let Some(name) = &args.scan else { return check(&args, &args.members, "<members>") };
+    let config = crate::config::Config::load(&args.config)?;
+    let arrays = match name {
+        Some(n) => vec![config.array(Some(n))?],
+        None => config.arrays.iter().collect(),
+    };
+    let mut failed = 0;
+    for (i, a) in arrays.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        let hint = format!("--scan {}", a.name);
+        let checked = config.find_members(a).and_then(|members| check(&args, &members, &hint));
+        if let Err(e) = checked {
+            eprintln!("uraid: {}: {e:#}", a.name);
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of the {} arrays in {} cannot start", arrays.len(), config.path.display());
+    }
+    Ok(())
+}
+
+/// Checks one array; `serve_with` is what `uraid serve` would be given to serve it.
+fn check(args: &AssembleArgs, members: &[PathBuf], serve_with: &str) -> anyhow::Result<()> {
+    let a = assemble(members, args.run, args.force, false)?;
     for w in &a.plan.warnings {
         eprintln!("uraid: {w}");
     }
@@ -50,7 +83,7 @@ pub fn run(args: AssembleArgs) -> anyhow::Result<()> {
         println!("On start: rebuild of {}", rebuilding.join(", "));
     }
     println!(
-        "\nuraid: the array can start: `uraid serve{}{} <members>` serves it",
+        "\nuraid: the array can start: `uraid serve{}{} {serve_with}` serves it",
         if args.run { " --run" } else { "" },
         if args.force { " --force" } else { "" }
     );

@@ -1,7 +1,8 @@
 //! The control socket of a running `uraid serve`, and the client commands that use it.
 //!
-//! Protocol: the client sends one line (`detail`, `status`, `progress`, `fail [--force] MEMBER`,
-//! `remove MEMBER`, `add MEMBER`, `stop`, ...), the server answers `OK` or `ERR` on the first
+//! Protocol: the client sends one line (`detail`, `status`, `progress`, `monitor` (one look
+//! for `uraid monitor`, JSON), `fail [--force] MEMBER`, `remove MEMBER`, `add MEMBER`,
+//! `stop`, ...), the server answers `OK` or `ERR` on the first
 //! line, then text, and closes the connection.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -111,6 +112,8 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         "detail" => array.detail(),
         "detail-json" => array.detail_json(),
         "status" => array.status(),
+        "status-json" => array.status_json(),
+        "monitor" => array.monitor_look(),
         "progress" => array.progress(),
         "action" => array.action(arg),
         "fail" => need_arg("fail").and_then(|_| match arg.strip_prefix("--force ") {
@@ -147,8 +150,8 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
             stop.stopping.wait().map_err(anyhow::Error::msg)
         }
         other => Err(anyhow::anyhow!(
-            "unknown control command {other:?}: use detail, status, progress, action, fail, remove, add, \
-             replace, set or stop"
+            "unknown control command {other:?}: use detail, detail-json, status, status-json, progress, \
+             monitor, action, fail, remove, add, replace, set or stop"
         )),
     };
     let mut w = stream;
@@ -190,6 +193,16 @@ pub struct MemberCommandArgs {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct StatusArgs {
+    /// Control socket of the running `uraid serve`.
+    #[arg(long)]
+    pub control: std::path::PathBuf,
+    /// JSON: the array's state, counts, sync progress and devices (docs/json.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct StopArgs {
     /// Control socket of the running `uraid serve`.
     #[arg(long)]
     pub control: std::path::PathBuf,
@@ -236,13 +249,13 @@ pub fn run_set(args: SetArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_status(args: StatusArgs) -> anyhow::Result<()> {
-    print!("{}", request(&args.control, "status")?);
+    print!("{}", request(&args.control, if args.json { "status-json" } else { "status" })?);
     Ok(())
 }
 
 /// `uraid stop`: the server stops as on SIGTERM, and the answer comes once the array is
 /// closed, saying whether it was closed cleanly.
-pub fn run_stop(args: StatusArgs) -> anyhow::Result<()> {
+pub fn run_stop(args: StopArgs) -> anyhow::Result<()> {
     print!("{}", request(&args.control, "stop")?);
     Ok(())
 }

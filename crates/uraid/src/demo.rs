@@ -51,7 +51,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let banner = move |url: &str, control: &Path| usage(url, control, &dir);
     serve(
         ServeArgs {
-            listen: args.listen.clone(),
+            listen: Some(args.listen.clone()),
             unix: None,
             export_name: None,
             read_only: false,
@@ -69,6 +69,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             member_timeout: uraid_io::real::DEFAULT_MEMBER_TIMEOUT,
             monitor_program: None,
             monitor_test: false,
+            scan: None,
+            config: crate::config::DEFAULT_PATH.into(),
             debug_faults: Vec::new(),
             members: members.iter().filter(|m| m.exists()).cloned().collect(),
         },

@@ -18,8 +18,9 @@ pub struct DetailArgs {
     /// Print JSON (on a running array with each member's I/O counts).
     #[arg(long)]
     pub json: bool,
-    /// One config line (`ARRAY NAME metadata=1.2 UUID=... devices=...`, mdadm.conf's form)
-    /// for each array running on this machine (see `uraid list`).
+    /// One config line (`ARRAY NAME metadata=1.2 UUID=... devices=...`, mdadm.conf's form,
+    /// with where it is served) for each array running on this machine (see `uraid list`):
+    /// `uraid serve --scan NAME` reads them back.
     #[arg(long, conflicts_with_all = ["control", "json", "members"])]
     pub scan: bool,
     /// Member files or block devices (offline detail).
@@ -29,8 +30,7 @@ pub struct DetailArgs {
 pub fn run(args: DetailArgs) -> anyhow::Result<()> {
     if args.scan {
         for e in crate::list::running_entries() {
-            let devices: Vec<String> = e.members.iter().map(|m| m.display().to_string()).collect();
-            println!("ARRAY {} metadata=1.2 UUID={} devices={}", e.name, e.uuid, devices.join(","));
+            println!("{}", array_line(&e));
         }
         return Ok(());
     }
@@ -51,4 +51,26 @@ pub fn run(args: DetailArgs) -> anyhow::Result<()> {
         print!("{}", detail_text(&a.plan.name, &info));
     }
     Ok(())
+}
+
+/// A running array's config line: its members, and where it is served, so that
+/// `serve --scan NAME` reading it back starts the same array on the same sockets.
+fn array_line(e: &crate::list::Entry) -> String {
+    let devices: Vec<String> = e.members.iter().map(|m| m.display().to_string()).collect();
+    let mut line = format!("ARRAY {} metadata=1.2 UUID={} devices={}", e.name, e.uuid, devices.join(","));
+    let export = if let Some(rest) = e.url.strip_prefix("nbd+unix:///") {
+        rest.split_once("?socket=").map(|(export, socket)| {
+            line += &format!(" unix={socket}");
+            export
+        })
+    } else if let Some((addr, export)) = e.url.strip_prefix("nbd://").and_then(|r| r.split_once('/')) {
+        line += &format!(" listen={addr}");
+        Some(export)
+    } else {
+        None
+    };
+    if let Some(export) = export.filter(|x| !x.is_empty()) {
+        line += &format!(" export-name={export}");
+    }
+    line + &format!(" control={}", e.control.display())
 }

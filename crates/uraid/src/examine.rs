@@ -6,17 +6,23 @@ use anyhow::bail;
 use clap::Args;
 
 use crate::array::member::MemberDev;
-use crate::array::report::{bad_blocks_text, examine_text};
+use crate::array::report::{bad_blocks_text, examine_json, examine_text};
 use uraid_core::meta::{MemberMetadata, OfferedMember};
 
 #[derive(Args, Clone, Debug)]
 pub struct ExamineArgs {
+    /// A JSON array, one object per member (docs/json.md).
+    #[arg(long)]
+    pub json: bool,
     /// Member files or block devices.
     #[arg(required = true)]
     pub members: Vec<PathBuf>,
 }
 
 pub fn run(args: ExamineArgs) -> anyhow::Result<()> {
+    if args.json {
+        return run_json(&args.members);
+    }
     let mut bad = 0;
     for (i, p) in args.members.iter().enumerate() {
         if i > 0 {
@@ -52,6 +58,45 @@ pub fn run(args: ExamineArgs) -> anyhow::Result<()> {
     }
     if bad > 0 {
         bail!("{bad} of {} members have no usable md superblock", args.members.len());
+    }
+    Ok(())
+}
+
+/// `examine --json`: every member in one array; one that cannot be read is an object with
+/// `device` and `error`, and the exit status says so as the text form's does.
+fn run_json(members: &[PathBuf]) -> anyhow::Result<()> {
+    let mut bad = 0;
+    let mut out = Vec::new();
+    for p in members {
+        let failed = |e: String| serde_json::json!({ "device": p.display().to_string(), "error": e });
+        let v = match MemberDev::open(p, false) {
+            Err(e) => failed(format!("{e:#}")),
+            Ok(dev) => match dev.metadata() {
+                MemberMetadata { offered: OfferedMember { superblock: Ok(sb), bitmap, .. }, bad_blocks } => {
+                    let entries = match &bad_blocks {
+                        Ok(Some(bb)) => Some(bb.entries().collect::<Vec<_>>()),
+                        _ => None,
+                    };
+                    let mut v = examine_json(&dev.name, &sb, bitmap.as_deref(), entries.as_deref());
+                    if let Err(e) = bad_blocks {
+                        v["bad_blocks_error"] = e.to_string().into();
+                        bad += 1;
+                    }
+                    v
+                }
+                MemberMetadata { offered: OfferedMember { superblock: Err(e), .. }, .. } => {
+                    failed(e.to_string())
+                }
+            },
+        };
+        if v.get("error").is_some() {
+            bad += 1;
+        }
+        out.push(v);
+    }
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    if bad > 0 {
+        bail!("{bad} of {} members have no usable md superblock", members.len());
     }
     Ok(())
 }

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 pub struct Entry {
     pub name: String,
     pub uuid: String,
+    /// `raid_level`, as `detail --json` names it.
+    #[serde(rename = "raid_level", alias = "level")]
     pub level: String,
     pub pid: u32,
     pub control: PathBuf,

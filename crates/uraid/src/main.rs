@@ -3,6 +3,7 @@
 mod array;
 mod assemble;
 mod bench;
+mod config;
 mod control;
 mod create;
 mod demo;
@@ -10,6 +11,7 @@ mod detail;
 mod examine;
 mod explain;
 mod list;
+mod monitor;
 mod notify;
 mod reproduce;
 mod serve;
@@ -47,9 +49,12 @@ enum Command {
     /// The arrays `uraid serve` runs on this machine: name, uuid, level, state, pid, control
     /// socket and NBD URL.
     List(list::ListArgs),
+    /// Watch a running array and run a program on mdadm --monitor's events (Fail,
+    /// FailSpare, DegradedArray, Rebuild..., SpareActive, DeviceDisappeared, TestMessage).
+    Monitor(monitor::MonitorArgs),
     /// Stop a running array as SIGTERM does: in-flight requests finish, the array is marked
     /// clean; answers once it is closed (mdadm --stop).
-    Stop(control::StatusArgs),
+    Stop(control::StopArgs),
     /// Scrub a running array: check, repair or idle (md's sync_action, mdadm --action).
     Action(control::ActionArgs),
     /// Mark a member of a running array faulty (mdadm --fail).
@@ -96,6 +101,7 @@ fn main() {
         Command::Status(args) => control::run_status(args),
         Command::Stop(args) => control::run_stop(args),
         Command::List(args) => list::run(args),
+        Command::Monitor(args) => monitor::run(args),
         Command::ZeroSuperblock(args) => zero::run(args),
         Command::Fail(args) => control::run_fail(args),
         Command::Remove(args) => control::run_remove(args),

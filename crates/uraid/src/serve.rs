@@ -20,9 +20,10 @@ use crate::array::running::{RunningArray, StartOptions};
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
-    /// TCP address to listen on (loopback by default; use 0.0.0.0:10809 to serve others).
-    #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "unix")]
-    pub listen: String,
+    /// TCP address to listen on (default 127.0.0.1:10809, loopback; use 0.0.0.0:10809 to
+    /// serve others).
+    #[arg(long, conflicts_with = "unix")]
+    pub listen: Option<String>,
     /// Listen on a Unix-domain socket instead of TCP.
     #[arg(long)]
     pub unix: Option<PathBuf>,
@@ -80,8 +81,8 @@ pub struct ServeArgs {
     #[arg(long = "member-timeout", default_value = "30s", value_parser = parse_timeout)]
     pub member_timeout: std::time::Duration,
     /// Runs PATH as `PATH EVENT ARRAY [MEMBER]` on each of mdadm --monitor's events (Fail,
-    /// DegradedArray, RebuildStarted, Rebuild20/40/60/80, RebuildFinished, SpareActive);
-    /// events also go to stderr.
+    /// FailSpare, DegradedArray, RebuildStarted, Rebuild20/40/60/80, RebuildFinished,
+    /// SpareActive, DeviceDisappeared); events also go to stderr.
     #[arg(long = "monitor-program")]
     pub monitor_program: Option<PathBuf>,
     /// A TestMessage event once serving (mdadm --monitor --test), to check the program runs.
@@ -91,9 +92,42 @@ pub struct ServeArgs {
     /// (the first N such I/Os succeed, then COUNT fail, or all). Repeatable.
     #[arg(long = "debug-fault", hide = true)]
     pub debug_faults: Vec<String>,
+    /// Serve the array the config file's ARRAY line NAME describes (the only one when NAME
+    /// is left out), its members found by its UUID (mdadm --assemble --scan).
+    #[arg(long, value_name = "NAME", num_args = 0..=1, conflicts_with = "members")]
+    pub scan: Option<Option<String>>,
+    /// The config file --scan reads.
+    #[arg(long, default_value = crate::config::DEFAULT_PATH)]
+    pub config: PathBuf,
     /// Member files or block devices, in any order.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "scan")]
     pub members: Vec<PathBuf>,
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+/// `serve --scan`: the members the config file's ARRAY line finds, and its listen, unix,
+/// export-name and control options and the file's PROGRAM where the command line gives none.
+fn from_config(mut args: ServeArgs) -> anyhow::Result<ServeArgs> {
+    let Some(name) = args.scan.clone() else { return Ok(args) };
+    let config = crate::config::Config::load(&args.config)?;
+    let a = config.array(name.as_deref())?;
+    args.members = config.find_members(a)?;
+    eprintln!(
+        "uraid: {} (line {} of {}): members {}",
+        a.name,
+        a.line,
+        config.path.display(),
+        args.members.iter().map(|m| m.display().to_string()).collect::<Vec<_>>().join(" ")
+    );
+    if args.listen.is_none() && args.unix.is_none() {
+        args.listen = a.listen.clone();
+        args.unix = a.unix.clone();
+    }
+    args.export_name = args.export_name.or_else(|| a.export_name.clone());
+    args.control = args.control.or_else(|| a.control.clone());
+    args.monitor_program = args.monitor_program.or_else(|| config.program.clone());
+    Ok(args)
 }
 
 enum Listener {
@@ -150,7 +184,7 @@ fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    serve(args, None)
+    serve(from_config(args)?, None)
 }
 
 /// Text printed once serving: given the NBD URL and the control socket path.
@@ -198,10 +232,13 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     // Bind everything before starting the array, so a busy port writes nothing.
     let listener = match &args.unix {
         Some(p) => Listener::Unix(bind_unix(p, "NBD socket")?, p.clone()),
-        None => Listener::Tcp(
-            TcpListener::bind(&args.listen)
-                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {}", args.listen, io_words(&e)))?,
-        ),
+        None => {
+            let listen = args.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+            Listener::Tcp(
+                TcpListener::bind(listen)
+                    .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {}", io_words(&e)))?,
+            )
+        }
     };
     let control_listener = bind_unix(&control_path, "control socket")?;
 

@@ -30,7 +30,7 @@ fn slot_write_bytes(s: &Served, slot: usize) -> u64 {
         .as_array()
         .unwrap()
         .iter()
-        .find(|d| d["raid_device"].as_str().and_then(|s| s.parse::<usize>().ok()) == Some(slot))
+        .find(|d| d["raid_device"].as_u64() == Some(slot as u64))
         .and_then(|d| d["io"]["write_bytes"].as_u64())
         .unwrap_or_else(|| panic!("no I/O counts for slot {slot}: {out}"))
 }

@@ -79,10 +79,9 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
     }
     let mut rows = Vec::new();
     for (slot, v) in d.slots.iter().enumerate() {
-        let (number, path) = match (&v.path, v.dev_number) {
-            (Some(p), Some(n)) => (n.to_string(), p.clone()),
-            (Some(p), None) => ("-".into(), p.clone()),
-            _ => ("-".into(), "-".into()),
+        let (number, path) = match &v.path {
+            Some(p) => (v.dev_number, p.clone()),
+            None => (None, "-".to_string()),
         };
         let st = match v.state {
             MemberState::InSync => "active sync",
@@ -91,26 +90,16 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
             MemberState::Recovering { .. } => "spare rebuilding",
         };
         let path = if matches!(v.state, MemberState::Missing) { "-".to_string() } else { path };
-        rows.push(DeviceRow { number, slot: slot.to_string(), state: st.into(), path });
+        rows.push(DeviceRow { number, slot: Some(slot), state: st.into(), path });
     }
     for (n, p) in d.spares {
-        rows.push(DeviceRow {
-            number: n.to_string(),
-            slot: "-".into(),
-            state: "spare".into(),
-            path: p.clone(),
-        });
+        rows.push(DeviceRow { number: Some(*n), slot: None, state: "spare".into(), path: p.clone() });
     }
     for (n, p) in d.faulty {
-        rows.push(DeviceRow {
-            number: n.to_string(),
-            slot: "-".into(),
-            state: "faulty".into(),
-            path: p.clone(),
-        });
+        rows.push(DeviceRow { number: Some(*n), slot: None, state: "faulty".into(), path: p.clone() });
     }
     for (what, p) in d.others {
-        rows.push(DeviceRow { number: "-".into(), slot: "-".into(), state: what.clone(), path: p.clone() });
+        rows.push(DeviceRow { number: None, slot: None, state: what.clone(), path: p.clone() });
     }
     let count = |f: fn(&MemberState) -> bool| d.slots.iter().filter(|s| f(&s.state)).count();
     DetailInfo {

@@ -7,8 +7,10 @@ use uraid_core::meta::Superblock;
 /// One row of `--detail`'s device table.
 #[derive(Clone, Debug)]
 pub struct DeviceRow {
-    pub number: String,
-    pub slot: String,
+    /// md's device number (the superblock's dev_number); none for a device not in the array.
+    pub number: Option<u32>,
+    /// The raid slot it holds or is rebuilt into; none for spares and failed devices.
+    pub slot: Option<usize>,
     pub state: String,
     pub path: String,
 }

@@ -1,9 +1,13 @@
 //! mdadm --monitor's events, found the way mdadm finds them: by comparing what the array
 //! looks like now with what it looked like at the last look (mdadm compares /proc/mdstat
 //! and the detail between polls). Each event goes to stderr and, with
-//! `serve --monitor-program PATH`, to PATH run as `PATH EVENT ARRAY [MEMBER]`.
+//! `serve --monitor-program PATH` or `uraid monitor --program PATH`, to PATH run as
+//! `PATH EVENT ARRAY [MEMBER]`. The server makes the looks ([`seen`]); `uraid monitor`
+//! gets the same looks through the control socket, so both find events here, one way.
 
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
 
 use uraid_core::array::ArrayView;
 use uraid_core::MemberState;
@@ -17,39 +21,85 @@ pub(super) fn slot_holder(view: &ArrayView, slot: usize) -> Option<&MemberView> 
     active.or_else(|| view.members.iter().rev().find(|m| m.role == DevRole::Faulty { slot }))
 }
 
+/// A slot's state as the events see it (md's words; the rebuild's offset left out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum SlotState {
+    InSync,
+    Rebuilding,
+    Faulty,
+    Missing,
+}
+
+impl From<MemberState> for SlotState {
+    fn from(s: MemberState) -> SlotState {
+        match s {
+            MemberState::InSync => SlotState::InSync,
+            MemberState::Recovering { .. } => SlotState::Rebuilding,
+            MemberState::Faulty => SlotState::Faulty,
+            MemberState::Missing => SlotState::Missing,
+        }
+    }
+}
+
 /// What one look saw, for the next to compare with.
-#[derive(Clone, Debug, Default)]
-struct Seen {
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Seen {
     /// Per slot: its state and the device in it.
-    slots: Vec<(MemberState, Option<String>)>,
+    slots: Vec<(SlotState, Option<String>)>,
+    /// Working devices outside the slots: hot spares and replacements being rebuilt.
+    spares: Vec<String>,
+    /// Failed devices not yet removed.
+    faulty: Vec<String>,
+    /// Members whose device went away: its path names nothing, or another file or device.
+    gone: Vec<String>,
     degraded: bool,
     /// A resync, recovery or scrub running, and how many fifths of it are done.
     sync_fifths: Option<u64>,
 }
 
-fn seen(view: &ArrayView) -> Seen {
+/// One look at the array; `gone` names the members whose device went away (the caller
+/// holds their paths and identities).
+pub fn seen(view: &ArrayView, gone: Vec<String>) -> Seen {
     let slots = view
         .states
         .iter()
         .enumerate()
-        .map(|(slot, &state)| (state, slot_holder(view, slot).map(|m| m.name.clone())))
+        .map(|(slot, &state)| (state.into(), slot_holder(view, slot).map(|m| m.name.clone())))
         .collect();
+    let named =
+        |f: fn(&DevRole) -> bool| view.members.iter().filter(move |m| f(&m.role)).map(|m| m.name.clone());
+    let spares = named(|r| matches!(r, DevRole::Spare | DevRole::Replacement { .. })).collect();
+    let faulty = named(|r| matches!(r, DevRole::Faulty { .. })).collect();
     let sync_fifths =
         view.sync.as_ref().map(|s| (s.done_sectors * 5).checked_div(s.total_sectors).unwrap_or(5));
-    Seen { slots, degraded: view.degraded(), sync_fifths }
+    Seen { slots, spares, faulty, gone, degraded: view.degraded(), sync_fifths }
 }
 
-/// The events between two looks: (mdadm's event name, the member it is about).
-fn between(before: &Seen, now: &Seen) -> Vec<(String, Option<String>)> {
+/// The events between two looks: (mdadm's event name, the member it is about). A first
+/// look (`before` none) reports only an array already degraded, as mdadm does for an
+/// array it sees for the first time.
+fn between(before: Option<&Seen>, now: &Seen) -> Vec<(String, Option<String>)> {
+    let Some(before) = before else {
+        return if now.degraded { vec![("DegradedArray".to_string(), None)] } else { Vec::new() };
+    };
     let mut out = Vec::new();
+    for name in now.gone.iter().filter(|n| !before.gone.contains(n)) {
+        out.push(("DeviceDisappeared".to_string(), Some(name.clone())));
+    }
+    // mdadm's rule: a device that was in sync and is no longer fails (Fail); one that
+    // fails without having been in sync (a spare, a device being rebuilt) is FailSpare.
     for (slot, (state, name)) in now.slots.iter().enumerate() {
         let was = before.slots.get(slot).map(|s| s.0);
-        if *state == MemberState::Faulty && was.is_some_and(|w| w != MemberState::Faulty) {
+        if *state == SlotState::Faulty && was.is_some_and(|w| w != SlotState::Faulty) {
             let who = before.slots.get(slot).and_then(|s| s.1.clone()).or_else(|| name.clone());
-            out.push(("Fail".to_string(), who));
+            let event = if was == Some(SlotState::InSync) { "Fail" } else { "FailSpare" };
+            out.push((event.to_string(), who));
         }
     }
-    if now.degraded && !before.degraded && now.slots.iter().any(|s| s.0 == MemberState::Faulty) {
+    for name in before.spares.iter().filter(|n| now.faulty.contains(n) && !before.faulty.contains(n)) {
+        out.push(("FailSpare".to_string(), Some(name.clone())));
+    }
+    if now.degraded && !before.degraded && now.slots.iter().any(|s| s.0 == SlotState::Faulty) {
         out.push(("DegradedArray".to_string(), None));
     }
     match (before.sync_fifths, now.sync_fifths) {
@@ -65,7 +115,7 @@ fn between(before: &Seen, now: &Seen) -> Vec<(String, Option<String>)> {
     }
     for (slot, (state, name)) in now.slots.iter().enumerate() {
         let was = before.slots.get(slot).map(|s| s.0);
-        if *state == MemberState::InSync && was.is_some_and(|w| w != MemberState::InSync) {
+        if *state == SlotState::InSync && was.is_some_and(|w| w != SlotState::InSync) {
             // A rebuild that began and ended between two looks still began and ended.
             if before.sync_fifths.is_none() && now.sync_fifths.is_none() {
                 out.push(("RebuildStarted".to_string(), None));
@@ -82,6 +132,7 @@ pub struct Events {
     array: String,
     /// To the thread that runs the program, one event after the other, in order.
     program: Option<std::sync::mpsc::Sender<Vec<String>>>,
+    runner: Option<std::thread::JoinHandle<()>>,
     last: Option<Seen>,
 }
 
@@ -101,7 +152,7 @@ impl Events {
                 }
             });
             match spawned {
-                Ok(_) => Some(tx),
+                Ok(t) => Some((tx, t)),
                 Err(e) => {
                     eprintln!(
                         "uraid: {array}: no thread for the monitor program ({e}); events go to stderr only"
@@ -110,16 +161,33 @@ impl Events {
                 }
             }
         });
-        Events { array: array.to_string(), program, last: None }
+        let (program, runner) = program.map_or((None, None), |(tx, t)| (Some(tx), Some(t)));
+        Events { array: array.to_string(), program, runner, last: None }
     }
 
-    /// Compares `view` with the last look; the first look only sets the baseline.
-    pub fn look(&mut self, view: &ArrayView) {
-        let now = seen(view);
-        let events = self.last.as_ref().map(|before| between(before, &now)).unwrap_or_default();
+    /// Compares `now` with the last look; the first look sets the baseline (and reports
+    /// an array already degraded).
+    pub fn look(&mut self, now: Seen) {
+        let events = between(self.last.as_ref(), &now);
         self.last = Some(now);
         for (event, member) in events {
             self.report(&event, member.as_deref());
+        }
+    }
+
+    /// The array went away (its server stopped): mdadm's DeviceDisappeared without a
+    /// member. The next look is a first look again.
+    pub fn disappeared(&mut self) {
+        if self.last.take().is_some() {
+            self.report("DeviceDisappeared", None);
+        }
+    }
+
+    /// Waits until the program has run for every event reported.
+    pub fn finish(mut self) {
+        self.program = None;
+        if let Some(t) = self.runner.take() {
+            let _ = t.join();
         }
     }
 
@@ -147,10 +215,15 @@ mod tests {
 
     fn s(states: &[MemberState], sync: Option<u64>) -> Seen {
         Seen {
-            slots: states.iter().enumerate().map(|(i, &st)| (st, Some(format!("m{i}")))).collect(),
+            slots: states.iter().enumerate().map(|(i, &st)| (st.into(), Some(format!("m{i}")))).collect(),
             degraded: states.iter().any(|x| *x != MemberState::InSync),
             sync_fifths: sync,
+            ..Seen::default()
         }
+    }
+
+    fn between(before: &Seen, now: &Seen) -> Vec<(String, Option<String>)> {
+        super::between(Some(before), now)
     }
 
     #[test]
@@ -181,5 +254,26 @@ mod tests {
                 ("SpareActive".into(), Some("m1".into()))
             ]
         );
+    }
+
+    #[test]
+    fn a_device_failing_before_it_was_in_sync_is_failspare_and_a_vanished_one_disappeared() {
+        use MemberState::*;
+        let failed = s(&[InSync, Faulty, InSync], None);
+        let rebuilding = s(&[InSync, Recovering { recovery_offset_sectors: 0 }, InSync], Some(1));
+        assert_eq!(
+            between(&rebuilding, &failed),
+            vec![("FailSpare".into(), Some("m1".into())), ("RebuildFinished".into(), None)]
+        );
+        let ok = s(&[InSync, InSync], None);
+        let with_spare = Seen { spares: vec!["sp".into()], ..ok.clone() };
+        let spare_failed = Seen { faulty: vec!["sp".into()], ..ok.clone() };
+        assert_eq!(between(&with_spare, &spare_failed), vec![("FailSpare".into(), Some("sp".into()))]);
+        let gone = Seen { gone: vec!["m0".into()], ..ok.clone() };
+        assert_eq!(between(&ok, &gone), vec![("DeviceDisappeared".into(), Some("m0".into()))]);
+        assert!(between(&gone, &gone).is_empty(), "reported once");
+        // A first look reports an array already degraded, and nothing else.
+        assert_eq!(super::between(None, &failed), vec![("DegradedArray".into(), None)]);
+        assert!(super::between(None, &ok).is_empty());
     }
 }

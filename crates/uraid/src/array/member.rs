@@ -12,6 +12,16 @@ use uraid_core::meta::{read_member, MemberMetadata, Superblock, SuperblockError}
 
 use super::IoContext;
 
+/// See [`MemberDev::identity`].
+fn identity_of(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::FileTypeExt;
+    if meta.file_type().is_block_device() {
+        (u64::MAX, meta.rdev())
+    } else {
+        (meta.dev(), meta.ino())
+    }
+}
+
 /// One opened member device.
 #[derive(Debug)]
 pub struct MemberDev {
@@ -41,8 +51,14 @@ impl MemberDev {
         // metadata().len() is 0 for block devices; seeking to the end works for both.
         let size_bytes =
             file.seek(SeekFrom::End(0)).io_context(|| format!("{name}: cannot find its size"))?;
-        let identity = if ft.is_block_device() { (u64::MAX, meta.rdev()) } else { (meta.dev(), meta.ino()) };
-        Ok(MemberDev { path: path.to_path_buf(), name, file, size_bytes, identity })
+        Ok(MemberDev { path: path.to_path_buf(), name, file, size_bytes, identity: identity_of(&meta) })
+    }
+
+    /// Whether its path still names this device: false once the file was deleted or
+    /// replaced, or the disk unplugged (its node gone or another device's). The open
+    /// descriptor may still work; the device is no longer where the user put it.
+    pub fn still_there(&self) -> bool {
+        std::fs::metadata(&self.path).is_ok_and(|m| identity_of(&m) == self.identity)
     }
 
     /// Opens `path` for writing and claims it for this process, as md claims its members:

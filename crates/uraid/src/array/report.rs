@@ -283,42 +283,37 @@ pub fn bad_blocks_text(device: &str, entries: &[(u64, u64)]) -> String {
 /// What a running array's executor did with each member device, by device name.
 pub type ExecutorIo = Vec<(String, uraid_io::real::ExecutorMemberStats)>;
 
-/// `--detail --json`: the same facts as [`detail_text`], for scripts; `io` adds each
-/// device's member I/O counts on a running array, `exec` each device's kind and the I/O
-/// the executor ran buffered, inline or timed out.
-pub fn detail_json(
-    title: &str,
-    d: &DetailInfo,
-    io: &super::member_io::DeviceIo,
-    exec: &ExecutorIo,
-) -> String {
+/// `n` as text, or md's "-" for none.
+fn or_dash<T: ToString>(n: Option<T>) -> String {
+    n.map(|n| n.to_string()).unwrap_or_else(|| "-".to_string())
+}
+
+/// A sync's progress for `--json` (docs/json.md): `done` and `total` in KiB as
+/// /proc/mdstat counts them, the speed in KiB/s and the time left in seconds (null while
+/// unknown).
+fn progress_json(p: &super::detail_info::SyncProgress) -> serde_json::Value {
+    serde_json::json!({
+        "action": p.action,
+        "done": p.done_sectors / 2,
+        "total": p.total_sectors / 2,
+        "percent": if p.total_sectors == 0 { 100.0 } else { p.done_sectors as f64 * 100.0 / p.total_sectors as f64 },
+        "speed_kbps": p.speed_kib_per_s,
+        "eta_s": p.eta_s,
+    })
+}
+
+/// What `status --json` and `detail --json` both give: the array's state, its counts,
+/// the running sync and one row per device. Numbers are JSON numbers; none is null.
+pub fn status_json(title: &str, d: &DetailInfo) -> serde_json::Value {
     let sb = &d.sb;
     let devices: Vec<serde_json::Value> = d
         .rows
         .iter()
         .map(|r| {
-            let mut v = serde_json::json!({
-                "number": r.number, "raid_device": r.slot, "state": r.state, "device": r.path,
-            });
-            if let Some((_, m)) = io.iter().find(|(name, _)| *name == r.path) {
-                v["io"] = serde_json::json!({
-                    "reads": m.reads, "writes": m.writes, "flushes": m.flushes,
-                    "read_bytes": m.read_bytes, "write_bytes": m.write_bytes, "errors": m.errors,
-                });
-            }
-            if let Some((_, x)) = exec.iter().find(|(name, _)| *name == r.path) {
-                v["kind"] = x.kind.map(|k| k.name()).unwrap_or("unknown").into();
-                v["direct_io"] = x.direct.into();
-                let io = v
-                    .as_object_mut()
-                    .and_then(|o| o.entry("io").or_insert(serde_json::json!({})).as_object_mut());
-                if let Some(io) = io {
-                    io.insert("buffered_ios".into(), x.buffered_ios.into());
-                    io.insert("inline_ios".into(), x.inline_ios.into());
-                    io.insert("timed_out_ios".into(), x.timed_out_ios.into());
-                }
-            }
-            v
+            serde_json::json!({
+                "number": r.number, "raid_device": r.slot, "state": r.state,
+                "device": if r.path == "-" { None } else { Some(&r.path) },
+            })
         })
         .collect();
     let mut v = serde_json::json!({
@@ -327,22 +322,12 @@ pub fn detail_json(
         "raid_level": level_name(sb.level),
         "raid_devices": sb.raid_disks,
         "array_size_bytes": d.array_sectors * 512,
-        "used_dev_size_bytes": d.used_dev_sectors * 512,
         "state": d.state,
         "active_devices": d.active,
         "working_devices": d.working,
         "failed_devices": d.failed,
         "spare_devices": d.spares,
-        "events": sb.events,
-        "bitmap": sb.bitmap_sector().is_some(),
-        "progress": d.sync.as_ref().map(|p| serde_json::json!({
-            "action": p.action,
-            "done_sectors": p.done_sectors,
-            "total_sectors": p.total_sectors,
-            "percent": if p.total_sectors == 0 { 100.0 } else { p.done_sectors as f64 * 100.0 / p.total_sectors as f64 },
-            "speed_kib_per_s": p.speed_kib_per_s,
-            "eta_s": p.eta_s,
-        })),
+        "progress": d.sync.as_ref().map(progress_json),
         "devices": devices,
     });
     if let Some(sc) = &d.scrub {
@@ -350,7 +335,135 @@ pub fn detail_json(
         v["last_sync_action"] = sc.last_sync_action.clone().into();
         v["mismatch_cnt"] = sc.mismatch_cnt.into();
     }
+    v
+}
+
+/// `--detail --json`: the same facts as [`detail_text`], for scripts: [`status_json`]'s
+/// fields and the superblock's; `io` adds each device's member I/O counts on a running
+/// array, `exec` each device's kind and the I/O the executor ran buffered, inline or
+/// timed out.
+pub fn detail_json(
+    title: &str,
+    d: &DetailInfo,
+    io: &super::member_io::DeviceIo,
+    exec: &ExecutorIo,
+) -> String {
+    let sb = &d.sb;
+    let mut v = status_json(title, d);
+    v["version"] = superblock_version(sb).into();
+    v["creation_time"] = (sb.ctime & 0xff_ffff_ffff).into();
+    v["update_time"] = (sb.utime & 0xff_ffff_ffff).into();
+    v["used_dev_size_bytes"] = (d.used_dev_sectors * 512).into();
+    v["events"] = sb.events.into();
+    v["bitmap"] = sb.bitmap_sector().is_some().into();
+    v["layout"] = layout_text(sb.level, sb.layout).into();
+    v["chunk_size_bytes"] = chunk_bytes(sb).into();
+    if let Some(devices) = v["devices"].as_array_mut() {
+        for (dev, r) in devices.iter_mut().zip(&d.rows) {
+            if let Some((_, m)) = io.iter().find(|(name, _)| *name == r.path) {
+                dev["io"] = serde_json::json!({
+                    "reads": m.reads, "writes": m.writes, "flushes": m.flushes,
+                    "read_bytes": m.read_bytes, "write_bytes": m.write_bytes, "errors": m.errors,
+                });
+            }
+            if let Some((_, x)) = exec.iter().find(|(name, _)| *name == r.path) {
+                dev["kind"] = x.kind.map(|k| k.name()).unwrap_or("unknown").into();
+                dev["direct_io"] = x.direct.into();
+                let io = dev
+                    .as_object_mut()
+                    .and_then(|o| o.entry("io").or_insert(serde_json::json!({})).as_object_mut());
+                if let Some(io) = io {
+                    io.insert("buffered_ios".into(), x.buffered_ios.into());
+                    io.insert("inline_ios".into(), x.inline_ios.into());
+                    io.insert("timed_out_ios".into(), x.timed_out_ios.into());
+                }
+            }
+        }
+    }
     serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+}
+
+/// "1.2": the superblock's minor version from where it sits.
+fn superblock_version(sb: &Superblock) -> &'static str {
+    match sb.super_offset {
+        0 => "1.1",
+        8 => "1.2",
+        _ => "1.0",
+    }
+}
+
+/// The chunk in bytes where the level has chunks (not raid1).
+fn chunk_bytes(sb: &Superblock) -> Option<u64> {
+    (sb.level != 1 && sb.chunksize > 0).then(|| u64::from(sb.chunksize) * 512)
+}
+
+/// `examine --json` of one member: [`examine_text`]'s facts, sizes and offsets in sectors
+/// as the superblock keeps them (docs/json.md).
+pub fn examine_json(
+    name: &str,
+    sb: &Superblock,
+    bitmap: Option<&[u8]>,
+    bad_blocks: Option<&[(u64, u64)]>,
+) -> serde_json::Value {
+    let array = array_sectors_of(sb);
+    let (role, raid_device) = match sb.role() {
+        role::SPARE => ("spare", None),
+        role::FAULTY => ("faulty", None),
+        role::JOURNAL => ("journal", None),
+        r => ("active", Some(r)),
+    };
+    let mut flags = Vec::new();
+    if sb.devflags & uraid_core::meta::devflags::WRITE_MOSTLY != 0 {
+        flags.push("write-mostly");
+    }
+    if sb.devflags & uraid_core::meta::devflags::FAIL_FAST != 0 {
+        flags.push("failfast");
+    }
+    let bitmap = bitmap.map(|bytes| match BitmapImage::parse(bytes) {
+        Ok(img) => serde_json::json!({
+            "bits": img.sb.bits(), "dirty": img.dirty_count(), "chunk_bytes": img.sb.chunksize,
+            "events": img.sb.events, "events_cleared": img.sb.events_cleared,
+        }),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    });
+    let ppl = sb.feature_map & (feature::PPL | feature::MULTIPLE_PPLS) != 0;
+    serde_json::json!({
+        "device": name,
+        "magic": sb.magic,
+        "version": superblock_version(sb),
+        "feature_map": sb.feature_map,
+        "array_uuid": format_uuid(&sb.set_uuid),
+        "name": sb.name(),
+        "creation_time": sb.ctime & 0xff_ffff_ffff,
+        "raid_level": level_name(sb.level),
+        "raid_devices": sb.raid_disks,
+        "avail_dev_size_sectors": sb.data_size,
+        "array_size_sectors": array,
+        "used_dev_size_sectors": sb.size,
+        "data_offset_sectors": sb.data_offset,
+        "super_offset_sectors": sb.super_offset,
+        "recovery_offset_sectors": sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset),
+        "state": if sb.resync_offset == MAX_SECTOR { "clean" } else { "active" },
+        "resync_offset_sectors": (sb.resync_offset != MAX_SECTOR).then_some(sb.resync_offset),
+        "device_uuid": format_uuid(&sb.device_uuid),
+        "bitmap_offset_sectors": sb.bitmap_sector().map(|_| sb.bitmap_offset),
+        "ppl_offset_sectors": ppl.then(|| sb.ppl_offset()),
+        "ppl_size_sectors": ppl.then(|| sb.ppl_size()),
+        "update_time": sb.utime & 0xff_ffff_ffff,
+        "bad_block_log_entries": (sb.bblog_size > 0).then(|| u32::from(sb.bblog_size) * 64),
+        "checksum": sb.sb_csum,
+        "events": sb.events,
+        "layout": layout_text(sb.level, sb.layout),
+        "chunk_size_bytes": chunk_bytes(sb),
+        "flags": flags,
+        "device_role": role,
+        "raid_device": raid_device,
+        "array_state": array_state(sb),
+        "bitmap": bitmap,
+        "bad_blocks": bad_blocks.map(|b| b.iter().map(|(sector, sectors)| serde_json::json!({
+            "sector": sector, "sectors": sectors,
+        })).collect::<Vec<_>>()),
+    })
 }
 
 pub fn detail_text(title: &str, d: &DetailInfo) -> String {
@@ -424,7 +537,8 @@ pub fn detail_text(title: &str, d: &DetailInfo) -> String {
     s.push('\n');
     let _ = writeln!(s, "    Number   RaidDevice   State                   Device");
     for r in &d.rows {
-        let _ = writeln!(s, "    {:>6}   {:>10}   {:<22}  {}", r.number, r.slot, r.state, r.path);
+        let (number, slot) = (or_dash(r.number), or_dash(r.slot));
+        let _ = writeln!(s, "    {number:>6}   {slot:>10}   {:<22}  {}", r.state, r.path);
     }
     for (dev, entries) in &d.bad_blocks {
         s.push('\n');

@@ -148,7 +148,8 @@ impl RunningArray {
         });
         // The events' baseline is the array as it starts, before any verb can change it.
         if let Ok(view) = arr.view() {
-            arr.events.lock().unwrap_or_else(|e| e.into_inner()).look(&view);
+            let seen = super::events::seen(&view, arr.gone());
+            arr.events.lock().unwrap_or_else(|e| e.into_inner()).look(seen);
         }
         let me = arr.clone();
         let t = std::thread::Builder::new()
@@ -228,7 +229,8 @@ impl RunningArray {
         for n in notices {
             eprintln!("uraid: {}: {n}", self.name);
         }
-        self.events.lock().unwrap_or_else(|e| e.into_inner()).look(&view);
+        let seen = super::events::seen(&view, self.gone());
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).look(seen);
         let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
         for key in released {
             // Its claim (flock) goes with the file: another array may take it now.
@@ -237,13 +239,25 @@ impl RunningArray {
         Ok(())
     }
 
-    /// Stops serving: the runtime finishes the requests in flight and flushes, the array
-    /// marks its superblocks clean through it, then the thread ends.
+    /// The members whose device went away (see `MemberDev::still_there`).
+    fn gone(&self) -> Vec<String> {
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        members.values().filter(|m| !m.still_there()).map(|m| m.name.clone()).collect()
+    }
+
+    /// One look for `uraid monitor`: the array's name and what the events compare.
+    pub fn monitor_look(&self) -> anyhow::Result<String> {
+        let seen = super::events::seen(&self.view()?, self.gone());
+        Ok(serde_json::to_string(&serde_json::json!({ "array": self.name, "seen": seen }))? + "\n")
+    }
+
     /// mdadm --monitor --test: a TestMessage event now.
     pub fn test_event(&self) {
         self.events.lock().unwrap_or_else(|e| e.into_inner()).test_message();
     }
 
+    /// Stops serving: the runtime finishes the requests in flight and flushes, the array
+    /// marks its superblocks clean through it, then the thread ends.
     pub fn stop(&self) -> anyhow::Result<()> {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.monitor.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -328,8 +342,8 @@ impl RunningArray {
         for m in &view.members {
             if let DevRole::Replacement { slot } = m.role {
                 info.rows.push(DeviceRow {
-                    number: m.dev_number.to_string(),
-                    slot: slot.to_string(),
+                    number: Some(m.dev_number),
+                    slot: Some(slot),
                     state: "spare rebuilding replacement".into(),
                     path: m.name.clone(),
                 });
@@ -366,6 +380,15 @@ impl RunningArray {
         let (view, io) = self.view_and_io()?;
         let info = self.detail_of(&view);
         Ok(super::report::detail_json(&self.name, &info, &io, &exec))
+    }
+
+    /// `status --json`: the array's state, counts, sync and devices (docs/json.md).
+    pub fn status_json(&self) -> anyhow::Result<String> {
+        let view = self.view()?;
+        // As `status`: what the array let go by then is released before the answer.
+        self.look()?;
+        let v = super::report::status_json(&self.name, &self.detail_of(&view));
+        Ok(serde_json::to_string_pretty(&v)? + "\n")
     }
 
     /// A /proc/mdstat-like view.
