@@ -68,6 +68,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             member_timeout: uraid_io::real::DEFAULT_MEMBER_TIMEOUT,
             monitor_program: None,
             monitor_test: false,
+            metrics: None,
             debug_faults: Vec::new(),
             members: members.iter().filter(|m| m.exists()).cloned().collect(),
         },

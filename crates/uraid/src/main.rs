@@ -10,6 +10,7 @@ mod detail;
 mod examine;
 mod explain;
 mod list;
+mod metrics;
 mod notify;
 mod reproduce;
 mod serve;
