@@ -145,7 +145,19 @@ fn metrics_follow_io_a_fail_and_an_add() {
     // removed, then gone.
     let new = dir.path("m3");
     std::fs::File::create(&new).unwrap().set_len(std::fs::metadata(&members[0]).unwrap().len()).unwrap();
+    let control = served.control.display().to_string();
+    // Slowed to 1 MB/s, the rebuild is seen under way.
+    ok(uraid(&["set", "sync_speed_max", "1000", "--control", &control]), "uraid set");
     served.ctl("add", Some(&new));
+    let s =
+        wait_for(&url, "the rebuild under way", |s| get(s, "uraid_sync_speed_bytes_per_second", &[]) > 0.0);
+    assert_eq!(get(&s, "node_md_state", &[("state", "recovering")]), 1.0);
+    assert_eq!(get(&s, "node_md_state", &[("state", "active")]), 0.0);
+    assert_eq!(get(&s, "uraid_sync_action", &[("action", "recover")]), 1.0);
+    assert!(get(&s, "node_md_blocks_synced", &[]) < blocks);
+    let new_name = new.display().to_string();
+    assert_eq!(get(&s, "uraid_member_state", &[("member", &new_name), ("state", "rebuilding")]), 1.0);
+    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &control]), "uraid set");
     let s = wait_for(&url, "the rebuilt member", |s| get(s, "node_md_disks", &[("state", "active")]) == 3.0);
     assert_eq!(get(&s, "node_md_state", &[("state", "active")]), 1.0);
     assert_eq!(get(&s, "node_md_blocks_synced", &[]), blocks);
