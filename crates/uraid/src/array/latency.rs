@@ -125,4 +125,21 @@ mod tests {
         assert_eq!(s[Op::Flush as usize].count(), 1);
         assert_eq!(s[Op::Write as usize].count(), 0);
     }
+
+    /// What timing one request costs (two clock reads, one record), by hand:
+    /// `cargo test --release -p uraid --bin uraid -- --ignored --nocapture timing_cost`.
+    #[test]
+    #[ignore]
+    fn timing_cost() {
+        let l = Latency::default();
+        let n = 10_000_000u64;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            let t0 = std::time::Instant::now();
+            l.record(Op::Read, std::hint::black_box(t0.elapsed().as_nanos() as u64));
+        }
+        let per = t.elapsed().as_nanos() as f64 / n as f64;
+        println!("timing one request: {per:.1} ns");
+        assert_eq!(l.snapshot()[0].count(), n);
+    }
 }
