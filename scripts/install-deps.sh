@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests drive (real NBD clients, fio, zstd, mdadm, systemd's
-# unit checker) when missing.
+# unit checker, curl for the metrics endpoint) when missing.
 set -euo pipefail
 need=()
-for pair in qemu-io:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdkit:nbdkit fio:fio zstd:zstd mdadm:mdadm systemd-analyze:systemd; do
+for pair in qemu-io:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdkit:nbdkit fio:fio zstd:zstd mdadm:mdadm systemd-analyze:systemd curl:curl; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -39,3 +39,14 @@ impl ArrayStats {
         self.members.iter().map(|m| m.writes).sum()
     }
 }
+
+/// The stripe cache of a raid4/5/6 array, as md's sysfs shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StripeCacheUsage {
+    /// md's stripe_cache_size: the most stripe heads the cache holds.
+    pub size: usize,
+    /// Heads in the cache now, busy or kept idle for a later hit.
+    pub heads: usize,
+    /// md's stripe_cache_active: heads with work on them (requests, member I/O, a sync).
+    pub active: usize,
+}

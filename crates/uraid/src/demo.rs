@@ -71,6 +71,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             monitor_test: false,
             scan: None,
             config: crate::config::DEFAULT_PATH.into(),
+            metrics: None,
             debug_faults: Vec::new(),
             members: members.iter().filter(|m| m.exists()).cloned().collect(),
         },

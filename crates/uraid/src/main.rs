@@ -12,6 +12,7 @@ mod examine;
 mod explain;
 mod list;
 mod monitor;
+mod metrics;
 mod notify;
 mod reproduce;
 mod serve;

@@ -85,6 +85,11 @@ pub struct ServeArgs {
     /// SpareActive, DeviceDisappeared); events also go to stderr.
     #[arg(long = "monitor-program")]
     pub monitor_program: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (node_exporter's
+    /// node_md_* names and uraid's own; docs/metrics.md). Port 0 picks a free one; the
+    /// address is printed at start.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
     /// A TestMessage event once serving (mdadm --monitor --test), to check the program runs.
     #[arg(long = "monitor-test", requires = "monitor_program")]
     pub monitor_test: bool,
@@ -241,6 +246,13 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         }
     };
     let control_listener = bind_unix(&control_path, "control socket")?;
+    let metrics_listener = match &args.metrics {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for --metrics: {}", io_words(&e)))?,
+        ),
+        None => None,
+    };
 
     // A stale member (older events) is never used for its data; like `mdadm --re-add`, it is
     // brought back by rebuilding it from the others once the array runs, if the array still
@@ -309,11 +321,15 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         url: url.clone(),
         members: args.members.iter().map(|m| absolute(m)).collect(),
     });
+    let metrics_line = match &metrics_listener {
+        Some(l) => format!("\nuraid: metrics on http://{}/metrics", l.local_addr()?),
+        None => String::new(),
+    };
     // Said before the control socket answers: whoever reaches it (a test, a script reading
     // the log) finds the pid and the stop hint printed.
     eprintln!(
         "uraid: serving {} ({}, {} devices, {}) on {url}, pid {}\nuraid: control socket {}\n\
-         uraid: `uraid stop --control {}` stops it (as SIGTERM does)",
+         uraid: `uraid stop --control {}` stops it (as SIGTERM does){metrics_line}",
         array.name,
         level_name(array.geometry.level.md_level()),
         array.geometry.raid_disks,
@@ -332,6 +348,18 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         std::thread::Builder::new()
             .name("uraid-control".into())
             .spawn(move || crate::control::serve(control_listener, array, stop, handle))?
+    };
+    let stop_metrics = Arc::new(AtomicBool::new(false));
+    let metrics_thread = match metrics_listener {
+        Some(l) => {
+            let (array, stop) = (array.clone(), stop_metrics.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("uraid-metrics".into())
+                    .spawn(move || crate::metrics::serve(l, array, stop))?,
+            )
+        }
+        None => None,
     };
     let shutdown = server.shutdown_handle();
     let signal_handle = signals.handle();
@@ -372,6 +400,10 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     });
     stop_control.store(true, std::sync::atomic::Ordering::SeqCst);
     let _ = control_thread.join();
+    stop_metrics.store(true, std::sync::atomic::Ordering::SeqCst);
+    if let Some(t) = metrics_thread {
+        let _ = t.join();
+    }
     let _ = std::fs::remove_file(&control_path);
     if let Listener::Unix(_, p) = &listener {
         let _ = std::fs::remove_file(p);

@@ -88,6 +88,11 @@ impl Array {
         }
     }
 
+    /// See [`crate::Engine::stripe_cache_usage`].
+    pub fn stripe_cache_usage(&self) -> Option<crate::stats::StripeCacheUsage> {
+        self.engine.stripe_cache_usage()
+    }
+
     /// Whether nothing is left to write: no request, no metadata round, no upkeep owed
     /// soon (a test waits for this before reading the members).
     pub fn quiet(&self) -> bool {

@@ -222,6 +222,16 @@ impl Engine {
         self.md.stats()
     }
 
+    /// The stripe cache's size and occupancy (raid4/5/6; None on other levels). Walks the
+    /// cache's heads: for a look now and then, not per request.
+    pub fn stripe_cache_usage(&self) -> Option<crate::stats::StripeCacheUsage> {
+        if !self.md.geo.level.has_parity() {
+            return None;
+        }
+        let (heads, active) = self.md.cache.occupancy();
+        Some(crate::stats::StripeCacheUsage { size: self.md.tun.stripe_cache_size, heads, active })
+    }
+
     /// Reset the accounting (e.g. between the phases of an experiment).
     pub fn reset_stats(&mut self) {
         self.md.reset_stats()

@@ -196,6 +196,11 @@ pub(crate) struct StripeCache {
 }
 
 impl StripeCache {
+    /// Heads in the cache, and those of them with work on them.
+    pub(crate) fn occupancy(&self) -> (usize, usize) {
+        (self.heads.len(), self.heads.values().filter(|h| !h.idle()).count())
+    }
+
     pub(crate) fn new(geo: &Geometry) -> Self {
         let head_sectors = if geo.level.has_parity() { geo.chunk_sectors.min(MAX_HEAD_SECTORS) } else { 8 };
         let n = geo.raid_disks as u64;

@@ -3,16 +3,21 @@
 //! writes the edge sectors of unaligned writes, in order with every overlapping write).
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use uraid_core::array::Array;
 use uraid_core::{CompletionRound, Request, RequestCompletion, RequestError};
 use uraid_io::runtime::RuntimeHandle;
 use uraid_nbd::{BlockDevice, BlockError, BlockRequest, Completion};
 
+use super::latency::{Latency, Op};
+
 pub struct ArrayDevice {
     handle: RuntimeHandle<Array>,
     size_bytes: u64,
     read_only: bool,
+    /// Each request's time from here to its completion, per operation.
+    pub latency: Arc<Latency>,
 }
 
 fn to_block_error(e: RequestError) -> BlockError {
@@ -25,15 +30,18 @@ fn to_block_error(e: RequestError) -> BlockError {
 
 impl ArrayDevice {
     pub fn new(handle: RuntimeHandle<Array>, size_bytes: u64, read_only: bool) -> ArrayDevice {
-        ArrayDevice { handle, size_bytes, read_only }
+        ArrayDevice { handle, size_bytes, read_only, latency: Arc::default() }
     }
 
     /// Submits to the runtime; if it has stopped, `done` still runs (with ArrayFailed), so
     /// no NBD request is left unanswered.
-    fn send(&self, req: Request, done: Completion, round: &mut CompletionRound) {
+    fn send(&self, req: Request, op: Op, done: Completion, round: &mut CompletionRound) {
         let slot = Arc::new(Mutex::new(Some(done)));
         let in_cb = slot.clone();
+        let latency = self.latency.clone();
+        let t0 = Instant::now();
         let cb = Box::new(move |c: RequestCompletion, round: &mut CompletionRound| {
+            latency.record(op, t0.elapsed().as_nanos() as u64);
             if let Some(d) = in_cb.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 d(c.result.map_err(to_block_error), round)
             }
@@ -78,31 +86,31 @@ impl BlockDevice for ArrayDevice {
     }
 
     fn submit(&self, req: BlockRequest, done: Completion, round: &mut CompletionRound) {
-        let req = match req {
+        let (req, op) = match req {
             BlockRequest::Read { offset_bytes, len_bytes } => {
-                Request::read(0, offset_bytes, u64::from(len_bytes))
+                (Request::read(0, offset_bytes, u64::from(len_bytes)), Op::Read)
             }
             BlockRequest::Write { offset_bytes, data, fua } => {
                 let mut r = Request::write(0, offset_bytes, data);
                 r.fua = fua;
-                r
+                (r, Op::Write)
             }
-            BlockRequest::Flush => Request::flush(0),
+            BlockRequest::Flush => (Request::flush(0), Op::Flush),
             BlockRequest::WriteZeroes { fast_only: true, .. } => {
                 return done(Err(BlockError::NotSupported), round)
             }
             BlockRequest::WriteZeroes { offset_bytes, len_bytes, fua, .. } => {
                 let mut r = Request::write_zeroes(0, offset_bytes, u64::from(len_bytes));
                 r.fua = fua;
-                r
+                (r, Op::WriteZeroes)
             }
             BlockRequest::Trim { offset_bytes, len_bytes, fua } => {
                 let mut r = Request::trim(0, offset_bytes, u64::from(len_bytes));
                 r.fua = fua;
-                r
+                (r, Op::Trim)
             }
             BlockRequest::Cache { .. } => return done(Ok(Vec::new()), round),
         };
-        self.send(req, done, round);
+        self.send(req, op, done, round);
     }
 }

@@ -6,6 +6,7 @@ pub mod detail;
 pub mod detail_info;
 pub mod device;
 pub mod events;
+pub mod latency;
 pub mod member;
 pub mod member_io;
 pub mod report;
