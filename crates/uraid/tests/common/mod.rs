@@ -113,7 +113,12 @@ impl Served {
         };
         let t0 = Instant::now();
         loop {
-            if std::os::unix::net::UnixStream::connect(&control).is_ok() && sock.exists() {
+            // The control socket accepts connections from its bind on; the stop hint is
+            // printed once the array is listed, just before the control socket is served.
+            if std::os::unix::net::UnixStream::connect(&control).is_ok()
+                && sock.exists()
+                && s.log_text().contains("uraid stop --control")
+            {
                 break;
             }
             if let Some(st) = s.child.as_mut().unwrap().try_wait().unwrap() {
