@@ -9,17 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn create(dir: &TempDir, level: &str, n: usize, extra: &[&str]) -> Vec<PathBuf> {
-    let members: Vec<PathBuf> = (0..n).map(|i| dir.path(&format!("m{i}"))).collect();
-    let count = n.to_string();
-    let mut args =
-        vec!["create", "--level", level, "--raid-devices", &count, "--size", "16M", "--assume-clean"];
-    args.extend_from_slice(extra);
-    args.extend(paths(&members));
-    ok(uraid(&args), "uraid create");
-    members
-}
-
 fn status(s: &Served) -> String {
     let c = s.control.display().to_string();
     let o = bounded(URAID, &["status", "--control", &c], Duration::from_secs(10));
@@ -60,7 +49,7 @@ fn copy_in(src: &Path, url: &str) {
 #[test]
 fn a_failing_superblock_and_bitmap_write_fails_the_member_not_the_client() {
     let dir = TempDir::new("metafault");
-    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "metafault"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--name", "metafault"]);
     let served = Served::start(&dir, &members, &["--debug-fault", "member=1,op=meta"]);
     let src = pattern_file(&dir, 1 << 20, 3);
     copy_in(&src, &served.url);
@@ -76,7 +65,7 @@ fn a_failing_superblock_and_bitmap_write_fails_the_member_not_the_client() {
 #[test]
 fn a_member_flush_failing_under_the_clean_marking_flush_does_not_hang() {
     let dir = TempDir::new("flushfault");
-    let members = create(&dir, "5", 3, &["--bitmap", "none", "--name", "flushfault"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "none", "--name", "flushfault"]);
     // The first flush of member 2 is the one under its superblock marked dirty; the
     // second, the one the array issues before marking clean, fails.
     let served = Served::start(&dir, &members, &["--debug-fault", "member=2,op=flush,after=1"]);
@@ -98,7 +87,7 @@ fn a_member_flush_failing_under_the_clean_marking_flush_does_not_hang() {
 #[test]
 fn a_data_write_error_fails_the_member_and_writes_go_on() {
     let dir = TempDir::new("writefault");
-    let members = create(&dir, "6", 4, &["--bitmap", "internal", "--name", "writefault"]);
+    let members = create_clean(&dir, "6", 4, "16M", &["--bitmap", "internal", "--name", "writefault"]);
     let served = Served::start(&dir, &members, &["--debug-fault", "member=3,op=write,after=20"]);
     let src = pattern_file(&dir, 4 << 20, 9);
     copy_in(&src, &served.url);
@@ -113,7 +102,7 @@ fn a_data_write_error_fails_the_member_and_writes_go_on() {
 #[test]
 fn a_superblock_write_goes_through_the_executor_and_its_failed_flush_fails_the_member() {
     let dir = TempDir::new("sbflush");
-    let members = create(&dir, "1", 2, &["--bitmap", "none", "--name", "sbflush"]);
+    let members = create_clean(&dir, "1", 2, "16M", &["--bitmap", "none", "--name", "sbflush"]);
     let served = Served::start(&dir, &members, &["--debug-fault", "member=1,op=flush"]);
     let src = pattern_file(&dir, 1 << 20, 7);
     copy_in(&src, &served.url);
@@ -131,7 +120,7 @@ fn a_superblock_write_goes_through_the_executor_and_its_failed_flush_fails_the_m
 /// to the same bytes with `mismatch_cnt` 0.
 fn second_failure_during_recovery(op: &str) {
     let dir = TempDir::new(&format!("recfault-{op}"));
-    let members = create(&dir, "6", 4, &["--bitmap", "none", "--name", "recfault"]);
+    let members = create_clean(&dir, "6", 4, "16M", &["--bitmap", "none", "--name", "recfault"]);
     let arm = dir.path("arm");
     let rule = format!("member=3,op={op},when={}", arm.display());
     let served = Served::start(&dir, &members, &["--debug-fault", &rule, "--sync-speed-max", "2000"]);
@@ -193,7 +182,7 @@ fn a_member_whose_flushes_fail_during_recovery_is_failed_and_the_rebuild_finishe
 #[test]
 fn a_member_that_never_answers_is_failed_after_its_timeout_and_nothing_waits_on_it() {
     let dir = TempDir::new("hung");
-    let members = create(&dir, "5", 4, &["--bitmap", "internal", "--name", "hung"]);
+    let members = create_clean(&dir, "5", 4, "16M", &["--bitmap", "internal", "--name", "hung"]);
     let arm = dir.path("arm-hang");
     let rule = format!("member=1,op=write,hold,when={}", arm.display());
     let served = Served::start(&dir, &members, &["--member-timeout", "1s", "--debug-fault", &rule]);
@@ -246,7 +235,7 @@ fn a_member_that_never_answers_is_failed_after_its_timeout_and_nothing_waits_on_
 #[test]
 fn a_close_that_no_member_records_is_not_reported_clean() {
     let dir = TempDir::new("closefail");
-    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "closefail"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--name", "closefail"]);
     let arm = dir.path("arm-close");
     let rules: Vec<String> = (0..3).map(|m| format!("member={m},op=meta,when={}", arm.display())).collect();
     let mut extra: Vec<&str> = Vec::new();
@@ -276,7 +265,7 @@ fn a_close_that_no_member_records_is_not_reported_clean() {
 #[test]
 fn uraid_stop_answers_once_the_array_is_closed_clean() {
     let dir = TempDir::new("stopverb");
-    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "stopverb"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--name", "stopverb"]);
     let served = Served::start(&dir, &members, &[]);
     let log = served.log_text();
     assert!(log.contains(&format!("uraid stop --control {}", served.control.display())), "{log}");
@@ -338,7 +327,7 @@ fn uraid_stop_answers_once_the_array_is_closed_clean() {
 #[test]
 fn force_takes_back_the_freshest_member_that_dropped_out() {
     let dir = TempDir::new("forceback");
-    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "forceback"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--name", "forceback"]);
     let mut served = Served::start(&dir, &members, &[]);
     let src = pattern_file(&dir, 1 << 20, 19);
     copy_in(&src, &served.url);
@@ -376,7 +365,7 @@ fn force_takes_back_the_freshest_member_that_dropped_out() {
 #[test]
 fn serve_tells_systemd_when_it_is_ready_and_when_it_stops() {
     let dir = TempDir::new("sdnotify");
-    let members = create(&dir, "1", 2, &["--name", "sdnotify"]);
+    let members = create_clean(&dir, "1", 2, "16M", &["--name", "sdnotify"]);
     let notify_path = dir.path("notify.sock");
     let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -423,7 +412,7 @@ fn serve_tells_systemd_when_it_is_ready_and_when_it_stops() {
 #[test]
 fn the_monitor_program_hears_a_fail_and_the_rebuild_after_an_add() {
     let dir = TempDir::new("monitor");
-    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "monitor"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--name", "monitor"]);
     let heard = dir.path("heard");
     let program = dir.path("on-event");
     std::fs::write(&program, format!("#!/bin/sh\necho \"$@\" >> {}\n", heard.display())).unwrap();

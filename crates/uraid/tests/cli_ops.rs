@@ -8,17 +8,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn create(dir: &TempDir, level: &str, n: usize, extra: &[&str]) -> Vec<PathBuf> {
-    let members: Vec<PathBuf> = (0..n).map(|i| dir.path(&format!("m{i}"))).collect();
-    let count = n.to_string();
-    let mut args =
-        vec!["create", "--level", level, "--raid-devices", &count, "--size", "16M", "--assume-clean"];
-    args.extend_from_slice(extra);
-    args.extend(paths(&members));
-    ok(uraid(&args), "uraid create");
-    members
-}
-
 fn json(out: String) -> serde_json::Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}):\n{out}"))
 }
@@ -44,7 +33,7 @@ fn no_numbers_as_strings(v: &serde_json::Value, path: &str) {
 #[test]
 fn status_detail_examine_and_list_give_numbers_as_numbers() {
     let dir = TempDir::new("json");
-    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "json"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--name", "json"]);
 
     let ex = json(ok(uraid(&[&["examine", "--json"][..], &paths(&members)].concat()), "examine --json"));
     no_numbers_as_strings(&ex, "examine");
@@ -143,7 +132,7 @@ fn heard(path: &std::path::Path) -> Vec<String> {
 #[test]
 fn uraid_monitor_runs_the_program_on_the_arrays_events() {
     let dir = TempDir::new("monitor-verb");
-    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "watched"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--name", "watched"]);
     let served = Served::start(&dir, &members, &["--sync-speed-max", "1000"]);
     let c = served.control.display().to_string();
     let (program, heard_path) = event_program(&dir, "on-event");
@@ -265,7 +254,7 @@ fn serve_until_ready(args: &[&str], control: &std::path::Path, log: &std::path::
 #[test]
 fn detail_scan_written_to_a_config_file_serves_the_same_array_again() {
     let dir = TempDir::new("scan");
-    let members = create(&dir, "5", 3, &["--bitmap", "internal", "--name", "scanme"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--name", "scanme"]);
     let others: Vec<PathBuf> = (0..2).map(|i| dir.path(&format!("other{i}"))).collect();
     let mut args =
         vec!["create", "--level", "1", "--raid-devices", "2", "--size", "16M", "--name", "scanme2"];

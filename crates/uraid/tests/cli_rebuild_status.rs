@@ -10,17 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn create(dir: &TempDir, level: &str, n: usize, size: &str, extra: &[&str]) -> Vec<PathBuf> {
-    let members: Vec<PathBuf> = (0..n).map(|i| dir.path(&format!("m{i}"))).collect();
-    let count = n.to_string();
-    let mut args =
-        vec!["create", "--level", level, "--raid-devices", &count, "--size", size, "--assume-clean"];
-    args.extend_from_slice(extra);
-    args.extend(paths(&members));
-    ok(uraid(&args), "uraid create");
-    members
-}
-
 fn sparse_like(p: &Path, like: &Path) {
     let len = std::fs::metadata(like).unwrap().len();
     OpenOptions::new().create(true).truncate(true).write(true).open(p).unwrap().set_len(len).unwrap();
@@ -78,7 +67,7 @@ fn set(s: &Served, name: &str, value: &str) {
 #[test]
 fn after_fail_and_add_the_added_device_is_the_one_rebuilding_and_the_failed_one_is_faulty() {
     let dir = TempDir::new("rebuild-names");
-    let members = create(&dir, "6", 6, "64M", &["--bitmap", "internal"]);
+    let members = create_clean(&dir, "6", 6, "64M", &["--bitmap", "internal"]);
     let (m2, new2) = (members[2].clone(), dir.path("new2"));
     sparse_like(&new2, &m2);
     // 1 MB/s: the 64 MiB rebuild lasts about a minute unless sped up below.
@@ -162,7 +151,7 @@ fn open_files(pid: u32) -> Vec<PathBuf> {
 #[test]
 fn a_removed_member_is_closed() {
     let dir = TempDir::new("removed-closed");
-    let members = create(&dir, "5", 3, "16M", &["--bitmap", "internal"]);
+    let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal"]);
     let s = Served::start(&dir, &members, &[]);
     let pid = s.child.as_ref().unwrap().id();
     let m1 = std::fs::canonicalize(&members[1]).unwrap();
@@ -189,7 +178,7 @@ fn progress(st: &str) -> Option<(f64, u64, u64)> {
 #[test]
 fn a_recovery_resumed_after_a_restart_counts_the_whole_member_from_its_checkpoint() {
     let dir = TempDir::new("resume-progress");
-    let mut members = create(&dir, "6", 6, "32M", &["--bitmap", "internal"]);
+    let mut members = create_clean(&dir, "6", 6, "32M", &["--bitmap", "internal"]);
     let new2 = dir.path("new2");
     sparse_like(&new2, &members[2]);
     let speed = ["--sync-speed-min", "2000", "--sync-speed-max", "2000"];
@@ -231,7 +220,7 @@ fn a_recovery_resumed_after_a_restart_counts_the_whole_member_from_its_checkpoin
 fn a_slow_recovery_says_how_long_in_hours_or_days() {
     let dir = TempDir::new("slow-eta");
     // Sparse: 64 GiB members cost nothing until written; at 1 MB/s, about 18 hours.
-    let members = create(&dir, "5", 3, "64G", &["--bitmap", "internal"]);
+    let members = create_clean(&dir, "5", 3, "64G", &["--bitmap", "internal"]);
     let new1 = dir.path("new1");
     sparse_like(&new1, &members[1]);
     let s = Served::start(&dir, &members, &["--sync-speed-min", "1000", "--sync-speed-max", "1000"]);
@@ -261,7 +250,7 @@ fn a_slow_recovery_says_how_long_in_hours_or_days() {
 fn a_dirty_start_says_how_much_it_resyncs() {
     for (bitmap, says) in [("internal", "bitmap chunk"), ("none", "the whole array")] {
         let dir = TempDir::new("dirty-start");
-        let members = create(&dir, "5", 3, "16M", &["--bitmap", bitmap]);
+        let members = create_clean(&dir, "5", 3, "16M", &["--bitmap", bitmap]);
         let mut s = Served::start(&dir, &members, &[]);
         let data = dir.path("data");
         std::fs::write(&data, vec![7u8; 1 << 20]).unwrap();

@@ -61,6 +61,18 @@ pub fn sha256_file(p: &Path) -> String {
     format!("{:x}", Sha256::digest(&bytes))
 }
 
+/// `uraid create --assume-clean` of `n` members `m0`.. of `size` each in `dir`.
+pub fn create_clean(dir: &TempDir, level: &str, n: usize, size: &str, extra: &[&str]) -> Vec<PathBuf> {
+    let members: Vec<PathBuf> = (0..n).map(|i| dir.path(&format!("m{i}"))).collect();
+    let count = n.to_string();
+    let mut args =
+        vec!["create", "--level", level, "--raid-devices", &count, "--size", size, "--assume-clean"];
+    args.extend_from_slice(extra);
+    args.extend(paths(&members));
+    ok(uraid(&args), "uraid create");
+    members
+}
+
 pub fn paths(v: &[PathBuf]) -> Vec<&str> {
     v.iter().map(|p| p.to_str().unwrap()).collect()
 }
