@@ -210,6 +210,28 @@ fn status_brackets_are_device_numbers_as_details_number_column() {
     s.stop();
 }
 
+/// `status` answers what the array is when asked, not a copy taken by a periodic look
+/// (once a 100 ms-old snapshot): each add or remove of a spare shows in the very next
+/// `status`, ten times over (a periodic copy would miss most of them).
+#[test]
+fn status_right_after_a_change_shows_it() {
+    let dir = TempDir::new("status-now");
+    let members = create(&dir, "1", 2, "16M", &[]);
+    let spare = dir.path("spare");
+    sparse_like(&spare, &members[0]);
+    let s = Served::start(&dir, &members, &[]);
+    let name = spare.display().to_string();
+    for round in 0..10 {
+        s.ctl("add", Some(&spare));
+        let st = status(&s);
+        assert!(st.contains(&format!("{name}[")) && st.contains("(S)"), "round {round}, after add:\n{st}");
+        s.ctl("remove", Some(&spare));
+        let st = status(&s);
+        assert!(!st.contains(&name), "round {round}, after remove:\n{st}");
+    }
+    s.stop();
+}
+
 /// The paths `pid` holds open.
 fn open_files(pid: u32) -> Vec<PathBuf> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
