@@ -118,7 +118,7 @@ pub const TUNABLES: &[TunableSpec] = &[
     },
     TunableSpec {
         name: "sync_speed_max",
-        help: "resync/recovery ceiling, KiB/s (or `system`); a higher sync_speed_min wins, as in md",
+        help: "resync/recovery ceiling, KiB/s (or `system`); not below sync_speed_min",
         applies_to: redundant,
         get: |t| t.sync_speed_max_kib.to_string(),
         set: |t, v| {
@@ -145,15 +145,27 @@ impl Tunables {
         }
         let mut next = self.clone();
         (spec.set)(&mut next, value)?;
-        next.check()?;
+        next.check().map_err(|e| match name {
+            "sync_speed_min" => format!("{e}: raise sync_speed_max first"),
+            "sync_speed_max" => format!("{e}: lower sync_speed_min first"),
+            _ => e,
+        })?;
         *self = next;
         Ok(())
     }
 
-    /// Every table entry's own range, as each `set` checks it.
+    /// Every table entry's own range, as each `set` checks it, and the sync floor not
+    /// above its ceiling. md takes such a pair and its throttle lets the floor win, so
+    /// the ceiling a user set would silently mean nothing; uraid refuses it instead.
     pub fn check(&self) -> Result<(), String> {
         for spec in TUNABLES {
             (spec.set)(&mut self.clone(), &(spec.get)(self))?;
+        }
+        if self.sync_speed_min_kib > self.sync_speed_max_kib {
+            return Err(format!(
+                "sync_speed_min {} is above sync_speed_max {} (KiB/s)",
+                self.sync_speed_min_kib, self.sync_speed_max_kib
+            ));
         }
         Ok(())
     }
@@ -192,6 +204,29 @@ mod tests {
             assert!(err.contains(says), "{name} {value}: {err}");
             assert_eq!(t, before);
         }
+    }
+
+    #[test]
+    fn a_sync_floor_above_its_ceiling_is_refused_either_way() {
+        let mut t = Tunables::default();
+        t.set_named(Level::Raid5, "sync_speed_max", "4000").unwrap();
+        let before = t.clone();
+        let err = t.set_named(Level::Raid5, "sync_speed_min", "5000").unwrap_err();
+        assert!(
+            err.contains("above sync_speed_max 4000") && err.contains("raise sync_speed_max first"),
+            "{err}"
+        );
+        assert_eq!(t, before);
+        let err = t.set_named(Level::Raid5, "sync_speed_max", "500").unwrap_err();
+        assert!(
+            err.contains("above sync_speed_max 500") && err.contains("lower sync_speed_min first"),
+            "{err}"
+        );
+        assert_eq!(t, before);
+        // Equal is a fixed rate; `system` goes back to md's default.
+        t.set_named(Level::Raid5, "sync_speed_min", "4000").unwrap();
+        t.set_named(Level::Raid5, "sync_speed_max", "system").unwrap();
+        assert_eq!(t.sync_speed_max_kib, Tunables::default().sync_speed_max_kib);
     }
 
     #[test]

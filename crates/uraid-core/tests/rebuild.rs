@@ -128,8 +128,9 @@ fn a_replaced_member_is_rebuilt_under_load_and_then_carries_the_data() {
 /// Bytes of `member`'s data area at data-relative `sector`, `n` sectors.
 /// md's sync_speed_min and sync_speed_max both set to `kib`.
 fn sync_speed(d: &mut Driver, kib: u64) {
-    for name in ["sync_speed_min", "sync_speed_max"] {
-        d.engine.set_tunable(name, &kib.to_string()).unwrap();
+    // The floor may never pass the ceiling: lowered first, raised last.
+    for (name, v) in [("sync_speed_min", 1), ("sync_speed_max", kib), ("sync_speed_min", kib)] {
+        d.engine.set_tunable(name, &v.to_string()).unwrap();
     }
 }
 

@@ -57,7 +57,7 @@ pub fn run(args: ExamineArgs) -> anyhow::Result<()> {
         }
     }
     if bad > 0 {
-        bail!("{bad} of {} members have no usable md superblock", args.members.len());
+        bail!("{bad} of {} members {} no usable md superblock", args.members.len(), has(bad));
     }
     Ok(())
 }
@@ -96,7 +96,16 @@ fn run_json(members: &[PathBuf]) -> anyhow::Result<()> {
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     if bad > 0 {
-        bail!("{bad} of {} members have no usable md superblock", members.len());
+        bail!("{bad} of {} members {} no usable md superblock", members.len(), has(bad));
     }
     Ok(())
+}
+
+/// "1 of 3 members has", "2 of 3 members have".
+fn has(n: usize) -> &'static str {
+    if n == 1 {
+        "has"
+    } else {
+        "have"
+    }
 }

@@ -225,8 +225,10 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
                 level_name(level.md_level())
             );
         }
-        tunables.set_named(level, name, value).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+        (spec.set)(&mut tunables, value).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
     }
+    // Checked together, so --sync-speed-min and --sync-speed-max may both be raised at once.
+    tunables.check().map_err(|e| anyhow::anyhow!("{e}; nothing was started"))?;
     for w in &assembled.plan.warnings {
         eprintln!("uraid: {w}");
     }

@@ -236,3 +236,26 @@ fn create_refusals_name_only_what_create_takes() {
     assert!(!t.contains("power of two"), "4G is a power of two: {t}");
     assert!(big.iter().all(|m| !m.exists()), "a refused create left files: {t}");
 }
+
+/// A new array's first start is not a crash nor a lost member: a new raid4/5 (its last
+/// member built from the others, as mdadm creates it) and a new raid1/6/10 (an initial
+/// resync) say "new array", never "not shut down cleanly" nor "degraded" (before: a new
+/// raid5 started with "array is degraded: slot 2 is being rebuilt from the others").
+#[test]
+fn a_new_arrays_first_start_says_new_not_unclean_or_degraded() {
+    let dir = TempDir::new("firststart");
+    for (level, n) in [("5", 3), ("4", 3), ("6", 4), ("1", 2), ("10", 4)] {
+        let members = create(&dir, &format!("r{level}"), level, n, &[]);
+        let mut args = vec!["assemble"];
+        args.extend(paths(&members));
+        let o = uraid(&args);
+        let t = text(&o);
+        let said: Vec<&str> = t.lines().filter(|l| l.starts_with("uraid: ")).collect();
+        assert!(o.status.success(), "raid{level}: {t}");
+        assert!(said.iter().any(|l| l.contains("new array")), "raid{level}: {said:?}");
+        assert!(
+            said.iter().all(|l| !l.contains("degraded") && !l.contains("not shut down cleanly")),
+            "raid{level}'s first start: {said:?}"
+        );
+    }
+}

@@ -88,11 +88,13 @@ fn after_fail_and_add_the_added_device_is_the_one_rebuilding_and_the_failed_one_
     s.ctl("add", Some(&new2));
     let st = wait_for(&s, "the recovery under way", |st| st.contains("recovery =") && !st.contains("= 0.0%"));
 
-    // status: new2 holds slot 2 and rebuilds; m2 is listed as failed.
+    // status: new2 holds slot 2 and rebuilds (listed unmarked, by its device number as
+    // md's mdstat; slot 2 is the `_`); m2 is listed as failed.
     let new2_name = new2.display().to_string();
     let m2_name = m2.display().to_string();
     let array_line = st.lines().find(|l| l.contains(" : active raid6 ")).expect("array line");
-    assert!(array_line.contains(&format!("{new2_name}[2]")), "new2 not in slot 2:\n{st}");
+    let number = device(&detail_json(&s), &new2).expect("new2 listed")["number"].as_u64().unwrap();
+    assert!(array_line.split(' ').any(|d| d == format!("{new2_name}[{number}]")), "new2 not listed:\n{st}");
     assert!(
         array_line.split(' ').any(|d| d.starts_with(&format!("{m2_name}[")) && d.ends_with("(F)")),
         "m2 not listed as failed:\n{st}"
@@ -134,6 +136,88 @@ fn after_fail_and_add_the_added_device_is_the_one_rebuilding_and_the_failed_one_
     let detail = s.ctl("detail", None);
     assert!(row(&detail, &m2).is_none() && detail.contains("Failed Devices : 0"), "{detail}");
     assert!(!status(&s).contains(&m2_name), "{}", status(&s));
+    s.stop();
+}
+
+/// Every `path[N]` of `status`'s array line, as (path, N).
+fn brackets(st: &str) -> Vec<(String, u64)> {
+    let line = st.lines().find(|l| l.contains(" : active ")).unwrap_or_else(|| panic!("{st}"));
+    line.split(' ')
+        .filter_map(|d| {
+            let (path, rest) = d.split_once('[')?;
+            Some((path.to_string(), rest.split(']').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `status`'s brackets are md's device numbers (mdstat prints desc_nr), as detail's Number
+/// column, for every device: in a slot, failed, spare or replacement. Before, a device in
+/// a slot showed its slot, the others their number, so a hot spare that took slot 1
+/// showed `[1]` beside the failed member's `[1](F)`, and a replacement's `[4](R)` was
+/// neither the slot it copies nor comparable with the rest.
+#[test]
+fn status_brackets_are_device_numbers_as_details_number_column() {
+    let dir = TempDir::new("brackets");
+    let members = create(&dir, "5", 3, "32M", &[]);
+    let (spare, new0) = (dir.path("spare"), dir.path("new0"));
+    sparse_like(&spare, &members[0]);
+    sparse_like(&new0, &members[0]);
+    let s = Served::start(&dir, &members, &["--sync-speed-min", "1000", "--sync-speed-max", "1000"]);
+    s.ctl("add", Some(&spare));
+    s.ctl("fail", Some(&members[1]));
+    set(&s, "sync_speed_max", "200000");
+    wait_for(&s, "the spare rebuilt", |st| st.contains("[3/3] [UUU]") && !st.contains("recovery"));
+    set(&s, "sync_speed_max", "1000");
+    let c = s.control.display().to_string();
+    let with = ["replace", members[0].to_str().unwrap(), "--with", new0.to_str().unwrap(), "--control", &c];
+    ok(uraid(&with), "uraid replace");
+    let check = |what: &str| {
+        let st = status(&s);
+        let v = detail_json(&s);
+        let shown = brackets(&st);
+        assert_eq!(shown.len(), v["devices"].as_array().unwrap().len(), "{what}:\n{st}\n{v:#}");
+        for (path, n) in &shown {
+            let d =
+                device(&v, Path::new(path)).unwrap_or_else(|| panic!("{what}: {path} not in detail:\n{v:#}"));
+            assert_eq!(
+                d["number"].as_u64(),
+                Some(*n),
+                "{what}: {path}'s bracket is not its number:\n{st}\n{v:#}"
+            );
+        }
+        let mut numbers: Vec<u64> = shown.iter().map(|(_, n)| *n).collect();
+        numbers.sort_unstable();
+        numbers.dedup();
+        assert_eq!(numbers.len(), shown.len(), "{what}: two devices share a bracket:\n{st}");
+        st
+    };
+    let st = check("during the replacement");
+    assert!(st.contains("(R)") && st.contains("(F)"), "{st}");
+    set(&s, "sync_speed_max", "200000");
+    wait_for(&s, "the replacement done", |st| !st.contains("(R)") && !st.contains("recovery"));
+    check("after the replacement");
+    s.stop();
+}
+
+/// `status` answers what the array is when asked, not a copy taken by a periodic look
+/// (once a 100 ms-old snapshot): each add or remove of a spare shows in the very next
+/// `status`, ten times over (a periodic copy would miss most of them).
+#[test]
+fn status_right_after_a_change_shows_it() {
+    let dir = TempDir::new("status-now");
+    let members = create(&dir, "1", 2, "16M", &[]);
+    let spare = dir.path("spare");
+    sparse_like(&spare, &members[0]);
+    let s = Served::start(&dir, &members, &[]);
+    let name = spare.display().to_string();
+    for round in 0..10 {
+        s.ctl("add", Some(&spare));
+        let st = status(&s);
+        assert!(st.contains(&format!("{name}[")) && st.contains("(S)"), "round {round}, after add:\n{st}");
+        s.ctl("remove", Some(&spare));
+        let st = status(&s);
+        assert!(!st.contains(&name), "round {round}, after remove:\n{st}");
+    }
     s.stop();
 }
 

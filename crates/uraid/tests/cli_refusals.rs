@@ -316,6 +316,8 @@ fn messages_read_as_english_and_name_real_commands() {
         let t = text(&o);
         assert!(!o.status.success() && !t.contains("(os error"), "{args:?}: {t}");
     }
+    let t = text(&uraid(&["examine", gone.as_str()]));
+    assert!(t.contains("1 of 1 members has no usable"), "{t}");
 }
 
 /// mdadm --zero-superblock: refused (nothing written) for a member a running array holds,

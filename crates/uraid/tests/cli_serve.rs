@@ -316,3 +316,18 @@ fn a_new_array_on_sparse_members_stays_sparse_through_its_resync() {
         assert_eq!(md_mismatch_cnt(&members), 0, "raid{level}: md's check after the resync");
     }
 }
+
+/// The parity kernel's choice is the kernel's boot banner (`raid6: ... gen() N MB/s`), not
+/// news at every start of an array: a served RAID6 that computes P and Q says nothing of it
+/// (before, every start printed "uraid-parity: raid6: gen() MB/s: ..."); `URAID_PARITY_LOG=1`
+/// asks for it.
+#[test]
+fn a_served_array_does_not_print_the_parity_kernel_banner() {
+    let dir = TempDir::new("nobanner");
+    let members = create(&dir, "6", 4, &["--assume-clean"]);
+    let s = Served::start(&dir, &members, &[]);
+    qemu_io(&s.url, &["write -P 0x42 0 1M".to_string(), "flush".to_string()]);
+    qemu_io(&s.url, &["read -P 0x42 0 1M".to_string()]);
+    let log = s.stop();
+    assert!(!log.contains("uraid-parity") && !log.contains("gen() MB/s"), "{log}");
+}

@@ -44,6 +44,22 @@ fn tunables_change_at_run_time() {
     assert!(!out.status.success(), "--balance accepted on raid5");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--balance does not apply to a raid5"));
     assert!(!std::path::Path::new(&sock).exists(), "a refused serve left its control socket");
+    // The same at start: a floor above md's default ceiling alone is refused.
+    let out = uraid(&[
+        "serve",
+        "--unix",
+        &unix,
+        "--control",
+        &sock,
+        "--sync-speed-min",
+        "300000",
+        &m[0],
+        &m[1],
+        &m[2],
+    ]);
+    assert!(!out.status.success(), "--sync-speed-min above the ceiling accepted");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("above sync_speed_max 200000"));
+    assert!(!std::path::Path::new(&sock).exists(), "a refused serve left its control socket");
     let _server = Server(
         Command::new(env!("CARGO_BIN_EXE_uraid"))
             .args(["serve", "--unix", &unix, "--control", &sock, &m[0], &m[1], &m[2]])
@@ -70,14 +86,18 @@ fn tunables_change_at_run_time() {
     // `set` changes what it names and nothing else (md's sysfs files are independent).
     let out = uraid(&["set", "sync_speed_max", "4000", "--control", &sock]);
     assert!(out.status.success());
-    let out = uraid(&["set", "sync_speed_min", "5000", "--control", &sock]);
+    let out = uraid(&["set", "sync_speed_min", "3000", "--control", &sock]);
     let shown = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(shown.contains("sync_speed_min 5000") && shown.contains("sync_speed_max 4000"), "{shown}");
+    assert!(shown.contains("sync_speed_min 3000") && shown.contains("sync_speed_max 4000"), "{shown}");
     for (bad, says) in [
         (["set", "balance", "round-robin"], "does not apply to a raid5"),
         (["set", "rmw_level", "7"], "use 0, 1 or 2"),
         (["set", "stripe_cache_size", "16"], "17-32768"),
         (["set", "sync_speed_min", "0"], "at least 1"),
+        // A floor above the ceiling would make the ceiling mean nothing (md's throttle
+        // lets the floor win): refused, whichever of the two is set (was: accepted).
+        (["set", "sync_speed_min", "5000"], "above sync_speed_max 4000"),
+        (["set", "sync_speed_max", "2000"], "sync_speed_min 3000 is above sync_speed_max 2000"),
         (["set", "nomerges", "2"], "unknown tunable"),
     ] {
         let out = uraid(&[bad[0], bad[1], bad[2], "--control", &sock]);

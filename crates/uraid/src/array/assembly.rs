@@ -127,7 +127,10 @@ pub fn assemble(paths: &[PathBuf], run: bool, force: bool, writable: bool) -> an
     // The plan says a resync is due; the operator is told how much.
     if let Some(words) = resync_words(&plan) {
         for lead in [UNCLEAN, NEW_ARRAY] {
-            if let Some(w) = plan.warnings.iter_mut().find(|w| w.starts_with(lead)) {
+            // Only the resync's own line ("new array: slot 2 is built ..." stays as it is).
+            if let Some(w) =
+                plan.warnings.iter_mut().find(|w| w.starts_with(lead) && w.ends_with("resync needed"))
+            {
                 *w = format!("{lead}: {words}");
             }
         }

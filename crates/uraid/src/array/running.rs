@@ -406,13 +406,16 @@ impl RunningArray {
             .iter()
             .enumerate()
             .filter_map(|(slot, state)| {
-                let name = slot_holder(&view, slot)?.name.clone();
+                // md's device number (mdstat's desc_nr, detail's Number) as for every other
+                // device listed here, never the slot: a spare that took slot 1 beside the
+                // failed member numbered 1 would read as two devices [1].
+                let holder = slot_holder(&view, slot)?;
                 let mark = match state {
                     MemberState::Faulty => "(F)",
                     MemberState::Missing => return None,
                     _ => "",
                 };
-                Some(format!("{name}[{slot}]{mark}"))
+                Some(format!("{}[{}]{mark}", holder.name, holder.dev_number))
             })
             .collect();
         devs.extend(failed_out_of_slot(&view).map(|m| format!("{}[{}](F)", m.name, m.dev_number)));

@@ -576,11 +576,21 @@ pub fn plan_assembly(
     // last member, as mdadm creates it, or a resumed recovery) comes back by itself.
     let (rebuilt, missing): (Vec<u32>, Vec<u32>) =
         degraded_slots.iter().partition(|&&s| slots[s as usize].is_some());
+    // The superblocks `uraid create` wrote (events 0), never started since: a new raid4/5's
+    // last member is built from the others (mdadm creates it so), nothing was lost.
+    let new_array = fresh.events == 0;
     for (list, what) in [(&missing, "missing"), (&rebuilt, "being rebuilt from the others")] {
         if !list.is_empty() {
             let names: Vec<String> = list.iter().map(|s| s.to_string()).collect();
             let (noun, verb) = if names.len() == 1 { ("slot", "is") } else { ("slots", "are") };
-            warnings.push(format!("array is degraded: {noun} {} {verb} {what}", names.join(", ")));
+            warnings.push(if new_array && list == &rebuilt {
+                format!(
+                    "new array: {noun} {} {verb} built from the others as it first starts",
+                    names.join(", ")
+                )
+            } else {
+                format!("array is degraded: {noun} {} {verb} {what}", names.join(", "))
+            });
         }
     }
 
