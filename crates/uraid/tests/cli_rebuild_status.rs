@@ -158,7 +158,7 @@ fn brackets(st: &str) -> Vec<(String, u64)> {
 #[test]
 fn status_brackets_are_device_numbers_as_details_number_column() {
     let dir = TempDir::new("brackets");
-    let members = create(&dir, "5", 3, "32M", &[]);
+    let members = create_clean(&dir, "5", 3, "32M", &[]);
     let (spare, new0) = (dir.path("spare"), dir.path("new0"));
     sparse_like(&spare, &members[0]);
     sparse_like(&new0, &members[0]);
@@ -205,7 +205,7 @@ fn status_brackets_are_device_numbers_as_details_number_column() {
 #[test]
 fn status_right_after_a_change_shows_it() {
     let dir = TempDir::new("status-now");
-    let members = create(&dir, "1", 2, "16M", &[]);
+    let members = create_clean(&dir, "1", 2, "16M", &[]);
     let spare = dir.path("spare");
     sparse_like(&spare, &members[0]);
     let s = Served::start(&dir, &members, &[]);
