@@ -93,3 +93,40 @@ fn a_resync_of_8_members_keeps_its_window() {
     assert!(peak > unit, "a resync of 8 members had only {} KiB in flight", peak >> 10);
     assert!(peak <= BUDGET, "a resync of 8 members had {} KiB in flight", peak >> 10);
 }
+
+/// The stripe maps are cached in at most 1024 slots (every layout's map repeats every
+/// `n * (n - 1)` stripes, too many to keep on wide arrays): on 34 members (1122 residues)
+/// stripes sharing a slot still find their own map, healthy and with two members lost.
+#[test]
+fn stripes_sharing_a_map_slot_find_their_own_map() {
+    let n = 34;
+    let chunk = 8;
+    let member_sectors = 1200 * chunk;
+    let g = Geometry::new(Level::Raid6, n, 2, chunk, &vec![member_sectors; n]).unwrap();
+    let size = g.array_bytes() as usize;
+    let mut d = Driver::new(
+        Engine::new(config(g, DATA_OFFSET)).unwrap(),
+        MemMembers::new(n, DATA_OFFSET + member_sectors * 512),
+        11,
+    );
+    let mut model = vec![0u8; size];
+    Rng(12).fill(&mut model);
+    for (i, piece) in model.chunks(1 << 20).enumerate() {
+        d.run_one(Request::write(i as u64 + 1, (i << 20) as u64, piece.to_vec())).expect("write");
+    }
+    let mut id = 1000;
+    let mut check = |d: &mut Driver, ctx: &str| {
+        for (i, piece) in model.chunks(1 << 20).enumerate() {
+            id += 1;
+            let got = d.run_one(Request::read(id, (i << 20) as u64, piece.len() as u64)).expect("read");
+            assert!(got == piece, "{ctx}: MiB {i} reads back wrong");
+        }
+    };
+    check(&mut d, "healthy");
+    for m in [5, 20] {
+        d.members.gone[m] = true;
+        d.engine.fail_member(m, d.now_ns);
+    }
+    d.run_until_idle();
+    check(&mut d, "two members lost");
+}
