@@ -18,12 +18,16 @@ impl Mddev {
         (key, dd, row, h - row)
     }
 
-    /// The stripe map of `stripe` (and each member's data index), computed once per residue.
+    /// The stripe map of `stripe` (and each member's data index), computed once per residue
+    /// while its slot of the map cache keeps it.
     pub(super) fn cached_map(&mut self, stripe: u64) -> SharedMap {
-        let slot = (stripe % self.cache.map_period) as usize;
-        if let Some((map, dd_of)) = &self.cache.maps[slot] {
-            debug_assert_eq!(**map, self.geo.stripe_map(stripe));
-            return (map.clone(), dd_of.clone());
+        let residue = stripe % self.cache.map_period;
+        let slot = (residue % self.cache.maps.len() as u64) as usize;
+        if let Some((r, (map, dd_of))) = &self.cache.maps[slot] {
+            if *r == residue {
+                debug_assert_eq!(**map, self.geo.stripe_map(stripe));
+                return (map.clone(), dd_of.clone());
+            }
         }
         let map = self.geo.stripe_map(stripe);
         let mut dd_of = vec![None; self.geo.raid_disks];
@@ -31,7 +35,7 @@ impl Mddev {
             dd_of[m] = Some(dd);
         }
         let entry = (Arc::new(map), Arc::new(dd_of));
-        self.cache.maps[slot] = Some(entry.clone());
+        self.cache.maps[slot] = Some((residue, entry.clone()));
         entry
     }
 

@@ -37,6 +37,8 @@ mod write;
 /// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
 /// pre-reading.
 const IO_THRESHOLD: usize = 1;
+/// Stripe maps the cache keeps at most (every residue up to 32 members).
+const MAP_CACHE_SLOTS: u64 = 1024;
 /// Largest stripe head height in sectors (64 KiB).
 const MAX_HEAD_SECTORS: u64 = 128;
 
@@ -156,8 +158,11 @@ pub(crate) struct StripeCache {
     free_heads: Vec<Box<Stripe>>,
     /// Stripe maps by `stripe % map_period`: every raid4/5/6 layout's map depends only on
     /// the stripe number modulo raid_disks or raid_disks - 1, so `raid_disks * (raid_disks - 1)`
-    /// covers them all. Filled on first use.
-    maps: Vec<Option<SharedMap>>,
+    /// covers them all. Filled on first use, and direct-mapped into at most
+    /// `MAP_CACHE_SLOTS` slots (each tagged with its residue): a map is as long as the
+    /// member count and there are its square of residues, so keeping every one would
+    /// grow as the cube of the member count (about 500 MiB at 256 members).
+    maps: Vec<Option<(u64, SharedMap)>>,
     map_period: u64,
     head_sectors: u64,
     heads_per_chunk: u64,
@@ -208,7 +213,7 @@ impl StripeCache {
         StripeCache {
             heads: DetMap::default(),
             free_heads: Vec::new(),
-            maps: vec![None; map_period as usize],
+            maps: vec![None; map_period.min(MAP_CACHE_SLOTS) as usize],
             map_period,
             head_sectors,
             heads_per_chunk: if geo.level.has_parity() { geo.chunk_sectors / head_sectors } else { 1 },

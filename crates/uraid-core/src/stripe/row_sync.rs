@@ -56,12 +56,15 @@ pub(super) fn drop_claimed_head(
 impl Mddev {
     /// Member sectors of one sync job unit on raid4/5/6: the heads of a chunk row, up to
     /// `MAX_ROW_HEADS` of them and an eighth of the stripe cache (always inside one chunk,
-    /// so inside one stripe).
+    /// so inside one stripe), and short enough that two units' buffers of every member fit
+    /// in the sync's budget (`sync_budget_bytes`): on wide arrays a unit is fewer heads.
     pub(crate) fn stripe_sync_unit_sectors(&self) -> u64 {
         let cache_share = self.sync_cache_share_heads().max(1);
         let per_chunk = self.cache.heads_per_chunk;
+        let head_row_bytes = self.cache.head_sectors * SECTOR_BYTES * self.geo.raid_disks as u64;
+        let by_budget = self.sync_budget_bytes() / (2 * head_row_bytes);
         // A divisor of the heads per chunk, so units tile chunks and never straddle two.
-        let mut heads = per_chunk.min(MAX_ROW_HEADS).min(cache_share).max(1);
+        let mut heads = per_chunk.min(MAX_ROW_HEADS).min(cache_share).min(by_budget).max(1);
         while !per_chunk.is_multiple_of(heads) {
             heads -= 1;
         }
@@ -246,8 +249,11 @@ impl Mddev {
         }
     }
 
+    /// Keep a row buffer for the next units: as many as the sync's budget holds (the
+    /// units in flight never need more), at least a unit's worth.
     pub(super) fn recycle_row_buf(&mut self, v: Vec<u8>) {
-        if self.cache.row_pool.len() < 4 * self.geo.raid_disks * 4 {
+        let cap = (self.sync_budget_bytes() / v.len().max(1) as u64) as usize;
+        if self.cache.row_pool.len() < cap.max(self.geo.raid_disks + 1) {
             self.cache.row_pool.push(v);
         }
     }

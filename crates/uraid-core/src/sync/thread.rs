@@ -10,6 +10,9 @@ use crate::ledger::Ledger;
 
 use super::*;
 
+/// The page `sync_budget_bytes` counts per stripe cache head (a head's largest height).
+const SYNC_BUDGET_PAGE_BYTES: u64 = 64 << 10;
+
 impl Mddev {
     pub(crate) fn add_member(
         &mut self,
@@ -335,10 +338,23 @@ impl Mddev {
     /// raid4/5/6 sync units (of `unit_sectors`) worked on at once. 32 heads (2 MiB per
     /// member with 64 KiB heads) keep a fast member's queue full while the engine computes
     /// the units that arrived; that takes at most an eighth of the stripe cache, leaving
-    /// the rest to requests, but never fewer than 8 heads (or one unit).
+    /// the rest to requests, but never fewer than 8 heads (or one unit). The units' member
+    /// buffers (a unit reads its rows of every member) stay within `sync_budget_bytes`
+    /// whatever the member count, but one unit always runs.
     pub(crate) fn sync_window_units(&self, unit_sectors: u64) -> usize {
         let heads = self.sync_cache_share_heads().clamp(8, 32);
-        (heads * self.cache_head_sectors() / unit_sectors).max(1) as usize
+        let by_cache = (heads * self.cache_head_sectors() / unit_sectors).max(1);
+        let unit_bytes = unit_sectors * SECTOR_BYTES * self.geo.raid_disks as u64;
+        by_cache.min(self.sync_budget_bytes() / unit_bytes).max(1) as usize
+    }
+
+    /// Bytes of member buffers background sync (resync, recovery, check) may hold at
+    /// once on raid4/5/6: `stripe_cache_size` pages of 64 KiB, 16 MiB at md's default
+    /// 256, independent of the member count (md's own cache, stripe_cache_size 4 KiB
+    /// pages of every member, holds as much at 16 members and grows with them). With
+    /// more members the units get shorter and fewer, down to one head of one unit.
+    pub(crate) fn sync_budget_bytes(&self) -> u64 {
+        self.tun.stripe_cache_size as u64 * SYNC_BUDGET_PAGE_BYTES
     }
 
     /// Stripe heads background sync may hold at once: an eighth of the stripe cache, the
