@@ -173,6 +173,85 @@ fn an_assume_clean_bitmap_starts_clean() {
     }
 }
 
+/// A member re-added in full (or a spare) is given its slot to be rebuilt in a superblock
+/// round; a power cut in that round can leave it, with some members or alone, one event
+/// ahead of a member that still lists it as the spare it was. That member only missed the
+/// round: md takes it back within the event margin (super_1_validate; mdadm --force too),
+/// so the array starts with the re-added member recovering. Before: the recovering
+/// member's superblock, the freshest offered first, was the reference, the member one
+/// event behind "recorded it as failed" and was left out, and a raid10 near=2 on three
+/// members could not start (`uraid sim` re-add with a bad-block log draw, seed 6008236).
+/// A member that lists it as faulty still has diverged and stays out.
+#[test]
+fn a_member_that_missed_the_round_activating_a_readded_member_is_taken_back() {
+    let mut p = CreateParams::new(level::RAID10, vec![Some(32768); 3]);
+    p.layout = Some(0x102); // near=2
+    p.assume_clean = true;
+    p.set_uuid = [5; 16];
+    p.device_uuids = vec![[1; 16], [2; 16], [3; 16]];
+    let created: Vec<Superblock> = create_array(&p).unwrap().superblocks.into_iter().flatten().collect();
+    // Round 24 took member 1 (re-added, a spare at round 23) into slot 1 to be rebuilt.
+    let at = |m: usize, events: u64| {
+        let mut sb = created[m].clone();
+        sb.events = events;
+        if events == 23 {
+            sb.dev_roles[1] = role::SPARE;
+        }
+        if m == 1 {
+            sb.feature_map |= feature::RECOVERY_OFFSET;
+            sb.recovery_offset = 0;
+        }
+        sb.update_csum();
+        sb
+    };
+    let offer = |sbs: &[(usize, Superblock)]| -> Vec<OfferedMember> {
+        sbs.iter()
+            .map(|(m, sb)| OfferedMember {
+                name: format!("d{m}"),
+                dev_sectors: 32768,
+                superblock: Ok(sb.clone()),
+                bitmap: None,
+            })
+            .collect()
+    };
+    let cases = [
+        // Member 0 missed round 24; member 1's superblock offered before member 2's.
+        vec![(0, at(0, 23)), (1, at(1, 24)), (2, at(2, 24))],
+        vec![(1, at(1, 24)), (0, at(0, 23)), (2, at(2, 24))],
+        vec![(2, at(2, 24)), (1, at(1, 24)), (0, at(0, 23))],
+        // Only member 1's superblock got round 24.
+        vec![(0, at(0, 23)), (1, at(1, 24)), (2, at(2, 23))],
+    ];
+    for sbs in &cases {
+        let ctx = format!("{:?}", sbs.iter().map(|(m, sb)| (*m, sb.events)).collect::<Vec<_>>());
+        let offered = offer(sbs);
+        let plan =
+            plan_assembly(&offered, &AssembleOptions::default()).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let held: Vec<(String, Option<u64>)> = plan
+            .slots
+            .iter()
+            .map(|s| {
+                let s = s.as_ref().expect("every slot held");
+                (offered[s.member].name.clone(), s.recovery_offset_sectors)
+            })
+            .collect();
+        let want = vec![("d0".to_string(), None), ("d1".to_string(), Some(0)), ("d2".to_string(), None)];
+        assert_eq!(held, want, "{ctx}: {:?}", plan.warnings);
+        assert!(plan.stale.is_empty(), "{ctx}: {:?}", plan.warnings);
+    }
+    // Listed as faulty instead, the re-added member was failed by a member that ran on
+    // without it: that member diverged and is left out, even forced.
+    let mut faulty = at(0, 23);
+    faulty.dev_roles[1] = role::FAULTY;
+    faulty.update_csum();
+    let offered = offer(&[(0, faulty), (1, at(1, 24)), (2, at(2, 23))]);
+    let forced = AssembleOptions { run: true, force: true, ..Default::default() };
+    match plan_assembly(&offered, &forced) {
+        Err(e) => assert!(e.to_string().contains("not enough members"), "{e}"),
+        Ok(plan) => panic!("a member recording the freshest as failed was taken: {:?}", plan.warnings),
+    }
+}
+
 /// A power cut during a superblock round while a replacement copies can leave the
 /// replacement's superblock one event ahead of the member it replaces. Assembly keeps the
 /// member in the slot (it holds all the data; the replacement only what the copy reached)

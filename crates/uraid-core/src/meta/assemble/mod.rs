@@ -401,8 +401,16 @@ pub fn plan_assembly(
         let too_old = sb.events.saturating_add(1) < events;
         // mdadm: a member that records the freshest member as failed has diverged.
         let fresh_slot_in_its_view = sb.dev_roles.get(fresh.dev_number as usize).copied();
-        let disowns_freshest =
-            i != fresh_idx && fresh.slot().is_some_and(|s| fresh_slot_in_its_view != Some(s as u16));
+        // Unless it only missed the round that took the freshest in: a spare (or a member
+        // re-added in full) given its slot to be rebuilt, recovery_offset set, whose
+        // superblock alone, or with some members', got the round before the power was cut.
+        // It lists the freshest as the spare it was, not as failed; nothing ran without it.
+        let missed_its_activation = fresh.has(feature::RECOVERY_OFFSET)
+            && fresh_slot_in_its_view == Some(role::SPARE)
+            && sb.events < events;
+        let disowns_freshest = i != fresh_idx
+            && !missed_its_activation
+            && fresh.slot().is_some_and(|s| fresh_slot_in_its_view != Some(s as u16));
         // The freshest superblock no longer lists it in its slot: it was failed or
         // removed since, whatever the event margin says.
         let dropped_by_freshest = i != fresh_idx
