@@ -11,12 +11,14 @@ use std::path::Path;
 
 use anyhow::bail;
 
-use crate::array::IoContext;
-
 /// Sends one command, returns the reply text (an `ERR` reply becomes an error).
 pub fn request(sock: &Path, command: &str) -> anyhow::Result<String> {
-    let mut s = UnixStream::connect(sock).io_context(|| {
-        format!("cannot reach the control socket {}: is `uraid serve` running with it?", sock.display())
+    let mut s = UnixStream::connect(sock).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach the control socket {} ({}): is `uraid serve` running with it?",
+            sock.display(),
+            crate::array::io_words(&e).to_lowercase()
+        )
     })?;
     s.write_all(command.as_bytes())?;
     s.write_all(b"\n")?;

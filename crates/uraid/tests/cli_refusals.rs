@@ -262,6 +262,10 @@ fn messages_read_as_english_and_name_real_commands() {
     let members = create(&dir, "1", &["w0", "w1", "w2"], &["--name", "words", "--bitmap", "internal"]);
     let (w0, w1, w2) =
         (members[0].to_str().unwrap(), members[1].to_str().unwrap(), members[2].to_str().unwrap());
+    // No server on the socket: the reason is in the sentence, not tacked on after a question.
+    let nobody = dir.path("nobody.sock");
+    let t = text(&uraid(&["status", "--control", nobody.to_str().unwrap()]));
+    assert!(t.contains("(no such file or directory): is `uraid serve` running with it?"), "{t}");
     // Away: w2 left out while 64 KiB is written, then the server killed (dirty).
     let mut served = Served::start(&dir, &members[..2], &["--run"]);
     qemu_io(&served.url, &["write -P 0x33 1M 64k".to_string(), "flush".to_string()]);
