@@ -68,6 +68,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             connection_rings: "on".into(),
             member_timeout: uraid_io::real::DEFAULT_MEMBER_TIMEOUT,
             monitor_program: None,
+            expect_spares: None,
             monitor_test: false,
             scan: None,
             config: crate::config::DEFAULT_PATH.into(),

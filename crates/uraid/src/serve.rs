@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// SpareActive, DeviceDisappeared); events also go to stderr.
     #[arg(long = "monitor-program")]
     pub monitor_program: Option<PathBuf>,
+    /// SparesMissing at start when the array has fewer spares than N (mdadm.conf's
+    /// `spares=N`, which `--scan` takes from the ARRAY line).
+    #[arg(long = "expect-spares", value_name = "N")]
+    pub expect_spares: Option<usize>,
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (node_exporter's
     /// node_md_* names and uraid's own; docs/metrics.md). Port 0 picks a free one; the
     /// address is printed at start.
@@ -132,6 +136,7 @@ fn from_config(mut args: ServeArgs) -> anyhow::Result<ServeArgs> {
     args.export_name = args.export_name.or_else(|| a.export_name.clone());
     args.control = args.control.or_else(|| a.control.clone());
     args.monitor_program = args.monitor_program.or_else(|| config.program.clone());
+    args.expect_spares = args.expect_spares.or(a.spares);
     Ok(args)
 }
 
@@ -275,6 +280,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         tunables,
         member_timeout: args.member_timeout,
         monitor_program: args.monitor_program.clone(),
+        expect_spares: args.expect_spares,
     };
     // md's ppl_recover, once nothing can refuse the start any more.
     if !args.read_only {

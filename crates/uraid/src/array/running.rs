@@ -50,6 +50,8 @@ pub struct StartOptions {
     pub member_timeout: Duration,
     /// Run with mdadm's arguments on each event (`serve --monitor-program`).
     pub monitor_program: Option<std::path::PathBuf>,
+    /// SparesMissing at the first look below this many spares (`serve --expect-spares`).
+    pub expect_spares: Option<usize>,
 }
 
 pub struct RunningArray {
@@ -145,7 +147,11 @@ impl RunningArray {
             io_book: Mutex::new(IoBook::default()),
             stop: AtomicBool::new(false),
             monitor: Mutex::new(None),
-            events: Mutex::new(super::events::Events::new(&a.plan.name, opts.monitor_program.clone())),
+            events: Mutex::new(super::events::Events::new(
+                &a.plan.name,
+                opts.monitor_program.clone(),
+                opts.expect_spares,
+            )),
         });
         // The events' baseline is the array as it starts, before any verb can change it.
         if let Ok(view) = arr.view() {
