@@ -60,6 +60,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             force: false,
             sync_speed_min: None,
             sync_speed_max: None,
+            sync_policy: None,
+            sync_p99_limit_pct: None,
             control: Some(control),
             balance: None,
             rmw_level: None,

@@ -476,8 +476,10 @@ impl RunningArray {
                 }
                 _ => ("-".to_string(), "-".to_string(), String::new()),
             };
+            // The adaptive policy's share of the I/O, after md's fields so their parsers hold.
+            let share = sync.share_pct.map(|p| format!(" share={p}%")).unwrap_or_default();
             s.push_str(&format!(
-                "      {bar}  {} = {} ({}/{}) finish={finish} speed={speed}{words}\n",
+                "      {bar}  {} = {} ({}/{}) finish={finish} speed={speed}{share}{words}\n",
                 super::detail::sync_word(sync.kind),
                 percent(sync.done_sectors, sync.total_sectors),
                 sync.done_sectors / 2,
@@ -572,6 +574,7 @@ mod tests {
             recovery_offset_sectors: 0,
             resync_offset_sectors: 0,
             also_recovering: Vec::new(),
+            share_pct: None,
         }
     }
 
