@@ -98,7 +98,7 @@ impl RunningArray {
         let mut exec_members = Vec::with_capacity(a.members.len());
         for m in &a.members {
             exec_members.push(
-                Member::open(&m.path, &exec_open_options(opts.read_only))
+                m.exec_member(&exec_open_options(opts.read_only))
                     .with_context(|| format!("{}: opening for I/O", m.name))?,
             );
         }
