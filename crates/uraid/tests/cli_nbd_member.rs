@@ -326,3 +326,56 @@ fn bad_nbd_members_are_refused_and_nothing_changes() {
     let t = text(&uraid(&["examine", &format!("nbd+unix:///?socket={}", ro_sock.display())]));
     assert!(!t.contains("panicked") && !t.contains("read-only"), "{t}");
 }
+
+/// A member server that stops answering (SIGSTOP) is failed by its deadline: `--failfast`
+/// gives it md's short one. The writer sees no error; once the server answers again (its
+/// late replies are dropped), the member is re-added and reads back what was written.
+#[test]
+fn a_hung_failfast_nbd_member_is_failed_by_its_deadline_and_comes_back() {
+    let dir = TempDir::new("nbd-member-hung");
+    let local = dir.path("local.img");
+    std::fs::File::create(&local).unwrap().set_len(64 << 20).unwrap();
+    let file = dir.path("remote.img");
+    std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
+    let sock = dir.path("member.sock");
+    let log = dir.path("nbdkit.log");
+    let server = MemberServer::Nbdkit { file };
+    let k = server.start(&sock, &log);
+    let uri = PathBuf::from(format!("nbd+unix:///?socket={}", sock.display()));
+    let (uri_s, local_s) = (uri.display().to_string(), local.display().to_string());
+    let mut args = vec!["create", "--level", "1", "--raid-devices", "2", "--assume-clean"];
+    args.extend(["--bitmap", "internal", "--bitmap-chunk", "1M", "--failfast", &uri_s, &local_s, &uri_s]);
+    ok(uraid(&args), "uraid create");
+    let members = [local.clone(), uri.clone()];
+    let s = Served::start(&dir, &members, &[]);
+    qemu_io(&s.url, &["write -P 0x11 0 4M".to_string(), "flush".to_string()]);
+
+    let pid = k.0.as_ref().unwrap().id() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let t0 = Instant::now();
+    qemu_io(&s.url, &["write -P 0x22 8M 1M".to_string(), "flush".to_string()]);
+    let took = t0.elapsed();
+    let st = s.ctl("status", None);
+    assert!(st.contains("[2/1]") && st.contains("(F)"), "the hung member should be failed:\n{st}");
+    assert!(took < Duration::from_secs(10), "the write waited {took:?}: failfast's deadline is 2 s");
+    assert!(s.log_text().contains("did not complete within 2.0 s"), "{}", s.log_text());
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+
+    s.ctl("remove", Some(&uri));
+    // Until the server's late replies are in, the same export may not take the slot again.
+    let t0 = Instant::now();
+    let msg = loop {
+        let c = s.control.display().to_string();
+        let o = uraid(&["add", &uri_s, "--control", &c]);
+        if o.status.success() {
+            break text(&o);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "add refused: {}", text(&o));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(msg.contains("re-added"), "not a bitmap re-add: {msg}");
+    wait_in_sync(&s);
+    s.ctl("fail", Some(&local));
+    qemu_io(&s.url, &["read -P 0x11 0 4M".to_string(), "read -P 0x22 8M 1M".to_string()]);
+    s.stop();
+}
