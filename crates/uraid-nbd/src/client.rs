@@ -381,15 +381,24 @@ fn handshake(s: &mut Stream, export: &str) -> Result<(u64, u16), String> {
     Ok((size, flags))
 }
 
+/// An I/O error in words, without Rust's " (os error N)".
+fn words(e: &io::Error) -> String {
+    let t = e.to_string();
+    match t.rfind(" (os error ") {
+        Some(at) => t[..at].to_string(),
+        None => t,
+    }
+}
+
 fn connect_stream(uri: &NbdUri, timeout: Duration) -> Result<Stream, String> {
     match &uri.target {
         Target::Unix(p) => UnixStream::connect(p)
             .map(Stream::Unix)
-            .map_err(|e| format!("cannot connect to {}: {e}", p.display())),
+            .map_err(|e| format!("cannot connect to {}: {}", p.display(), words(&e))),
         Target::Tcp { host, port } => {
             let addrs = (host.as_str(), *port)
                 .to_socket_addrs()
-                .map_err(|e| format!("cannot resolve {host}: {e}"))?;
+                .map_err(|e| format!("cannot resolve {host}: {}", words(&e)))?;
             let mut last = format!("{host} resolves to no address");
             for a in addrs {
                 match TcpStream::connect_timeout(&a, timeout) {
@@ -397,7 +406,7 @@ fn connect_stream(uri: &NbdUri, timeout: Duration) -> Result<Stream, String> {
                         let _ = s.set_nodelay(true);
                         return Ok(Stream::Tcp(s));
                     }
-                    Err(e) => last = format!("cannot connect to {a}: {e}"),
+                    Err(e) => last = format!("cannot connect to {a}: {}", words(&e)),
                 }
             }
             Err(last)

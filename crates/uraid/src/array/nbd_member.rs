@@ -14,6 +14,18 @@ pub use uraid_nbd::client::is_nbd_uri;
 /// How long connecting and the handshake may take before the server counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The same server and export is the same device, however the URI spells the port.
+fn identity_of(uri: &NbdUri) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    uri.hash(&mut h);
+    h.finish()
+}
+
+/// A member's identity (as `MemberDev::identity`) from its URI alone, without connecting.
+pub fn uri_identity(uri: &str) -> Option<(u64, u64)> {
+    NbdUri::parse(uri).ok().map(|u| (u64::MAX - 1, identity_of(&u)))
+}
+
 #[derive(Debug)]
 pub struct NbdMember {
     conn: Connection,
@@ -35,10 +47,7 @@ impl NbdMember {
         let parsed = NbdUri::parse(uri).map_err(|e| anyhow::anyhow!("{e}; nothing was written"))?;
         let conn = Connection::connect(&parsed, writable, CONNECT_TIMEOUT)
             .map_err(|e| anyhow::anyhow!("{e}; nothing was written"))?;
-        // The same server and export under the same spelling is the same device.
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        parsed.hash(&mut h);
-        Ok(Arc::new(NbdMember { conn, identity: h.finish() }))
+        Ok(Arc::new(NbdMember { conn, identity: identity_of(&parsed) }))
     }
 
     pub fn connection(&self) -> &Connection {

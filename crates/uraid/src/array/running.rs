@@ -285,7 +285,11 @@ impl RunningArray {
     pub(super) fn find_member(&self, what: &str) -> anyhow::Result<MemberKey> {
         let view = self.view()?;
         let target = std::fs::canonicalize(what).ok();
-        let identity = MemberDev::open(Path::new(what), false).ok().map(|m| m.identity);
+        // An export is known by its URI: no connection (a dead server may take long to refuse).
+        let identity = match super::nbd_member::is_nbd_uri(what) {
+            true => super::nbd_member::uri_identity(what),
+            false => MemberDev::open(Path::new(what), false).ok().map(|m| m.identity),
+        };
         let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
         view.members
             .iter()
