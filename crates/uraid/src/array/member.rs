@@ -113,7 +113,7 @@ impl MemberDev {
     pub fn claim(&mut self) -> anyhow::Result<()> {
         use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         // An export cannot be locked from here: keeping other clients off is the server's
-        // (nbdkit serves one client at a time with `--filter=exclusive`).
+        // (nbdkit admits one client at a time with `--filter=limit limit=1`).
         let DevIo::File(file) = &self.io else { return Ok(()) };
         let ft = file.metadata().io_context(|| format!("{}: cannot stat the member", self.name))?;
         if ft.file_type().is_block_device() {
