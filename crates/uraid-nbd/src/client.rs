@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use crate::codec::{encode_request_header, RequestHeader};
 use crate::proto::*;
+use crate::server::Stream;
 
 /// Where an NBD URI points.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -165,59 +166,6 @@ pub enum Op {
     Flush,
 }
 
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Stream {
-    fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
-    }
-    fn shutdown(&self) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
-            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
-        };
-    }
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(t),
-            Stream::Unix(s) => s.set_read_timeout(t),
-        }
-    }
-    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_write_timeout(t),
-            Stream::Unix(s) => s.set_write_timeout(t),
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 struct Pending {
     /// A read's length (its payload follows the reply header); 0 for others.
     read_len: usize,
@@ -250,7 +198,7 @@ impl Shared {
             st.dead.get_or_insert(why.clone());
             st.pending.drain().map(|(_, p)| p).collect()
         };
-        self.stream.shutdown();
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
         for p in pending {
             (p.done)(Err(ClientError::Disconnected(why.clone())));
         }
@@ -431,7 +379,7 @@ impl Connection {
             fail(e, hint)
         })?;
         if writable && transmission_flags & FLAG_READ_ONLY != 0 {
-            stream.shutdown();
+            let _ = stream.shutdown(std::net::Shutdown::Both);
             return Err(fail(
                 "the export is read-only".into(),
                 ": a member must be writable (start the server without its read-only option, e.g. nbdkit without -r)",

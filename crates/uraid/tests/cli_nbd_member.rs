@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -18,27 +18,6 @@ use common::*;
 /// would write 16 times what the region's chunks hold.
 const MEMBER_BYTES: u64 = 256 << 20;
 const FIO_REGION: &str = "16m";
-
-/// A process killed (SIGKILL) and reaped on drop.
-struct Proc(Option<Child>);
-
-impl Proc {
-    fn kill(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-    fn wait(mut self) -> Output {
-        self.0.take().unwrap().wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// What serves the remote leg.
 enum MemberServer {
@@ -50,7 +29,7 @@ enum MemberServer {
 
 impl MemberServer {
     /// Starts it on `sock` and waits until it accepts connections.
-    fn start(&self, sock: &Path, log: &Path) -> Proc {
+    fn start(&self, sock: &Path, log: &Path) -> Reaped {
         let _ = std::fs::remove_file(sock);
         let logf = std::fs::File::options().create(true).append(true).open(log).unwrap();
         let mut cmd = match self {
@@ -69,7 +48,7 @@ impl MemberServer {
         let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(logf).spawn().unwrap_or_else(|e| {
             panic!("the member server is required (scripts/install-deps.sh installs nbdkit): {e}")
         });
-        let mut p = Proc(Some(child));
+        let mut p = Reaped(Some(child));
         let t0 = Instant::now();
         while std::os::unix::net::UnixStream::connect(sock).is_err() {
             if let Some(st) = p.0.as_mut().unwrap().try_wait().unwrap() {
@@ -86,53 +65,12 @@ impl MemberServer {
 }
 
 fn fio_args(url: &str, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "--name=nbd-member",
-        "--ioengine=nbd",
-        "--rw=randwrite",
-        "--bs=8k",
-        "--iodepth=16",
-        "--verify=crc32c",
-        "--verify_fatal=1",
-        "--randseed=20261127",
-        "--verify_state_save=0",
-        "--output-format=normal",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.push(format!("--size={FIO_REGION}"));
-    a.push(format!("--uri={url}"));
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
+    fio_verify_job("nbd-member", url, FIO_REGION, 20261127, extra)
 }
 
-fn spawn_fio(args: &[String]) -> Proc {
-    let child = Command::new("fio")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("fio is required by this test (scripts/install-deps.sh installs it): {e}")
-        });
-    Proc(Some(child))
-}
-
-/// fio exited 0 with `err= 0`, no verify complaint, and checked all 2048 blocks.
+/// 2048 blocks of 8 KiB: fio's 16 MiB region.
 fn check_fio(o: &Output, what: &str, s: &Served) {
-    let t = text(o);
-    assert!(
-        o.status.success()
-            && t.contains("err= 0")
-            && !t.contains("verify:")
-            && !t.contains("bad magic")
-            && t.contains("issued rwts: total=2048,"),
-        "fio {what} failed ({}):\n{t}\nserver log:\n{}",
-        o.status,
-        s.log_text()
-    );
+    check_fio_run(o, what, 2048, &s.log_text());
 }
 
 fn detail_json(s: &Served) -> serde_json::Value {
@@ -311,7 +249,7 @@ fn bad_nbd_members_are_refused_and_nothing_changes() {
             .stdin(Stdio::null())
             .spawn()
             .expect("nbdkit");
-        let p = Proc(Some(c));
+        let p = Reaped(Some(c));
         let t0 = Instant::now();
         while std::os::unix::net::UnixStream::connect(&ro_sock).is_err() {
             assert!(t0.elapsed() < Duration::from_secs(20), "nbdkit -r did not start");

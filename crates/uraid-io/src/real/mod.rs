@@ -199,6 +199,20 @@ struct Slot {
     set_gen: u64,
 }
 
+/// Stores `slot` in a backend's table, in a free place if there is one: its index.
+fn put_slot(slots: &mut Vec<Option<Slot>>, free: &mut Vec<usize>, slot: Slot) -> usize {
+    match free.pop() {
+        Some(i) => {
+            slots[i] = Some(slot);
+            i
+        }
+        None => {
+            slots.push(Some(slot));
+            slots.len() - 1
+        }
+    }
+}
+
 /// Map a failed syscall to what the engine needs to know.
 fn errno_to_error(errno: i32) -> MemberIoError {
     match errno {

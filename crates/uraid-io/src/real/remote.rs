@@ -45,16 +45,7 @@ impl RemoteBackend {
     /// Hands `slot`'s I/O to `device`; `data` is a write's bytes.
     pub fn push(&mut self, device: &dyn RemoteDevice, slot: Slot, data: IoBytes, waker: Waker) {
         let (op, offset, len) = (slot.op, slot.offset_bytes, slot.len_bytes);
-        let idx = match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(slot);
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                self.slots.len() - 1
-            }
-        };
+        let idx = super::put_slot(&mut self.slots, &mut self.free, slot);
         let list = self.done.clone();
         device.start(
             op,
