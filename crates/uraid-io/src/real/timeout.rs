@@ -63,7 +63,10 @@ impl Executor {
             Backend::Pool(_) => "thread pool",
         };
         for (m, q) in self.members.iter().zip(&self.queues) {
-            let how = if m.is_direct() {
+            let remote = m.kind() == super::MemberKind::Remote;
+            let how = if remote {
+                "requests".to_string()
+            } else if m.is_direct() {
                 format!("O_DIRECT ({}-byte units)", m.dio_offset_align())
             } else {
                 "buffered".to_string()
@@ -75,9 +78,10 @@ impl Executor {
                 None => String::new(),
             };
             eprintln!(
-                "uraid-io: {}: {}, {how} through {backend}, queue depth {}{queue}, I/O timeout {:.1} s",
+                "uraid-io: {}: {}, {how} through {}, queue depth {}{queue}, I/O timeout {:.1} s",
                 m.path().display(),
                 m.kind().name(),
+                if remote { "its connection" } else { backend },
                 q.depth,
                 q.timeout_ns as f64 / 1e9
             );
@@ -169,10 +173,11 @@ impl Executor {
             return Err(io::Error::new(
                 io::ErrorKind::ResourceBusy,
                 format!(
-                    "{}: {} timed-out I/O(s) are still held by the kernel; the device cannot be \
+                    "{}: {} timed-out I/O(s) are still held by the {}; the device cannot be \
                      used again until they return (check the device, then retry)",
                     new.path().display(),
-                    q.abandoned
+                    q.abandoned,
+                    if new.kind() == super::MemberKind::Remote { "server" } else { "kernel" }
                 ),
             ));
         }
