@@ -123,11 +123,15 @@ fn remote_member_dies_comes_back_and_resyncs_only_dirty_chunks(dir: &TempDir, se
     assert!(!Path::new(&uri_s).exists(), "create made a file named after the URI");
     let ex = ok(uraid(&["examine", &uri_s]), "uraid examine of the remote member");
     assert!(ex.contains("Active device 1") && ex.contains("write-mostly"), "{ex}");
-    // A first clean stop clears the bits create set.
     let members = [local.clone(), uri.clone()];
+    let asm = ok(uraid(&["assemble", &local_s, &uri_s]), "uraid assemble");
+    assert!(asm.contains("the array can start"), "{asm}");
+    // A first clean stop clears the bits create set.
     Served::start(dir, &members, &[]).stop();
     let s = Served::start(dir, &members, &["--member-timeout", "5s"]);
     assert!(s.log_text().contains("NBD export"), "the executor did not see an NBD member:\n{}", s.log_text());
+    let kind = detail_json(&s)["devices"][1]["kind"].clone();
+    assert_eq!(kind, "NBD export", "{}", detail_json(&s));
 
     // 2048 writes at 1000 a second: the member server dies 700 ms into them.
     let fio = spawn_fio(&fio_args(&s.url, &["--rate_iops=1000"]));
