@@ -367,7 +367,7 @@ impl Connection {
     pub fn connect(uri: &NbdUri, writable: bool, timeout: Duration) -> Result<Connection, ConnectError> {
         let fail = |why: String, hint: &str| ConnectError(format!("{uri}: {why}{hint}"));
         let mut stream = connect_stream(uri, timeout)
-            .map_err(|e| fail(e, ": is the NBD server running and listening there?"))?;
+            .map_err(|e| fail(e, " (is the NBD server running and listening there?)"))?;
         stream.set_read_timeout(Some(timeout)).map_err(|e| fail(e.to_string(), ""))?;
         stream.set_write_timeout(Some(timeout)).map_err(|e| fail(e.to_string(), ""))?;
         let (size_bytes, transmission_flags) = handshake(&mut stream, &uri.export).map_err(|e| {
@@ -382,7 +382,7 @@ impl Connection {
             let _ = stream.shutdown(std::net::Shutdown::Both);
             return Err(fail(
                 "the export is read-only".into(),
-                ": a member must be writable (start the server without its read-only option, e.g. nbdkit without -r)",
+                " (a member must be writable: start the server without its read-only option, e.g. nbdkit without -r)",
             ));
         }
         // Transmission: requests wait as long as they must; the executor's deadlines decide
