@@ -141,6 +141,8 @@ fn remote_member_dies_comes_back_and_resyncs_only_dirty_chunks(dir: &TempDir, se
     check_fio(&o, "random write + verify while the member server dies", &s);
     let st = s.ctl("status", None);
     assert!(st.contains("[2/1]") && st.contains("(F)"), "the remote member should be failed:\n{st}");
+    let (log, gone) = (s.log_text(), format!("event DeviceDisappeared {uri_s}"));
+    assert!(log.contains(&gone) && log.contains(&format!("event Fail {uri_s}")), "{log}");
 
     // Back on the same data: re-added from the bitmap.
     let _remote_server = server.start(&sock, &server_log);

@@ -94,9 +94,9 @@ impl MemberDev {
     /// replaced, or the disk unplugged (its node gone or another device's). The open
     /// descriptor may still work; the device is no longer where the user put it.
     pub fn still_there(&self) -> bool {
-        // A server that went away shows as the member's failure, through its I/O errors.
-        if matches!(self.io, DevIo::Nbd(_)) {
-            return true;
+        // An export is there while its connection is: a server that went away drops it.
+        if let DevIo::Nbd(n) = &self.io {
+            return n.connection().dead().is_none();
         }
         std::fs::metadata(&self.path).is_ok_and(|m| identity_of(&m) == self.identity)
     }
