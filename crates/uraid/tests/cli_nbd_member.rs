@@ -3,7 +3,8 @@
 //! is killed while fio writes (fio sees no error, the member is failed), restarted on the
 //! same data, re-added: the resync writes only the bitmap's dirty chunks, and fio's verify
 //! reads everything back, from the local leg and then from the remote one alone. Also the
-//! refusals: an unreachable server, an unknown export, a read-only export.
+//! refusals: an unreachable server, an unknown export, a read-only export. And the config
+//! line `detail --scan` writes names the export, which `assemble --scan` finds again.
 //! nbdkit and a fio with its nbd engine are required (scripts/install-deps.sh).
 
 mod common;
@@ -165,7 +166,16 @@ fn remote_member_dies_comes_back_and_resyncs_only_dirty_chunks(dir: &TempDir, se
     s.ctl("fail", Some(&local));
     let o = spawn_fio(&fio_args(&s.url, &["--verify_only"])).wait();
     check_fio(&o, "verify-only from the re-added remote member alone", &s);
+    // The config line `detail --scan` writes names the export by its URI, and finds it again.
+    let scan = ok(uraid(&["detail", "--scan"]), "uraid detail --scan");
+    let control = s.control.display().to_string();
+    let line = scan.lines().find(|l| l.contains(&control)).unwrap_or_else(|| panic!("not listed:\n{scan}"));
+    assert!(line.contains(&format!(",{uri_s}")), "{line}");
     s.stop();
+    let conf = dir.path("uraid.conf");
+    std::fs::write(&conf, format!("{line}\n")).unwrap();
+    let asm = ok(uraid(&["assemble", "--scan", "--config", &conf.display().to_string()]), "assemble --scan");
+    assert!(asm.contains(&uri_s) && asm.contains("the array can start"), "{asm}");
 }
 
 fn export_of(server: &MemberServer) -> &'static str {
