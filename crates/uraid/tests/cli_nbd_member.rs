@@ -1,5 +1,6 @@
 //! Members that are NBD exports (issue 27, item 6): a RAID1 of a local file and a remote
-//! leg served by nbdkit, or by another `uraid serve`, on a Unix socket. The member server
+//! leg served by nbdkit, or by another `uraid serve`, on a Unix socket (TCP for the hung
+//! one). The member server
 //! is killed while fio writes (fio sees no error, the member is failed), restarted on the
 //! same data, re-added: the resync writes only the bitmap's dirty chunks, and fio's verify
 //! reads everything back, from the local leg and then from the remote one alone. Also the
@@ -281,7 +282,7 @@ fn bad_nbd_members_are_refused_and_nothing_changes() {
     assert!(!t.contains("panicked") && !t.contains("read-only"), "{t}");
 }
 
-/// A member server that stops answering (SIGSTOP) is failed by its deadline: `--failfast`
+/// A member server on TCP that stops answering (SIGSTOP) is failed by its deadline: `--failfast`
 /// gives it md's short one. The writer sees no error; once the server answers again (its
 /// late replies are dropped), the member is re-added and reads back what was written.
 #[test]
@@ -291,11 +292,21 @@ fn a_hung_failfast_nbd_member_is_failed_by_its_deadline_and_comes_back() {
     std::fs::File::create(&local).unwrap().set_len(64 << 20).unwrap();
     let file = dir.path("remote.img");
     std::fs::File::create(&file).unwrap().set_len(64 << 20).unwrap();
-    let sock = dir.path("member.sock");
-    let log = dir.path("nbdkit.log");
-    let server = MemberServer::Nbdkit { file };
-    let k = server.start(&sock, &log);
-    let uri = PathBuf::from(format!("nbd+unix:///?socket={}", sock.display()));
+    // Over TCP on loopback, as a member on another machine is reached.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let c = Command::new("nbdkit")
+        .args(["--foreground", "--exit-with-parent", "-i", "127.0.0.1", "-p", &port.to_string(), "file"])
+        .arg(&file)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("nbdkit (scripts/install-deps.sh installs it)");
+    let k = Reaped(Some(c));
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "nbdkit did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let uri = PathBuf::from(format!("nbd://127.0.0.1:{port}/"));
     let (uri_s, local_s) = (uri.display().to_string(), local.display().to_string());
     let mut args = vec!["create", "--level", "1", "--raid-devices", "2", "--assume-clean"];
     args.extend(["--bitmap", "internal", "--bitmap-chunk", "1M", "--failfast", &uri_s, &local_s, &uri_s]);
