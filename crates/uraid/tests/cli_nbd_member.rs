@@ -1,9 +1,9 @@
 //! Members that are NBD exports (issue 27, item 6): a RAID1 of a local file and a remote
-//! leg served by nbdkit, or by another `uraid serve`, on a Unix socket (TCP for the hung
-//! one). The member server
+//! leg served by nbdkit, or by another `uraid serve`, on a Unix socket. The member server
 //! is killed while fio writes (fio sees no error, the member is failed), restarted on the
 //! same data, re-added: the resync writes only the bitmap's dirty chunks, and fio's verify
-//! reads everything back, from the local leg and then from the remote one alone. Also the
+//! reads everything back, from the local leg and then from the remote one alone. A member
+//! server on TCP that stops answering is failed at its failfast deadline. Also the
 //! refusals: an unreachable server, an unknown export, a read-only export. And the config
 //! line `detail --scan` writes names the export, which `assemble --scan` finds again.
 //! nbdkit and a fio with its nbd engine are required (scripts/install-deps.sh).
