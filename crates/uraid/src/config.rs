@@ -144,6 +144,11 @@ impl Config {
     pub fn find_members(&self, a: &ArrayLine) -> anyhow::Result<Vec<PathBuf>> {
         let mut candidates: Vec<PathBuf> = Vec::new();
         for pattern in &a.devices {
+            // An NBD URI names one export, not a pattern (its `?socket=` is no wildcard).
+            if crate::array::nbd_member::is_nbd_uri(pattern) {
+                candidates.push(PathBuf::from(pattern));
+                continue;
+            }
             let found = glob(pattern);
             if found.is_empty() {
                 eprintln!("uraid: {}: {pattern} (devices= of line {}) names nothing", a.name, a.line);

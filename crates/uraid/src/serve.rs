@@ -337,7 +337,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         pid: std::process::id(),
         control: absolute(&control_path),
         url: url.clone(),
-        members: args.members.iter().map(|m| absolute(m)).collect(),
+        members: args.members.iter().map(|m| crate::array::member::absolute_member(m)).collect(),
     });
     let metrics_line = match &metrics_listener {
         Some(l) => format!("\nuraid: metrics on http://{}/metrics", l.local_addr()?),

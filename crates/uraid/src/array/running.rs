@@ -100,7 +100,7 @@ impl RunningArray {
         let mut exec_members = Vec::with_capacity(a.members.len());
         for m in &a.members {
             exec_members.push(
-                Member::open(&m.path, &exec_open_options(opts.read_only))
+                m.exec_member(&exec_open_options(opts.read_only))
                     .with_context(|| format!("{}: opening for I/O", m.name))?,
             );
         }
@@ -291,7 +291,11 @@ impl RunningArray {
     pub(super) fn find_member(&self, what: &str) -> anyhow::Result<MemberKey> {
         let view = self.view()?;
         let target = std::fs::canonicalize(what).ok();
-        let identity = MemberDev::open(Path::new(what), false).ok().map(|m| m.identity);
+        // An export is known by its URI: no connection (a dead server may take long to refuse).
+        let identity = match super::nbd_member::is_nbd_uri(what) {
+            true => super::nbd_member::uri_identity(what),
+            false => MemberDev::open(Path::new(what), false).ok().map(|m| m.identity),
+        };
         let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
         view.members
             .iter()
