@@ -51,11 +51,11 @@ pub struct Tunables {
     pub sync_speed_min_kib: u64,
     /// Background resync/recovery ceiling when the array is otherwise idle, KiB/s (md default 200000).
     pub sync_speed_max_kib: u64,
-    /// Under load: md's floor, or a rate that keeps the clients' p99 latency within
-    /// `sync_p99_limit_pct` of its value without background work (`sync::pacing`).
+    /// Under load: md's floor, or a rate that keeps the clients' mean latency within
+    /// `sync_latency_limit_pct` of its value without background work (`sync::pacing`).
     pub sync_policy: SyncPolicy,
-    /// The adaptive policy's limit on the clients' p99 latency, percent of the baseline.
-    pub sync_p99_limit_pct: u64,
+    /// The adaptive policy's limit on the clients' mean latency, percent of the baseline.
+    pub sync_latency_limit_pct: u64,
 }
 
 impl Default for Tunables {
@@ -74,7 +74,7 @@ impl Default for Tunables {
             sync_speed_min_kib: 1000,
             sync_speed_max_kib: 200_000,
             sync_policy: SyncPolicy::Adaptive,
-            sync_p99_limit_pct: 130,
+            sync_latency_limit_pct: 130,
         }
     }
 }

@@ -129,7 +129,7 @@ pub const TUNABLES: &[TunableSpec] = &[
     },
     TunableSpec {
         name: "sync_policy",
-        help: "under load: md (the floor) or adaptive (as fast as the clients' p99 allows)",
+        help: "under load: md (the floor) or adaptive (as fast as the clients' latency allows)",
         applies_to: redundant,
         get: |t| t.sync_policy.name().to_string(),
         set: |t, v| {
@@ -138,17 +138,17 @@ pub const TUNABLES: &[TunableSpec] = &[
         },
     },
     TunableSpec {
-        name: "sync_p99_limit_pct",
+        name: "sync_latency_limit_pct",
         help:
-            "adaptive: the clients' p99 latency at most this percent of it without background work (101-1000)",
+            "adaptive: the clients' mean latency at most this percent of it without background work (101-1000)",
         applies_to: redundant,
-        get: |t| t.sync_p99_limit_pct.to_string(),
-        set: |t, v| match number("sync_p99_limit_pct", v)? {
+        get: |t| t.sync_latency_limit_pct.to_string(),
+        set: |t, v| match number("sync_latency_limit_pct", v)? {
             n @ 101..=1000 => {
-                t.sync_p99_limit_pct = n;
+                t.sync_latency_limit_pct = n;
                 Ok(())
             }
-            n => Err(format!("sync_p99_limit_pct {n}: give a percent from 101 to 1000")),
+            n => Err(format!("sync_latency_limit_pct {n}: give a percent from 101 to 1000")),
         },
     },
 ];
@@ -265,7 +265,7 @@ mod tests {
         t.set_named(Level::Raid1, "balance", "split").unwrap();
         assert_eq!(
             t.describe(Level::Raid1),
-            "balance split\nsync_speed_min 1000\nsync_speed_max 200000\nsync_policy adaptive\nsync_p99_limit_pct 130\n"
+            "balance split\nsync_speed_min 1000\nsync_speed_max 200000\nsync_policy adaptive\nsync_latency_limit_pct 130\n"
         );
         assert!(Tunables::default().check().is_ok());
     }

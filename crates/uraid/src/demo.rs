@@ -61,7 +61,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             sync_speed_min: None,
             sync_speed_max: None,
             sync_policy: None,
-            sync_p99_limit_pct: None,
+            sync_latency_limit_pct: None,
             control: Some(control),
             balance: None,
             rmw_level: None,

@@ -50,13 +50,13 @@ pub struct ServeArgs {
     #[arg(long = "sync-speed-max")]
     pub sync_speed_max: Option<String>,
     /// Rebuild/resync pace under load: adaptive (default: as fast as keeps the clients'
-    /// p99 latency within --sync-p99-limit-pct of it without the rebuild) or md (the floor,
+    /// mean latency within --sync-latency-limit-pct of it without the rebuild) or md (the floor,
     /// sync_speed_min). Not on raid0.
     #[arg(long = "sync-policy")]
     pub sync_policy: Option<String>,
-    /// The adaptive policy's limit on the clients' p99 latency, percent (default 130).
-    #[arg(long = "sync-p99-limit-pct")]
-    pub sync_p99_limit_pct: Option<String>,
+    /// The adaptive policy's limit on the clients' mean latency, percent (default 130).
+    #[arg(long = "sync-latency-limit-pct")]
+    pub sync_latency_limit_pct: Option<String>,
     /// Control socket path (default: .uraid-NAME-UUID8.sock next to the first member, NAME
     /// the array's name, UUID8 the first 8 hex digits of its uuid).
     #[arg(long)]
@@ -227,7 +227,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         ("sync_speed_min", args.sync_speed_min.as_ref()),
         ("sync_speed_max", args.sync_speed_max.as_ref()),
         ("sync_policy", args.sync_policy.as_ref()),
-        ("sync_p99_limit_pct", args.sync_p99_limit_pct.as_ref()),
+        ("sync_latency_limit_pct", args.sync_latency_limit_pct.as_ref()),
     ];
     let mut tunables = Tunables::default();
     for (name, value) in flags {
