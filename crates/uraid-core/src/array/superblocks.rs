@@ -653,6 +653,14 @@ impl ArraySuperblocks {
         self.members.retain(|m| m.role != (DevRole::Replacement { slot }));
     }
 
+    /// md's raid_disks changed (a grow of a mirror count): every superblock says so.
+    pub fn set_raid_disks(&mut self, raid_disks: u32) {
+        self.raid_disks = raid_disks;
+        for m in &mut self.members {
+            m.sb.raid_disks = raid_disks;
+        }
+    }
+
     /// A new member joins (as a spare until [`ArraySuperblocks::spare_activated`]).
     pub fn member_added(&mut self, member: ArrayMember) {
         assert!(self.member(member.key).is_none(), "member keys are unique");
