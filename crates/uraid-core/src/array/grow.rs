@@ -399,6 +399,21 @@ impl Array {
         }
     }
 
+    /// Why a plan cannot be carried out now, asked before anything is written (the
+    /// `--add`ed devices included).
+    pub fn may_grow(&self, plan: &GrowPlan) -> Result<(), GrowRefusal> {
+        match plan {
+            GrowPlan::Resize { from_sectors, to_sectors } => refuse(format!(
+                "growing the component size ({}K to {}K) is not built in uraid yet: stop the array, \
+                 `mdadm --grow --size` it under Linux md, then serve it again",
+                from_sectors / 2,
+                to_sectors / 2
+            )),
+            GrowPlan::Reshape(target) => self.may_start_reshape(target).map_err(GrowRefusal),
+            _ => Ok(()),
+        }
+    }
+
     /// Carries out a plan (from [`plan`] on [`Array::grow_current`], with any `--add`ed
     /// members already spares). Answers what was done, in a sentence.
     pub fn grow(&mut self, plan: &GrowPlan, now_ns: TimeNs) -> Result<String, String> {
@@ -423,13 +438,20 @@ impl Array {
         Ok(done)
     }
 
-    /// Where a reshape (data moving to a new geometry) starts. Refused until the reshape
-    /// process is built; nothing has changed when it answers an error.
+    /// THE hook where a reshape (data moving to a new geometry) starts, with the new
+    /// members already spares. Refused until the reshape process is built; nothing has
+    /// changed when it answers an error.
     pub fn start_reshape(&mut self, target: &ReshapeTarget) -> Result<(), String> {
+        self.may_start_reshape(target)
+    }
+
+    /// Why the reshape to `target` cannot start now (asked before the `--add`ed devices
+    /// are written): today, always, as it is not built.
+    pub fn may_start_reshape(&self, target: &ReshapeTarget) -> Result<(), String> {
         let geo = self.engine.geometry();
         Err(format!(
-            "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built yet; nothing \
-             changed. Stop the array and `mdadm --grow` it under Linux md, or wait for uraid's reshape",
+            "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built yet: stop the \
+             array and `mdadm --grow` it under Linux md (uraid assembles the result once md finished)",
             name(geo.level),
             name(target.level),
             target.raid_disks,

@@ -1,0 +1,202 @@
+//! `uraid grow` (mdadm --grow) on a served array: a raid1 from two mirrors to three, the
+//! new one recovered with its progress in `status` and md agreeing afterwards; fewer
+//! mirrors once the slot is empty; and every combination md refuses refused with its
+//! reason, every file left as it was (the `--add`ed device too).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn create(dir: &TempDir, level: &str, names: &[&str], extra: &[&str]) -> Vec<PathBuf> {
+    let members: Vec<PathBuf> = names.iter().map(|n| dir.path(n)).collect();
+    let n = names.len().to_string();
+    let mut args = vec!["create", "--level", level, "--raid-devices", &n, "--size", "8M", "--assume-clean"];
+    args.extend_from_slice(extra);
+    args.extend(paths(&members));
+    ok(uraid(&args), "uraid create");
+    members
+}
+
+/// An empty device file the size of `like`.
+fn blank(dir: &TempDir, name: &str, like: &Path) -> PathBuf {
+    let p = dir.path(name);
+    std::fs::File::create(&p).unwrap().set_len(std::fs::metadata(like).unwrap().len()).unwrap();
+    p
+}
+
+fn hashes(files: &[PathBuf]) -> Vec<String> {
+    files.iter().map(|p| sha256_file(p)).collect()
+}
+
+fn grow(s: &Served, args: &[&str]) -> std::process::Output {
+    let c = s.control.display().to_string();
+    let mut a = vec!["grow", "--control", &c];
+    a.extend_from_slice(args);
+    uraid(&a)
+}
+
+/// `uraid grow ARGS` must refuse saying `words`, leaving `files` as they were.
+fn refused(s: &Served, args: &[&str], words: &str, files: &[PathBuf]) {
+    let before = hashes(files);
+    let o = grow(s, args);
+    let t = text(&o);
+    assert!(!o.status.success(), "grow {args:?} should have been refused:\n{t}");
+    assert!(t.contains(words), "grow {args:?} should say {words:?}:\n{t}");
+    assert!(t.contains("nothing"), "grow {args:?} should say that nothing changed:\n{t}");
+    assert_eq!(hashes(files), before, "grow {args:?} was refused but changed a file");
+}
+
+fn wait_status(s: &Served, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let t0 = Instant::now();
+    loop {
+        let st = s.ctl("status", None);
+        if done(&st) {
+            return st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{what} not seen:\n{st}\n{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn raid1_grows_from_two_to_three_mirrors_and_md_agrees() {
+    let dir = TempDir::new("grow-raid1");
+    let members = create(&dir, "1", &["m0", "m1"], &["--bitmap", "internal"]);
+    let new = blank(&dir, "m2", &members[0]);
+    let s = Served::start(&dir, &members, &[]);
+    qemu_io(&s.url, &["write -P 0x5a 0 3M".into(), "write -P 0xc3 5M 2M".into()]);
+    let before = sha256_bytes(&read_array(&dir, &s.url));
+    // Slowed, the recovery of the new mirror is seen under way in `status`.
+    ok(uraid(&["set", "sync_speed_max", "1000", "--control", &s.control.display().to_string()]), "uraid set");
+    let out = ok(grow(&s, &["--raid-devices", "3", "--add", new.to_str().unwrap()]), "uraid grow");
+    assert!(out.contains("as a hot spare") && out.contains("raid_disks set to 3 (was 2)"), "{out}");
+    let st = wait_status(&s, "the recovery of slot 2", |st| st.contains("recovery ="));
+    assert!(st.contains("[3/2] [UU_]"), "{st}");
+    ok(
+        uraid(&["set", "sync_speed_max", "200000", "--control", &s.control.display().to_string()]),
+        "uraid set",
+    );
+    let st =
+        wait_status(&s, "three mirrors in sync", |st| st.contains("[3/3] [UUU]") && !st.contains("recovery"));
+    assert!(st.contains("m2[2]"), "{st}");
+    assert_eq!(sha256_bytes(&read_array(&dir, &s.url)), before);
+    // Written after the grow: on all three.
+    qemu_io(&s.url, &["write -P 0x11 6M 512k".into()]);
+    let after = sha256_bytes(&read_array(&dir, &s.url));
+    s.stop();
+    let all = vec![members[0].clone(), members[1].clone(), new.clone()];
+    for m in &all {
+        let e = ok(uraid(&["examine", m.to_str().unwrap()]), "uraid examine");
+        assert_eq!(mdadm_field(&e, "Raid Devices").as_deref(), Some("3"), "{e}");
+    }
+    // Linux md assembles the three, each a full copy: md's check finds no mismatch.
+    let md = md_check(&all);
+    assert_eq!(md.sha256, after);
+    assert_eq!(md.mismatch_cnt, 0);
+}
+
+#[test]
+fn raid1_mirror_count_goes_down_only_over_empty_slots_and_up_degraded_only_with_force() {
+    let dir = TempDir::new("grow-raid1-down");
+    let members = create(&dir, "1", &["m0", "m1", "m2"], &[]);
+    let s = Served::start(&dir, &members, &[]);
+    refused(&s, &["--raid-devices", "2"], "3 slots hold a member, more than --raid-devices 2", &members);
+    s.ctl("fail", Some(&members[1]));
+    s.ctl("remove", Some(&members[1]));
+    refused(&s, &["--raid-devices", "2"], "md would move it down", &members);
+    s.ctl("fail", Some(&members[2]));
+    s.ctl("remove", Some(&members[2]));
+    let out = ok(grow(&s, &["--raid-devices", "2"]), "uraid grow");
+    assert!(out.contains("raid_disks set to 2 (was 3)"), "{out}");
+    assert!(s.ctl("status", None).contains("[2/1] [U_]"));
+    // Up without a spare: degraded, as mdadm --grow --force leaves it; an add fills it.
+    refused(
+        &s,
+        &["--raid-devices", "3"],
+        "need 1 spare to avoid a degraded array, and only have 0",
+        &members,
+    );
+    ok(grow(&s, &["--raid-devices", "3", "--force"]), "uraid grow --force");
+    assert!(s.ctl("status", None).contains("[3/1] [U__]"));
+    let fresh = blank(&dir, "m3", &members[0]);
+    s.ctl("add", Some(&fresh));
+    s.ctl("add", Some(&members[1]));
+    wait_status(&s, "three mirrors in sync", |st| st.contains("[3/3] [UUU]") && !st.contains("recovery"));
+    s.stop();
+}
+
+#[test]
+fn combinations_md_refuses_are_refused_and_change_nothing() {
+    let dir = TempDir::new("grow-refusals");
+    let r1 = create(&dir, "1", &["a0", "a1"], &["--bitmap", "internal"]);
+    let spare = blank(&dir, "a2", &r1[0]);
+    let mut files = r1.clone();
+    files.push(spare.clone());
+    let s = Served::start(&dir, &r1, &[]);
+    let o = grow(&s, &[]);
+    assert!(!o.status.success() && text(&o).contains("nothing to grow"), "{}", text(&o));
+    refused(&s, &["--raid-devices", "3"], "need 1 spare", &files);
+    refused(&s, &["--chunk", "64"], "raid1 has no chunk", &files);
+    refused(&s, &["--layout", "left-symmetric"], "raid1 has no layout", &files);
+    refused(&s, &["--level", "6"], "md cannot turn a raid1 into raid6", &files);
+    refused(&s, &["--size", "max", "--raid-devices", "3"], "cannot change in the same grow", &files);
+    // raid1 to raid5 is md's takeover: a reshape, not built yet; the added device untouched.
+    refused(&s, &["--level", "5", "--add", spare.to_str().unwrap()], "not built yet", &files);
+    // A check running: md says busy.
+    let c = s.control.display().to_string();
+    ok(uraid(&["set", "sync_speed_max", "1000", "--control", &c]), "uraid set");
+    ok(uraid(&["action", "check", "--control", &c]), "uraid action check");
+    refused(
+        &s,
+        &["--raid-devices", "3", "--add", spare.to_str().unwrap()],
+        "performing resync/recovery",
+        &files,
+    );
+    ok(uraid(&["action", "idle", "--control", &c]), "uraid action idle");
+    // The members grew after the start: --size max is seen, and refused as not built.
+    s.stop();
+    for m in &r1 {
+        let f = std::fs::OpenOptions::new().write(true).open(m).unwrap();
+        f.set_len(f.metadata().unwrap().len() + (4 << 20)).unwrap();
+    }
+    let s = Served::start(&dir, &r1, &[]);
+    // 8 MiB members with a 1 MiB data offset: 7 MiB of data each, 11 MiB of room now.
+    let out = ok(grow(&s, &["--size", "7168"]), "uraid grow --size 7168");
+    assert!(out.contains("component size unchanged at 7168K"), "{out}");
+    refused(&s, &["--size", "max"], "growing the component size (7168K to 11264K) is not built", &files);
+    refused(&s, &["--size", "64M"], "more than the members have room for", &files);
+    s.stop();
+
+    let r5 = create(&dir, "5", &["b0", "b1", "b2"], &[]);
+    let new = blank(&dir, "b3", &r5[0]);
+    let mut files = r5.clone();
+    files.push(new.clone());
+    let s = Served::start(&dir, &r5, &[]);
+    refused(&s, &["--raid-devices", "4"], "need 1 spare", &files);
+    refused(&s, &["--raid-devices", "2"], "reduce the size of the array", &files);
+    refused(
+        &s,
+        &["--level", "6", "--chunk", "128", "--add", new.to_str().unwrap()],
+        "level in the same operation as the chunk size",
+        &files,
+    );
+    refused(&s, &["--level", "10"], "md cannot turn a raid5 into raid10", &files);
+    // What md does by moving data goes to the reshape, which refuses until it is built.
+    refused(&s, &["--raid-devices", "4", "--add", new.to_str().unwrap()], "the reshape of raid5", &files);
+    refused(&s, &["--chunk", "128"], "the reshape of raid5", &files);
+    s.stop();
+
+    let r10 = create(&dir, "10", &["c0", "c1", "c2", "c3"], &[]);
+    let s = Served::start(&dir, &r10, &[]);
+    refused(&s, &["--layout", "f2"], "far or offset layout", &r10);
+    refused(&s, &["--level", "5"], "md cannot turn a raid10 into raid5", &r10);
+    s.stop();
+    let r0 = create(&dir, "0", &["d0", "d1"], &[]);
+    let s = Served::start(&dir, &r0, &[]);
+    refused(&s, &["--size", "max"], "component size of a raid0", &r0);
+    refused(&s, &["--raid-devices", "1"], "reduce the size of the array", &r0);
+    s.stop();
+}
