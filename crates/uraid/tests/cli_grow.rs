@@ -10,16 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn create(dir: &TempDir, level: &str, names: &[&str], extra: &[&str]) -> Vec<PathBuf> {
-    let members: Vec<PathBuf> = names.iter().map(|n| dir.path(n)).collect();
-    let n = names.len().to_string();
-    let mut args = vec!["create", "--level", level, "--raid-devices", &n, "--size", "8M", "--assume-clean"];
-    args.extend_from_slice(extra);
-    args.extend(paths(&members));
-    ok(uraid(&args), "uraid create");
-    members
-}
-
 /// An empty device file the size of `like`.
 fn blank(dir: &TempDir, name: &str, like: &Path) -> PathBuf {
     let p = dir.path(name);
@@ -64,7 +54,7 @@ fn wait_status(s: &Served, what: &str, done: impl Fn(&str) -> bool) -> String {
 #[test]
 fn raid1_grows_from_two_to_three_mirrors_and_md_agrees() {
     let dir = TempDir::new("grow-raid1");
-    let members = create(&dir, "1", &["m0", "m1"], &["--bitmap", "internal"]);
+    let members = create_clean(&dir, "1", 2, "8M", &["--bitmap", "internal"]);
     let new = blank(&dir, "m2", &members[0]);
     let s = Served::start(&dir, &members, &[]);
     qemu_io(&s.url, &["write -P 0x5a 0 3M".into(), "write -P 0xc3 5M 2M".into()]);
@@ -101,7 +91,7 @@ fn raid1_grows_from_two_to_three_mirrors_and_md_agrees() {
 #[test]
 fn raid1_mirror_count_goes_down_only_over_empty_slots_and_up_degraded_only_with_force() {
     let dir = TempDir::new("grow-raid1-down");
-    let members = create(&dir, "1", &["m0", "m1", "m2"], &[]);
+    let members = create_clean(&dir, "1", 3, "8M", &[]);
     let s = Served::start(&dir, &members, &[]);
     refused(&s, &["--raid-devices", "2"], "3 slots hold a member, more than --raid-devices 2", &members);
     s.ctl("fail", Some(&members[1]));
@@ -130,9 +120,9 @@ fn raid1_mirror_count_goes_down_only_over_empty_slots_and_up_degraded_only_with_
 
 #[test]
 fn combinations_md_refuses_are_refused_and_change_nothing() {
-    let dir = TempDir::new("grow-refusals");
-    let r1 = create(&dir, "1", &["a0", "a1"], &["--bitmap", "internal"]);
-    let spare = blank(&dir, "a2", &r1[0]);
+    let dir = TempDir::new("grow-refusals-raid1");
+    let r1 = create_clean(&dir, "1", 2, "8M", &["--bitmap", "internal"]);
+    let spare = blank(&dir, "m2", &r1[0]);
     let mut files = r1.clone();
     files.push(spare.clone());
     let s = Served::start(&dir, &r1, &[]);
@@ -170,8 +160,9 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
     refused(&s, &["--size", "64M"], "more than the members have room for", &files);
     s.stop();
 
-    let r5 = create(&dir, "5", &["b0", "b1", "b2"], &[]);
-    let new = blank(&dir, "b3", &r5[0]);
+    let dir = TempDir::new("grow-refusals-raid5");
+    let r5 = create_clean(&dir, "5", 3, "8M", &[]);
+    let new = blank(&dir, "m3", &r5[0]);
     let mut files = r5.clone();
     files.push(new.clone());
     let s = Served::start(&dir, &r5, &[]);
@@ -189,12 +180,14 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
     refused(&s, &["--chunk", "128"], "the reshape of raid5", &files);
     s.stop();
 
-    let r10 = create(&dir, "10", &["c0", "c1", "c2", "c3"], &[]);
+    let dir = TempDir::new("grow-refusals-raid10");
+    let r10 = create_clean(&dir, "10", 4, "8M", &[]);
     let s = Served::start(&dir, &r10, &[]);
     refused(&s, &["--layout", "f2"], "far or offset layout", &r10);
     refused(&s, &["--level", "5"], "md cannot turn a raid10 into raid5", &r10);
     s.stop();
-    let r0 = create(&dir, "0", &["d0", "d1"], &[]);
+    let dir = TempDir::new("grow-refusals-raid0");
+    let r0 = create_clean(&dir, "0", 2, "8M", &[]);
     let s = Served::start(&dir, &r0, &[]);
     refused(&s, &["--size", "max"], "component size of a raid0", &r0);
     refused(&s, &["--raid-devices", "1"], "reduce the size of the array", &r0);

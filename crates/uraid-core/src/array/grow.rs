@@ -494,22 +494,12 @@ impl crate::engine::Engine {
         }
         let member_sectors = md.geo.member_sectors[0];
         md.geo = Geometry::new(Level::Raid1, to, md.geo.layout, 0, &vec![member_sectors; to])?;
-        let (template, before) = (md.members[0].clone(), md.members.len());
-        md.members.resize_with(to, || crate::rdev::MemberRt {
-            state: MemberState::Missing,
-            inflight: 0,
-            last_end_sector: 0,
-            last_dispatch_ns: 0,
-            last_delay_ns: 0,
-            write_mostly: false,
-            bad_blocks: None,
-            write_error_seen: false,
-            ..template.clone()
-        });
-        for (slot, m) in md.members.iter_mut().enumerate().skip(before) {
-            // No I/O goes to a missing slot; a spare taking it sets its own index.
-            m.io_member = slot;
-        }
+        let data_offset_bytes = md.members[0].data_offset_bytes;
+        // No I/O goes to a missing slot; a spare taking it sets its own index.
+        let new_slot = |slot| crate::rdev::MemberRt::new(slot, MemberState::Missing, data_offset_bytes);
+        let kept = md.members.len().min(to);
+        md.members.truncate(kept);
+        md.members.extend((kept..to).map(new_slot));
         md.replacements = vec![None; to];
         // Replacement accounting sat at `raid_disks + slot`: it starts again.
         md.stats.members.resize(to, Default::default());
