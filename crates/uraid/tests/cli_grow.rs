@@ -193,3 +193,34 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
     refused(&s, &["--raid-devices", "1"], "reduce the size of the array", &r0);
     s.stop();
 }
+
+#[test]
+fn a_grown_mirror_killed_mid_recovery_resumes_on_the_next_start() {
+    let dir = TempDir::new("grow-raid1-kill");
+    let members = create_clean(&dir, "1", 2, "8M", &[]);
+    let new = blank(&dir, "m2", &members[0]);
+    let s = Served::start(&dir, &members, &[]);
+    qemu_io(&s.url, &["write -P 0x6b 1M 4M".into()]);
+    let before = sha256_bytes(&read_array(&dir, &s.url));
+    ok(uraid(&["set", "sync_speed_max", "1000", "--control", &s.control.display().to_string()]), "uraid set");
+    ok(grow(&s, &["--raid-devices", "3", "--add", new.to_str().unwrap()]), "uraid grow");
+    wait_status(&s, "the recovery of slot 2", |st| st.contains("recovery ="));
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(s); // SIGKILL mid-recovery
+    let all = vec![members[0].clone(), members[1].clone(), new.clone()];
+    let s = Served::start(&dir, &all, &["--sync-speed-min", "100", "--sync-speed-max", "1000"]);
+    let st = s.ctl("status", None);
+    assert!(
+        st.contains("[3/2] [UU_]") && st.contains("m2[2]"),
+        "the new mirror should resume its recovery:\n{st}"
+    );
+    ok(
+        uraid(&["set", "sync_speed_max", "200000", "--control", &s.control.display().to_string()]),
+        "uraid set",
+    );
+    wait_status(&s, "three mirrors in sync", |st| st.contains("[3/3] [UUU]") && !st.contains("recovery"));
+    assert_eq!(sha256_bytes(&read_array(&dir, &s.url)), before);
+    s.stop();
+    let md = md_check(&all);
+    assert_eq!((md.sha256, md.mismatch_cnt), (before, 0));
+}
