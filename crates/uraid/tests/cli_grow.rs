@@ -17,6 +17,14 @@ fn blank(dir: &TempDir, name: &str, like: &Path) -> PathBuf {
     p
 }
 
+/// Each member file `more` bytes longer (a disk that grew).
+fn enlarge(files: &[PathBuf], more: u64) {
+    for m in files {
+        let f = std::fs::OpenOptions::new().write(true).open(m).unwrap();
+        f.set_len(f.metadata().unwrap().len() + more).unwrap();
+    }
+}
+
 fn hashes(files: &[PathBuf]) -> Vec<String> {
     files.iter().map(|p| sha256_file(p)).collect()
 }
@@ -146,18 +154,10 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
         &files,
     );
     ok(uraid(&["action", "idle", "--control", &c]), "uraid action idle");
-    // The members grew after the start: --size max is seen, and refused as not built.
-    s.stop();
-    for m in &r1 {
-        let f = std::fs::OpenOptions::new().write(true).open(m).unwrap();
-        f.set_len(f.metadata().unwrap().len() + (4 << 20)).unwrap();
-    }
-    let s = Served::start(&dir, &r1, &[]);
-    // 8 MiB members with a 1 MiB data offset: 7 MiB of data each, 11 MiB of room now.
     let out = ok(grow(&s, &["--size", "7168"]), "uraid grow --size 7168");
     assert!(out.contains("component size unchanged at 7168K"), "{out}");
-    refused(&s, &["--size", "max"], "growing the component size (7168K to 11264K) is not built", &files);
     refused(&s, &["--size", "64M"], "more than the members have room for", &files);
+    refused(&s, &["--size", "4M"], "does not shrink", &files);
     s.stop();
 
     let dir = TempDir::new("grow-refusals-raid5");
@@ -178,6 +178,9 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
     // What md does by moving data goes to the reshape, which refuses until it is built.
     refused(&s, &["--raid-devices", "4", "--add", new.to_str().unwrap()], "the reshape of raid5", &files);
     refused(&s, &["--chunk", "128"], "the reshape of raid5", &files);
+    // Members grown while served: their room is seen, but a raid5's size is not built yet.
+    enlarge(&r5, 4 << 20);
+    refused(&s, &["--size", "max"], "of a raid5 is not built in uraid yet", &files);
     s.stop();
 
     let dir = TempDir::new("grow-refusals-raid10");
@@ -223,4 +226,42 @@ fn a_grown_mirror_killed_mid_recovery_resumes_on_the_next_start() {
     s.stop();
     let md = md_check(&all);
     assert_eq!((md.sha256, md.mismatch_cnt), (before, 0));
+}
+
+#[test]
+fn raid1_size_max_uses_the_room_the_members_gained_and_md_agrees() {
+    let dir = TempDir::new("grow-size");
+    let members = create_clean(&dir, "1", 2, "8M", &["--bitmap", "internal"]);
+    let s = Served::start(&dir, &members, &[]);
+    qemu_io(&s.url, &["write -P 0x3c 0 7M".into()]);
+    let before = read_array(&dir, &s.url);
+    assert_eq!(before.len(), 7 << 20);
+    // The disks grow under the running array (a bigger LUN, a longer file), the new space
+    // of one holding old bytes: only a resync of it makes the mirrors agree.
+    enlarge(&members, 4 << 20);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&members[1]).unwrap();
+        f.write_all_at(&vec![0xee; 4 << 20], 8 << 20).unwrap();
+    }
+    let out = ok(grow(&s, &["--size", "max"]), "uraid grow --size max");
+    assert!(
+        out.contains("component size set to 11264K (was 7168K)") && out.contains("next connection"),
+        "{out}"
+    );
+    wait_status(&s, "the new space resynced", |st| st.contains("11264 blocks") && !st.contains("resync"));
+    // A new connection sees the new size: the old data, then the new space, usable.
+    qemu_io(&s.url, &["write -P 0x77 9M 1M".into(), "read -P 0x77 9M 1M".into(), "read -P 0x3c 0 7M".into()]);
+    let after = read_array(&dir, &s.url);
+    assert_eq!(after.len(), 11 << 20);
+    assert_eq!(sha256_bytes(&after[..7 << 20]), sha256_bytes(&before));
+    s.stop();
+    for m in &members {
+        let e = ok(uraid(&["examine", m.to_str().unwrap()]), "uraid examine");
+        assert!(mdadm_field(&e, "Array Size").is_some_and(|v| v.starts_with("11264 KiB")), "{e}");
+    }
+    // Linux md assembles it at the new size: the same data, the mirrors equal.
+    let md = md_check(&members);
+    assert_eq!(md.sha256, sha256_bytes(&after));
+    assert_eq!(md.mismatch_cnt, 0);
 }

@@ -403,12 +403,19 @@ impl Array {
     /// `--add`ed devices included).
     pub fn may_grow(&self, plan: &GrowPlan) -> Result<(), GrowRefusal> {
         match plan {
-            GrowPlan::Resize { from_sectors, to_sectors } => refuse(format!(
-                "growing the component size ({}K to {}K) is not built in uraid yet: stop the array, \
-                 `mdadm --grow --size` it under Linux md, then serve it again",
-                from_sectors / 2,
-                to_sectors / 2
-            )),
+            GrowPlan::Resize { from_sectors, to_sectors } => {
+                let level = self.engine.geometry().level;
+                if level != Level::Raid1 {
+                    return refuse(format!(
+                        "growing the component size ({}K to {}K) of a {} is not built in uraid yet (raid1 \
+                         only): stop the array, `mdadm --grow --size` it under Linux md, then serve it again",
+                        from_sectors / 2,
+                        to_sectors / 2,
+                        name(level)
+                    ));
+                }
+                self.sbs.may_set_component_size(*to_sectors).map_err(GrowRefusal)
+            }
             GrowPlan::Reshape(target) => self.may_start_reshape(target).map_err(GrowRefusal),
             _ => Ok(()),
         }
@@ -423,15 +430,12 @@ impl Array {
             GrowPlan::AddMirrors { from, to } => self.set_mirror_count(*from, *to)?,
             GrowPlan::DropMirrors { from, to } => self.set_mirror_count(*from, *to)?,
             GrowPlan::Resize { from_sectors, to_sectors } => {
-                return Err(format!(
-                    "growing the component size ({}K to {}K) is not built in uraid yet: stop the array, \
-                     `mdadm --grow --size` it under Linux md, then serve it again; nothing changed",
-                    from_sectors / 2,
-                    to_sectors / 2
-                ))
+                self.may_grow(plan).map_err(|e| e.0)?;
+                self.set_component_size(*from_sectors, *to_sectors)?
             }
             GrowPlan::Reshape(target) => {
-                return self.start_reshape(target).map(|()| "reshape started".into())
+                self.start_reshape(target)?;
+                format!("reshape to {} of {} members started", name(target.level), target.raid_disks)
             }
         };
         self.settle();
@@ -460,6 +464,24 @@ impl Array {
         ))
     }
 
+    /// md's update_size then raid1_resize: each member's data grows, the superblocks (and
+    /// the bitmap's new bits) say so before the new space is resynced.
+    fn set_component_size(&mut self, from: u64, to: u64) -> Result<String, String> {
+        self.engine.set_component_sectors(to)?;
+        let pages = self.sbs.set_component_size(from, to);
+        if !pages.is_empty() {
+            self.pages_seq = self.rounds.push(super::rounds::Work::BitmapPages(pages));
+        }
+        self.write_superblocks_then(None);
+        self.engine.start_resync(Some(vec![(from, to)]), self.now_ns);
+        Ok(format!(
+            "component size set to {}K (was {}K); the new space is resynced. NBD has no resize notice: \
+             a client sees the new size on its next connection",
+            to / 2,
+            from / 2
+        ))
+    }
+
     /// md's raid1_reshape: the mirror count becomes `to`. New slots start missing and
     /// hot spares take them (a recovery each); dropped slots are empty (see [`plan`]).
     fn set_mirror_count(&mut self, from: usize, to: usize) -> Result<String, String> {
@@ -482,6 +504,17 @@ impl Array {
 }
 
 impl crate::engine::Engine {
+    /// Each member's data becomes `to_sectors` (a raid1's array size with it).
+    pub(crate) fn set_component_sectors(&mut self, to_sectors: u64) -> Result<(), String> {
+        let g = &self.md.geo;
+        if g.level != Level::Raid1 {
+            return Err(format!("resizing a raid{} is not built", g.level.md_level()));
+        }
+        self.md.geo =
+            Geometry::new(g.level, g.raid_disks, g.layout, g.chunk_sectors, &vec![to_sectors; g.raid_disks])?;
+        Ok(())
+    }
+
     /// A raid1's slots become `to`: new ones missing, dropped ones empty. Refused while a
     /// replacement runs (its engine index is `raid_disks + slot`) or on another level.
     pub(crate) fn set_mirror_count(&mut self, to: usize) -> Result<(), String> {

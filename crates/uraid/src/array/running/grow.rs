@@ -34,6 +34,10 @@ impl RunningArray {
             .call(move |a, _, now| a.grow(&plan, now).map(|t| (t, a.metadata_mark())))?
             .map_err(|e| anyhow!("{e}"))?;
         self.wait_metadata(mark)?;
+        // Recorded: a new NBD connection may be told the new size.
+        let view = self.view()?;
+        self.used_dev_sectors.store(view.sb.size, std::sync::atomic::Ordering::SeqCst);
+        self.device.set_size_bytes(view.array_sectors * 512);
         out.push_str(&format!("uraid: {}: {done}\n", self.name));
         Ok(out)
     }
