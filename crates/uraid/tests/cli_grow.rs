@@ -110,16 +110,15 @@ fn raid1_mirror_count_goes_down_only_over_empty_slots_and_up_degraded_only_with_
     let out = ok(grow(&s, &["--raid-devices", "2"]), "uraid grow");
     assert!(out.contains("raid_disks set to 2 (was 3)"), "{out}");
     assert!(s.ctl("status", None).contains("[2/1] [U_]"));
-    // Up without a spare: degraded, as mdadm --grow --force leaves it; an add fills it.
-    refused(
-        &s,
-        &["--raid-devices", "3"],
-        "need 1 spare to avoid a degraded array, and only have 0",
-        &members,
-    );
+    // Up while degraded: md would rebuild the empty slot with the added device first.
+    let fresh = blank(&dir, "m3", &members[0]);
+    let mut files = members.clone();
+    files.push(fresh.clone());
+    let fresh_arg = fresh.to_str().unwrap();
+    refused(&s, &["--raid-devices", "3", "--add", fresh_arg], "the array is degraded (1 of 2 slots", &files);
+    // With --force it grows degraded, as mdadm --grow --force leaves it; adds fill it.
     ok(grow(&s, &["--raid-devices", "3", "--force"]), "uraid grow --force");
     assert!(s.ctl("status", None).contains("[3/1] [U__]"));
-    let fresh = blank(&dir, "m3", &members[0]);
     s.ctl("add", Some(&fresh));
     s.ctl("add", Some(&members[1]));
     wait_status(&s, "three mirrors in sync", |st| st.contains("[3/3] [UUU]") && !st.contains("recovery"));

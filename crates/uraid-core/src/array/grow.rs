@@ -60,6 +60,8 @@ pub struct GrowCurrent {
     pub spares: usize,
     /// Per slot: a device holds it (active, rebuilding, or failed and not yet removed).
     pub slot_held: Vec<bool>,
+    /// Slots with no working member (missing or failed): the array is degraded.
+    pub degraded_slots: usize,
     pub failed: bool,
     pub read_only: bool,
     /// The background job running or owed (md's sync_action), if any.
@@ -284,6 +286,15 @@ fn plan_raid1(cur: &GrowCurrent, req: &GrowRequest, raid_disks: usize) -> Result
         return refuse("raid1 has no layout: --layout applies to raid0, raid4/5/6 and raid10");
     }
     if raid_disks > cur.raid_disks {
+        // md gives a spare to a missing slot first (and is then busy with its recovery),
+        // so the new slots would stay empty.
+        if cur.degraded_slots > 0 && !req.force {
+            return refuse(format!(
+                "the array is degraded ({} of {} slots without a working member): md rebuilds those \
+                 first; `uraid add` a device, let it recover, then grow (or --force to grow degraded)",
+                cur.degraded_slots, cur.raid_disks
+            ));
+        }
         check_spares(cur, req, raid_disks - cur.raid_disks)?;
         return Ok(GrowPlan::AddMirrors { from: cur.raid_disks, to: raid_disks });
     }
@@ -393,6 +404,12 @@ impl Array {
             room_sectors,
             spares: self.sbs.members().iter().filter(|m| m.role == DevRole::Spare).count(),
             slot_held,
+            degraded_slots: self
+                .engine
+                .member_states()
+                .iter()
+                .filter(|s| matches!(s, MemberState::Missing | MemberState::Faulty))
+                .count(),
             failed: self.engine.is_failed(),
             read_only: self.read_only,
             busy,
@@ -558,6 +575,7 @@ mod tests {
             room_sectors: 100_000,
             spares: 0,
             slot_held: vec![true; n],
+            degraded_slots: 0,
             failed: false,
             read_only: false,
             busy: None,
@@ -606,6 +624,21 @@ mod tests {
         assert_eq!(plan(&cur, &three), Ok(GrowPlan::AddMirrors { from: 2, to: 3 }));
         refused(&cur, &ask(|r| r.raid_disks = Some(4)), "need 2 spares");
         assert!(matches!(plan(&cur, &ask(|r| r.raid_disks = Some(2))), Ok(GrowPlan::Unchanged(_))));
+        // Degraded: the added device would rebuild the empty slot, not fill a new one.
+        cur.degraded_slots = 1;
+        refused(
+            &cur,
+            &ask(|r| {
+                r.raid_disks = Some(3);
+                r.adding = 1
+            }),
+            "the array is degraded (1 of 2 slots",
+        );
+        let forced = ask(|r| {
+            r.raid_disks = Some(3);
+            r.force = true
+        });
+        assert_eq!(plan(&cur, &forced), Ok(GrowPlan::AddMirrors { from: 2, to: 3 }));
     }
 
     #[test]
