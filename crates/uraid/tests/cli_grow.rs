@@ -264,3 +264,32 @@ fn raid1_size_max_uses_the_room_the_members_gained_and_md_agrees() {
     assert_eq!(md.sha256, sha256_bytes(&after));
     assert_eq!(md.mismatch_cnt, 0);
 }
+
+#[test]
+fn a_size_grow_killed_mid_resync_resyncs_the_new_space_on_the_next_start() {
+    let dir = TempDir::new("grow-size-kill");
+    let members = create_clean(&dir, "1", 2, "8M", &["--bitmap", "internal"]);
+    let slow = ["--sync-speed-min", "100", "--sync-speed-max", "500"];
+    let s = Served::start(&dir, &members, &slow);
+    qemu_io(&s.url, &["write -P 0x3c 0 7M".into()]);
+    enlarge(&members, 4 << 20);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&members[1]).unwrap();
+        f.write_all_at(&vec![0xee; 4 << 20], 8 << 20).unwrap();
+    }
+    ok(grow(&s, &["--size", "max"]), "uraid grow --size max");
+    wait_status(&s, "the resync of the new space", |st| st.contains("resync ="));
+    std::thread::sleep(Duration::from_millis(500));
+    drop(s); // SIGKILL mid-resync
+    for m in &members {
+        let e = ok(uraid(&["examine", m.to_str().unwrap()]), "uraid examine");
+        assert!(mdadm_field(&e, "Array Size").is_some_and(|v| v.starts_with("11264 KiB")), "{e}");
+    }
+    let s = Served::start(&dir, &members, &[]);
+    wait_status(&s, "the resync finished", |st| st.contains("11264 blocks") && !st.contains("resync"));
+    let after = read_array(&dir, &s.url);
+    s.stop();
+    let md = md_check(&members);
+    assert_eq!((md.sha256, md.mismatch_cnt), (sha256_bytes(&after), 0));
+}
