@@ -177,9 +177,6 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
     // What md does by moving data goes to the reshape, which refuses until it is built.
     refused(&s, &["--raid-devices", "4", "--add", new.to_str().unwrap()], "the reshape of raid5", &files);
     refused(&s, &["--chunk", "128"], "the reshape of raid5", &files);
-    // Members grown while served: their room is seen, but a raid5's size is not built yet.
-    enlarge(&r5, 4 << 20);
-    refused(&s, &["--size", "max"], "of a raid5 is not built in uraid yet", &files);
     s.stop();
 
     let dir = TempDir::new("grow-refusals-raid10");
@@ -187,6 +184,9 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
     let s = Served::start(&dir, &r10, &[]);
     refused(&s, &["--layout", "f2"], "far or offset layout", &r10);
     refused(&s, &["--level", "5"], "md cannot turn a raid10 into raid5", &r10);
+    // Members grown while served: their room is seen, but a raid10's size is not built yet.
+    enlarge(&r10, 4 << 20);
+    refused(&s, &["--size", "max"], "of a raid10 is not built in uraid yet", &r10);
     s.stop();
     let dir = TempDir::new("grow-refusals-raid0");
     let r0 = create_clean(&dir, "0", 2, "8M", &[]);
@@ -289,6 +289,40 @@ fn a_size_grow_killed_mid_resync_resyncs_the_new_space_on_the_next_start() {
     let s = Served::start(&dir, &members, &[]);
     wait_status(&s, "the resync finished", |st| st.contains("11264 blocks") && !st.contains("resync"));
     let after = read_array(&dir, &s.url);
+    s.stop();
+    let md = md_check(&members);
+    assert_eq!((md.sha256, md.mismatch_cnt), (sha256_bytes(&after), 0));
+}
+
+#[test]
+fn raid5_and_raid6_size_max_grow_the_array_by_the_new_room_of_each_member_and_md_agrees() {
+    // Two data members each: 3 for raid5, 4 for raid6.
+    parity_size_max("5", 3);
+    parity_size_max("6", 4);
+}
+
+fn parity_size_max(level: &str, n: usize) {
+    let dir = TempDir::new(&format!("grow-size-raid{level}"));
+    let members = create_clean(&dir, level, n, "8M", &["--bitmap", "internal"]);
+    let s = Served::start(&dir, &members, &[]);
+    qemu_io(&s.url, &["write -P 0x5e 0 12M".into()]);
+    let before = read_array(&dir, &s.url);
+    // 8 MiB members with mdadm's 2 MiB raid5 data offset: 6 MiB of data each.
+    assert_eq!(before.len(), 12 << 20);
+    // Stale bytes in one member's new space: the parity there holds only after a resync.
+    enlarge(&members, 4 << 20);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&members[n - 1]).unwrap();
+        f.write_all_at(&vec![0xee; 4 << 20], 8 << 20).unwrap();
+    }
+    let out = ok(grow(&s, &["--size", "max"]), "uraid grow --size max");
+    assert!(out.contains("component size set to 10240K (was 6144K)"), "{out}");
+    wait_status(&s, "the new space resynced", |st| st.contains("20480 blocks") && !st.contains("resync"));
+    qemu_io(&s.url, &["write -P 0x77 13M 2M".into(), "read -P 0x77 13M 2M".into()]);
+    let after = read_array(&dir, &s.url);
+    assert_eq!(after.len(), 20 << 20);
+    assert_eq!(sha256_bytes(&after[..12 << 20]), sha256_bytes(&before));
     s.stop();
     let md = md_check(&members);
     assert_eq!((md.sha256, md.mismatch_cnt), (sha256_bytes(&after), 0));

@@ -149,6 +149,12 @@ fn level_change(cur: &GrowCurrent, level: Level) -> Result<(), GrowRefusal> {
     ))
 }
 
+/// The levels whose component size uraid grows: their mapping does not depend on it (a
+/// raid10's far copies do, and its sync walks array sectors).
+fn resizable(level: Level) -> bool {
+    matches!(level, Level::Raid1 | Level::Raid4 | Level::Raid5 | Level::Raid6)
+}
+
 /// mdadm --grow's checks, in its order: refused (nothing to change) or the plan to carry out.
 pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusal> {
     if !req.reshapes() && req.size.is_none() {
@@ -422,10 +428,11 @@ impl Array {
         match plan {
             GrowPlan::Resize { from_sectors, to_sectors } => {
                 let level = self.engine.geometry().level;
-                if level != Level::Raid1 {
+                if !resizable(level) {
                     return refuse(format!(
-                        "growing the component size ({}K to {}K) of a {} is not built in uraid yet (raid1 \
-                         only): stop the array, `mdadm --grow --size` it under Linux md, then serve it again",
+                        "growing the component size ({}K to {}K) of a {} is not built in uraid yet (raid1, \
+                         raid4/5/6 only): stop the array, `mdadm --grow --size` it under Linux md, then serve \
+                         it again",
                         from_sectors / 2,
                         to_sectors / 2,
                         name(level)
@@ -481,7 +488,7 @@ impl Array {
         ))
     }
 
-    /// md's update_size then raid1_resize: each member's data grows, the superblocks (and
+    /// md's update_size then the level's resize (raid1_resize, raid5_resize): each member's data grows, the superblocks (and
     /// the bitmap's new bits) say so before the new space is resynced.
     fn set_component_size(&mut self, from: u64, to: u64) -> Result<String, String> {
         self.engine.set_component_sectors(to)?;
@@ -521,10 +528,10 @@ impl Array {
 }
 
 impl crate::engine::Engine {
-    /// Each member's data becomes `to_sectors` (a raid1's array size with it).
+    /// Each member's data becomes `to_sectors` (the array's size with it).
     pub(crate) fn set_component_sectors(&mut self, to_sectors: u64) -> Result<(), String> {
         let g = &self.md.geo;
-        if g.level != Level::Raid1 {
+        if !resizable(g.level) {
             return Err(format!("resizing a raid{} is not built", g.level.md_level()));
         }
         self.md.geo =
