@@ -2,7 +2,9 @@
 //! changes that move no data. [`plan`] is the pure check (mdadm's `Grow.c` and the
 //! kernel's `update_raid_disks` / `*_check_reshape`); [`Array::grow`] does what the plan
 //! says: a raid1 gains mirror slots (spares take them and are recovered, as md's
-//! `raid1_reshape` then `remove_and_add_spares`) or loses empty ones. A change that moves
+//! `raid1_reshape` then `remove_and_add_spares`) or loses empty ones; the members' data
+//! grows into room they gained (md's `update_size`, raid1/4/5/6), the new space resynced.
+//! A change that moves
 //! data (a parity level's raid-devices, level, chunk or layout) goes to
 //! [`Array::start_reshape`], the one hook where the reshape process starts. A refusal
 //! changes nothing.
