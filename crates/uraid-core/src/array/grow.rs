@@ -443,6 +443,12 @@ impl Array {
                 self.sbs.may_set_component_size(*to_sectors).map_err(GrowRefusal)
             }
             GrowPlan::Reshape(target) => self.may_start_reshape(target).map_err(GrowRefusal),
+            // A failed member's last I/O may still be draining from a slot to drop.
+            GrowPlan::DropMirrors { from, to }
+                if (*to..*from).any(|s| self.engine.member_io_in_flight(s)) =>
+            {
+                refuse("a slot to drop still has I/O of its failed member in flight: try again in a moment")
+            }
             _ => Ok(()),
         }
     }
