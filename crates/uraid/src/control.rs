@@ -298,13 +298,18 @@ pub fn run_add(add: AddArgs) -> anyhow::Result<()> {
     let args = add.member;
     let force = if add.force { "--force " } else { "" };
     print!("{}", request(&args.control, &format!("add {force}{}", abs(&args.member)))?);
+    show_progress(&args.control)
+}
+
+/// While attached to a terminal: the running sync's progress bar until it is done.
+pub fn show_progress(control: &Path) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() {
         return Ok(());
     }
     loop {
         std::thread::sleep(std::time::Duration::from_millis(500));
-        let p = request(&args.control, "progress")?;
+        let p = request(control, "progress")?;
         let mut it = p.split_whitespace();
         let (Some(kind), Some(done), Some(total)) = (it.next(), it.next(), it.next()) else {
             println!("\r{:60}\rdone", "");

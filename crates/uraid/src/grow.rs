@@ -100,14 +100,15 @@ pub fn parse_request(line: &str) -> anyhow::Result<(GrowRequest, Vec<String>)> {
     Ok((req, adds))
 }
 
-/// Sends the grow and prints what the array did (a recovery shows in `uraid status`).
+/// Sends the grow and prints what the array did, then the recovery or resync it started
+/// while attached to a terminal (`uraid status` shows it too).
 pub fn run(args: GrowArgs) -> anyhow::Result<()> {
     let f = fields(&args)?;
     if f.iter().all(|x| x.starts_with("add=") || x == "force") {
         bail!("nothing to grow: give --raid-devices, --level, --chunk, --layout or --size (with --add for new members)");
     }
     print!("{}", request(&args.control, &format!("grow {}", f.join("\t")))?);
-    Ok(())
+    crate::control::show_progress(&args.control)
 }
 
 #[cfg(test)]

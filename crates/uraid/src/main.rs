@@ -68,8 +68,8 @@ enum Command {
     /// Rebuild a new device for an active member, which stays in sync until the new one
     /// takes its slot (mdadm --replace MEMBER --with NEW); the array is never degraded.
     Replace(control::ReplaceArgs),
-    /// Change a running array's shape (mdadm --grow): more or fewer mirrors, a level,
-    /// chunk or layout, or the component size; refused, saying why, where md refuses.
+    /// Change a running array's shape (mdadm --grow): more or fewer raid1 mirrors, the
+    /// component size; refused, saying why, where md refuses (reshapes: not built yet).
     Grow(grow::GrowArgs),
     /// Change a tunable of a running array (md's sysfs files), or list them with their values.
     Set(control::SetArgs),
