@@ -17,6 +17,7 @@
 //! # drop(stop);
 //! ```
 
+pub mod client;
 pub mod codec;
 pub mod device;
 pub mod proto;
