@@ -30,6 +30,22 @@ pub(crate) struct MemberRt {
 }
 
 impl MemberRt {
+    /// A slot as the engine starts it: no I/O yet, reached as the caller's `io_member`.
+    pub(crate) fn new(io_member: usize, state: MemberState, data_offset_bytes: u64) -> MemberRt {
+        MemberRt {
+            io_member,
+            state,
+            data_offset_bytes,
+            inflight: 0,
+            last_end_sector: 0,
+            last_dispatch_ns: 0,
+            last_delay_ns: 0,
+            write_mostly: false,
+            bad_blocks: None,
+            write_error_seen: false,
+        }
+    }
+
     /// The slot's state moves only as md moves an rdev's: a working member fails, a free
     /// slot takes a device to rebuild, a rebuilt one joins. Anything else is an engine bug.
     pub(crate) fn set_state(&mut self, to: MemberState) {

@@ -182,3 +182,19 @@ fn array_ranges_map_to_sync_space() {
     assert_eq!(array_range_to_sync_range(5, 4, 128, 383, 2), (0, 256));
     assert_eq!(array_range_to_sync_range(6, 6, 128, 512, 512), (128, 128));
 }
+
+#[test]
+fn a_grown_bitmap_covers_the_new_space_set_and_needed() {
+    // 1 GiB with 1 MiB chunks grows to 1.5 GiB: chunks 1024..1536 are new.
+    let mut bm = bitmap(1 << 21, 1 << 20);
+    let pages = bm.grow(1 << 21, 3 << 20);
+    assert_eq!(bm.chunks(), 1536);
+    assert_eq!(bm.superblock().sync_size, 3 << 20);
+    assert!(!bm.is_set(1023) && bm.is_set(1024) && bm.is_set(1535));
+    assert!(bm.needs_sync(1 << 21, 2048) && !bm.needs_sync(0, 1 << 21));
+    // Bits 1024..1536 are bytes 128..192 of the bits, all in page 0.
+    assert_eq!(pages.iter().map(|p| p.page).collect::<Vec<_>>(), vec![0]);
+    // A resync of the whole array makes them clearable again.
+    bm.sync_done(0, 3 << 20);
+    assert!(!bm.needs_sync(1 << 21, 2048));
+}

@@ -118,6 +118,8 @@ impl std::error::Error for ConfigError {}
 
 struct Shared {
     exports: Vec<Export>,
+    /// The exports as they were at start (block sizes); the size each connection is
+    /// told is read at its handshake.
     infos: Vec<ExportInfo>,
     opts: ServerOptions,
     shutting_down: AtomicBool,
@@ -427,7 +429,9 @@ fn handshake(
     reader: &mut BufReader<Stream>,
     writer: &mut Stream,
 ) -> io::Result<Option<(Session, Vec<u8>)>> {
-    let mut negotiation = Negotiation::new(shared.infos.clone());
+    // Each connection is told the size as it is now (an array may have grown since the
+    // server started; NBD has no resize notice, so a client reconnects to see it).
+    let mut negotiation = Negotiation::new(shared.exports.iter().map(Export::info).collect());
     writer.write_all(&negotiation.take_output())?;
     let mut pending: Vec<u8> = Vec::new();
     loop {
@@ -525,7 +529,7 @@ fn transmission(
     let info = &shared.infos[session.export_index];
     let device = Arc::clone(&export.device);
     let ctx = TransmissionContext {
-        size_bytes: info.size_bytes,
+        size_bytes: session.size_bytes,
         transmission_flags: session.transmission_flags,
         structured_replies: session.structured_replies,
         block_size: info.block_size,

@@ -2,7 +2,7 @@
 //!
 //! Protocol: the client sends one line (`detail`, `status`, `progress`, `monitor` (one look
 //! for `uraid monitor`, JSON), `fail [--force] MEMBER`, `remove MEMBER`, `add MEMBER`,
-//! `stop`, ...), the server answers `OK` or `ERR` on the first
+//! `grow FIELD<TAB>...`, `stop`, ...), the server answers `OK` or `ERR` on the first
 //! line, then text, and closes the connection.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -138,6 +138,8 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
                 None => Err(anyhow::anyhow!("`replace` needs the member and the new device")),
             }
         }
+        // `grow KEY=VALUE<TAB>...`: a tab between fields, as paths may hold spaces.
+        "grow" => crate::grow::parse_request(arg).and_then(|(req, adds)| array.grow(req, &adds)),
         "set" => match arg.split_once(' ') {
             Some((name, value)) => array.set_tunable(name, value),
             None if arg.is_empty() => array.set_tunable("", ""),
@@ -153,7 +155,7 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
         }
         other => Err(anyhow::anyhow!(
             "unknown control command {other:?}: use detail, detail-json, status, status-json, progress, \
-             monitor, action, fail, remove, add, replace, set or stop"
+             monitor, action, fail, remove, add, replace, grow, set or stop"
         )),
     };
     let mut w = stream;
@@ -297,13 +299,18 @@ pub fn run_add(add: AddArgs) -> anyhow::Result<()> {
     let args = add.member;
     let force = if add.force { "--force " } else { "" };
     print!("{}", request(&args.control, &format!("add {force}{}", abs(&args.member)))?);
+    show_progress(&args.control)
+}
+
+/// While attached to a terminal: the running sync's progress bar until it is done.
+pub fn show_progress(control: &Path) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() {
         return Ok(());
     }
     loop {
         std::thread::sleep(std::time::Duration::from_millis(500));
-        let p = request(&args.control, "progress")?;
+        let p = request(control, "progress")?;
         let mut it = p.split_whitespace();
         let (Some(kind), Some(done), Some(total)) = (it.next(), it.next(), it.next()) else {
             println!("\r{:60}\rdone", "");
@@ -341,6 +348,6 @@ pub fn run_replace(args: ReplaceArgs) -> anyhow::Result<()> {
 }
 
 /// Members are named to the server by absolute path: it runs in another directory.
-fn abs(p: &Path) -> String {
+pub(crate) fn abs(p: &Path) -> String {
     crate::array::member::absolute_member(p).display().to_string()
 }

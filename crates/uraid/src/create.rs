@@ -78,7 +78,7 @@ pub fn parse_level(text: &str) -> anyhow::Result<Level> {
 }
 
 /// mdadm reads bare numbers for --chunk and --size as KiB.
-fn parse_kib_default(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_kib_default(text: &str) -> Result<u64, String> {
     if text.trim().chars().all(|c| c.is_ascii_digit()) {
         text.trim().parse::<u64>().map(|k| k * 1024).map_err(|e| format!("{text:?}: {e}"))
     } else {

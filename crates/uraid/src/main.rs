@@ -10,6 +10,7 @@ mod demo;
 mod detail;
 mod examine;
 mod explain;
+mod grow;
 mod list;
 mod metrics;
 mod monitor;
@@ -67,6 +68,9 @@ enum Command {
     /// Rebuild a new device for an active member, which stays in sync until the new one
     /// takes its slot (mdadm --replace MEMBER --with NEW); the array is never degraded.
     Replace(control::ReplaceArgs),
+    /// Change a running array's shape (mdadm --grow): more or fewer raid1 mirrors, the
+    /// component size; refused, saying why, where md refuses (reshapes: not built yet).
+    Grow(grow::GrowArgs),
     /// Change a tunable of a running array (md's sysfs files), or list them with their values.
     Set(control::SetArgs),
     /// Benchmarks on this machine, each against a peer measured in the same run.
@@ -109,6 +113,7 @@ fn main() {
         Command::Add(args) => control::run_add(args),
         Command::Replace(args) => control::run_replace(args),
         Command::Action(args) => control::run_action(args),
+        Command::Grow(args) => grow::run(args),
         Command::Set(args) => control::run_set(args),
         Command::Bench(args) => bench::run(args),
         Command::Explain(args) => explain::run(args),

@@ -10,6 +10,7 @@
 
 mod admission;
 mod control;
+mod grow;
 mod rounds;
 mod start;
 mod state;
@@ -19,6 +20,7 @@ mod upkeep_ops;
 mod view;
 
 pub use control::{role_text, Added, NewMember};
+pub use grow::{plan as grow_plan, GrowCurrent, GrowPlan, GrowRefusal, GrowRequest, GrowSize, ReshapeTarget};
 pub use start::{ArrayOptions, StartMember};
 pub use state::Array;
 pub use superblocks::{

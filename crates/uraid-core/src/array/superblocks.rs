@@ -653,6 +653,14 @@ impl ArraySuperblocks {
         self.members.retain(|m| m.role != (DevRole::Replacement { slot }));
     }
 
+    /// md's raid_disks changed (a grow of a mirror count): every superblock says so.
+    pub fn set_raid_disks(&mut self, raid_disks: u32) {
+        self.raid_disks = raid_disks;
+        for m in &mut self.members {
+            m.sb.raid_disks = raid_disks;
+        }
+    }
+
     /// A new member joins (as a spare until [`ArraySuperblocks::spare_activated`]).
     pub fn member_added(&mut self, member: ArrayMember) {
         assert!(self.member(member.key).is_none(), "member keys are unique");
@@ -686,6 +694,41 @@ impl ArraySuperblocks {
     /// The resync finished: the array may be marked clean again (no write of its own).
     pub fn resync_done(&mut self) {
         self.resync_pending = false;
+        // Everything is in sync now: a later unclean stop resyncs from the start.
+        self.resync_checkpoint_sectors = None;
+    }
+
+    /// Why the component size cannot become `to_sectors`: the bitmap would outgrow the
+    /// pages it has (md would take a larger bitmap chunk; uraid does not yet).
+    pub fn may_set_component_size(&self, to_sectors: u64) -> Result<(), String> {
+        let Some(bm) = &self.bitmap else { return Ok(()) };
+        let page = crate::meta::bitmap::BITMAP_PAGE_BYTES as u64;
+        let sb = bm.superblock();
+        let (now, then) = (
+            sb.bytes_on_disk(page),
+            crate::meta::bitmap::bitmap_bytes_on_disk(to_sectors, sb.chunksize, page),
+        );
+        if then > now {
+            return Err(format!(
+                "the write-intent bitmap would need {then} bytes, more than the {now} it has (md would take \
+                 a larger bitmap chunk; uraid does not yet)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// md's update_size: each member's data grows to `to_sectors` (what the caller checked
+    /// they have room for), and the space from `from_sectors` on is owed a resync (md's
+    /// resync_offset at the old size) and set in the bitmap. Returns the bitmap pages to
+    /// persist before the superblocks.
+    pub fn set_component_size(&mut self, from_sectors: u64, to_sectors: u64) -> Vec<BitmapPageWrite> {
+        for m in &mut self.members {
+            m.sb.size = to_sectors;
+            m.sb.data_size = m.sb.data_size.max(to_sectors);
+        }
+        self.resync_pending = true;
+        self.resync_checkpoint_sectors = Some(from_sectors);
+        self.bitmap.as_mut().map(|bm| bm.grow(from_sectors, to_sectors)).unwrap_or_default()
     }
 
     /// A resync stopped at `resync_offset_sectors` with everything below it in sync and

@@ -30,18 +30,7 @@ impl Mddev {
             .members
             .iter()
             .enumerate()
-            .map(|(slot, m)| MemberRt {
-                io_member: slot,
-                state: m.state,
-                data_offset_bytes: m.data_offset_bytes,
-                inflight: 0,
-                last_end_sector: 0,
-                last_dispatch_ns: 0,
-                last_delay_ns: 0,
-                write_mostly: false,
-                bad_blocks: None,
-                write_error_seen: false,
-            })
+            .map(|(slot, m)| MemberRt::new(slot, m.state, m.data_offset_bytes))
             .collect();
         let mut engine = Mddev {
             cache: StripeCache::new(&geo),

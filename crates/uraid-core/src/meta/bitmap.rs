@@ -698,6 +698,30 @@ impl WriteIntentBitmap {
         dirty_regions_of(&self.bits, self.nbits, self.sb.chunksize, self.sb.sync_size)
     }
 
+    /// md_bitmap_resize with the chunk kept: the bitmap covers `sync_size_sectors` now, and
+    /// every chunk holding sectors from `from_sectors` on is set and needed, so the grown
+    /// space is resynced even after a crash. Returns the pages to persist.
+    pub fn grow(&mut self, from_sectors: u64, sync_size_sectors: u64) -> Vec<BitmapPageWrite> {
+        self.sb.sync_size = sync_size_sectors;
+        self.nbits = self.sb.bits();
+        let n = self.nbits as usize;
+        self.bits.resize(self.nbits.div_ceil(8) as usize, 0);
+        self.pending.resize(n, 0);
+        self.needed.resize(n, false);
+        self.idle_passes.resize(n, 0);
+        let mut pages = BTreeSet::new();
+        for c in self.chunks_of(from_sectors, sync_size_sectors.saturating_sub(from_sectors)) {
+            if !self.is_set(c) {
+                set_bit_le(&mut self.bits, c, true);
+                self.set_count += 1;
+            }
+            self.needed[c as usize] = true;
+            pages.insert(Self::page_of_chunk(c));
+        }
+        self.idle_seen = u64::MAX;
+        pages.into_iter().map(|p| self.page_write(p)).collect()
+    }
+
     /// Whether a region needs resync (md's `md_bitmap_start_sync`).
     pub fn needs_sync(&self, start_sector: u64, len_sectors: u64) -> bool {
         self.chunks_of(start_sector, len_sectors).any(|c| self.needed[c as usize])

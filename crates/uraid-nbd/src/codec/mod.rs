@@ -96,6 +96,8 @@ pub struct Session {
     pub structured_replies: bool,
     /// The flags actually sent to the client.
     pub transmission_flags: u16,
+    /// The export size the client was told: it holds for the whole connection.
+    pub size_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -272,6 +274,7 @@ impl Negotiation {
                     export_index: index,
                     structured_replies: self.structured_replies,
                     transmission_flags: flags,
+                    size_bytes: self.exports[index].size_bytes,
                 })))
             }
             OPT_LIST => {
@@ -353,6 +356,7 @@ impl Negotiation {
                 export_index: index,
                 structured_replies: self.structured_replies,
                 transmission_flags: flags,
+                size_bytes: self.exports[index].size_bytes,
             })))
         } else {
             Ok(None)

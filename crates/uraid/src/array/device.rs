@@ -14,7 +14,9 @@ use super::latency::{Latency, Op};
 
 pub struct ArrayDevice {
     handle: RuntimeHandle<Array>,
-    size_bytes: u64,
+    /// What a new NBD connection is told (a grow makes it larger; NBD has no resize
+    /// notice, so a connection keeps the size it was given).
+    size_bytes: std::sync::atomic::AtomicU64,
     read_only: bool,
     /// Each request's time from here to its completion, per operation.
     pub latency: Arc<Latency>,
@@ -30,7 +32,12 @@ fn to_block_error(e: RequestError) -> BlockError {
 
 impl ArrayDevice {
     pub fn new(handle: RuntimeHandle<Array>, size_bytes: u64, read_only: bool) -> ArrayDevice {
-        ArrayDevice { handle, size_bytes, read_only, latency: Arc::default() }
+        ArrayDevice { handle, size_bytes: size_bytes.into(), read_only, latency: Arc::default() }
+    }
+
+    /// The array grew (`uraid grow --size`): new connections see `size_bytes`.
+    pub fn set_size_bytes(&self, size_bytes: u64) {
+        self.size_bytes.store(size_bytes, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Submits to the runtime; if it has stopped, `done` still runs (with ArrayFailed), so
@@ -56,7 +63,7 @@ impl ArrayDevice {
 
 impl BlockDevice for ArrayDevice {
     fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn read_only(&self) -> bool {

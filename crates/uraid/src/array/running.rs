@@ -28,6 +28,7 @@ use super::member::MemberDev;
 use super::member_io::{DeviceIo, IoBook};
 use super::report::{detail_text, level_name, percent, resync_whole_sectors, time_left_words};
 
+mod grow;
 pub mod metrics;
 mod verbs;
 
@@ -61,7 +62,8 @@ pub struct RunningArray {
     pub name: String,
     pub geometry: Geometry,
     pub read_only: bool,
-    used_dev_sectors: u64,
+    /// md's used dev size (a grow --size changes it).
+    used_dev_sectors: std::sync::atomic::AtomicU64,
     /// The syncs this start resumed from a checkpoint (see `counted_from_checkpoint`).
     resumed: Mutex<Vec<Resumed>>,
     /// Member files by key (the executor's index of each): each holds the member's claim.
@@ -140,7 +142,7 @@ impl RunningArray {
             name: a.plan.name.clone(),
             geometry: a.geometry,
             read_only: opts.read_only,
-            used_dev_sectors: a.plan.size_sectors,
+            used_dev_sectors: a.plan.size_sectors.into(),
             resumed: Mutex::new(resumed),
             members: Mutex::new(members),
             ops: Mutex::new(()),
@@ -189,7 +191,11 @@ impl RunningArray {
     /// What one look at the array tells the books kept here: who did which I/O, and
     /// whether a sync resumed at start still runs (its progress then counted as md does).
     fn note(&self, view: &mut ArrayView, stats: &uraid_core::stats::ArrayStats) -> DeviceIo {
-        let whole = resync_whole_sectors(view.sb.level, self.used_dev_sectors, view.array_sectors);
+        let whole = resync_whole_sectors(
+            view.sb.level,
+            self.used_dev_sectors.load(Ordering::SeqCst),
+            view.array_sectors,
+        );
         let mut resumed = self.resumed.lock().unwrap_or_else(|e| e.into_inner());
         counted_from_checkpoint(view.sync.as_mut(), whole, &mut resumed);
         let mut book = self.io_book.lock().unwrap_or_else(|e| e.into_inner());
@@ -335,7 +341,7 @@ impl RunningArray {
         let mut info = detail::build(&DetailInput {
             sb: &view.sb,
             array_sectors: view.array_sectors,
-            used_dev_sectors: self.used_dev_sectors,
+            used_dev_sectors: self.used_dev_sectors.load(Ordering::SeqCst),
             slots: &slots,
             spares: &spares,
             faulty: &faulty,

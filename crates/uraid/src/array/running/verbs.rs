@@ -18,7 +18,7 @@ use crate::array::report::{count, human_bytes};
 use crate::array::IoContext;
 
 /// A device about to join the array, checked and claimed, its superblock not yet written.
-struct Joining {
+pub(super) struct Joining {
     dev: MemberDev,
     sb: Superblock,
     previous: Option<Superblock>,
@@ -64,7 +64,7 @@ impl RunningArray {
     /// Opens `path` as a device to join the array: refused when it is in the array
     /// already, holds another array's superblock (unless `force`), is held by another
     /// process or is too small; claimed once accepted. Nothing is written.
-    fn joining(&self, path: &str, force: bool, verb: &str) -> anyhow::Result<Joining> {
+    pub(super) fn joining(&self, path: &str, force: bool, verb: &str) -> anyhow::Result<Joining> {
         let view = self.view()?;
         let mut dev = MemberDev::open(&PathBuf::from(path), true)?;
         let (mut replaces, mut left_out) = (None, None);
@@ -151,6 +151,12 @@ impl RunningArray {
         let _ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         self.call(|a, _, _| a.may_add("added"))?.map_err(|e| anyhow!("{e}; nothing was written"))?;
         let j = self.joining(what, force, "add")?;
+        self.attach(j)
+    }
+
+    /// Writes a checked device's metadata and gives it to the array (mdadm --add's second
+    /// half): answers what it became, as `uraid add` prints it.
+    pub(super) fn attach(&self, j: Joining) -> anyhow::Result<String> {
         let member = self.write_joining(&j)?;
         let name = j.dev.name.clone();
         let nm = NewMember {

@@ -1,0 +1,140 @@
+//! `uraid grow --control SOCKET`: mdadm --grow's options, sent to the running array as one
+//! line of tab-separated `key=value` fields; the array plans, refuses or grows.
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail};
+use uraid_core::array::{GrowRequest, GrowSize};
+
+use crate::control::{abs, request};
+use crate::create::{parse_kib_default, parse_level};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct GrowArgs {
+    /// Control socket of the running `uraid serve`.
+    #[arg(long)]
+    pub control: PathBuf,
+    /// The new member count (raid1: mirrors; the new ones come from spares and --add).
+    #[arg(long = "raid-devices", short = 'n')]
+    pub raid_devices: Option<usize>,
+    /// A device to add before the grow (as `uraid add`); may repeat.
+    #[arg(long = "add")]
+    pub add: Vec<PathBuf>,
+    /// The new RAID level (0, 1, 4, 5, 6, 10 or md's names).
+    #[arg(long)]
+    pub level: Option<String>,
+    /// The new chunk (a bare number is KiB, as mdadm).
+    #[arg(long)]
+    pub chunk: Option<String>,
+    /// The new layout (left-symmetric, n2 ...).
+    #[arg(long)]
+    pub layout: Option<String>,
+    /// The component size: `max` (all the room the members have) or a size (bare number:
+    /// KiB).
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Grow a mirror count without the spares to fill it (the array runs degraded).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The control line's fields (after the verb) of a grow.
+fn fields(args: &GrowArgs) -> anyhow::Result<Vec<String>> {
+    let mut f = Vec::new();
+    if let Some(n) = args.raid_devices {
+        f.push(format!("raid-devices={n}"));
+    }
+    if let Some(l) = &args.level {
+        f.push(format!("level={}", parse_level(l)?.md_level()));
+    }
+    if let Some(c) = &args.chunk {
+        let bytes = parse_kib_default(c).map_err(|e| anyhow!("--chunk: {e}"))?;
+        if bytes % 512 != 0 || bytes == 0 {
+            bail!("--chunk {c}: must be a non-zero multiple of 512 bytes (md needs a power of two of at least 4K)");
+        }
+        f.push(format!("chunk-sectors={}", bytes / 512));
+    }
+    if let Some(l) = &args.layout {
+        f.push(format!("layout={l}"));
+    }
+    match args.size.as_deref() {
+        None => {}
+        Some("max") => f.push("size=max".into()),
+        Some(s) => {
+            let bytes = parse_kib_default(s).map_err(|e| anyhow!("--size: {e}"))?;
+            f.push(format!("size-sectors={}", bytes / 512));
+        }
+    }
+    f.extend(args.add.iter().map(|p| format!("add={}", abs(p))));
+    if args.force {
+        f.push("force".into());
+    }
+    Ok(f)
+}
+
+/// The server's reading of the fields: the request and the devices to add.
+pub fn parse_request(line: &str) -> anyhow::Result<(GrowRequest, Vec<String>)> {
+    let mut req = GrowRequest::default();
+    let mut adds = Vec::new();
+    for field in line.split('\t').map(str::trim).filter(|f| !f.is_empty()) {
+        let (key, value) = field.split_once('=').unwrap_or((field, ""));
+        let number = || value.parse::<u64>().map_err(|_| anyhow!("grow: {key}={value:?} is not a number"));
+        match key {
+            "raid-devices" => req.raid_disks = Some(number()? as usize),
+            "level" => {
+                let n = number()? as i32;
+                req.level = Some(
+                    uraid_core::geometry::Level::from_md_level(n)
+                        .ok_or_else(|| anyhow!("grow: level {n} is unknown"))?,
+                )
+            }
+            "chunk-sectors" => req.chunk_sectors = Some(number()?),
+            "layout" => req.layout = Some(value.to_string()),
+            "size" if value == "max" => req.size = Some(GrowSize::Max),
+            "size-sectors" => req.size = Some(GrowSize::Sectors(number()?)),
+            "add" => adds.push(value.to_string()),
+            "force" => req.force = true,
+            other => bail!("grow: unknown field {other:?}"),
+        }
+    }
+    Ok((req, adds))
+}
+
+/// Sends the grow and prints what the array did, then the recovery or resync it started
+/// while attached to a terminal (`uraid status` shows it too).
+pub fn run(args: GrowArgs) -> anyhow::Result<()> {
+    let f = fields(&args)?;
+    if f.iter().all(|x| x.starts_with("add=") || x == "force") {
+        bail!("nothing to grow: give --raid-devices, --level, --chunk, --layout or --size (with --add for new members)");
+    }
+    print!("{}", request(&args.control, &format!("grow {}", f.join("\t")))?);
+    crate::control::show_progress(&args.control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fields_read_back_as_sent() {
+        let args = GrowArgs {
+            control: PathBuf::from("/s"),
+            raid_devices: Some(3),
+            add: vec![PathBuf::from("/a b/m2")],
+            level: Some("mirror".into()),
+            chunk: Some("128".into()),
+            layout: Some("n2".into()),
+            size: Some("max".into()),
+            force: true,
+        };
+        let line = fields(&args).unwrap().join("\t");
+        let (req, adds) = parse_request(&line).unwrap();
+        assert_eq!(adds, vec!["/a b/m2".to_string()]);
+        assert_eq!(req.raid_disks, Some(3));
+        assert_eq!(req.level, Some(uraid_core::geometry::Level::Raid1));
+        assert_eq!(req.chunk_sectors, Some(256));
+        assert_eq!(req.layout.as_deref(), Some("n2"));
+        assert_eq!(req.size, Some(GrowSize::Max));
+        assert!(req.force);
+    }
+}
