@@ -189,7 +189,8 @@ mod tests {
             let rate = p.rate_kib(tun, true, t);
             let moved_kib = rate.min(capacity_kib) * step_ns / 1_000_000_000;
             p.sync_started(moved_kib * 1024);
-            let base_us = 200.0;
+            // A disk-like 2 ms: well above the slack.
+            let base_us = 2000.0;
             let lat_us = base_us * (1.0 + slope * rate.min(capacity_kib) as f64 / capacity_kib as f64);
             for k in 0..50u64 {
                 id += 1;
