@@ -91,8 +91,13 @@ impl TlsCredentials {
             .map_err(|e| TlsCredentialsError(format!("OpenSSL: {}", ssl_words(&e))))?;
         b.set_certificate_chain_file(&cert)
             .or_else(|e| refuse(format!("{}: not a PEM certificate ({})", cert.display(), ssl_words(&e))))?;
-        b.set_private_key_file(&key, SslFiletype::PEM)
-            .or_else(|e| refuse(format!("{}: not a PEM private key ({})", key.display(), ssl_words(&e))))?;
+        // OpenSSL checks the key against the certificate as it loads it.
+        b.set_private_key_file(&key, SslFiletype::PEM).or_else(|e| match ssl_words(&e).as_str() {
+            "key values mismatch" => {
+                refuse(format!("{} is not the key of {}", key.display(), cert.display()))
+            }
+            why => refuse(format!("{}: not a PEM private key ({why})", key.display())),
+        })?;
         b.check_private_key()
             .or_else(|_| refuse(format!("{} is not the key of {}", key.display(), cert.display())))?;
         if verify_peer {
@@ -235,7 +240,12 @@ pub(crate) fn start<S: RelaySocket>(
     let tls = credentials.acceptor.accept(prefixed).map_err(|e| {
         let why = match &e {
             openssl::ssl::HandshakeError::Failure(m) | openssl::ssl::HandshakeError::WouldBlock(m) => {
-                m.error().to_string()
+                let e = m.error();
+                match (e.ssl_error(), e.io_error()) {
+                    (Some(s), _) => ssl_words(s),
+                    (None, Some(io)) => io.to_string(),
+                    (None, None) => e.to_string(),
+                }
             }
             openssl::ssl::HandshakeError::SetupFailure(s) => ssl_words(s),
         };

@@ -315,7 +315,7 @@ impl Negotiation {
             self.option_error(
                 option,
                 REP_ERR_TLS_REQD,
-                "this server requires TLS: start it with NBD_OPT_STARTTLS",
+                "this server requires TLS: connect with TLS credentials (an nbds:// URI, tls-creds)",
             );
             return Ok(None);
         }
