@@ -42,7 +42,8 @@ enum Command {
     /// A RAID6 of six 1 GiB sparse files under ./uraid-demo/, served on 127.0.0.1:10809.
     Demo(demo::DemoArgs),
     /// Assemble and serve the array over NBD, with a control socket, until SIGINT/SIGTERM.
-    Serve(serve::ServeArgs),
+    // Boxed: its options make it much the largest variant.
+    Serve(Box<serve::ServeArgs>),
     /// /proc/mdstat-like status of a running array (through its control socket).
     Status(control::StatusArgs),
     /// Erase the md superblock of members no running array holds (mdadm --zero-superblock).
@@ -98,7 +99,7 @@ fn main() {
         Command::Assemble(args) => assemble::run(args),
         Command::Detail(args) => detail::run(args),
         Command::Demo(args) => demo::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Status(args) => control::run_status(args),
         Command::Stop(args) => control::run_stop(args),
         Command::List(args) => list::run(args),
