@@ -89,15 +89,10 @@ fn array_and_image(dir: &TempDir) -> (Vec<PathBuf>, PathBuf) {
     let s = Served::start(dir, &members, &[]);
     let size: usize = ok(tool("nbdinfo", &["--size", &s.url]), "nbdinfo --size").trim().parse().unwrap();
     s.stop();
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let image: Vec<u8> = (0..size)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    // Never repeating, so a block served from the wrong offset cannot match.
+    let image: Vec<u8> =
+        (0..size.div_ceil(64)).flat_map(|i| sha256_bytes(&i.to_le_bytes()).into_bytes()).collect();
+    let image = &image[..size];
     let path = dir.path("image.raw");
     std::fs::write(&path, image).unwrap();
     (members, path)
