@@ -106,6 +106,11 @@ fn host_port(url: &str) -> (String, String) {
     (h.to_string(), p.to_string())
 }
 
+fn host_port_addr(url: &str) -> String {
+    let (h, p) = host_port(url);
+    format!("{h}:{p}")
+}
+
 /// qemu-img with a `tls-creds-*` object: writes `image` into the export (`-n`: the target
 /// exists), then reads the export back into a file; returns that file's sha256.
 fn qemu_img_round_trip(dir: &TempDir, url: &str, creds: &str, image: &Path) -> String {
@@ -224,7 +229,78 @@ fn tls_on_serves_both_kinds_of_client_and_tls_off_refuses_starttls() {
     let plain = read_array(&dir, &s.url);
     assert_eq!(&plain[4096..4096 + 65536], &[0x5a; 65536][..]);
     assert_eq!(sha256_bytes(&read_array(&dir, &tls_url)), sha256_bytes(&plain));
-    s.stop();
+
+    // A client that starts TLS and then sends no TLS is dropped; the server goes on serving.
+    {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(host_port_addr(&s.url)).unwrap();
+        c.set_read_timeout(Some(LIMIT)).unwrap();
+        let mut greeting = [0u8; 18];
+        c.read_exact(&mut greeting).unwrap();
+        let mut starttls = 1u32.to_be_bytes().to_vec(); // NBD_FLAG_C_FIXED_NEWSTYLE
+        starttls.extend_from_slice(b"IHAVEOPT");
+        starttls.extend_from_slice(&5u32.to_be_bytes()); // NBD_OPT_STARTTLS
+        starttls.extend_from_slice(&0u32.to_be_bytes());
+        c.write_all(&starttls).unwrap();
+        let mut reply = [0u8; 20];
+        c.read_exact(&mut reply).unwrap();
+        assert_eq!(
+            &reply[12..16],
+            &1u32.to_be_bytes(),
+            "STARTTLS not acknowledged under --tls on: {reply:?}"
+        );
+        c.write_all(b"this is not a ClientHello\r\n").unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+        ok(nbdinfo(&tls_url), "nbdinfo over TLS after a bad handshake");
+    }
+    // An idle TLS client does not hold up a stop: the relay ends with the connection.
+    let mut idle = std::process::Command::new("qemu-io")
+        .args([
+            "--object",
+            &format!(
+                "tls-creds-psk,id=tls0,dir={},username=bob,endpoint=client",
+                psk.parent().unwrap().display()
+            ),
+            "--image-opts",
+            &format!("driver=nbd,host=127.0.0.1,port={},export=t,tls-creds=tls0", host_port(&s.url).1),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("qemu-io is required by this test (scripts/install-deps.sh installs it)");
+    // It has connected once it answers a read.
+    {
+        use std::io::{BufRead, Write};
+        let mut stdin = idle.stdin.take().unwrap();
+        writeln!(stdin, "read 0 512").unwrap();
+        idle.stdin = Some(stdin);
+        let stdout = idle.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let t0 = std::time::Instant::now();
+        loop {
+            let left = LIMIT.checked_sub(t0.elapsed()).expect("qemu-io did not read over TLS");
+            if rx.recv_timeout(left).expect("qemu-io ended").contains("read 512/512 bytes") {
+                break;
+            }
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let log = s.stop();
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "the stop took {:?} with a TLS client:\n{log}",
+        t0.elapsed()
+    );
+    assert!(log.contains("TLS handshake with 127.0.0.1:"), "the bad handshake should be reported:\n{log}");
+    drop(idle.stdin.take());
+    let _ = idle.wait();
 
     // --tls off (the default): STARTTLS is refused, and a client that insists gives up.
     let s = Served::start_tcp(&dir, &members, &[]);
