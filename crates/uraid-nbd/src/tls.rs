@@ -424,9 +424,12 @@ fn relay<S: RelaySocket>(mut tls: SslStream<Prefixed<S>>, mut plain: UnixStream,
             return;
         }
         if !progress {
+            // A socket nothing waits on is left out: its hang-up would wake the poll at once,
+            // again and again, while the other side is what holds things up.
+            let fd = |fd: RawFd, events: i16| if events == 0 { -1 } else { fd };
             let mut fds = [
-                libc::pollfd { fd: tcp_fd, events: tcp_events, revents: 0 },
-                libc::pollfd { fd: plain.as_raw_fd(), events: plain_events, revents: 0 },
+                libc::pollfd { fd: fd(tcp_fd, tcp_events), events: tcp_events, revents: 0 },
+                libc::pollfd { fd: fd(plain.as_raw_fd(), plain_events), events: plain_events, revents: 0 },
             ];
             // SAFETY: `fds` is a valid array of two pollfd for the length given.
             unsafe { libc::poll(fds.as_mut_ptr(), 2, RELAY_POLL_MS) };
