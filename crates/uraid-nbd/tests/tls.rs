@@ -1,0 +1,173 @@
+//! STARTTLS at the server level, with OpenSSL as the client (TLS-PSK; GnuTLS clients are in
+//! the `uraid` crate's cli_tls): `require` tells nothing before TLS, the negotiation restarts
+//! over TLS, and pipelined bursts larger than the relay's buffers (many 1 MiB writes, a
+//! 32 MiB write, reads of everything) cross the relay intact; a wrong key is turned away.
+
+mod common;
+
+use common::*;
+use openssl::ssl::{SslConnector, SslMethod, SslStream, SslVerifyMode};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use uraid_nbd::codec::{encode_request_header, RequestHeader};
+use uraid_nbd::proto::*;
+use uraid_nbd::{MemDevice, ServerOptions, TlsCredentials, TlsPolicy};
+
+const KEY: [u8; 32] = [0x5a; 32];
+const MIB: usize = 1 << 20;
+
+/// A psktool-style key file for `alice`, removed with the returned guard's directory.
+struct KeyFile(PathBuf);
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+    }
+}
+
+fn key_file(tag: &str) -> KeyFile {
+    let dir = std::env::temp_dir().join(format!("uraid-nbd-tls-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hex: String = KEY.iter().map(|b| format!("{b:02x}")).collect();
+    let file = dir.join("keys.psk");
+    std::fs::write(&file, format!("alice:{hex}\n")).unwrap();
+    KeyFile(file)
+}
+
+fn server(policy: TlsPolicy, keys: &KeyFile, size_bytes: usize) -> (TestServer, Arc<MemDevice>) {
+    let (dev, export) = mem_export(size_bytes);
+    let credentials = Arc::new(TlsCredentials::psk(&keys.0).unwrap());
+    let opts = ServerOptions { tls: policy, tls_credentials: Some(credentials), ..ServerOptions::default() };
+    (TestServer::start(vec![export], opts), dev)
+}
+
+/// Greets, sends STARTTLS (which must be acknowledged) and runs the TLS handshake as `alice`.
+fn starttls(addr: SocketAddr, key: &[u8]) -> Result<SslStream<TcpStream>, String> {
+    let mut s = connect(addr);
+    greet(&mut s);
+    s.write_all(&option_bytes(OPT_STARTTLS, &[])).unwrap();
+    assert_eq!(read_option_reply(&mut s), (OPT_STARTTLS, REP_ACK, vec![]));
+    let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    b.set_verify(SslVerifyMode::NONE);
+    let key = key.to_vec();
+    b.set_psk_client_callback(move |_ssl, _hint, identity, psk| {
+        identity[..6].copy_from_slice(b"alice\0");
+        psk[..key.len()].copy_from_slice(&key);
+        Ok(key.len())
+    });
+    let c = b.build();
+    let config = c.configure().unwrap().verify_hostname(false).use_server_name_indication(false);
+    config.connect("localhost", s).map_err(|e| e.to_string())
+}
+
+fn request(command: u16, handle: u64, offset_bytes: u64, len_bytes: u32) -> Vec<u8> {
+    let mut v = Vec::new();
+    encode_request_header(&mut v, &RequestHeader { flags: 0, command, handle, offset_bytes, len_bytes });
+    v
+}
+
+/// A simple reply's errno and handle.
+fn simple_reply(s: &mut impl Read) -> (u32, u64) {
+    assert_eq!(read_u32(s), SIMPLE_REPLY_MAGIC);
+    (read_u32(s), read_u64(s))
+}
+
+#[test]
+fn require_tells_nothing_before_tls_and_negotiation_restarts_after_it() {
+    let keys = key_file("require");
+    let (server, _) = server(TlsPolicy::Require, &keys, MIB);
+    let mut s = connect(server.addr);
+    greet(&mut s);
+    for opt in [OPT_LIST, OPT_STRUCTURED_REPLY] {
+        s.write_all(&option_bytes(opt, &[])).unwrap();
+        let (o, ty, message) = read_option_reply(&mut s);
+        assert_eq!((o, ty), (opt, REP_ERR_TLS_REQD), "{}", String::from_utf8_lossy(&message));
+    }
+    s.write_all(&option_bytes(OPT_GO, &go_data(""))).unwrap();
+    assert_eq!(read_option_reply(&mut s).1, REP_ERR_TLS_REQD);
+    // EXPORT_NAME cannot be refused with an error: the server closes.
+    s.write_all(&option_bytes(OPT_EXPORT_NAME, b"")).unwrap();
+    let mut b = [0u8; 1];
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "EXPORT_NAME before TLS was not closed");
+
+    let mut t = starttls(server.addr, &KEY).unwrap();
+    t.write_all(&option_bytes(OPT_STARTTLS, &[])).unwrap();
+    assert_eq!(read_option_reply(&mut t).1, REP_ERR_INVALID, "a second STARTTLS");
+    t.write_all(&option_bytes(OPT_LIST, &[])).unwrap();
+    assert_eq!(read_option_reply(&mut t), (OPT_LIST, REP_SERVER, vec![0, 0, 0, 0]));
+    assert_eq!(read_option_reply(&mut t), (OPT_LIST, REP_ACK, vec![]));
+    t.write_all(&option_bytes(OPT_ABORT, &[])).unwrap();
+    assert_eq!(read_option_reply(&mut t), (OPT_ABORT, REP_ACK, vec![]));
+}
+
+#[test]
+fn wrong_key_is_turned_away_and_the_server_goes_on() {
+    let keys = key_file("wrong");
+    let (server, _) = server(TlsPolicy::On, &keys, MIB);
+    assert!(starttls(server.addr, &[0x11; 32]).is_err(), "a wrong PSK was accepted");
+    let mut t = starttls(server.addr, &KEY).unwrap();
+    t.write_all(&option_bytes(OPT_ABORT, &[])).unwrap();
+    assert_eq!(read_option_reply(&mut t).1, REP_ACK);
+}
+
+#[test]
+fn pipelined_bursts_larger_than_the_relay_buffers_arrive_intact() {
+    const SIZE: usize = 64 * MIB;
+    let keys = key_file("burst");
+    let (mut server, dev) = server(TlsPolicy::Require, &keys, SIZE);
+    let mut t = starttls(server.addr, &KEY).unwrap();
+    t.write_all(&option_bytes(OPT_GO, &go_data(""))).unwrap();
+    loop {
+        let (opt, ty, _) = read_option_reply(&mut t);
+        assert_eq!(opt, OPT_GO);
+        assert!(ty == REP_INFO || ty == REP_ACK, "GO over TLS: reply type {ty:#x}");
+        if ty == REP_ACK {
+            break;
+        }
+    }
+    let mut model = vec![0u8; SIZE];
+    // 40 MiB of 1 MiB writes sent before any reply is read (within the server's 64 MiB
+    // in-flight budget, so it never stops reading), then one 32 MiB write.
+    let mut burst = Vec::new();
+    for i in 0..40u64 {
+        let data = pattern(i + 1, MIB);
+        // Unaligned and never overlapping: NBD orders nothing among requests in flight.
+        let offset = i as usize * MIB + 4097 * i as usize % MIB;
+        model[offset..offset + MIB].copy_from_slice(&data);
+        burst.extend_from_slice(&write_request(i, offset as u64, &data));
+    }
+    t.write_all(&burst).unwrap();
+    let mut answered = Vec::new();
+    for _ in 0..40 {
+        let (errno, handle) = simple_reply(&mut t);
+        assert_eq!(errno, 0, "write {handle}");
+        answered.push(handle);
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, (0..40).collect::<Vec<_>>());
+    let big = pattern(99, 32 * MIB);
+    model[16 * MIB..48 * MIB].copy_from_slice(&big);
+    t.write_all(&write_request(100, 16 * MIB as u64, &big)).unwrap();
+    assert_eq!(simple_reply(&mut t), (0, 100));
+    // 64 reads of 1 MiB asked at once: 64 MiB of replies through the relay.
+    let reads: Vec<u8> =
+        (0..64u64).flat_map(|i| request(CMD_READ, 1000 + i, i * MIB as u64, MIB as u32)).collect();
+    t.write_all(&reads).unwrap();
+    let mut seen = 0;
+    for _ in 0..64 {
+        let (errno, handle) = simple_reply(&mut t);
+        assert_eq!(errno, 0);
+        let i = (handle - 1000) as usize;
+        let mut data = vec![0u8; MIB];
+        t.read_exact(&mut data).unwrap();
+        assert!(data == model[i * MIB..(i + 1) * MIB], "MiB {i} read back wrong over TLS");
+        seen += 1;
+    }
+    assert_eq!(seen, 64);
+    t.write_all(&request(CMD_DISC, 0, 0, 0)).unwrap();
+    let mut rest = Vec::new();
+    let _ = t.read_to_end(&mut rest);
+    server.stop();
+    assert!(dev.snapshot() == model, "the device holds something else than was written over TLS");
+}
