@@ -341,6 +341,11 @@ fn relay<S: RelaySocket>(mut tls: SslStream<Prefixed<S>>, mut plain: UnixStream,
             let room = to_plain.room();
             if !room.is_empty() {
                 match tls.ssl_read(room) {
+                    // OpenSSL reports the end as an error; a 0 is taken as the end too.
+                    Ok(0) => {
+                        tls_open = false;
+                        progress = true;
+                    }
                     Ok(n) => {
                         to_plain.filled(n);
                         progress = true;
