@@ -6,6 +6,10 @@
 //! connection's writer thread otherwise (see `reply`). A per-connection budget of requests
 //! and bytes in flight bounds memory: when it is used up the reader stops reading the
 //! socket, so TCP flow control pushes back on the client.
+//!
+//! A client that starts TLS (`NBD_OPT_STARTTLS`, see `tls`) goes on over one end of a
+//! socket pair whose other end a relay thread joins to the TLS session: everything here
+//! then runs as for a Unix-socket client, and plaintext connections are left as they were.
 
 use crate::codec::{
     check_request, decode_request_header, Command, Decision, ExportInfo, Negotiation, NegotiationOutcome,
