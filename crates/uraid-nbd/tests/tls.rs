@@ -187,3 +187,57 @@ fn pipelined_bursts_larger_than_the_relay_buffers_arrive_intact() {
     server.stop();
     assert!(dev.snapshot() == model, "the device holds something else than was written over TLS");
 }
+
+/// A server whose handshake and write timeouts are short.
+fn impatient_server(keys: &KeyFile) -> TestServer {
+    let (_, export) = mem_export(64 * MIB);
+    let opts = ServerOptions {
+        tls: TlsPolicy::Require,
+        tls_credentials: Some(Arc::new(TlsCredentials::psk(&keys.0).unwrap())),
+        handshake_timeout: Some(std::time::Duration::from_millis(500)),
+        write_timeout: Some(std::time::Duration::from_millis(500)),
+        ..ServerOptions::default()
+    };
+    TestServer::start(vec![export], opts)
+}
+
+/// Stops the server on another thread; fails the test if that takes longer than 10 s.
+fn stop_within(mut server: TestServer, what: &str) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        server.stop();
+        let _ = tx.send(());
+    });
+    assert!(rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok(), "the server did not stop: {what}");
+}
+
+#[test]
+fn a_client_silent_after_starttls_is_dropped_at_the_handshake_timeout() {
+    let keys = key_file("silent");
+    let server = impatient_server(&keys);
+    let mut s = connect(server.addr);
+    greet(&mut s);
+    s.write_all(&option_bytes(OPT_STARTTLS, &[])).unwrap();
+    assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+    let t0 = std::time::Instant::now();
+    let mut b = [0u8; 1];
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)));
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10), "dropped only after {:?}", t0.elapsed());
+    stop_within(server, "after a silent client");
+}
+
+#[test]
+fn a_tls_client_that_reads_no_replies_is_dropped_and_does_not_hold_up_a_stop() {
+    let keys = key_file("stalled");
+    let server = impatient_server(&keys);
+    let mut t = starttls(server.addr, &KEY).unwrap();
+    t.write_all(&option_bytes(OPT_GO, &go_data(""))).unwrap();
+    while read_option_reply(&mut t).1 != REP_ACK {}
+    // 64 MiB of read replies owed to a client that never reads them: more than the
+    // socket buffers and the relay hold.
+    let reads: Vec<u8> = (0..64u64).flat_map(|i| request(CMD_READ, i, i * MIB as u64, MIB as u32)).collect();
+    t.write_all(&reads).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    stop_within(server, "with a TLS client that reads nothing");
+    drop(t);
+}
