@@ -51,6 +51,11 @@ pub struct Tunables {
     pub sync_speed_min_kib: u64,
     /// Background resync/recovery ceiling when the array is otherwise idle, KiB/s (md default 200000).
     pub sync_speed_max_kib: u64,
+    /// Under load: md's floor, or a rate that keeps the clients' p99 latency within
+    /// `sync_p99_limit_pct` of its value without background work (`sync::pacing`).
+    pub sync_policy: SyncPolicy,
+    /// The adaptive policy's limit on the clients' p99 latency, percent of the baseline.
+    pub sync_p99_limit_pct: u64,
 }
 
 impl Default for Tunables {
@@ -68,6 +73,8 @@ impl Default for Tunables {
             balance: Balance::Load,
             sync_speed_min_kib: 1000,
             sync_speed_max_kib: 200_000,
+            sync_policy: SyncPolicy::Adaptive,
+            sync_p99_limit_pct: 130,
         }
     }
 }
@@ -141,5 +148,30 @@ impl Balance {
     }
     pub fn name(self) -> &'static str {
         Self::NAMES.iter().find(|(_, b)| *b == self).map(|(n, _)| *n).unwrap_or("load")
+    }
+}
+
+/// md's policy, or the latency-driven one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncPolicy {
+    Md,
+    #[default]
+    Adaptive,
+}
+
+impl SyncPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncPolicy::Md => "md",
+            SyncPolicy::Adaptive => "adaptive",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<SyncPolicy, String> {
+        match s.trim() {
+            "md" => Ok(SyncPolicy::Md),
+            "adaptive" => Ok(SyncPolicy::Adaptive),
+            other => Err(format!("sync_policy {other:?}: use md or adaptive")),
+        }
     }
 }

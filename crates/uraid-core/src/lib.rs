@@ -31,7 +31,7 @@ pub mod testing;
 pub mod tunables;
 
 pub use api::*;
-pub use config::{ArrayConfig, ConfigError, MemberConfig, MemberState, Tunables};
+pub use config::{ArrayConfig, ConfigError, MemberConfig, MemberState, SyncPolicy, Tunables};
 pub use engine::Engine;
 pub use geometry::{Geometry, Level};
 pub use replace::ReplacementStatus;

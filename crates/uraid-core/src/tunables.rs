@@ -3,6 +3,7 @@
 //! control socket's `set`, the engine's checks and the messages all go through it, so a
 //! range or a default is written once. The fields themselves are [`Tunables`].
 
+use crate::config::SyncPolicy;
 use crate::config::Tunables;
 use crate::geometry::Level;
 use crate::mirror::Balance;
@@ -126,6 +127,30 @@ pub const TUNABLES: &[TunableSpec] = &[
             Ok(())
         },
     },
+    TunableSpec {
+        name: "sync_policy",
+        help: "under load: md (the floor) or adaptive (as fast as the clients' p99 allows)",
+        applies_to: redundant,
+        get: |t| t.sync_policy.name().to_string(),
+        set: |t, v| {
+            t.sync_policy = SyncPolicy::parse(v)?;
+            Ok(())
+        },
+    },
+    TunableSpec {
+        name: "sync_p99_limit_pct",
+        help:
+            "adaptive: the clients' p99 latency at most this percent of it without background work (101-1000)",
+        applies_to: redundant,
+        get: |t| t.sync_p99_limit_pct.to_string(),
+        set: |t, v| match number("sync_p99_limit_pct", v)? {
+            n @ 101..=1000 => {
+                t.sync_p99_limit_pct = n;
+                Ok(())
+            }
+            n => Err(format!("sync_p99_limit_pct {n}: give a percent from 101 to 1000")),
+        },
+    },
 ];
 
 /// The tunable called `name`, or a message listing the ones there are.
@@ -238,7 +263,10 @@ mod tests {
         t.set_named(Level::Raid6, "sync_speed_min", "system").unwrap();
         assert_eq!(t.sync_speed_min_kib, Tunables::default().sync_speed_min_kib);
         t.set_named(Level::Raid1, "balance", "split").unwrap();
-        assert_eq!(t.describe(Level::Raid1), "balance split\nsync_speed_min 1000\nsync_speed_max 200000\n");
+        assert_eq!(
+            t.describe(Level::Raid1),
+            "balance split\nsync_speed_min 1000\nsync_speed_max 200000\nsync_policy adaptive\nsync_p99_limit_pct 130\n"
+        );
         assert!(Tunables::default().check().is_ok());
     }
 }

@@ -18,6 +18,7 @@
 //! # drop(stop);
 //! ```
 
+pub mod client;
 pub mod codec;
 pub mod device;
 pub mod proto;

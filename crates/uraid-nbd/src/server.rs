@@ -307,7 +307,7 @@ impl Server {
     }
 }
 
-/// A connected socket of either family.
+/// A connected socket of either family (the member client's too).
 pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
@@ -320,7 +320,7 @@ impl Stream {
             Stream::Unix(s) => s.into(),
         }
     }
-    fn try_clone(&self) -> io::Result<Stream> {
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
@@ -342,19 +342,19 @@ impl Stream {
         }
     }
 
-    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
         }
     }
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
-    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(t),
             Stream::Unix(s) => s.set_write_timeout(t),

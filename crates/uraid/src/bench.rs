@@ -6,6 +6,7 @@ mod nbd;
 mod parity;
 mod plot;
 mod rebuild;
+mod rebuild_load;
 mod workload;
 
 use clap::{Args, Subcommand};
@@ -29,7 +30,8 @@ enum BenchWhat {
     /// What uraid's work (and fio's, with --fio-dir) costs on this machine: the figures
     /// the simulator's CPU profiles scale to the seeds' CPUs (profiles/cpu-host.toml).
     Cpu(core::CpuArgs),
-    /// Rebuild speed of a 6-member RAID6 on tmpfs files against reading its survivors.
+    /// Rebuild speed of a 6-member RAID6 on tmpfs files against reading its survivors;
+    /// `--under-load`: the rebuild and clients together, md's pacing against the adaptive.
     Rebuild(rebuild::RebuildArgs),
     /// A `uraid reproduce` experiment's job grid on real members (files or block devices).
     Workload(workload::WorkloadArgs),

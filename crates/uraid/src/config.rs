@@ -38,6 +38,8 @@ pub struct ArrayLine {
     pub unix: Option<PathBuf>,
     pub export_name: Option<String>,
     pub control: Option<PathBuf>,
+    /// mdadm's `spares=`: the monitor says SparesMissing when the array has fewer.
+    pub spares: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -53,7 +55,7 @@ pub struct Config {
 /// mdadm.conf's ARRAY options uraid takes and does not need: accepted so an mdadm.conf
 /// line reads as it is.
 const MDADM_ARRAY_TAGS: &[&str] =
-    &["name", "level", "num-devices", "spares", "auto", "bitmap", "spare-group", "container", "member"];
+    &["name", "level", "num-devices", "auto", "bitmap", "spare-group", "container", "member"];
 /// mdadm.conf's keywords with no meaning here: a warning each, not an error.
 const MDADM_IGNORED: &[&str] =
     &["MAILADDR", "MAILFROM", "HOMEHOST", "AUTO", "CREATE", "POLICY", "PART-POLICY"];
@@ -142,6 +144,11 @@ impl Config {
     pub fn find_members(&self, a: &ArrayLine) -> anyhow::Result<Vec<PathBuf>> {
         let mut candidates: Vec<PathBuf> = Vec::new();
         for pattern in &a.devices {
+            // An NBD URI names one export, not a pattern (its `?socket=` is no wildcard).
+            if crate::array::nbd_member::is_nbd_uri(pattern) {
+                candidates.push(PathBuf::from(pattern));
+                continue;
+            }
             let found = glob(pattern);
             if found.is_empty() {
                 eprintln!("uraid: {}: {pattern} (devices= of line {}) names nothing", a.name, a.line);
@@ -241,10 +248,16 @@ fn parse_array(line: usize, words: &[String]) -> anyhow::Result<ArrayLine> {
             "unix" => a.unix = Some(PathBuf::from(value)),
             "export-name" => a.export_name = Some(value.to_string()),
             "control" => a.control = Some(PathBuf::from(value)),
+            "spares" => {
+                a.spares =
+                    Some(value.parse().map_err(|_| {
+                        anyhow!("ARRAY {name}: spares={value} is not a number of spare devices")
+                    })?)
+            }
             k if MDADM_ARRAY_TAGS.contains(&k) => {}
             _ => bail!(
                 "ARRAY {name}: unknown option {key}=: uraid takes UUID=, devices=, metadata=, listen=, \
-                 unix=, export-name=, control= (and mdadm's {})",
+                 unix=, export-name=, control=, spares= (and mdadm's {})",
                 MDADM_ARRAY_TAGS.iter().map(|t| format!("{t}=")).collect::<Vec<_>>().join(", ")
             ),
         }
@@ -311,7 +324,7 @@ mod tests {
         let c = parse(&format!(
             "# made by uraid detail --scan\n\
              DEVICE /dev/disk/by-id/ata-* partitions\n\
-             ARRAY host:data metadata=1.2 UUID={UUID} devices=/srv/a,/srv/b\n\
+             ARRAY host:data metadata=1.2 UUID={UUID} devices=/srv/a,/srv/b spares=1\n\
              \tlisten=0.0.0.0:10810 export-name=data   # the served side\n\
              array other uuid={} level=raid1 num-devices=2\n\
              PROGRAM /usr/local/sbin/alert\n",
@@ -323,6 +336,7 @@ mod tests {
         let a = c.array(Some("data")).unwrap();
         assert_eq!((a.line, a.name.as_str(), format_uuid(&a.uuid)), (3, "host:data", UUID.to_string()));
         assert_eq!(a.devices, ["/srv/a", "/srv/b"]);
+        assert_eq!(a.spares, Some(1));
         assert_eq!((a.listen.as_deref(), a.export_name.as_deref()), (Some("0.0.0.0:10810"), Some("data")));
         assert_eq!(c.array(Some("host:data")).unwrap().line, 3);
         assert!(c.array(None).unwrap_err().to_string().contains("several arrays"));
@@ -345,5 +359,7 @@ mod tests {
         assert!(e.contains("name first"), "{e}");
         let e = err(&format!("ARRAY a UUID={UUID} metadata=0.90\n"));
         assert!(e.contains("1.x superblocks only"), "{e}");
+        let e = err(&format!("ARRAY a UUID={UUID} spares=two\n"));
+        assert!(e.contains("spares=two is not a number"), "{e}");
     }
 }

@@ -171,8 +171,9 @@ pub fn default_socket_path(
     array_name: &str,
     array_uuid: &[u8; 16],
 ) -> std::path::PathBuf {
-    let dir = std::path::absolute(first_member)
-        .ok()
+    // Next to a member file; in the current directory for a member on an NBD server.
+    let dir = Some(crate::array::member::absolute_member(first_member))
+        .filter(|p| p.is_absolute())
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_else(|| std::path::PathBuf::from("."));
     let short = array_name.rsplit(':').next().unwrap_or(array_name);
@@ -341,5 +342,5 @@ pub fn run_replace(args: ReplaceArgs) -> anyhow::Result<()> {
 
 /// Members are named to the server by absolute path: it runs in another directory.
 fn abs(p: &Path) -> String {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
+    crate::array::member::absolute_member(p).display().to_string()
 }

@@ -152,7 +152,9 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
         if args.members[..i].iter().any(|q| q == p) {
             bail!("{} is named twice: give each member once", p.display());
         }
-        if !p.exists() {
+        // An NBD URI names an export on a server, never a file to create here.
+        let remote = crate::array::nbd_member::is_nbd_uri(&p.to_string_lossy());
+        if !remote && !p.exists() {
             if size_bytes.is_none() {
                 bail!(
                     "{} does not exist: pass --size to create member files, or create them first",
@@ -323,7 +325,7 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
 fn default_name(members: &[PathBuf]) -> String {
     members
         .iter()
-        .find(|p| !is_missing(p))
+        .find(|p| !is_missing(p) && !crate::array::nbd_member::is_nbd_uri(&p.to_string_lossy()))
         .and_then(|p| std::path::absolute(p).ok())
         .and_then(|p| p.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()))
         .filter(|n| !n.is_empty())

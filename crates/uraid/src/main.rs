@@ -42,7 +42,6 @@ enum Command {
     /// A RAID6 of six 1 GiB sparse files under ./uraid-demo/, served on 127.0.0.1:10809.
     Demo(demo::DemoArgs),
     /// Assemble and serve the array over NBD, with a control socket, until SIGINT/SIGTERM.
-    // Boxed: its options make it much the largest variant.
     Serve(Box<serve::ServeArgs>),
     /// /proc/mdstat-like status of a running array (through its control socket).
     Status(control::StatusArgs),

@@ -26,6 +26,10 @@ pub struct MonitorArgs {
     /// (mdadm --oneshot).
     #[arg(long = "oneshot", short = '1')]
     pub oneshot: bool,
+    /// SparesMissing at the first look when the array has fewer spares than N (mdadm.conf's
+    /// `spares=N`).
+    #[arg(long = "expect-spares", value_name = "N")]
+    pub expect_spares: Option<usize>,
     /// Seconds between looks (mdadm --delay).
     #[arg(long, default_value = "1", value_parser = parse_delay)]
     pub delay: Duration,
@@ -51,7 +55,7 @@ pub fn run(args: MonitorArgs) -> anyhow::Result<()> {
     // The first look must succeed: a wrong socket is an error, not a quiet wait.
     let (array, first) = look(&args)?;
     eprintln!("uraid: monitoring {array} through {}", args.control.display());
-    let mut events = Events::new(&array, args.program.clone());
+    let mut events = Events::new(&array, args.program.clone(), args.expect_spares);
     if args.test {
         events.test_message();
     }

@@ -49,6 +49,14 @@ pub struct ServeArgs {
     /// Not on raid0.
     #[arg(long = "sync-speed-max")]
     pub sync_speed_max: Option<String>,
+    /// Rebuild/resync pace under load: adaptive (default: as fast as keeps the clients'
+    /// p99 latency within --sync-p99-limit-pct of it without the rebuild) or md (the floor,
+    /// sync_speed_min). Not on raid0.
+    #[arg(long = "sync-policy")]
+    pub sync_policy: Option<String>,
+    /// The adaptive policy's limit on the clients' p99 latency, percent (default 130).
+    #[arg(long = "sync-p99-limit-pct")]
+    pub sync_p99_limit_pct: Option<String>,
     /// Control socket path (default: .uraid-NAME-UUID8.sock next to the first member, NAME
     /// the array's name, UUID8 the first 8 hex digits of its uuid).
     #[arg(long)]
@@ -85,6 +93,10 @@ pub struct ServeArgs {
     /// SpareActive, DeviceDisappeared); events also go to stderr.
     #[arg(long = "monitor-program")]
     pub monitor_program: Option<PathBuf>,
+    /// SparesMissing at start when the array has fewer spares than N (mdadm.conf's
+    /// `spares=N`, which `--scan` takes from the ARRAY line).
+    #[arg(long = "expect-spares", value_name = "N")]
+    pub expect_spares: Option<usize>,
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (node_exporter's
     /// node_md_* names and uraid's own; docs/metrics.md). Port 0 picks a free one; the
     /// address is printed at start.
@@ -146,6 +158,7 @@ fn from_config(mut args: ServeArgs) -> anyhow::Result<ServeArgs> {
     args.export_name = args.export_name.or_else(|| a.export_name.clone());
     args.control = args.control.or_else(|| a.control.clone());
     args.monitor_program = args.monitor_program.or_else(|| config.program.clone());
+    args.expect_spares = args.expect_spares.or(a.spares);
     Ok(args)
 }
 
@@ -265,6 +278,8 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         ("stripe_cache_size", args.stripe_cache_size.as_ref()),
         ("sync_speed_min", args.sync_speed_min.as_ref()),
         ("sync_speed_max", args.sync_speed_max.as_ref()),
+        ("sync_policy", args.sync_policy.as_ref()),
+        ("sync_p99_limit_pct", args.sync_p99_limit_pct.as_ref()),
     ];
     let mut tunables = Tunables::default();
     for (name, value) in flags {
@@ -327,6 +342,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         tunables,
         member_timeout: args.member_timeout,
         monitor_program: args.monitor_program.clone(),
+        expect_spares: args.expect_spares,
     };
     // md's ppl_recover, once nothing can refuse the start any more.
     if !args.read_only {
@@ -381,7 +397,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         pid: std::process::id(),
         control: absolute(&control_path),
         url: url.clone(),
-        members: args.members.iter().map(|m| absolute(m)).collect(),
+        members: args.members.iter().map(|m| crate::array::member::absolute_member(m)).collect(),
     });
     let metrics_line = match &metrics_listener {
         Some(l) => format!("\nuraid: metrics on http://{}/metrics", l.local_addr()?),

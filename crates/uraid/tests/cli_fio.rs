@@ -7,28 +7,10 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// A child process killed and reaped on drop, so a failing test leaves nothing running.
-struct Reaped(Option<Child>);
-
-impl Reaped {
-    fn wait(mut self) -> Output {
-        self.0.take().unwrap().wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn require_fio_nbd() {
     let o = tool("fio", &["--enghelp=nbd"]);
@@ -39,58 +21,13 @@ fn require_fio_nbd() {
     );
 }
 
-/// The fio job: random 8 KiB writes over the first 64 MiB, crc32c in every block, a
-/// fixed seed so a later `--verify_only` run regenerates the same offsets and contents.
+/// The fio job: random 8 KiB writes over the first 64 MiB, crc32c in every block.
 fn fio_args(url: &str, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "--name=uraid-fio",
-        "--ioengine=nbd",
-        "--rw=randwrite",
-        "--bs=8k",
-        "--iodepth=16",
-        "--size=64m",
-        "--verify=crc32c",
-        "--verify_fatal=1",
-        "--randseed=20240611",
-        // No verify state file left in the working directory.
-        "--verify_state_save=0",
-        "--output-format=normal",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.push(format!("--uri={url}"));
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
+    fio_verify_job("uraid-fio", url, "64m", 20240611, extra)
 }
 
-fn spawn_fio(args: &[String]) -> Reaped {
-    let child = Command::new("fio")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("fio is required by this test (scripts/install-deps.sh installs it): {e}")
-        });
-    Reaped(Some(child))
-}
-
-/// fio must exit 0 with `err= 0` and no verification complaint.
 fn check_fio(o: &Output, what: &str, s: &Served) {
-    let t = text(o);
-    assert!(
-        o.status.success()
-            && t.contains("err= 0")
-            && !t.contains("verify:")
-            && !t.contains("bad magic")
-            // Every one of the 8192 blocks was read back and checked.
-            && t.contains("issued rwts: total=8192,"),
-        "fio {what} failed ({}):\n{t}\nserver log:\n{}",
-        o.status,
-        s.log_text()
-    );
+    check_fio_run(o, what, 8192, &s.log_text());
 }
 
 fn wait_in_sync(s: &Served, n: usize) -> String {

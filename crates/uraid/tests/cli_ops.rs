@@ -251,6 +251,7 @@ fn serve_until_ready(args: &[&str], control: &std::path::Path, log: &std::path::
 /// `serve --scan NAME` on the same sockets; members are found by UUID through a DEVICE
 /// glob too, and a file there with another array's UUID, or none, is left byte-identical.
 /// `assemble --scan` checks the arrays the file lists; bad lines are refused by number.
+/// A line's `spares=N` above the spares there is mdadm's SparesMissing event.
 #[test]
 fn detail_scan_written_to_a_config_file_serves_the_same_array_again() {
     let dir = TempDir::new("scan");
@@ -296,7 +297,7 @@ fn detail_scan_written_to_a_config_file_serves_the_same_array_again() {
     std::fs::write(
         &conf,
         format!(
-            "DEVICE {}/*\nMAILADDR root\nARRAY {name} UUID={uuid}\n  unix={} control={}\n",
+            "DEVICE {}/*\nMAILADDR root\nARRAY {name} UUID={uuid} spares=1\n  unix={} control={}\n",
             dir.0.display(),
             dir.path("nbd2.sock").display(),
             control.display()
@@ -313,6 +314,12 @@ fn detail_scan_written_to_a_config_file_serves_the_same_array_again() {
     assert_eq!(devices, want, "{st:#}");
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(said.contains("line 2: MAILADDR is mdadm's and ignored"), "{said}");
+    // spares=1 and none there: mdadm's SparesMissing at the first look.
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap().contains(&format!("{name}: event SparesMissing")) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     ok(uraid(&["stop", "--control", &cc]), "stop");
     assert!(child.wait().unwrap().success());
     let after: Vec<String> = others.iter().chain([&junk]).map(|p| sha256_file(p)).collect();

@@ -9,75 +9,18 @@ mod common;
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::*;
 
-struct Reaped(Option<Child>);
-
-impl Reaped {
-    fn try_done(&mut self) -> bool {
-        self.0.as_mut().is_some_and(|c| c.try_wait().unwrap().is_some())
-    }
-    fn wait(mut self) -> Output {
-        self.0.take().unwrap().wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// Random 8 KiB writes over the first 64 MiB with crc32c in every block (as cli_fio).
 fn fio(url: &str, extra: &[&str]) -> Reaped {
-    let mut a: Vec<String> = [
-        "--name=uraid-replace",
-        "--ioengine=nbd",
-        "--rw=randwrite",
-        "--bs=8k",
-        "--iodepth=16",
-        "--size=64m",
-        "--verify=crc32c",
-        "--verify_fatal=1",
-        "--randseed=20240611",
-        "--verify_state_save=0",
-        "--output-format=normal",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.push(format!("--uri={url}"));
-    a.extend(extra.iter().map(|s| s.to_string()));
-    let child = Command::new("fio")
-        .args(&a)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("fio is required by this test (scripts/install-deps.sh installs it): {e}")
-        });
-    Reaped(Some(child))
+    spawn_fio(&fio_verify_job("uraid-replace", url, "64m", 20240611, extra))
 }
 
 fn check_fio(o: &Output, what: &str, s: &Served) {
-    let t = text(o);
-    assert!(
-        o.status.success()
-            && t.contains("err= 0")
-            && !t.contains("verify:")
-            && !t.contains("bad magic")
-            && t.contains("issued rwts: total=8192,"),
-        "fio {what} failed ({}):\n{t}\nserver log:\n{}",
-        o.status,
-        s.log_text()
-    );
+    check_fio_run(o, what, 8192, &s.log_text());
 }
 
 fn replace(control: &Path, member: &Path, new: &Path, force: bool) -> Output {

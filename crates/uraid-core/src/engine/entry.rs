@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use crate::api::*;
-use crate::config::{ArrayConfig, ConfigError, MemberState, Tunables};
+use crate::config::{ArrayConfig, ConfigError, MemberState, SyncPolicy, Tunables};
 use crate::geometry::Geometry;
 use crate::ledger::{InflightIo, IoCtx, Ledger};
 use crate::rdev::MemberRt;
@@ -69,6 +69,7 @@ impl Mddev {
             replacements: vec![None; config.members.len()],
             start_pending: false,
             ppl: None,
+            pacer: Default::default(),
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();
@@ -144,6 +145,9 @@ impl Mddev {
         }
         let (id, op, offset_bytes, len_bytes) = (req.id, req.op, req.offset_bytes, req.len_bytes);
         led.admit(req);
+        if self.sync.is_some() && self.tun.sync_policy == SyncPolicy::Adaptive && op != RequestOp::Flush {
+            self.pacer.admitted(id, len_bytes, self.now_ns);
+        }
         if op == RequestOp::Flush {
             self.cache_force_all();
             self.progress_flushes(led);
@@ -331,7 +335,9 @@ impl Mddev {
         if self.metadata_pending {
             return None;
         }
-        led.out_done.pop_front()
+        let c = led.out_done.pop_front()?;
+        self.pacer.completed(c.id, self.now_ns);
+        Some(c)
     }
 
     pub(crate) fn metadata_committed(&mut self) {

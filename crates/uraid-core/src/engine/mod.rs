@@ -81,6 +81,8 @@ pub(crate) struct Mddev {
     /// md's partial parity log (RAID5 with PPL; see `stripe::ppl`). Boxed and None
     /// otherwise, so arrays without it pay one pointer check per stripe write.
     pub(crate) ppl: Option<Box<Ppl>>,
+    /// How fast background work runs under load (`sync_policy`).
+    pub(crate) pacer: crate::sync::pacing::Pacer,
 }
 
 /// md's `struct md_personality`: what a level does differently, one static table per level

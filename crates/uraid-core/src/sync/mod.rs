@@ -37,6 +37,9 @@ pub struct SyncStatus {
     /// Recovery: the other members the same pass rebuilds (raid6: md recovers every failed
     /// device a stripe meets), each with its recovery_offset.
     pub also_recovering: Vec<(usize, u64)>,
+    /// The adaptive policy's measure: the job's share of the bytes moved lately while
+    /// clients ran, percent (`None` with md's policy, or before clients ran).
+    pub share_pct: Option<u8>,
 }
 
 /// Things the caller acts on (superblock updates, monitor messages).
@@ -120,6 +123,7 @@ pub(crate) struct DirectUnit {
     pub scrub: Option<Box<DirectScrub>>,
 }
 
+pub(crate) mod pacing;
 mod thread;
 
 /// Member-sector ranges [start, end) a background job covers.

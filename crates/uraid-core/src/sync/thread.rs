@@ -239,6 +239,7 @@ impl Mddev {
             recovery_offset_sectors,
             resync_offset_sectors,
             also_recovering,
+            share_pct: self.pacer.share_pct,
         })
     }
 
@@ -386,6 +387,7 @@ impl Mddev {
                 let may_resync = (self.pers.resync_may_run)(self);
                 let Some(i) = self.sync_queue.iter().position(|(k, _)| *k != SyncKind::Resync || may_resync)
                 else {
+                    self.pacer.idle();
                     return;
                 };
                 let (kind, ranges) = self.sync_queue.remove(i).expect("queued job");
@@ -407,9 +409,7 @@ impl Mddev {
             let end = (a + job.unit_sectors).min(b);
             let unit_bytes = (end - a) * SECTOR_BYTES;
             let busy = !led.reqs.is_empty();
-            // md: the floor holds under other I/O; idle, the ceiling, unless the floor is higher.
-            let (min, max) = (self.tun.sync_speed_min_kib, self.tun.sync_speed_max_kib);
-            let rate_kib = if busy { min } else { max.max(min) };
+            let rate_kib = self.pacer.rate_kib(&self.tun, busy, self.now_ns);
             let outcome = (self.pers.sync_unit)(self, led, a, end);
             let job = self.sync.as_mut().expect("job");
             match outcome {
@@ -417,6 +417,7 @@ impl Mddev {
                 UnitStart::Started => {
                     assert!(job.active.insert(a), "sync unit at {a} started while in flight");
                     assert!(job.active.len() <= job.window, "sync units in flight beyond the window");
+                    self.pacer.sync_started(unit_bytes);
                     job.next_allowed_ns =
                         job.next_allowed_ns.max(self.now_ns) + unit_bytes * 1_000_000_000 / (rate_kib * 1024);
                 }

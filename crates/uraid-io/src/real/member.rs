@@ -42,6 +42,8 @@ pub enum MemberKind {
     MemoryFile,
     /// Anything else (a character device such as the `/dev/null` placeholder of an absent slot).
     Other,
+    /// An export on an NBD server (see [`Member::remote`]).
+    Remote,
 }
 
 impl MemberKind {
@@ -51,6 +53,7 @@ impl MemberKind {
             MemberKind::DiskFile => "file",
             MemberKind::MemoryFile => "file in memory (tmpfs)",
             MemberKind::Other => "other",
+            MemberKind::Remote => "NBD export",
         }
     }
 }
@@ -77,6 +80,8 @@ pub struct Member {
     /// worker at once (`IOSQE_ASYNC`): its pool adds workers only when one blocks, which a
     /// tmpfs copy never does, so otherwise all of it runs on one worker, one core.
     pub(super) memory_backed: bool,
+    /// A member behind a connection: all its I/O goes there (see `remote.rs`).
+    pub(super) remote: Option<std::sync::Arc<dyn RemoteDevice>>,
 }
 
 use crate::loopdev::TMPFS_MAGIC;
@@ -224,6 +229,26 @@ impl Member {
             dio_mem_align,
             queue,
             memory_backed,
+            remote: None,
+        })
+    }
+
+    /// A member behind a connection, named `path` in messages. Its descriptors are
+    /// `/dev/null`, never used for I/O: every I/O goes to `device`.
+    pub fn remote(path: &Path, device: std::sync::Arc<dyn RemoteDevice>) -> io::Result<Member> {
+        let null = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open("/dev/null")?;
+        Ok(Member {
+            path: path.to_path_buf(),
+            buffered: null,
+            direct: None,
+            size_bytes: device.size_bytes(),
+            kind: MemberKind::Remote,
+            device_id: (u64::MAX - 1, device.identity()),
+            dio_offset_align: 1,
+            dio_mem_align: 1,
+            queue: None,
+            memory_backed: false,
+            remote: Some(device),
         })
     }
 
@@ -240,6 +265,7 @@ impl Member {
             dio_mem_align: self.dio_mem_align,
             queue: self.queue,
             memory_backed: self.memory_backed,
+            remote: self.remote.clone(),
         })
     }
 

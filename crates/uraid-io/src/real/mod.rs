@@ -28,6 +28,7 @@ pub mod fault;
 mod guest;
 mod member;
 mod pool;
+mod remote;
 mod timeout;
 mod uring;
 
@@ -42,6 +43,7 @@ use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
 pub use buf::AlignedBuf;
 pub use guest::GuestRingState;
 pub use member::{Member, MemberKind, MemberSet, OpenOptions};
+pub use remote::{RemoteDevice, RemoteDone, RemoteResult};
 pub use timeout::{DEFAULT_FAILFAST_TIMEOUT, DEFAULT_MEMBER_TIMEOUT};
 pub use uring::{wait_for_completion, CompletionMode};
 
@@ -195,6 +197,20 @@ struct Slot {
     abandoned: bool,
     /// The generation of the member set whose descriptor `fd` is.
     set_gen: u64,
+}
+
+/// Stores `slot` in a backend's table, in a free place if there is one: its index.
+fn put_slot(slots: &mut Vec<Option<Slot>>, free: &mut Vec<usize>, slot: Slot) -> usize {
+    match free.pop() {
+        Some(i) => {
+            slots[i] = Some(slot);
+            i
+        }
+        None => {
+            slots.push(Some(slot));
+            slots.len() - 1
+        }
+    }
 }
 
 /// Map a failed syscall to what the engine needs to know.
@@ -352,6 +368,8 @@ pub struct Executor {
     member_timeout: Duration,
     /// When `collect` next looks for I/O past its deadline (see `timeout.rs`).
     next_timeout_scan_ns: u64,
+    /// I/O of members behind a connection (`remote.rs`).
+    remote: remote::RemoteBackend,
     log: bool,
 }
 
@@ -411,6 +429,7 @@ impl Executor {
             clock: std::time::Instant::now(),
             member_timeout: opts.member_timeout,
             next_timeout_scan_ns: 0,
+            remote: remote::RemoteBackend::default(),
             log: opts.log,
         })
     }
@@ -581,7 +600,8 @@ impl Executor {
             self.ready.push(done);
             return;
         }
-        if self.guest && !self.guest_issues {
+        // A remote member's answers come back to the owner only, so the owner starts its I/O.
+        if self.guest && (!self.guest_issues || self.members.member(io.member).remote.is_some()) {
             self.deferred.push(io);
             return;
         }
@@ -616,6 +636,26 @@ impl Executor {
 
     fn start(&mut self, io: MemberIo) {
         let member = self.members.member(io.member);
+        if let Some(device) = member.remote.clone() {
+            let slot = Slot {
+                id: io.id,
+                member: io.member,
+                op: io.op,
+                fd: -1,
+                offset_bytes: io.offset_bytes,
+                len_bytes: io.len_bytes as usize,
+                buf: IoBuf::None,
+                done_bytes: 0,
+                force_async: false,
+                sync_write: false,
+                started_ns: self.now_ns(),
+                set_gen: self.set_gen,
+                abandoned: false,
+            };
+            let waker = self.waker();
+            self.remote.push(&*device, slot, io.data, waker);
+            return;
+        }
         let (fd, path) = member.path_for(io.op, io.offset_bytes, io.len_bytes);
         let direct = path == IoPath::Direct;
         if !direct && io.op != MemberIoOp::Flush {
@@ -683,7 +723,7 @@ impl Executor {
     /// arms the wake-up and hands queued I/O to the kernel. `None` when there is no need to
     /// sleep: completions are ready already (collect them with `poll`).
     pub fn prepare_sleep(&mut self) -> Option<Sleeper> {
-        if !self.ready.is_empty() || !self.deferred.is_empty() {
+        if !self.ready.is_empty() || !self.deferred.is_empty() || self.remote.has_done() {
             return None;
         }
         let inner = match &mut self.backend {
@@ -715,11 +755,13 @@ impl Executor {
                 ring.reap(&mut finished, Some(Duration::ZERO));
             }
         } else {
-            let timeout = if self.ready.is_empty() { timeout } else { Some(Duration::ZERO) };
+            let ready = !self.ready.is_empty() || self.remote.has_done();
+            let timeout = if ready { Some(Duration::ZERO) } else { timeout };
             match &mut self.backend {
                 Backend::Uring(u) => u.reap(&mut finished, timeout),
                 Backend::Pool(p) => p.reap(&mut finished, timeout),
             }
+            self.remote.reap(&mut finished);
             self.expire_overdue();
         }
         out.append(&mut self.ready);

@@ -202,16 +202,7 @@ impl PoolBackend {
             len_bytes: slot.len_bytes,
             sync_write: slot.sync_write,
         };
-        let idx = match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(slot);
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                self.slots.len() - 1
-            }
-        };
+        let idx = super::put_slot(&mut self.slots, &mut self.free, slot);
         self.outstanding += 1;
         lock(&self.shared.jobs).queue.push_back(Job { idx, ..job });
         self.shared.jobs_cv.notify_one();

@@ -63,7 +63,10 @@ impl Executor {
             Backend::Pool(_) => "thread pool",
         };
         for (m, q) in self.members.iter().zip(&self.queues) {
-            let how = if m.is_direct() {
+            let remote = m.kind() == super::MemberKind::Remote;
+            let how = if remote {
+                "requests".to_string()
+            } else if m.is_direct() {
                 format!("O_DIRECT ({}-byte units)", m.dio_offset_align())
             } else {
                 "buffered".to_string()
@@ -75,9 +78,10 @@ impl Executor {
                 None => String::new(),
             };
             eprintln!(
-                "uraid-io: {}: {}, {how} through {backend}, queue depth {}{queue}, I/O timeout {:.1} s",
+                "uraid-io: {}: {}, {how} through {}, queue depth {}{queue}, I/O timeout {:.1} s",
                 m.path().display(),
                 m.kind().name(),
+                if remote { "its connection" } else { backend },
                 q.depth,
                 q.timeout_ns as f64 / 1e9
             );
@@ -93,7 +97,9 @@ impl Executor {
             return;
         }
         let mut oldest = u64::MAX;
-        for_each_slot(&mut self.backend, &mut self.guests, |s| oldest = oldest.min(s.set_gen));
+        for_each_slot(&mut self.backend, &mut self.remote, &mut self.guests, |s| {
+            oldest = oldest.min(s.set_gen)
+        });
         self.retired.retain(|(g, _)| *g >= oldest);
     }
 
@@ -108,7 +114,7 @@ impl Executor {
         let overdue =
             |member: usize, started_ns: u64| now.saturating_sub(started_ns) > queues[member].timeout_ns;
         let mut newly_hung: Vec<usize> = Vec::new();
-        for_each_slot(&mut self.backend, &mut self.guests, |s| {
+        for_each_slot(&mut self.backend, &mut self.remote, &mut self.guests, |s| {
             if !s.abandoned && overdue(s.member, s.started_ns) {
                 newly_hung.push(s.member);
             }
@@ -135,7 +141,7 @@ impl Executor {
             q.counts.timed_out_ios += 1;
             ready.push(MemberIoCompletion { id, result: Err(MemberIoError::Gone) });
         };
-        for_each_slot(&mut self.backend, &mut self.guests, |s| {
+        for_each_slot(&mut self.backend, &mut self.remote, &mut self.guests, |s| {
             let q = &mut queues[s.member];
             if q.hung && !s.abandoned {
                 s.abandoned = true;
@@ -167,10 +173,11 @@ impl Executor {
             return Err(io::Error::new(
                 io::ErrorKind::ResourceBusy,
                 format!(
-                    "{}: {} timed-out I/O(s) are still held by the kernel; the device cannot be \
+                    "{}: {} timed-out I/O(s) are still held by the {}; the device cannot be \
                      used again until they return (check the device, then retry)",
                     new.path().display(),
-                    q.abandoned
+                    q.abandoned,
+                    if new.kind() == super::MemberKind::Remote { "server" } else { "kernel" }
                 ),
             ));
         }
@@ -181,6 +188,7 @@ impl Executor {
 /// Every slot the executor has handed out: its own backend's and its guests' rings'.
 fn for_each_slot(
     backend: &mut Backend,
+    remote: &mut super::remote::RemoteBackend,
     guests: &mut [Option<Box<super::uring::UringBackend>>],
     mut f: impl FnMut(&mut super::Slot),
 ) {
@@ -188,5 +196,6 @@ fn for_each_slot(
         Backend::Uring(u) => u.slots_mut().for_each(&mut f),
         Backend::Pool(p) => p.slots_mut().for_each(&mut f),
     }
+    remote.slots_mut().for_each(&mut f);
     guests.iter_mut().flatten().for_each(|g| g.slots_mut().for_each(&mut f));
 }

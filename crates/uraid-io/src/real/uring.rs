@@ -142,16 +142,7 @@ impl UringBackend {
     }
 
     pub fn push(&mut self, slot: Slot) {
-        let idx = match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(slot);
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                self.slots.len() - 1
-            }
-        };
+        let idx = super::put_slot(&mut self.slots, &mut self.free, slot);
         self.outstanding += 1;
         self.push_sqe(idx);
         // With the device's queue running low, an I/O held back for a batch is time the

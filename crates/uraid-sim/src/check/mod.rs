@@ -140,6 +140,8 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
                 mirror::Balance::Prefer,
             ],
         ),
+        // md's pacing in one seed in four, the adaptive default in the rest (by the seed).
+        sync_policy: if seed_pick(spec.seed, 0x5c01, 4) == 0 { SyncPolicy::Md } else { SyncPolicy::Adaptive },
         ..Tunables::default()
     };
     // One seed in four with redundancy has one or two hot spares (by the seed alone).

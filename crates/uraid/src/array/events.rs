@@ -53,6 +53,10 @@ pub struct Seen {
     /// Members whose device went away: its path names nothing, or another file or device.
     gone: Vec<String>,
     degraded: bool,
+    /// Devices working outside the in-sync slots, as md counts spare_disks: hot spares,
+    /// replacements and the devices being rebuilt into a slot.
+    #[serde(default)]
+    spare_disks: usize,
     /// A resync, recovery or scrub running, and how many fifths of it are done.
     sync_fifths: Option<u64>,
 }
@@ -68,19 +72,29 @@ pub fn seen(view: &ArrayView, gone: Vec<String>) -> Seen {
         .collect();
     let named =
         |f: fn(&DevRole) -> bool| view.members.iter().filter(move |m| f(&m.role)).map(|m| m.name.clone());
-    let spares = named(|r| matches!(r, DevRole::Spare | DevRole::Replacement { .. })).collect();
+    let spares: Vec<String> = named(|r| matches!(r, DevRole::Spare | DevRole::Replacement { .. })).collect();
     let faulty = named(|r| matches!(r, DevRole::Faulty { .. })).collect();
     let sync_fifths =
         view.sync.as_ref().map(|s| (s.done_sectors * 5).checked_div(s.total_sectors).unwrap_or(5));
-    Seen { slots, spares, faulty, gone, degraded: view.degraded(), sync_fifths }
+    let rebuilding = view.states.iter().filter(|s| matches!(s, MemberState::Recovering { .. })).count();
+    let spare_disks = spares.len() + rebuilding;
+    Seen { slots, spares, faulty, gone, degraded: view.degraded(), spare_disks, sync_fifths }
 }
 
 /// The events between two looks: (mdadm's event name, the member it is about). A first
-/// look (`before` none) reports only an array already degraded, as mdadm does for an
+/// look (`before` none) reports only an array already degraded, and SparesMissing when it
+/// has fewer spares than `expect_spares` (mdadm.conf's `spares=`), as mdadm does for an
 /// array it sees for the first time.
-fn between(before: Option<&Seen>, now: &Seen) -> Vec<(String, Option<String>)> {
+fn between(before: Option<&Seen>, now: &Seen, expect_spares: Option<usize>) -> Vec<(String, Option<String>)> {
     let Some(before) = before else {
-        return if now.degraded { vec![("DegradedArray".to_string(), None)] } else { Vec::new() };
+        let mut first = Vec::new();
+        if now.degraded {
+            first.push(("DegradedArray".to_string(), None));
+        }
+        if expect_spares.is_some_and(|n| now.spare_disks < n) {
+            first.push(("SparesMissing".to_string(), None));
+        }
+        return first;
     };
     let mut out = Vec::new();
     for name in now.gone.iter().filter(|n| !before.gone.contains(n)) {
@@ -134,10 +148,12 @@ pub struct Events {
     program: Option<std::sync::mpsc::Sender<Vec<String>>>,
     runner: Option<std::thread::JoinHandle<()>>,
     last: Option<Seen>,
+    /// mdadm.conf's `spares=`: fewer at a first look is SparesMissing.
+    expect_spares: Option<usize>,
 }
 
 impl Events {
-    pub fn new(array: &str, program: Option<PathBuf>) -> Events {
+    pub fn new(array: &str, program: Option<PathBuf>, expect_spares: Option<usize>) -> Events {
         let program = program.and_then(|path| {
             let (tx, rx) = std::sync::mpsc::channel::<Vec<String>>();
             let spawned = std::thread::Builder::new().name("uraid-events".into()).spawn(move || {
@@ -162,13 +178,13 @@ impl Events {
             }
         });
         let (program, runner) = program.map_or((None, None), |(tx, t)| (Some(tx), Some(t)));
-        Events { array: array.to_string(), program, runner, last: None }
+        Events { array: array.to_string(), program, runner, last: None, expect_spares }
     }
 
     /// Compares `now` with the last look; the first look sets the baseline (and reports
     /// an array already degraded).
     pub fn look(&mut self, now: Seen) {
-        let events = between(self.last.as_ref(), &now);
+        let events = between(self.last.as_ref(), &now, self.expect_spares);
         self.last = Some(now);
         for (event, member) in events {
             self.report(&event, member.as_deref());
@@ -223,7 +239,7 @@ mod tests {
     }
 
     fn between(before: &Seen, now: &Seen) -> Vec<(String, Option<String>)> {
-        super::between(Some(before), now)
+        super::between(Some(before), now, None)
     }
 
     #[test]
@@ -273,7 +289,31 @@ mod tests {
         assert_eq!(between(&ok, &gone), vec![("DeviceDisappeared".into(), Some("m0".into()))]);
         assert!(between(&gone, &gone).is_empty(), "reported once");
         // A first look reports an array already degraded, and nothing else.
-        assert_eq!(super::between(None, &failed), vec![("DegradedArray".into(), None)]);
-        assert!(super::between(None, &ok).is_empty());
+        assert_eq!(super::between(None, &failed, None), vec![("DegradedArray".into(), None)]);
+        assert!(super::between(None, &ok, None).is_empty());
+    }
+
+    /// mdadm(8): SparesMissing when the config says an array should have N spares and it
+    /// has fewer when mdadm first sees it; a device being rebuilt counts as md's spare.
+    #[test]
+    fn a_first_look_with_fewer_spares_than_expected_is_sparesmissing_once() {
+        use MemberState::*;
+        let ok = s(&[InSync, InSync], None);
+        let one_spare = Seen { spares: vec!["sp".into()], spare_disks: 1, ..ok.clone() };
+        let missing = vec![("SparesMissing".to_string(), None)];
+        assert_eq!(super::between(None, &ok, Some(1)), missing);
+        assert!(super::between(None, &one_spare, Some(1)).is_empty());
+        assert_eq!(super::between(None, &one_spare, Some(2)), missing);
+        assert!(super::between(None, &ok, Some(0)).is_empty());
+        let failed = s(&[InSync, Faulty], None);
+        assert_eq!(
+            super::between(None, &failed, Some(1)),
+            vec![("DegradedArray".into(), None), ("SparesMissing".into(), None)]
+        );
+        // Only at the first look, as mdadm: a later look that loses a spare says FailSpare.
+        assert!(super::between(Some(&ok), &ok, Some(1)).is_empty());
+        let rebuilding = s(&[InSync, Recovering { recovery_offset_sectors: 0 }], Some(0));
+        let view_spares = Seen { spare_disks: 1, ..rebuilding };
+        assert!(super::between(None, &view_spares, Some(1)).iter().all(|e| e.0 != "SparesMissing"));
     }
 }

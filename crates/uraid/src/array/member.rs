@@ -1,4 +1,4 @@
-//! Opening members (regular files or block devices) and reading their md metadata.
+//! Opening members (regular files, block devices or NBD exports) and reading their md metadata.
 //!
 //! Reading never writes: a refused assembly must leave every member byte-identical.
 
@@ -10,7 +10,16 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use uraid_core::meta::{read_member, MemberMetadata, Superblock, SuperblockError};
 
+use super::nbd_member::{is_nbd_uri, NbdMember};
 use super::IoContext;
+
+/// How a member is reached.
+#[derive(Debug)]
+pub enum DevIo {
+    File(File),
+    /// An NBD export; the executor shares the connection (see [`MemberDev::exec_member`]).
+    Nbd(std::sync::Arc<NbdMember>),
+}
 
 /// See [`MemberDev::identity`].
 fn identity_of(meta: &std::fs::Metadata) -> (u64, u64) {
@@ -22,13 +31,22 @@ fn identity_of(meta: &std::fs::Metadata) -> (u64, u64) {
     }
 }
 
+/// `p` as another process must be told it (control requests, the list of running
+/// arrays): absolute, except an NBD URI, which names no file here.
+pub fn absolute_member(p: &Path) -> PathBuf {
+    if is_nbd_uri(&p.to_string_lossy()) {
+        return p.to_path_buf();
+    }
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
 /// One opened member device.
 #[derive(Debug)]
 pub struct MemberDev {
     pub path: PathBuf,
     /// How the user named it, used in every message.
     pub name: String,
-    pub file: File,
+    pub io: DevIo,
     pub size_bytes: u64,
     /// (st_dev, st_ino) for regular files, st_rdev for block devices: the identity that
     /// catches one member offered twice under two names.
@@ -38,6 +56,18 @@ pub struct MemberDev {
 impl MemberDev {
     pub fn open(path: &Path, writable: bool) -> anyhow::Result<MemberDev> {
         let name = path.display().to_string();
+        if is_nbd_uri(&name) {
+            let nbd = NbdMember::connect(&name, writable)?;
+            use uraid_io::real::RemoteDevice;
+            let (size_bytes, identity) = (nbd.size_bytes(), (u64::MAX - 1, nbd.identity()));
+            return Ok(MemberDev {
+                path: path.to_path_buf(),
+                name,
+                io: DevIo::Nbd(nbd),
+                size_bytes,
+                identity,
+            });
+        }
         let meta = std::fs::metadata(path).io_context(|| format!("{name}: cannot stat the member"))?;
         let ft = meta.file_type();
         use std::os::unix::fs::FileTypeExt;
@@ -51,13 +81,23 @@ impl MemberDev {
         // metadata().len() is 0 for block devices; seeking to the end works for both.
         let size_bytes =
             file.seek(SeekFrom::End(0)).io_context(|| format!("{name}: cannot find its size"))?;
-        Ok(MemberDev { path: path.to_path_buf(), name, file, size_bytes, identity: identity_of(&meta) })
+        Ok(MemberDev {
+            path: path.to_path_buf(),
+            name,
+            io: DevIo::File(file),
+            size_bytes,
+            identity: identity_of(&meta),
+        })
     }
 
     /// Whether its path still names this device: false once the file was deleted or
     /// replaced, or the disk unplugged (its node gone or another device's). The open
     /// descriptor may still work; the device is no longer where the user put it.
     pub fn still_there(&self) -> bool {
+        // An export is there while its connection is: a server that went away drops it.
+        if let DevIo::Nbd(n) = &self.io {
+            return n.connection().dead().is_none();
+        }
         std::fs::metadata(&self.path).is_ok_and(|m| identity_of(&m) == self.identity)
     }
 
@@ -72,22 +112,25 @@ impl MemberDev {
 
     pub fn claim(&mut self) -> anyhow::Result<()> {
         use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-        let ft = self.file.metadata().io_context(|| format!("{}: cannot stat the member", self.name))?;
+        // An export cannot be locked from here: keeping other clients off is the server's
+        // (nbdkit admits one client at a time with `--filter=limit limit=1`).
+        let DevIo::File(file) = &self.io else { return Ok(()) };
+        let ft = file.metadata().io_context(|| format!("{}: cannot stat the member", self.name))?;
         if ft.file_type().is_block_device() {
             // O_EXCL on a block device fails with EBUSY while anyone else holds it exclusively;
             // the exclusive descriptor becomes the working one.
-            self.file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_EXCL)
-                .open(&self.path)
-                .map_err(|e| in_use(&self.name, e, None))?;
+            self.io = DevIo::File(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_EXCL)
+                    .open(&self.path)
+                    .map_err(|e| in_use(&self.name, e, None))?,
+            );
             return Ok(());
         }
         // SAFETY: flock on a descriptor we own; no memory is involved.
-        let rc = unsafe {
-            libc::flock(std::os::fd::AsRawFd::as_raw_fd(&self.file), libc::LOCK_EX | libc::LOCK_NB)
-        };
+        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(file), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
             let err = std::io::Error::last_os_error();
             return Err(in_use(&self.name, err, lock_holder(self.identity)));
@@ -101,10 +144,17 @@ impl MemberDev {
 
     /// Reads `len` bytes at `offset`; a short read (end of device) returns what is there.
     pub fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let file = match &self.io {
+            DevIo::File(f) => f,
+            DevIo::Nbd(n) => {
+                let len = (len as u64).min(self.size_bytes.saturating_sub(offset)) as usize;
+                return n.connection().read_at(offset, len);
+            }
+        };
         let mut buf = vec![0u8; len];
         let mut done = 0;
         while done < len {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -116,11 +166,26 @@ impl MemberDev {
     }
 
     pub fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.file.write_all_at(data, offset)
+        match &self.io {
+            DevIo::File(f) => f.write_all_at(data, offset),
+            DevIo::Nbd(n) => n.connection().write_at(offset, data),
+        }
     }
 
     pub fn sync(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+        match &self.io {
+            DevIo::File(f) => f.sync_data(),
+            DevIo::Nbd(n) => n.connection().flush(),
+        }
+    }
+
+    /// The member as the executor performs its I/O: a file or device opened again, an
+    /// export on this same connection.
+    pub fn exec_member(&self, opts: &uraid_io::real::OpenOptions) -> std::io::Result<uraid_io::real::Member> {
+        match &self.io {
+            DevIo::File(_) => uraid_io::real::Member::open(&self.path, opts),
+            DevIo::Nbd(n) => uraid_io::real::Member::remote(&self.path, n.clone()),
+        }
     }
 
     /// What assembly reads of the member: its superblock (whichever 1.x placement holds

@@ -9,6 +9,7 @@ pub mod events;
 pub mod latency;
 pub mod member;
 pub mod member_io;
+pub mod nbd_member;
 pub mod report;
 pub mod running;
 

@@ -50,6 +50,8 @@ pub struct StartOptions {
     pub member_timeout: Duration,
     /// Run with mdadm's arguments on each event (`serve --monitor-program`).
     pub monitor_program: Option<std::path::PathBuf>,
+    /// SparesMissing at the first look below this many spares (`serve --expect-spares`).
+    pub expect_spares: Option<usize>,
 }
 
 pub struct RunningArray {
@@ -98,7 +100,7 @@ impl RunningArray {
         let mut exec_members = Vec::with_capacity(a.members.len());
         for m in &a.members {
             exec_members.push(
-                Member::open(&m.path, &exec_open_options(opts.read_only))
+                m.exec_member(&exec_open_options(opts.read_only))
                     .with_context(|| format!("{}: opening for I/O", m.name))?,
             );
         }
@@ -145,7 +147,11 @@ impl RunningArray {
             io_book: Mutex::new(IoBook::default()),
             stop: AtomicBool::new(false),
             monitor: Mutex::new(None),
-            events: Mutex::new(super::events::Events::new(&a.plan.name, opts.monitor_program.clone())),
+            events: Mutex::new(super::events::Events::new(
+                &a.plan.name,
+                opts.monitor_program.clone(),
+                opts.expect_spares,
+            )),
         });
         // The events' baseline is the array as it starts, before any verb can change it.
         if let Ok(view) = arr.view() {
@@ -285,7 +291,11 @@ impl RunningArray {
     pub(super) fn find_member(&self, what: &str) -> anyhow::Result<MemberKey> {
         let view = self.view()?;
         let target = std::fs::canonicalize(what).ok();
-        let identity = MemberDev::open(Path::new(what), false).ok().map(|m| m.identity);
+        // An export is known by its URI: no connection (a dead server may take long to refuse).
+        let identity = match super::nbd_member::is_nbd_uri(what) {
+            true => super::nbd_member::uri_identity(what),
+            false => MemberDev::open(Path::new(what), false).ok().map(|m| m.identity),
+        };
         let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
         view.members
             .iter()
@@ -470,8 +480,10 @@ impl RunningArray {
                 }
                 _ => ("-".to_string(), "-".to_string(), String::new()),
             };
+            // The adaptive policy's share of the I/O, after md's fields so their parsers hold.
+            let share = sync.share_pct.map(|p| format!(" share={p}%")).unwrap_or_default();
             s.push_str(&format!(
-                "      {bar}  {} = {} ({}/{}) finish={finish} speed={speed}{words}\n",
+                "      {bar}  {} = {} ({}/{}) finish={finish} speed={speed}{share}{words}\n",
                 super::detail::sync_word(sync.kind),
                 percent(sync.done_sectors, sync.total_sectors),
                 sync.done_sectors / 2,
@@ -566,6 +578,7 @@ mod tests {
             recovery_offset_sectors: 0,
             resync_offset_sectors: 0,
             also_recovering: Vec::new(),
+            share_pct: None,
         }
     }
 

@@ -34,6 +34,13 @@ pub struct RebuildArgs {
     runs: usize,
     #[arg(long)]
     json: bool,
+    /// Clients (random 4 KiB, half reads, 32 in flight) while a member rebuilds, under md's
+    /// pacing and the adaptive one, against each alone (docs/performance.md).
+    #[arg(long = "under-load")]
+    under_load: bool,
+    /// --under-load: seconds each phase runs.
+    #[arg(long, default_value_t = 4.0)]
+    seconds: f64,
 }
 
 const MEMBERS: usize = 6;
@@ -141,6 +148,10 @@ pub fn run(args: RebuildArgs) -> anyhow::Result<()> {
     eprintln!("writing {MEMBERS} members of {} MiB under {} ...", member_bytes >> 20, args.dir.display());
     for (m, p) in tmp.0.iter().enumerate() {
         fill(p, member_bytes, m as u8)?;
+    }
+    if args.under_load {
+        anyhow::ensure!((0.5..=600.0).contains(&args.seconds), "--seconds: give 0.5 to 600");
+        return super::rebuild_load::run(&tmp.0, member_bytes, args.seconds, args.json, &args.dir);
     }
     // Make the parity consistent is not needed for speed: the rebuild reads and writes the
     // same bytes whatever they hold. Slot 5 is the one rebuilt.

@@ -366,3 +366,80 @@ pub fn bounded(cmd: &str, args: &[&str], limit: Duration) -> Output {
     }
     child.wait_with_output().unwrap()
 }
+
+/// A child process killed and reaped on drop, so a failing test leaves nothing running.
+pub struct Reaped(pub Option<Child>);
+
+impl Reaped {
+    pub fn try_done(&mut self) -> bool {
+        self.0.as_mut().is_some_and(|c| c.try_wait().unwrap().is_some())
+    }
+    pub fn wait(mut self) -> Output {
+        self.0.take().unwrap().wait_with_output().unwrap()
+    }
+    /// SIGKILL and reap it now.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A fio job on fio's nbd engine: random 8 KiB writes over the first `size` with crc32c in
+/// every block and a fixed seed, so a later `--verify_only` run regenerates the same
+/// offsets and contents.
+pub fn fio_verify_job(name: &str, url: &str, size: &str, seed: u64, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--ioengine=nbd",
+        "--rw=randwrite",
+        "--bs=8k",
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        // No verify state file left in the working directory.
+        "--verify_state_save=0",
+        "--output-format=normal",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend([format!("--name={name}"), format!("--size={size}"), format!("--randseed={seed}")]);
+    a.push(format!("--uri={url}"));
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+pub fn spawn_fio(args: &[String]) -> Reaped {
+    let child = Command::new("fio")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("fio is required by this test (scripts/install-deps.sh installs it): {e}")
+        });
+    Reaped(Some(child))
+}
+
+/// fio must exit 0 with `err= 0`, no verification complaint, and every one of its
+/// `blocks` issued (and so read back and checked).
+pub fn check_fio_run(o: &Output, what: &str, blocks: u64, server_log: &str) {
+    let t = text(o);
+    assert!(
+        o.status.success()
+            && t.contains("err= 0")
+            && !t.contains("verify:")
+            && !t.contains("bad magic")
+            && t.contains(&format!("issued rwts: total={blocks},")),
+        "fio {what} failed ({}):\n{t}\nserver log:\n{server_log}",
+        o.status,
+    );
+}

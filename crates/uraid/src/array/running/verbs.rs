@@ -141,8 +141,7 @@ impl RunningArray {
         dev.write_at(sb.super_offset * 512, &written.update_csum())
             .io_context(|| format!("{}: writing its superblock", dev.name))?;
         dev.sync().io_context(|| format!("{}: fdatasync", dev.name))?;
-        Member::open(&dev.path, &exec_open_options(false))
-            .io_context(|| format!("{}: opening for I/O", dev.name))
+        dev.exec_member(&exec_open_options(false)).io_context(|| format!("{}: opening for I/O", dev.name))
     }
 
     /// mdadm --add: rebuild into a missing or failed slot (only what the bitmap says it

@@ -1,0 +1,209 @@
+//! `uraid bench rebuild --under-load`: a RAID6 rebuilding one member while clients run
+//! random 4 KiB reads and writes (half each, 32 in flight, closed loop: fio's randrw at
+//! iodepth 32), under md's pacing and under the adaptive one (`sync_policy`), next to the
+//! same clients with no rebuild and the same rebuild with no clients, all in one run on the
+//! same files. The clients run in-process on the array's runtime, so the figures are the
+//! engine's and the members', not an NBD client's. Method: docs/performance.md, "Rebuild
+//! under load".
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use uraid_core::geometry::algorithm;
+use uraid_core::*;
+use uraid_io::real::{Executor, ExecutorOptions, MemberSet, OpenOptions};
+use uraid_io::runtime::{ArrayRuntime, RuntimeOptions};
+
+const MEMBERS: usize = 6;
+const CHUNK_BYTES: u64 = 512 << 10;
+const BLOCK_BYTES: u64 = 4096;
+const QUEUE_DEPTH: usize = 32;
+
+/// What one phase measured.
+#[derive(Clone, Copy, Debug, Default)]
+struct Phase {
+    client_iops: f64,
+    client_p99_us: f64,
+    rebuild_mbps: f64,
+}
+
+/// Starts the array: all in sync, or slot 5 rebuilt from its start under `policy`.
+fn start(
+    paths: &[PathBuf],
+    member_bytes: u64,
+    rebuild: Option<SyncPolicy>,
+) -> anyhow::Result<ArrayRuntime<Engine>> {
+    let geo = Geometry::new(
+        Level::Raid6,
+        MEMBERS,
+        algorithm::LEFT_SYMMETRIC,
+        CHUNK_BYTES / 512,
+        &[member_bytes / 512; MEMBERS],
+    )
+    .map_err(anyhow::Error::msg)?;
+    let mut members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; MEMBERS];
+    if rebuild.is_some() {
+        members[MEMBERS - 1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
+    }
+    // md's defaults for the bounds (1 MB/s floor, 200 MB/s ceiling): what a user gets.
+    let tunables = Tunables { sync_policy: rebuild.unwrap_or_default(), ..Tunables::default() };
+    let engine = Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let set = MemberSet::open(paths, &OpenOptions::default()).context("opening members")?;
+    let executor = Executor::new(set, &ExecutorOptions::default()).context("executor")?;
+    ArrayRuntime::start(engine, executor, &RuntimeOptions::default()).context("runtime")
+}
+
+fn rebuilt_sectors(rt: &ArrayRuntime<Engine>) -> anyhow::Result<u64> {
+    let s = rt.handle().control(|e, _, _| e.sync_status()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(s.map_or(u64::MAX, |s| s.done_sectors))
+}
+
+/// Clients for `seconds` (none when `clients` is false); the rebuild's progress over the
+/// same time.
+fn phase(rt: &ArrayRuntime<Engine>, array_bytes: u64, clients: bool, seconds: f64) -> anyhow::Result<Phase> {
+    let before = rebuilt_sectors(rt)?;
+    let t0 = Instant::now();
+    let mut lat_us = Vec::new();
+    if clients {
+        let h = rt.handle();
+        let (tx, rx) = mpsc::channel::<(u64, anyhow::Result<()>)>();
+        let mut round = CompletionRound::default();
+        let mut rng = uraid_core::rng::Rng::new(0x5eed);
+        let blocks = array_bytes / BLOCK_BYTES;
+        let mut next_id = 1u64;
+        let mut started = std::collections::HashMap::new();
+        let mut submit = |round: &mut CompletionRound,
+                          started: &mut std::collections::HashMap<u64, Instant>| {
+            let id = next_id;
+            next_id += 1;
+            let offset = rng.below(blocks) * BLOCK_BYTES;
+            let req = if rng.below(2) == 0 {
+                Request::read(id, offset, BLOCK_BYTES)
+            } else {
+                Request::write(id, offset, vec![id as u8; BLOCK_BYTES as usize])
+            };
+            let tx = tx.clone();
+            started.insert(id, Instant::now());
+            h.submit(
+                req,
+                Box::new(move |c, _| {
+                    let _ = tx.send((id, c.result.map(|_| ()).map_err(|e| anyhow::anyhow!("{e:?}"))));
+                }),
+                round,
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))
+        };
+        for _ in 0..QUEUE_DEPTH {
+            submit(&mut round, &mut started)?;
+        }
+        round.end();
+        while t0.elapsed().as_secs_f64() < seconds {
+            let (id, result) = rx.recv_timeout(Duration::from_secs(30)).context("a client request hung")?;
+            result.with_context(|| format!("client request {id}"))?;
+            let t = started.remove(&id).context("an unknown completion")?;
+            lat_us.push(t.elapsed().as_secs_f64() * 1e6);
+            submit(&mut round, &mut started)?;
+            round.end();
+        }
+        for _ in 0..started.len() {
+            let (id, result) = rx.recv_timeout(Duration::from_secs(30)).context("a client request hung")?;
+            result.with_context(|| format!("client request {id}"))?;
+        }
+    } else {
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let after = rebuilt_sectors(rt)?;
+    lat_us.sort_by(f64::total_cmp);
+    let p99 = lat_us.get(lat_us.len() * 99 / 100).copied().unwrap_or(0.0);
+    let rebuilt = if before == u64::MAX { 0 } else { after.min(u64::MAX - 1).saturating_sub(before) };
+    Ok(Phase {
+        client_iops: lat_us.len() as f64 / elapsed,
+        client_p99_us: p99,
+        rebuild_mbps: rebuilt as f64 * 512.0 / elapsed / 1e6,
+    })
+}
+
+fn run_phase(
+    paths: &[PathBuf],
+    member_bytes: u64,
+    rebuild: Option<SyncPolicy>,
+    clients: bool,
+    seconds: f64,
+) -> anyhow::Result<Phase> {
+    let rt = start(paths, member_bytes, rebuild)?;
+    // The rebuild is queued at start and begins at the runtime's first turn.
+    let t0 = Instant::now();
+    while rebuild.is_some() && rebuilt_sectors(&rt)? == u64::MAX {
+        anyhow::ensure!(t0.elapsed() < Duration::from_secs(10), "the rebuild did not start");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let array_bytes = (MEMBERS as u64 - 2) * member_bytes;
+    let p = phase(&rt, array_bytes, clients, seconds)?;
+    if rebuild.is_some() {
+        anyhow::ensure!(
+            rebuilt_sectors(&rt)? != u64::MAX,
+            "the rebuild finished within the phase: give a larger --member-size or fewer --seconds"
+        );
+    }
+    rt.shutdown().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(p)
+}
+
+pub fn run(
+    paths: &[PathBuf],
+    member_bytes: u64,
+    seconds: f64,
+    json: bool,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let alone = run_phase(paths, member_bytes, None, true, seconds)?;
+    let idle = run_phase(paths, member_bytes, Some(SyncPolicy::Md), false, seconds)?;
+    let mut rows = Vec::new();
+    for policy in [SyncPolicy::Md, SyncPolicy::Adaptive] {
+        rows.push((policy, run_phase(paths, member_bytes, Some(policy), true, seconds)?));
+    }
+    if json {
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(policy, p)| {
+                serde_json::json!({"policy": policy.name(), "rebuild_mbps": p.rebuild_mbps,
+                    "rebuild_share_of_idle": p.rebuild_mbps / idle.rebuild_mbps,
+                    "client_iops": p.client_iops, "client_iops_share": p.client_iops / alone.client_iops,
+                    "client_p99_us": p.client_p99_us, "client_p99_ratio": p.client_p99_us / alone.client_p99_us})
+            })
+            .collect();
+        let v = serde_json::json!({"bench": "rebuild-under-load", "level": 6, "raid_devices": MEMBERS,
+            "member_bytes": member_bytes, "seconds": seconds, "idle_rebuild_mbps": idle.rebuild_mbps,
+            "clients_alone_iops": alone.client_iops, "clients_alone_p99_us": alone.client_p99_us, "rows": rows});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "RAID6, {MEMBERS} members of {} MiB on {}, chunk {} KiB; clients: random 4 KiB, half reads, {QUEUE_DEPTH} in flight; {seconds} s a phase",
+        member_bytes >> 20,
+        dir.display(),
+        CHUNK_BYTES >> 10
+    );
+    println!("peers, same run: the rebuild with no clients {:.1} MB/s; the clients with no rebuild {:.0} IOPS, p99 {:.0} us", idle.rebuild_mbps, alone.client_iops, alone.client_p99_us);
+    println!(
+        "{:<10} {:>12} {:>14} {:>12} {:>12} {:>10} {:>10}",
+        "policy", "rebuild MB/s", "x idle (>=0.3)", "client IOPS", "x alone (>=0.7)", "p99 us", "x alone"
+    );
+    for (policy, p) in &rows {
+        println!(
+            "{:<10} {:>12.1} {:>14.2} {:>12.0} {:>12.2} {:>10.0} {:>10.2}",
+            policy.name(),
+            p.rebuild_mbps,
+            p.rebuild_mbps / idle.rebuild_mbps,
+            p.client_iops,
+            p.client_iops / alone.client_iops,
+            p.client_p99_us,
+            p.client_p99_us / alone.client_p99_us
+        );
+    }
+    Ok(())
+}
