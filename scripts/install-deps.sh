@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests drive (real NBD clients, fio, zstd, mdadm, systemd's
-# unit checker, curl for the metrics endpoint) when missing.
+# unit checker, curl for the metrics endpoint, GnuTLS's certtool/psktool for the TLS test)
+# and OpenSSL's headers the build links `serve --tls` against, when missing.
 set -euo pipefail
 need=()
-for pair in qemu-io:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdkit:nbdkit fio:fio zstd:zstd mdadm:mdadm systemd-analyze:systemd curl:curl; do
+for pair in qemu-io:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdkit:nbdkit fio:fio zstd:zstd mdadm:mdadm systemd-analyze:systemd curl:curl certtool:gnutls-bin psktool:gnutls-bin pkg-config:pkg-config; do
   cmd=${pair%%:*}; pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
+# The openssl crate builds against the system's libssl.
+if ! pkg-config --exists openssl 2>/dev/null; then need+=(libssl-dev); fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -5,6 +5,7 @@
 //! - [`device`]: the [`BlockDevice`] trait the server drives (callback completion, many
 //!   requests in flight), with [`MemDevice`] and [`FileDevice`].
 //! - [`server`]: [`Server`] over TCP or Unix sockets with a [`ShutdownHandle`].
+//! - [`tls`]: `NBD_OPT_STARTTLS` ([`TlsCredentials`]: X.509 or TLS-PSK) through a relay.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -23,7 +24,9 @@ pub mod device;
 pub mod proto;
 mod reply;
 pub mod server;
+pub mod tls;
 
-pub use codec::BlockSizeConstraints;
+pub use codec::{BlockSizeConstraints, TlsPolicy};
 pub use device::{BlockDevice, BlockError, BlockRequest, Completion, DeviceCounters, FileDevice, MemDevice};
 pub use server::{serve_tcp, serve_unix, ConfigError, Export, Server, ServerOptions, ShutdownHandle};
+pub use tls::{TlsCredentials, TlsCredentialsError};

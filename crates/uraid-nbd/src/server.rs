@@ -6,14 +6,19 @@
 //! connection's writer thread otherwise (see `reply`). A per-connection budget of requests
 //! and bytes in flight bounds memory: when it is used up the reader stops reading the
 //! socket, so TCP flow control pushes back on the client.
+//!
+//! A client that starts TLS (`NBD_OPT_STARTTLS`, see `tls`) goes on over one end of a
+//! socket pair whose other end a relay thread joins to the TLS session: everything here
+//! then runs as for a Unix-socket client, and plaintext connections are left as they were.
 
 use crate::codec::{
     check_request, decode_request_header, Command, Decision, ExportInfo, Negotiation, NegotiationOutcome,
-    Session, TransmissionContext,
+    Session, TlsPolicy, TransmissionContext,
 };
 use crate::device::{BlockDevice, BlockError, BlockRequest};
 use crate::proto::*;
 use crate::reply::{Pending, Replies, ReplyBody};
+use crate::tls::TlsCredentials;
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -83,6 +88,10 @@ pub struct ServerOptions {
     pub handshake_timeout: Option<Duration>,
     /// A client that does not read its replies for this long is disconnected.
     pub write_timeout: Option<Duration>,
+    /// Whether clients may (`On`) or must (`Require`) start TLS; anything but `Off` needs
+    /// `tls_credentials`.
+    pub tls: TlsPolicy,
+    pub tls_credentials: Option<Arc<TlsCredentials>>,
 }
 
 impl Default for ServerOptions {
@@ -93,6 +102,8 @@ impl Default for ServerOptions {
             max_in_flight_bytes: 64 * 1024 * 1024,
             handshake_timeout: Some(Duration::from_secs(30)),
             write_timeout: Some(Duration::from_secs(60)),
+            tls: TlsPolicy::Off,
+            tls_credentials: None,
         }
     }
 }
@@ -103,6 +114,8 @@ pub enum ConfigError {
     NoExports,
     DuplicateName(String),
     BadBlockSize(String),
+    /// TLS offered or required with no credentials to run it.
+    TlsWithoutCredentials,
 }
 
 impl std::fmt::Display for ConfigError {
@@ -111,6 +124,9 @@ impl std::fmt::Display for ConfigError {
             ConfigError::NoExports => f.write_str("no exports"),
             ConfigError::DuplicateName(n) => write!(f, "export name {n:?} used twice"),
             ConfigError::BadBlockSize(n) => write!(f, "export {n:?} has invalid block-size constraints"),
+            ConfigError::TlsWithoutCredentials => {
+                f.write_str("TLS is on but no certificate or PSK was given")
+            }
         }
     }
 }
@@ -188,6 +204,9 @@ impl Server {
             if !e.device.block_size().is_valid() {
                 return Err(ConfigError::BadBlockSize(e.name.clone()));
             }
+        }
+        if opts.tls != TlsPolicy::Off && opts.tls_credentials.is_none() {
+            return Err(ConfigError::TlsWithoutCredentials);
         }
         let infos = exports.iter().map(Export::info).collect();
         Ok(Server {
@@ -317,6 +336,14 @@ impl Stream {
         }
     }
 
+    /// Who is at the other end, for messages.
+    fn peer(&self) -> String {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "a client".into()),
+            Stream::Unix(_) => "a client on the Unix socket".into(),
+        }
+    }
+
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
@@ -374,6 +401,12 @@ impl Read for FlushingReader {
     }
 }
 
+impl std::os::fd::AsRawFd for Stream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.raw_fd()
+    }
+}
+
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
@@ -401,64 +434,107 @@ impl Write for Stream {
     }
 }
 
+/// The socket the negotiation and the transmission phase talk over: the client's, or after
+/// STARTTLS our end of the socket pair to the TLS relay (`tls`).
+struct Plain {
+    reader: BufReader<Stream>,
+    writer: Stream,
+    relay: Option<JoinHandle<()>>,
+}
+
 fn serve_connection(shared: &Shared, stream: Stream) -> io::Result<()> {
     stream.set_read_timeout(shared.opts.handshake_timeout)?;
     stream.set_write_timeout(shared.opts.write_timeout)?;
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream.try_clone()?);
-    let mut writer = stream.try_clone()?;
-    let result = match handshake(shared, &mut reader, &mut writer)? {
-        Some((session, leftover)) => {
-            stream.set_read_timeout(None)?;
-            // The handshake consumed everything the reader had buffered (it is in `leftover`).
-            let round = ConnectionRound::default();
-            let device = Arc::clone(&shared.exports[session.export_index].device);
-            let flushing = FlushingReader { stream: reader.into_inner(), round: round.clone(), device };
-            let reader = BufReader::with_capacity(READ_BUFFER_BYTES, flushing);
-            transmission(shared, session, io::Cursor::new(leftover).chain(reader), writer, &round)
+    let reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream.try_clone()?);
+    let mut plain = Plain { reader, writer: stream.try_clone()?, relay: None };
+    let negotiated = handshake(shared, &mut plain, &stream);
+    // Kept to close the plaintext side at the end: with TLS, that is what ends the relay.
+    let ours = plain.writer.try_clone();
+    let relay = plain.relay.take();
+    let result = match negotiated {
+        Ok(Some((session, leftover))) => {
+            let Plain { reader, writer, .. } = plain;
+            writer.set_read_timeout(None).and_then(|()| {
+                // The handshake consumed everything the reader had buffered (it is in `leftover`).
+                let round = ConnectionRound::default();
+                let device = Arc::clone(&shared.exports[session.export_index].device);
+                let flushing = FlushingReader { stream: reader.into_inner(), round: round.clone(), device };
+                let reader = BufReader::with_capacity(READ_BUFFER_BYTES, flushing);
+                transmission(shared, session, io::Cursor::new(leftover).chain(reader), writer, &round)
+            })
         }
-        None => Ok(()),
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
     };
+    if let Ok(ours) = ours {
+        let _ = ours.shutdown(Shutdown::Both);
+    }
+    // The relay sends what the server wrote before it closes the client's socket.
+    if let Some(relay) = relay {
+        let _ = relay.join();
+    }
     let _ = stream.shutdown(Shutdown::Both);
     result
 }
 
 /// Runs the handshake; returns the session and any bytes the client already sent past
-/// the end of it, or `None` when the connection should just close.
-fn handshake(
-    shared: &Shared,
-    reader: &mut BufReader<Stream>,
-    writer: &mut Stream,
-) -> io::Result<Option<(Session, Vec<u8>)>> {
+/// the end of it, or `None` when the connection should just close. After STARTTLS,
+/// `plain` talks to the TLS relay instead of `client`.
+fn handshake(shared: &Shared, plain: &mut Plain, client: &Stream) -> io::Result<Option<(Session, Vec<u8>)>> {
     // Each connection is told the size as it is now (an array may have grown since the
     // server started; NBD has no resize notice, so a client reconnects to see it).
-    let mut negotiation = Negotiation::new(shared.exports.iter().map(Export::info).collect());
-    writer.write_all(&negotiation.take_output())?;
+    let infos = shared.exports.iter().map(Export::info).collect();
+    let mut negotiation = Negotiation::new(infos).with_tls(shared.opts.tls);
+    plain.writer.write_all(&negotiation.take_output())?;
     let mut pending: Vec<u8> = Vec::new();
     loop {
         if shared.shutting_down.load(Ordering::SeqCst) {
             negotiation.set_shutting_down();
         }
-        let available = reader.fill_buf()?;
+        let available = plain.reader.fill_buf()?;
         if available.is_empty() {
             return Ok(None);
         }
         let n = available.len();
         pending.extend_from_slice(available);
-        reader.consume(n);
-        let progress = negotiation.receive(&pending);
-        let output = negotiation.take_output();
-        if !output.is_empty() {
-            writer.write_all(&output)?;
-        }
-        match progress {
-            Err(_) => return Ok(None),
-            Ok(p) => {
-                pending.drain(..p.consumed_bytes);
-                match p.outcome {
-                    Some(NegotiationOutcome::Transmission(session)) => return Ok(Some((session, pending))),
-                    Some(NegotiationOutcome::Abort) => return Ok(None),
-                    None => {}
+        plain.reader.consume(n);
+        while !pending.is_empty() {
+            let progress = negotiation.receive(&pending);
+            let output = negotiation.take_output();
+            if !output.is_empty() {
+                plain.writer.write_all(&output)?;
+            }
+            let Ok(p) = progress else { return Ok(None) };
+            pending.drain(..p.consumed_bytes);
+            match p.outcome {
+                Some(NegotiationOutcome::Transmission(session)) => return Ok(Some((session, pending))),
+                Some(NegotiationOutcome::Abort) => return Ok(None),
+                Some(NegotiationOutcome::StartTls) => {
+                    let Some(credentials) = &shared.opts.tls_credentials else { return Ok(None) };
+                    // Bytes behind STARTTLS already read are the start of the TLS stream.
+                    let early = std::mem::take(&mut pending);
+                    let (ours, relay) = match crate::tls::start(
+                        credentials,
+                        client.try_clone()?,
+                        early,
+                        shared.opts.write_timeout,
+                    ) {
+                        Ok(started) => started,
+                        Err(e) => {
+                            // The operator's only clue why a client was turned away.
+                            eprintln!("nbd: TLS handshake with {} failed: {e}", client.peer());
+                            return Ok(None);
+                        }
+                    };
+                    ours.set_read_timeout(shared.opts.handshake_timeout)?;
+                    ours.set_write_timeout(shared.opts.write_timeout)?;
+                    plain.reader =
+                        BufReader::with_capacity(READ_BUFFER_BYTES, Stream::Unix(ours.try_clone()?));
+                    plain.writer = Stream::Unix(ours);
+                    plain.relay = Some(relay);
+                    negotiation.tls_started();
                 }
+                None => break,
             }
         }
     }

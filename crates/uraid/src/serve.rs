@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Args;
 use uraid_core::Tunables;
-use uraid_nbd::{Export, Server, ServerOptions};
+use uraid_nbd::{Export, Server, ServerOptions, TlsCredentials, TlsPolicy};
 
 use crate::array::assembly::assemble;
 use crate::array::io_words;
@@ -105,6 +105,20 @@ pub struct ServeArgs {
     /// A TestMessage event once serving (mdadm --monitor --test), to check the program runs.
     #[arg(long = "monitor-test", requires = "monitor_program")]
     pub monitor_test: bool,
+    /// NBD over TLS, as nbdkit spells it: off (default), on (a client may start TLS) or
+    /// require (a client that does not is refused). Needs --tls-certificates or --tls-psk.
+    #[arg(long, default_value = "off", value_parser = ["off", "on", "require"])]
+    pub tls: String,
+    /// X.509: DIR holds server-cert.pem and server-key.pem (and ca-cert.pem for
+    /// --tls-verify-peer), the names nbdkit and qemu use.
+    #[arg(long = "tls-certificates", value_name = "DIR", conflicts_with = "tls_psk")]
+    pub tls_certificates: Option<PathBuf>,
+    /// TLS-PSK: FILE holds username:hexkey lines, as `psktool -p FILE -u NAME` writes them.
+    #[arg(long = "tls-psk", value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// With --tls-certificates: a client must show a certificate signed by DIR/ca-cert.pem.
+    #[arg(long = "tls-verify-peer", requires = "tls_certificates")]
+    pub tls_verify_peer: bool,
     /// Testing only: fail a member's I/O, `member=SLOT,op=read|write|flush|meta[,after=N][,count=N]`
     /// (the first N such I/Os succeed, then COUNT fail, or all). Repeatable.
     #[arg(long = "debug-fault", hide = true)]
@@ -201,6 +215,43 @@ fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_millis(ms))
 }
 
+/// `--tls`, `--tls-certificates`, `--tls-psk`: the policy and the credentials, loaded and
+/// checked before anything is assembled so a bad file changes nothing.
+fn tls_options(args: &ServeArgs) -> anyhow::Result<(TlsPolicy, Option<Arc<TlsCredentials>>)> {
+    let policy = match args.tls.as_str() {
+        "on" => TlsPolicy::On,
+        "require" => TlsPolicy::Require,
+        _ => TlsPolicy::Off,
+    };
+    let credentials = match (&args.tls_certificates, &args.tls_psk) {
+        (Some(dir), _) => TlsCredentials::x509(dir, args.tls_verify_peer).map_err(|e| {
+            anyhow::anyhow!(
+                "--tls-certificates: {e} (the directory must hold server-cert.pem and server-key.pem, \
+                 as for nbdkit; `certtool` or `openssl req` makes them); nothing was started"
+            )
+        })?,
+        (None, Some(file)) => TlsCredentials::psk(file).map_err(|e| {
+            anyhow::anyhow!(
+                "--tls-psk: {e} (each line is username:hexkey; `psktool -p FILE -u NAME` writes one); \
+                 nothing was started"
+            )
+        })?,
+        (None, None) if policy == TlsPolicy::Off => return Ok((policy, None)),
+        (None, None) => bail!(
+            "--tls {} needs credentials: --tls-certificates DIR (server-cert.pem, server-key.pem) or \
+                 --tls-psk FILE (psktool's username:hexkey lines); nothing was started",
+            args.tls
+        ),
+    };
+    if policy == TlsPolicy::Off {
+        bail!(
+            "TLS credentials were given but --tls is off: add --tls on (TLS optional) or --tls require; \
+                 nothing was started"
+        );
+    }
+    Ok((policy, Some(Arc::new(credentials))))
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     serve(from_config(args)?, None)
 }
@@ -215,6 +266,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let mut signals =
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
             .context("installing the SIGINT/SIGTERM handlers")?;
+    let (tls, tls_credentials) = tls_options(&args)?;
     let mut assembled = assemble(&args.members, args.run, args.force, !args.read_only)?;
     // Through the tunables' table: one range and one message per tunable. A flag given for
     // a tunable the level does not have (a stripe cache on a mirror) is refused, as
@@ -319,14 +371,22 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     let mut export = Export::new(export_name.clone(), array.device.clone());
     export.description = format!("uraid {} {}", level_name(array.geometry.level.md_level()), array.name);
     export.read_only = args.read_only;
-    let server = Server::new(vec![export], ServerOptions::default()).context("NBD server")?;
+    let tls_line = match &tls_credentials {
+        Some(c) if tls == TlsPolicy::Require => format!("\nuraid: TLS required ({})", c.description()),
+        Some(c) => format!("\nuraid: TLS offered, plaintext allowed ({})", c.description()),
+        None => String::new(),
+    };
+    let opts = ServerOptions { tls, tls_credentials, ..ServerOptions::default() };
+    let server = Server::new(vec![export], opts).context("NBD server")?;
 
+    // nbds: a client must start TLS (libnbd's and nbdkit's URI scheme).
+    let s = if tls == TlsPolicy::Require { "s" } else { "" };
     let url = match &listener {
         Listener::Tcp(l) => {
             let a = l.local_addr()?;
-            format!("nbd://{a}/{export_name}")
+            format!("nbd{s}://{a}/{export_name}")
         }
-        Listener::Unix(_, p) => format!("nbd+unix:///{export_name}?socket={}", p.display()),
+        Listener::Unix(_, p) => format!("nbd{s}+unix:///{export_name}?socket={}", p.display()),
     };
     // Listed before the control socket answers: whoever reaches the array finds it listed.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -347,7 +407,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
     // the log) finds the pid and the stop hint printed.
     eprintln!(
         "uraid: serving {} ({}, {} devices, {}) on {url}, pid {}\nuraid: control socket {}\n\
-         uraid: `uraid stop --control {}` stops it (as SIGTERM does){metrics_line}",
+         uraid: `uraid stop --control {}` stops it (as SIGTERM does){tls_line}{metrics_line}",
         array.name,
         level_name(array.geometry.level.md_level()),
         array.geometry.raid_disks,

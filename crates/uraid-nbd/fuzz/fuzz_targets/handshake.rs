@@ -2,10 +2,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use uraid_nbd::codec::{BlockSizeConstraints, ExportInfo, Negotiation, NegotiationOutcome};
+use uraid_nbd::codec::{BlockSizeConstraints, ExportInfo, Negotiation, NegotiationOutcome, TlsPolicy};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&split_seed, input)) = data.split_first() else { return };
+    let Some((&tls_seed, input)) = input.split_first() else { return };
+    let policy = [TlsPolicy::Off, TlsPolicy::On, TlsPolicy::Require][usize::from(tls_seed % 3)];
     let exports = vec![
         ExportInfo {
             name: String::new(),
@@ -22,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
             block_size: BlockSizeConstraints { min_bytes: 512, preferred_bytes: 4096, max_bytes: 1 << 20 },
         },
     ];
-    let mut n = Negotiation::new(exports);
+    let mut n = Negotiation::new(exports).with_tls(policy);
     if split_seed & 0x80 != 0 {
         n.set_shutting_down();
     }
@@ -35,13 +37,21 @@ fuzz_target!(|data: &[u8]| {
             Ok(p) => {
                 assert!(p.consumed_bytes <= pending.len());
                 pending.drain(..p.consumed_bytes);
-                if let Some(NegotiationOutcome::Transmission(s)) = p.outcome {
-                    assert!(s.export_index < 2);
-                    assert_ne!(s.transmission_flags & 1, 0);
-                    return;
-                }
-                if p.outcome.is_some() {
-                    return;
+                match p.outcome {
+                    Some(NegotiationOutcome::Transmission(s)) => {
+                        assert!(s.export_index < 2);
+                        assert_ne!(s.transmission_flags & 1, 0);
+                        // `require`: no export is served before TLS.
+                        assert!(policy != TlsPolicy::Require || n.tls_active());
+                        return;
+                    }
+                    Some(NegotiationOutcome::StartTls) => {
+                        assert!(policy != TlsPolicy::Off && !n.tls_active());
+                        // The rest of the input stands for what arrives over TLS.
+                        n.tls_started();
+                    }
+                    Some(NegotiationOutcome::Abort) => return,
+                    None => {}
                 }
             }
             Err(_) => return,

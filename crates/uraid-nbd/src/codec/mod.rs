@@ -70,6 +70,9 @@ pub enum HandshakeError {
     },
     /// The client sent more options after the negotiation finished.
     AlreadyFinished,
+    /// `NBD_OPT_EXPORT_NAME` before TLS under [`TlsPolicy::Require`]: it cannot carry an
+    /// error, so proto.md (FORCEDTLS) has the server close.
+    TlsRequired,
 }
 
 impl std::fmt::Display for HandshakeError {
@@ -84,6 +87,7 @@ impl std::fmt::Display for HandshakeError {
                 write!(f, "unknown export {:?}", String::from_utf8_lossy(name))
             }
             HandshakeError::AlreadyFinished => f.write_str("negotiation already finished"),
+            HandshakeError::TlsRequired => f.write_str("NBD_OPT_EXPORT_NAME before TLS, which is required"),
         }
     }
 }
@@ -106,6 +110,24 @@ pub enum NegotiationOutcome {
     Transmission(Session),
     /// The client aborted (`NBD_OPT_ABORT`); send queued output and close.
     Abort,
+    /// `NBD_OPT_STARTTLS` was acknowledged: send the queued output (the ACK) in plaintext,
+    /// run the TLS handshake, call [`Negotiation::tls_started`], and go on feeding what
+    /// arrives over TLS. A failed TLS handshake closes the connection.
+    StartTls,
+}
+
+/// Whether the server offers TLS, as nbdkit's `--tls off|on|require` (proto.md's NOTLS,
+/// SELECTIVETLS with no TLS-only export, FORCEDTLS).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// `NBD_OPT_STARTTLS` is refused with `NBD_REP_ERR_POLICY`.
+    #[default]
+    Off,
+    /// A client may start TLS or stay in plaintext.
+    On,
+    /// Every option but STARTTLS and ABORT gets `NBD_REP_ERR_TLS_REQD` until TLS runs, so
+    /// nothing (not even the export list) is told in plaintext.
+    Require,
 }
 
 /// Progress report of [`Negotiation::receive`].
@@ -137,6 +159,8 @@ pub struct Negotiation {
     no_zeroes: bool,
     structured_replies: bool,
     shutting_down: bool,
+    tls: TlsPolicy,
+    tls_active: bool,
     output: Vec<u8>,
 }
 
@@ -153,8 +177,30 @@ impl Negotiation {
             no_zeroes: false,
             structured_replies: false,
             shutting_down: false,
+            tls: TlsPolicy::Off,
+            tls_active: false,
             output,
         }
+    }
+
+    /// Offers (or requires) TLS through `NBD_OPT_STARTTLS`; the caller must be able to run
+    /// a TLS session when [`NegotiationOutcome::StartTls`] comes back.
+    pub fn with_tls(mut self, policy: TlsPolicy) -> Self {
+        self.tls = policy;
+        self
+    }
+
+    /// The TLS handshake after [`NegotiationOutcome::StartTls`] succeeded. What was agreed in
+    /// plaintext is forgotten (as nbdkit and qemu do): a man in the middle could have
+    /// chosen it, so the client negotiates again over TLS.
+    pub fn tls_started(&mut self) {
+        self.tls_active = true;
+        self.structured_replies = false;
+    }
+
+    /// Whether the negotiation now runs over TLS.
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
     }
 
     /// From now on, answer every option but ABORT with `NBD_REP_ERR_SHUTDOWN`.
@@ -215,7 +261,9 @@ impl Negotiation {
                     let data = &rest[OPTION_HEADER_BYTES..total];
                     consumed_bytes += total;
                     if let Some(outcome) = self.handle_option(option, data)? {
-                        self.state = HandshakeState::Finished;
+                        if outcome != NegotiationOutcome::StartTls {
+                            self.state = HandshakeState::Finished;
+                        }
                         return Ok(Progress { consumed_bytes, outcome: Some(outcome) });
                     }
                 }
@@ -257,6 +305,20 @@ impl Negotiation {
                 return Err(HandshakeError::UnknownExport { name: data.to_vec() });
             }
             self.option_error(option, REP_ERR_SHUTDOWN, "server is shutting down");
+            return Ok(None);
+        }
+        if option == OPT_STARTTLS {
+            return Ok(self.handle_starttls(data));
+        }
+        if self.tls == TlsPolicy::Require && !self.tls_active {
+            if option == OPT_EXPORT_NAME {
+                return Err(HandshakeError::TlsRequired);
+            }
+            self.option_error(
+                option,
+                REP_ERR_TLS_REQD,
+                "this server requires TLS: connect with TLS credentials (an nbds:// URI, tls-creds)",
+            );
             return Ok(None);
         }
         match option {
@@ -307,6 +369,24 @@ impl Negotiation {
                 Ok(None)
             }
         }
+    }
+
+    fn handle_starttls(&mut self, data: &[u8]) -> Option<NegotiationOutcome> {
+        let refusal = if self.tls == TlsPolicy::Off {
+            Some((REP_ERR_POLICY, "TLS is not enabled on this server"))
+        } else if self.tls_active {
+            Some((REP_ERR_INVALID, "TLS is already running"))
+        } else if !data.is_empty() {
+            Some((REP_ERR_INVALID, "NBD_OPT_STARTTLS carries no data"))
+        } else {
+            None
+        };
+        if let Some((reply, message)) = refusal {
+            self.option_error(OPT_STARTTLS, reply, message);
+            return None;
+        }
+        self.option_reply(OPT_STARTTLS, REP_ACK, &[]);
+        Some(NegotiationOutcome::StartTls)
     }
 
     fn handle_info_or_go(

@@ -130,7 +130,7 @@ fn unknown_option_gets_unsup_and_negotiation_continues() {
         types,
         vec![
             (0xdead, REP_ERR_UNSUP),
-            (OPT_STARTTLS, REP_ERR_UNSUP),
+            (OPT_STARTTLS, REP_ERR_POLICY),
             (OPT_SET_META_CONTEXT, REP_ERR_UNSUP),
             (OPT_LIST, REP_ERR_INVALID),
             (OPT_GO, REP_ERR_UNKNOWN),
@@ -193,6 +193,81 @@ fn shutting_down_errors_options_but_acks_abort() {
     let r = replies(&n.take_output());
     assert_eq!((r[0].0, r[0].1), (OPT_GO, REP_ERR_SHUTDOWN));
     assert_eq!(r[1], (OPT_ABORT, REP_ACK, vec![]));
+}
+
+#[test]
+fn tls_off_refuses_starttls_by_policy_and_never_asks_for_tls() {
+    let mut n = started(vec![export("a", 1)], 1);
+    let mut input = option(OPT_STARTTLS, &[]);
+    input.extend(option(OPT_LIST, &[]));
+    let p = n.receive(&input).unwrap();
+    assert_eq!(p.outcome, None);
+    let r = replies(&n.take_output());
+    assert_eq!((r[0].0, r[0].1), (OPT_STARTTLS, REP_ERR_POLICY));
+    assert_eq!((r[1].0, r[1].1), (OPT_LIST, REP_SERVER));
+}
+
+#[test]
+fn tls_require_refuses_everything_but_starttls_and_abort_before_tls() {
+    let mut n = started(vec![export("secret", 1)], 1).with_tls(TlsPolicy::Require);
+    let mut input = option(OPT_LIST, &[]);
+    input.extend(option(OPT_STRUCTURED_REPLY, &[]));
+    input.extend(option(OPT_INFO, &go_data("secret", &[])));
+    input.extend(option(OPT_GO, &go_data("secret", &[])));
+    let p = n.receive(&input).unwrap();
+    assert_eq!(p, Progress { consumed_bytes: input.len(), outcome: None });
+    let out = n.take_output();
+    // Nothing about the exports is told in plaintext: not even their names.
+    assert!(!out.windows(6).any(|w| w == b"secret"));
+    let types: Vec<_> = replies(&out).into_iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(
+        types,
+        vec![
+            (OPT_LIST, REP_ERR_TLS_REQD),
+            (OPT_STRUCTURED_REPLY, REP_ERR_TLS_REQD),
+            (OPT_INFO, REP_ERR_TLS_REQD),
+            (OPT_GO, REP_ERR_TLS_REQD),
+        ]
+    );
+    // EXPORT_NAME cannot carry an error: the server closes.
+    assert_eq!(n.receive(&option(OPT_EXPORT_NAME, b"secret")), Err(HandshakeError::TlsRequired));
+    // ABORT is still acknowledged.
+    let mut n = started(vec![export("a", 1)], 1).with_tls(TlsPolicy::Require);
+    assert_eq!(n.receive(&option(OPT_ABORT, &[])).unwrap().outcome, Some(NegotiationOutcome::Abort));
+}
+
+#[test]
+fn starttls_then_negotiation_restarts_over_tls() {
+    for policy in [TlsPolicy::On, TlsPolicy::Require] {
+        let mut n = started(vec![export("a", 4096)], 1).with_tls(policy);
+        // Structured replies agreed in plaintext (allowed under `on`) are forgotten.
+        let mut input = option(OPT_STRUCTURED_REPLY, &[]);
+        input.extend(option(OPT_STARTTLS, b"x"));
+        input.extend(option(OPT_STARTTLS, &[]));
+        input.extend(option(OPT_LIST, &[]));
+        let p = n.receive(&input).unwrap();
+        assert_eq!(p.outcome, Some(NegotiationOutcome::StartTls));
+        // The codec stops right after the ACK: what follows belongs to the TLS session.
+        assert_eq!(p.consumed_bytes, input.len() - OPTION_HEADER_BYTES);
+        let r = replies(&n.take_output());
+        let expect_sr = if policy == TlsPolicy::On { REP_ACK } else { REP_ERR_TLS_REQD };
+        assert_eq!((r[0].0, r[0].1), (OPT_STRUCTURED_REPLY, expect_sr));
+        assert_eq!((r[1].0, r[1].1), (OPT_STARTTLS, REP_ERR_INVALID));
+        assert_eq!(r[2], (OPT_STARTTLS, REP_ACK, vec![]));
+        assert!(!n.tls_active());
+        n.tls_started();
+        assert!(n.tls_active());
+        let mut input = option(OPT_STARTTLS, &[]);
+        input.extend(option(OPT_LIST, &[]));
+        input.extend(option(OPT_GO, &go_data("a", &[])));
+        let p = n.receive(&input).unwrap();
+        let Some(NegotiationOutcome::Transmission(s)) = p.outcome else { panic!("{p:?}") };
+        assert!(!s.structured_replies, "plaintext negotiation must not carry over into TLS");
+        let r = replies(&n.take_output());
+        assert_eq!((r[0].0, r[0].1), (OPT_STARTTLS, REP_ERR_INVALID));
+        assert_eq!(r[1], (OPT_LIST, REP_SERVER, vec![0, 0, 0, 1, b'a']));
+        assert!(r.iter().all(|x| x.1 != REP_ERR_TLS_REQD));
+    }
 }
 
 fn ctx(flags: u16) -> TransmissionContext {

@@ -160,7 +160,7 @@ pub fn greet(s: &mut TcpStream) {
 }
 
 /// Reads one option reply: (option, type, payload).
-pub fn read_option_reply(s: &mut TcpStream) -> (u32, u32, Vec<u8>) {
+pub fn read_option_reply(s: &mut impl Read) -> (u32, u32, Vec<u8>) {
     assert_eq!(read_u64(s), OPTION_REPLY_MAGIC);
     let opt = read_u32(s);
     let ty = read_u32(s);

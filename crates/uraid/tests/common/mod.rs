@@ -96,14 +96,25 @@ pub struct Served {
 impl Served {
     /// Serves on a Unix socket in `dir`; waits until the control socket answers.
     pub fn start(dir: &TempDir, members: &[PathBuf], extra: &[&str]) -> Served {
+        Served::spawn(dir, members, false, extra)
+    }
+
+    /// Serves on TCP on a free loopback port; `url` is the one the server printed (nbds://
+    /// under `--tls require`).
+    pub fn start_tcp(dir: &TempDir, members: &[PathBuf], extra: &[&str]) -> Served {
+        Served::spawn(dir, members, true, extra)
+    }
+
+    fn spawn(dir: &TempDir, members: &[PathBuf], tcp: bool, extra: &[&str]) -> Served {
         let sock = dir.path("nbd.sock");
         let control = dir.path("control.sock");
         let log = dir.path(&format!("serve-{}.log", std::process::id()));
         let logf = std::fs::File::create(&log).unwrap();
+        let listen = if tcp { ["--listen", "127.0.0.1:0"] } else { ["--unix", sock.to_str().unwrap()] };
         let mut args: Vec<String> = vec![
             "serve".into(),
-            "--unix".into(),
-            sock.display().to_string(),
+            listen[0].into(),
+            listen[1].into(),
             "--control".into(),
             control.display().to_string(),
             "--export-name".into(),
@@ -128,7 +139,7 @@ impl Served {
             // The control socket accepts connections from its bind on; the stop hint is
             // printed once the array is listed, just before the control socket is served.
             if std::os::unix::net::UnixStream::connect(&control).is_ok()
-                && sock.exists()
+                && (tcp || sock.exists())
                 && s.log_text().contains("uraid stop --control")
             {
                 break;
@@ -138,6 +149,15 @@ impl Served {
             }
             assert!(t0.elapsed() < Duration::from_secs(20), "uraid serve did not start:\n{}", s.log_text());
             std::thread::sleep(Duration::from_millis(20));
+        }
+        if tcp {
+            // "... on nbd://127.0.0.1:PORT/t, pid N"
+            let log = s.log_text();
+            let url = log.split_whitespace().find(|w| w.starts_with("nbd://") || w.starts_with("nbds://"));
+            s.url = url
+                .unwrap_or_else(|| panic!("no URL in the server's log:\n{log}"))
+                .trim_end_matches(',')
+                .into();
         }
         s
     }
