@@ -158,13 +158,14 @@ fn metrics_follow_io_a_fail_and_an_add() {
     let new_name = new.display().to_string();
     assert_eq!(get(&s, "uraid_member_state", &[("member", &new_name), ("state", "rebuilding")]), 1.0);
     ok(uraid(&["set", "sync_speed_max", "200000", "--control", &control]), "uraid set");
-    let s = wait_for(&url, "the rebuilt member", |s| get(s, "node_md_disks", &[("state", "active")]) == 3.0);
+    // The slot is in sync (node_md_disks) a moment before the superblock round names the
+    // device its member (uraid_member_state): both are waited for.
+    let s = wait_for(&url, "the rebuilt member", |s| {
+        get(s, "node_md_disks", &[("state", "active")]) == 3.0
+            && get(s, "uraid_member_state", &[("member", &new_name), ("state", "active")]) == 1.0
+    });
     assert_eq!(get(&s, "node_md_state", &[("state", "active")]), 1.0);
     assert_eq!(get(&s, "node_md_blocks_synced", &[]), blocks);
-    assert_eq!(
-        get(&s, "uraid_member_state", &[("member", &new.display().to_string()), ("state", "active")]),
-        1.0
-    );
     assert!(get(&s, "uraid_member_written_bytes_total", &[("member", &new.display().to_string())]) > 0.0);
     served.ctl("remove", Some(&members[1]));
     let s =
