@@ -1,12 +1,13 @@
 //! How fast background work runs while clients use the array. md's policy (`sync_policy
 //! md`): `sync_speed_min` whenever other I/O runs, `sync_speed_max` when idle, so a rebuild
 //! under any load crawls at the floor. The adaptive policy (the default) measures what the
-//! rebuild costs the clients instead: the mean latency of their reads and writes in short
-//! periods, against a baseline taken in periods where the rebuild is held at the floor,
-//! and raises the rate while it stays within `sync_latency_limit_pct` of the baseline
-//! (halving it when it does not). `sync_speed_min/max` stay the bounds. Deterministic: it
-//! sees only the engine's clock. Method and figures: docs/performance.md, "Rebuild under
-//! load".
+//! rebuild costs the clients instead: their requests completed per second and their mean
+//! time in the engine, in short periods, against a baseline taken in periods where the
+//! rebuild is held at the floor. It raises the rate while the clients keep more than
+//! 100/`sync_latency_limit_pct` of their pace and their latency stays within twice the
+//! limit, and halves it otherwise (see `Clients::over`). `sync_speed_min/max` stay the
+//! bounds. Deterministic: it sees only the engine's clock. Method and figures:
+//! docs/performance.md, "Rebuild under load".
 
 use crate::api::{RequestId, TimeNs};
 use crate::config::{SyncPolicy, Tunables};
@@ -43,6 +44,39 @@ impl Latencies {
     }
 }
 
+/// What the clients got in a period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Clients {
+    /// Their requests' mean time in the engine.
+    lat_ns: u64,
+    /// Their requests completed per second.
+    per_s: u64,
+}
+
+impl Clients {
+    fn mean(self, other: Clients) -> Clients {
+        Clients { lat_ns: (self.lat_ns + other.lat_ns) / 2, per_s: (self.per_s + other.per_s) / 2 }
+    }
+
+    /// The job costs the clients too much: they complete fewer than 100/limit of what they
+    /// did at the floor (a client that waits for each answer, as fio at an iodepth, slows
+    /// down by as much as its latency grows), or their latency grew past twice the limit
+    /// (a client that does not wait). A rise within LATENCY_SLACK_NS is never held against
+    /// the job: on memory-backed members the engine's share of a request's time is tens of
+    /// microseconds and swings by as much at the floor.
+    fn over(self, base: Clients, limit_pct: u64) -> bool {
+        let lat_cap = (base.lat_ns * 2 * limit_pct / 100).max(base.lat_ns + 4 * LATENCY_SLACK_NS);
+        self.per_s * limit_pct < base.per_s * 100 || self.lat_ns > lat_cap
+    }
+
+    /// Within half the allowed loss and rise.
+    fn well_within(self, base: Clients, limit_pct: u64) -> bool {
+        let half_pct = (100 + limit_pct) / 2;
+        let lat_ok = self.lat_ns <= (base.lat_ns * half_pct / 100).max(base.lat_ns + LATENCY_SLACK_NS);
+        lat_ok && self.per_s * half_pct >= base.per_s * 100
+    }
+}
+
 /// The adaptive policy's state; md's needs none.
 #[derive(Debug, Default)]
 pub(crate) struct Pacer {
@@ -55,9 +89,10 @@ pub(crate) struct Pacer {
     sync_bytes: u64,
     /// The rate the job runs at under load, KiB/s; 0 until the first period.
     rate_kib: u64,
-    baseline_ns: Option<u64>,
-    /// The smoothed latency the last judgement used.
-    last_ns: Option<u64>,
+    /// The clients at the floor (the last probe).
+    baseline: Option<Clients>,
+    /// What the last judgement used (smoothed).
+    last: Option<Clients>,
     /// Periods left of the probe under way (the floor held).
     probe_left: u32,
     next_probe_ns: TimeNs,
@@ -120,8 +155,11 @@ impl Pacer {
     }
 
     fn end_period(&mut self, min: u64, max: u64, limit_pct: u64, now_ns: TimeNs) {
-        let lat = self.lat.mean_ns();
         let elapsed_ns = now_ns - self.period_start_ns;
+        let clients = self.lat.mean_ns().map(|lat_ns| Clients {
+            lat_ns,
+            per_s: u64::from(self.lat.n) * 1_000_000_000 / elapsed_ns.max(1),
+        });
         let moved = self.client_bytes + self.sync_bytes;
         if self.client_bytes > 0 {
             self.share_pct = Some((self.sync_bytes * 100 / moved.max(1)) as u8);
@@ -132,31 +170,26 @@ impl Pacer {
         if self.probe_left > 0 {
             self.probe_left -= 1;
             if self.probe_left == 0 {
-                if let Some(p) = lat {
-                    self.baseline_ns = Some(p);
-                    self.last_ns = None;
+                if let Some(c) = clients {
+                    self.baseline = Some(c);
+                    self.last = None;
                 }
             }
         } else if now_ns >= self.next_probe_ns {
             self.probe_left = PROBE_PERIODS;
             self.next_probe_ns = now_ns + PROBE_EVERY_NS;
         } else {
-            // Over the limit: halve. Within half the allowed rise: double (a rebuild reaches
-            // its ceiling in a few periods when clients do not feel it). Else a quarter more.
-            // Judged on the mean of this period's latency and the last one's: one period's
-            // hiccup on a shared machine does not halve the rate.
-            let lat = lat.map(|p| self.last_ns.map_or(p, |last| (p + last) / 2));
-            self.last_ns = lat;
-            // The allowed rise is never below LATENCY_SLACK_NS: on memory-backed members the
-            // engine's share of a request's time is tens of microseconds and swings by as
-            // much between periods at the floor.
-            let limit = |base: u64, pct: u64| (base * pct / 100).max(base + LATENCY_SLACK_NS);
-            let raised = match (lat, self.baseline_ns) {
-                (Some(p), Some(base)) if p > limit(base, limit_pct) => None,
-                (Some(p), Some(base)) if p > limit(base, (100 + limit_pct) / 2) => {
+            // Judged on the mean of this period and the last: one period's hiccup on a
+            // shared machine does not halve the rate.
+            let now = clients.map(|c| self.last.map_or(c, |last| c.mean(last)));
+            self.last = now;
+            let raised = match (now, self.baseline) {
+                (Some(c), Some(base)) if c.over(base, limit_pct) => None,
+                (Some(c), Some(base)) if !c.well_within(base, limit_pct) => {
                     Some(self.rate_kib + self.rate_kib / 4 + 1)
                 }
-                // Well within the limit, or too few client requests to tell.
+                // Well within, or too few client requests to tell: double (a rebuild reaches
+                // its ceiling in a few periods when the clients do not feel it).
                 _ => Some(self.rate_kib * 2),
             };
             self.rate_kib = match raised {
@@ -175,11 +208,21 @@ impl Pacer {
 mod tests {
     use super::*;
 
+    /// How the model's clients behave.
+    #[derive(Clone, Copy)]
+    enum Model {
+        /// Each waits for its answer (fio at an iodepth): they complete fewer as their
+        /// latency grows.
+        Waiting,
+        /// They send at a fixed rate whatever the latency.
+        Fixed,
+    }
+
     /// Runs the pacer against a model of a device shared by the job and clients: each
     /// period the job moves what its rate allows, and the clients' latency grows with the
     /// job's share of `capacity_kib` (`slope`: latency added at the full capacity, as a
-    /// multiple of the base). Returns the rate of each period.
-    fn run(tun: &Tunables, capacity_kib: u64, slope: f64, seconds: u64) -> Vec<u64> {
+    /// multiple of the base, a disk-like 2 ms). Returns the rate of each period.
+    fn run(tun: &Tunables, capacity_kib: u64, slope: f64, model: Model, seconds: u64) -> Vec<u64> {
         let mut p = Pacer::default();
         let step_ns = PERIOD_NS / 10;
         let mut rates = Vec::new();
@@ -189,15 +232,17 @@ mod tests {
             let rate = p.rate_kib(tun, true, t);
             let moved_kib = rate.min(capacity_kib) * step_ns / 1_000_000_000;
             p.sync_started(moved_kib * 1024);
-            // A disk-like 2 ms: well above the slack.
             let base_us = 2000.0;
-            let lat_us = base_us * (1.0 + slope * rate.min(capacity_kib) as f64 / capacity_kib as f64);
-            for k in 0..50u64 {
+            let stretch = 1.0 + slope * rate.min(capacity_kib) as f64 / capacity_kib as f64;
+            let lat_us = base_us * stretch;
+            let n = match model {
+                Model::Waiting => (100.0 / stretch) as u64,
+                Model::Fixed => 100,
+            };
+            for _ in 0..n {
                 id += 1;
                 p.admitted(id, 4096, t);
-                // A spread: most at the latency, a few at twice it.
-                let l = if k % 50 == 0 { 2.0 * lat_us } else { lat_us };
-                p.completed(id, t + (l * 1000.0) as u64);
+                p.completed(id, t + (lat_us * 1000.0) as u64);
             }
             if t.is_multiple_of(PERIOD_NS) {
                 rates.push(rate);
@@ -205,6 +250,11 @@ mod tests {
             t += step_ns;
         }
         rates
+    }
+
+    fn tail_mean(rates: &[u64]) -> u64 {
+        let tail = &rates[rates.len() - 200..];
+        tail.iter().sum::<u64>() / tail.len() as u64
     }
 
     #[test]
@@ -218,7 +268,7 @@ mod tests {
     #[test]
     fn clients_that_do_not_suffer_let_the_job_reach_its_ceiling() {
         let tun = Tunables::default();
-        let rates = run(&tun, 1_000_000, 0.0, 20);
+        let rates = run(&tun, 1_000_000, 0.0, Model::Waiting, 20);
         let last = rates[rates.len() - 5..].iter().max().copied().unwrap();
         assert_eq!(last, tun.sync_speed_max_kib, "{rates:?}");
         // Probes hold the floor now and then: the baseline stays current.
@@ -226,24 +276,34 @@ mod tests {
     }
 
     #[test]
-    fn the_job_settles_where_the_clients_latency_meets_the_limit() {
-        // Latency doubles at the device's full capacity: 1.3x allows about 30% of it.
+    fn the_job_settles_where_waiting_clients_lose_what_the_limit_allows() {
+        // Latency doubles at the device's full capacity: clients that wait for each answer
+        // keep 1/1.3 of their pace up to about 30% of it.
         let tun = Tunables::default();
         let capacity = 150_000;
-        let rates = run(&tun, capacity, 1.0, 60);
-        let tail = &rates[rates.len() - 200..];
-        let mean = tail.iter().sum::<u64>() / tail.len() as u64;
-        assert!(mean > capacity / 10 && mean < capacity * 35 / 100, "mean {mean}: {tail:?}");
+        let mean = tail_mean(&run(&tun, capacity, 1.0, Model::Waiting, 60));
+        assert!(mean > capacity / 10 && mean < capacity * 35 / 100, "mean {mean}");
         // md's policy would have given the floor.
         assert!(mean > 10 * tun.sync_speed_min_kib, "{mean}");
     }
 
     #[test]
-    fn the_bounds_hold_and_a_latency_over_the_limit_halves_the_rate() {
+    fn clients_at_a_fixed_pace_are_held_to_twice_the_latency_limit() {
+        // Latency 5x at full capacity: 2.6x (twice 1.3) allows about 40% of it.
+        let tun = Tunables::default();
+        let capacity = 150_000;
+        let mean = tail_mean(&run(&tun, capacity, 4.0, Model::Fixed, 60));
+        assert!(mean > capacity / 10 && mean < capacity * 45 / 100, "mean {mean}");
+    }
+
+    #[test]
+    fn the_bounds_hold_and_clients_over_the_limit_halve_the_rate() {
         let tun = Tunables { sync_speed_min_kib: 5000, sync_speed_max_kib: 20_000, ..Tunables::default() };
-        let rates = run(&tun, 1_000_000, 0.0, 10);
+        let rates = run(&tun, 1_000_000, 0.0, Model::Waiting, 10);
         assert!(rates.iter().all(|&r| (5000..=20_000).contains(&r)), "{rates:?}");
-        let mut p = Pacer { rate_kib: 16_000, baseline_ns: Some(100_000), ..Pacer::default() };
+        // 400 completions a period at the floor; 40 now, at the same latency: halved.
+        let base = Clients { lat_ns: 1_000_000, per_s: 4000 };
+        let mut p = Pacer { rate_kib: 16_000, baseline: Some(base), ..Pacer::default() };
         p.next_probe_ns = u64::MAX;
         for i in 0..40 {
             p.admitted(i, 4096, 0);
@@ -251,5 +311,14 @@ mod tests {
         }
         p.end_period(5000, 20_000, 130, PERIOD_NS);
         assert_eq!(p.rate_kib, 8000);
+        // The same pace with a latency rise under the slack: raised.
+        p.baseline = Some(Clients { lat_ns: 950_000, per_s: 400 });
+        p.last = None;
+        for i in 0..40 {
+            p.admitted(i, 4096, PERIOD_NS);
+            p.completed(i, PERIOD_NS + 1_000_000);
+        }
+        p.end_period(5000, 20_000, 130, 2 * PERIOD_NS);
+        assert!(p.rate_kib > 8000, "{}", p.rate_kib);
     }
 }
