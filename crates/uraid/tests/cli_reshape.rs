@@ -1,0 +1,104 @@
+//! A raid5 grow md started and was stopped in the middle of (`mdadm --grow
+//! --raid-devices=5` with no backup file: mdadm moves the data offset down, md records
+//! `reshape_position`, `delta_disks`, `new_offset` and RESHAPE_ACTIVE). uraid assembles it,
+//! maps each sector by its side of the reshape position, and reads back what md held
+//! before the grow.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use uraid_core::meta::{feature, Superblock};
+
+fn read_sb(p: &Path) -> Superblock {
+    let b = std::fs::read(p).unwrap();
+    Superblock::parse(&b[4096..8192], 8).unwrap()
+}
+
+/// Member images md left mid-grow, and what md said of the array before the grow.
+struct MdGrow {
+    images: Vec<PathBuf>,
+    /// sha256 and bytes of the whole array before the grow (md's /dev/md0).
+    sha_before: String,
+    size_before: usize,
+}
+
+/// md in the VM: a 4-member raid5 (64 KiB chunk) on 32 MiB files filled with mdvm's
+/// pattern, a fifth member added, the grow to 5 started throttled and frozen partway.
+fn md_mid_grow(dir: &TempDir) -> MdGrow {
+    let images: Vec<PathBuf> = (0..5).map(|i| dir.path(&format!("m{i}"))).collect();
+    for p in &images {
+        let f = std::fs::File::create(p).unwrap();
+        f.set_len(32 << 20).unwrap();
+    }
+    let script = dir.path("grow.sh");
+    std::fs::write(
+        &script,
+        "set -e\n\
+         mdadm --create /dev/md0 --run --assume-clean --level=5 --raid-devices=4 --chunk=64 \
+         --metadata=1.2 /dev/vda /dev/vdb /dev/vdc /dev/vdd\n\
+         size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
+         mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
+         echo \"=== sha $(sha256sum /dev/md0)\"\n\
+         mdadm --add /dev/md0 /dev/vde\n\
+         echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
+         echo 200 > /proc/sys/dev/raid/speed_limit_max\n\
+         mdadm --grow /dev/md0 --raid-devices=5\n\
+         i=0\n\
+         while [ $i -lt 120 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
+         [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
+         echo frozen > /sys/block/md0/md/sync_action\n\
+         echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
+         mdadm --stop /dev/md0\n",
+    )
+    .unwrap();
+    let o = md_vm(&script, &images, false);
+    let out = text(&o);
+    assert!(o.status.success(), "md could not start the grow:\n{out}");
+    let field = |key: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("=== {key} ")))
+            .unwrap_or_else(|| panic!("no {key}:\n{out}"))
+            .trim()
+            .to_string()
+    };
+    let size_before = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    MdGrow { images, sha_before, size_before }
+}
+
+#[test]
+fn uraid_reads_an_array_md_left_mid_grow_as_md_held_it_before() {
+    let dir = TempDir::new("mdgrow");
+    let md = md_mid_grow(&dir);
+    // What md left on disk: the reshape fields uraid maps by.
+    let sb = read_sb(&md.images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.has(feature::NEW_OFFSET), "{sb:?}");
+    assert_eq!((sb.raid_disks, sb.delta_disks), (5, 1), "raid_disks is the new count");
+    assert!(sb.new_offset < 0, "mdadm moves the data offset down for a grow: {}", sb.new_offset);
+    assert!(
+        sb.reshape_position > 0 && sb.reshape_position < md.size_before as u64 / 512,
+        "md stopped partway: {}",
+        sb.reshape_position
+    );
+    let sums: Vec<String> = md.images.iter().map(|p| sha256_file(p)).collect();
+
+    // Writable: refused, saying why and what to do, and nothing written.
+    let o = bounded(
+        URAID,
+        &[&["serve", "--unix", dir.path("w.sock").to_str().unwrap()][..], &paths(&md.images)].concat(),
+        std::time::Duration::from_secs(20),
+    );
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("reshape") && t.contains("--read-only"), "{t}");
+
+    let served = Served::start(&dir, &md.images, &["--read-only"]);
+    assert!(served.log_text().contains("reshape from 4 to 5 members"), "{}", served.log_text());
+    let data = read_array(&dir, &served.url);
+    served.stop();
+    assert_eq!(data.len(), md.size_before, "md serves the old size until the reshape ends");
+    assert_eq!(sha256_bytes(&data), md.sha_before, "the array reads back as md held it before the grow");
+    let after: Vec<String> = md.images.iter().map(|p| sha256_file(p)).collect();
+    assert_eq!(sums, after, "a read-only start writes nothing");
+}
