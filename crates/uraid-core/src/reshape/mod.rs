@@ -12,6 +12,7 @@
 use crate::geometry::Geometry;
 
 mod io;
+pub mod run;
 
 /// Which geometry an array sector is mapped by during a reshape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -298,7 +298,7 @@ impl Mddev {
 
 /// P (and Q on raid6) of the data in byte range `rg` of `bufs`; `zero` (at least
 /// `rg.len()` bytes) stands in for the syndrome slots no data member fills.
-fn gen_parity(
+pub(crate) fn gen_parity(
     map: &StripeMap,
     bufs: &[Vec<u8>],
     rg: std::ops::Range<usize>,
