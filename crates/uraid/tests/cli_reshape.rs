@@ -6,10 +6,12 @@
 
 mod common;
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use uraid_core::meta::{feature, Superblock};
+use uraid_core::meta::{feature, plan_assembly, AssembleOptions, OfferedMember, Superblock};
+use uraid_core::reshape::run::{continue_reshape, ReshapeMembers, ReshapeProgress, ReshapeRun};
 
 fn read_sb(p: &Path) -> Superblock {
     let b = std::fs::read(p).unwrap();
@@ -101,4 +103,123 @@ fn uraid_reads_an_array_md_left_mid_grow_as_md_held_it_before() {
     assert_eq!(sha256_bytes(&data), md.sha_before, "the array reads back as md held it before the grow");
     let after: Vec<String> = md.images.iter().map(|p| sha256_file(p)).collect();
     assert_eq!(sums, after, "a read-only start writes nothing");
+}
+
+/// The member files as `continue_reshape` reaches them: sector-addressed, fsync'ed.
+struct Files(Vec<std::fs::File>);
+
+impl ReshapeMembers for Files {
+    fn read(&mut self, member: usize, device_sector: u64, len_sectors: u64) -> std::io::Result<Vec<u8>> {
+        let mut b = vec![0u8; (len_sectors * 512) as usize];
+        self.0[member].read_exact_at(&mut b, device_sector * 512)?;
+        Ok(b)
+    }
+    fn write(&mut self, member: usize, device_sector: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0[member].write_all_at(data, device_sector * 512)
+    }
+    fn flush(&mut self, member: usize) -> std::io::Result<()> {
+        self.0[member].sync_data()
+    }
+}
+
+/// uraid continues the reshape md left in `images` (offline), for at most `max_windows`.
+fn uraid_continue(images: &[PathBuf], max_windows: Option<usize>) -> ReshapeProgress {
+    let offered: Vec<OfferedMember> = images
+        .iter()
+        .enumerate()
+        .map(|(i, p)| OfferedMember {
+            name: format!("m{i}"),
+            dev_sectors: std::fs::metadata(p).unwrap().len() / 512,
+            superblock: Ok(read_sb(p)),
+            bitmap: None,
+        })
+        .collect();
+    let plan = plan_assembly(&offered, &AssembleOptions::default()).unwrap();
+    let reshape = plan.reshape.clone().expect("a reshape in progress");
+    let mut superblocks: Vec<Superblock> =
+        plan.slots.iter().map(|s| offered[s.as_ref().unwrap().member].superblock.clone().unwrap()).collect();
+    let files = plan
+        .slots
+        .iter()
+        .map(|s| {
+            let p = &images[s.as_ref().unwrap().member];
+            std::fs::OpenOptions::new().read(true).write(true).open(p).unwrap()
+        })
+        .collect();
+    let mut run = ReshapeRun::new(reshape).unwrap();
+    // Small windows so a few of them stop partway.
+    continue_reshape(&mut run, &mut superblocks, &mut Files(files), 2048, max_windows, 1_800_000_000).unwrap()
+}
+
+/// md in the VM on `images`: assembles, lets any reshape finish, then the sha256 of the
+/// first `len` bytes, the size, and `mismatch_cnt` after md's own check.
+fn md_after(dir: &TempDir, images: &[PathBuf], len: usize) -> (String, u64, u64, String) {
+    let script = dir.path("after.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "mdadm --examine /dev/vda\nmdadm --assemble /dev/md0 /dev/vd[a-e] || exit 3\n\
+             cat /proc/mdstat\n\
+             i=0; while [ $i -lt 300 ]; do [ \"$(cat /sys/block/md0/md/reshape_position)\" = none ] && \
+             grep -q idle /sys/block/md0/md/sync_action && break; sleep 1; i=$((i+1)); done\n\
+             echo \"=== reshape $(cat /sys/block/md0/md/reshape_position)\"\n\
+             echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
+             echo \"=== sha $(head -c {len} /dev/md0 | sha256sum)\"\n\
+             echo check > /sys/block/md0/md/sync_action\nsleep 1\n\
+             while ! grep -q idle /sys/block/md0/md/sync_action; do sleep 1; done\n\
+             echo \"=== mismatch $(cat /sys/block/md0/md/mismatch_cnt)\"\n\
+             mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
+        ),
+    )
+    .unwrap();
+    let o = md_vm(&script, images, false);
+    let out = text(&o);
+    assert!(o.status.success(), "md could not assemble:\n{out}");
+    let field = |key: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("=== {key} ")))
+            .unwrap_or_else(|| panic!("no {key}:\n{out}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(field("reshape"), "none", "md finished no reshape:\n{out}");
+    let sha = field("sha").split_whitespace().next().unwrap().to_string();
+    (sha, field("size").parse().unwrap(), field("mismatch").parse().unwrap(), out)
+}
+
+#[test]
+fn uraid_finishes_a_grow_md_started_and_md_finishes_one_uraid_continued() {
+    let dir = TempDir::new("mdgrow-continue");
+    let md = md_mid_grow(&dir);
+    let position = read_sb(&md.images[0]).reshape_position;
+
+    // (a) uraid moves a few windows from md's checkpoint and stops; md takes over.
+    let partial = TempDir::new("mdgrow-partial");
+    let copies: Vec<PathBuf> = md
+        .images
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let c = partial.path(&format!("m{i}"));
+            std::fs::copy(p, &c).unwrap();
+            c
+        })
+        .collect();
+    let got = uraid_continue(&copies, Some(3));
+    let ReshapeProgress::Checkpointed { position_sectors } = got else { panic!("{got:?}") };
+    assert!(position_sectors > position, "uraid moved windows: {position} -> {position_sectors}");
+    assert_eq!(read_sb(&copies[4]).reshape_position, position_sectors, "the checkpoint is on disk");
+    let (sha, _, mismatch, out) = md_after(&partial, &copies, md.size_before);
+    assert_eq!(sha, md.sha_before, "md finished uraid's checkpoint with the data intact:\n{out}");
+    assert_eq!(mismatch, 0, "{out}");
+
+    // (b) uraid finishes the reshape md started; md assembles the result.
+    assert_eq!(uraid_continue(&md.images, None), ReshapeProgress::Finished);
+    let sb = read_sb(&md.images[0]);
+    assert!(!sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::NEW_OFFSET), "{sb:?}");
+    assert_eq!(sb.data_offset, 1536, "data starts at the moved offset");
+    let (sha, size, mismatch, out) = md_after(&dir, &md.images, md.size_before);
+    assert_eq!(sha, md.sha_before, "the original extent is unchanged:\n{out}");
+    assert_eq!(size as usize, md.size_before / 3 * 4, "the array grew by a member's worth:\n{out}");
+    assert_eq!(mismatch, 0, "md's check finds the new parity consistent:\n{out}");
 }

@@ -210,6 +210,84 @@ impl ReshapeRun {
     }
 }
 
+/// The member devices a reshape is run on: absolute device sectors of each slot.
+pub trait ReshapeMembers {
+    fn read(&mut self, member: usize, device_sector: u64, len_sectors: u64) -> std::io::Result<Vec<u8>>;
+    fn write(&mut self, member: usize, device_sector: u64, data: &[u8]) -> std::io::Result<()>;
+    /// Everything written to `member` so far is durable.
+    fn flush(&mut self, member: usize) -> std::io::Result<()>;
+}
+
+/// How far `continue_reshape` got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReshapeProgress {
+    /// Stopped after the checkpoint at this position (array sectors), as asked.
+    Checkpointed { position_sectors: u64 },
+    /// The reshape is done and the superblocks say the new geometry.
+    Finished,
+}
+
+/// Runs `run` on `members` (offline: nothing else writes them meanwhile), window after
+/// window, each window's writes flushed before its checkpoint is written to every
+/// member's superblock (`superblocks[slot]`, updated in place) and flushed in turn. Stops
+/// after `max_windows` windows if given; at the end writes the finished superblocks. An
+/// I/O error stops it at once: the superblocks on disk then hold the last checkpoint.
+pub fn continue_reshape(
+    run: &mut ReshapeRun,
+    superblocks: &mut [Superblock],
+    members: &mut impl ReshapeMembers,
+    window_max_sectors: u64,
+    max_windows: Option<usize>,
+    utime: u64,
+) -> std::io::Result<ReshapeProgress> {
+    let n = run.geometry().next.raid_disks;
+    assert_eq!(superblocks.len(), n, "one superblock per slot");
+    let mut windows = 0;
+    while let Some(w) = run.next_window(window_max_sectors) {
+        if max_windows.is_some_and(|max| windows >= max) {
+            return Ok(ReshapeProgress::Checkpointed { position_sectors: run.position_sectors() });
+        }
+        let mut data = Vec::new();
+        for (_, e) in run.window_reads(w) {
+            data.extend_from_slice(&members.read(e.member, e.device_sector, e.len_sectors)?);
+        }
+        for wr in run.window_writes(w, &data) {
+            members.write(wr.member, wr.device_sector, &wr.data)?;
+        }
+        (0..n).try_for_each(|m| members.flush(m))?;
+        run.advance(w);
+        windows += 1;
+        record(run, superblocks, members, utime)?;
+    }
+    if !run.is_done() {
+        return Ok(ReshapeProgress::Checkpointed { position_sectors: run.position_sectors() });
+    }
+    if superblocks.iter().any(|sb| sb.has(feature::RESHAPE_ACTIVE)) {
+        record(run, superblocks, members, utime)?;
+    }
+    Ok(ReshapeProgress::Finished)
+}
+
+/// One superblock round: the checkpoint (or, once done, the finished geometry) on every
+/// member with the next event count, then flushed.
+fn record(
+    run: &ReshapeRun,
+    superblocks: &mut [Superblock],
+    members: &mut impl ReshapeMembers,
+    utime: u64,
+) -> std::io::Result<()> {
+    let events = superblocks.iter().map(|sb| sb.events).max().unwrap_or(0) + 1;
+    for (m, sb) in superblocks.iter_mut().enumerate() {
+        *sb = if run.is_done() {
+            run.finished_superblock(sb, events, utime)
+        } else {
+            run.checkpoint_superblock(sb, events, utime)
+        };
+        members.write(m, sb.super_offset, &sb.update_csum())?;
+    }
+    (0..superblocks.len()).try_for_each(|m| members.flush(m))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
