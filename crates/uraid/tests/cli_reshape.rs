@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use uraid_core::meta::{feature, plan_assembly, AssembleOptions, OfferedMember, Superblock};
 use uraid_core::reshape::run::{continue_reshape, ReshapeMembers, ReshapeProgress, ReshapeRun};
+use uraid_core::reshape::start::{start_grow, GrowMember};
 
 fn read_sb(p: &Path) -> Superblock {
     let b = std::fs::read(p).unwrap();
@@ -222,4 +223,53 @@ fn uraid_finishes_a_grow_md_started_and_md_finishes_one_uraid_continued() {
     assert_eq!(sha, md.sha_before, "the original extent is unchanged:\n{out}");
     assert_eq!(size as usize, md.size_before / 3 * 4, "the array grew by a member's worth:\n{out}");
     assert_eq!(mismatch, 0, "md's check finds the new parity consistent:\n{out}");
+}
+
+#[test]
+fn uraid_starts_a_grow_as_mdadm_does_and_md_finishes_it() {
+    let dir = TempDir::new("uraidgrow");
+    let images: Vec<PathBuf> = (0..5).map(|i| dir.path(&format!("m{i}"))).collect();
+    for p in &images {
+        std::fs::File::create(p).unwrap().set_len(32 << 20).unwrap();
+    }
+    let script = dir.path("make.sh");
+    std::fs::write(
+        &script,
+        "set -e\n\
+         mdadm --create /dev/md0 --run --assume-clean --level=5 --raid-devices=4 --chunk=64 \
+         --metadata=1.2 /dev/vda /dev/vdb /dev/vdc /dev/vdd\n\
+         size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
+         mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
+         echo \"=== sha $(sha256sum /dev/md0)\"\nmdadm --stop /dev/md0\n",
+    )
+    .unwrap();
+    let o = md_vm(&script, &images[..4], false);
+    let out = text(&o);
+    assert!(o.status.success(), "md could not make the array:\n{out}");
+    let field = |key: &str| -> String {
+        out.lines().find_map(|l| l.strip_prefix(&format!("=== {key} "))).unwrap().trim().to_string()
+    };
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+
+    let old: Vec<Superblock> = images[..4].iter().map(|p| read_sb(p)).collect();
+    let new = GrowMember { dev_sectors: (32 << 20) / 512, device_uuid: [0x5a; 16] };
+    let (superblocks, geo) = start_grow(&old, &[new], 1_800_000_000).unwrap();
+    assert_eq!(superblocks[0].new_offset, -512, "mdadm's offset change for 4 to 5 members");
+    assert_eq!((geo.previous.raid_disks, geo.next.raid_disks), (4, 5));
+    for (p, sb) in images.iter().zip(&superblocks) {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(&sb.clone().update_csum(), sb.super_offset * 512).unwrap();
+        f.sync_data().unwrap();
+    }
+    // uraid moves the first windows, then md assembles what uraid left and finishes it.
+    let got = uraid_continue(&images, Some(3));
+    assert!(
+        matches!(got, ReshapeProgress::Checkpointed { position_sectors } if position_sectors > 0),
+        "{got:?}"
+    );
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "md finished the grow uraid started with the data intact:\n{out}");
+    assert_eq!(size as usize, size_before / 3 * 4, "{out}");
+    assert_eq!(mismatch, 0, "{out}");
 }

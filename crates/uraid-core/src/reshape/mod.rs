@@ -13,6 +13,7 @@ use crate::geometry::Geometry;
 
 mod io;
 pub mod run;
+pub mod start;
 
 /// Which geometry an array sector is mapped by during a reshape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
