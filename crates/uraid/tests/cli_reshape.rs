@@ -27,24 +27,48 @@ struct MdGrow {
     size_before: usize,
 }
 
-/// md in the VM: a 4-member raid5 (64 KiB chunk) on 32 MiB files filled with mdvm's
-/// pattern, a fifth member added, the grow to 5 started throttled and frozen partway.
-fn md_mid_grow(dir: &TempDir) -> MdGrow {
+/// VM script lines: md makes a clean 4-member raid5 (64 KiB chunk) on vda..vdd, fills
+/// it with mdvm's pattern, and says its size and sha256.
+const MD_MAKE_RAID5: &str = "set -e\n\
+     mdadm --create /dev/md0 --run --assume-clean --level=5 --raid-devices=4 --chunk=64 \
+     --metadata=1.2 /dev/vda /dev/vdb /dev/vdc /dev/vdd\n\
+     size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
+     mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
+     echo \"=== sha $(sha256sum /dev/md0)\"\n";
+
+/// Five 32 MiB member files in `dir`.
+fn member_files(dir: &TempDir) -> Vec<PathBuf> {
     let images: Vec<PathBuf> = (0..5).map(|i| dir.path(&format!("m{i}"))).collect();
     for p in &images {
-        let f = std::fs::File::create(p).unwrap();
-        f.set_len(32 << 20).unwrap();
+        std::fs::File::create(p).unwrap().set_len(32 << 20).unwrap();
     }
-    let script = dir.path("grow.sh");
-    std::fs::write(
-        &script,
-        "set -e\n\
-         mdadm --create /dev/md0 --run --assume-clean --level=5 --raid-devices=4 --chunk=64 \
-         --metadata=1.2 /dev/vda /dev/vdb /dev/vdc /dev/vdd\n\
-         size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
-         mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
-         echo \"=== sha $(sha256sum /dev/md0)\"\n\
-         mdadm --add /dev/md0 /dev/vde\n\
+    images
+}
+
+/// Runs `script` in the md VM on `images`; its output and the value of `=== KEY value`.
+fn md_run(dir: &TempDir, script: &str, images: &[PathBuf]) -> (String, impl Fn(&str) -> String) {
+    let path = dir.path("script.sh");
+    std::fs::write(&path, script).unwrap();
+    let o = md_vm(&path, images, false);
+    let out = text(&o);
+    assert!(o.status.success(), "the md VM script failed:\n{out}");
+    let text = out.clone();
+    let field = move |key: &str| -> String {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("=== {key} ")))
+            .unwrap_or_else(|| panic!("no {key}:\n{text}"))
+            .trim()
+            .to_string()
+    };
+    (out, field)
+}
+
+/// md in the VM: the raid5 of `MD_MAKE_RAID5`, a fifth member added, the grow to 5
+/// started throttled and frozen partway.
+fn md_mid_grow(dir: &TempDir) -> MdGrow {
+    let images = member_files(dir);
+    let script = format!(
+        "{MD_MAKE_RAID5}mdadm --add /dev/md0 /dev/vde\n\
          echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
          echo 200 > /proc/sys/dev/raid/speed_limit_max\n\
          mdadm --grow /dev/md0 --raid-devices=5\n\
@@ -53,19 +77,9 @@ fn md_mid_grow(dir: &TempDir) -> MdGrow {
          [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
          echo frozen > /sys/block/md0/md/sync_action\n\
          echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
-         mdadm --stop /dev/md0\n",
-    )
-    .unwrap();
-    let o = md_vm(&script, &images, false);
-    let out = text(&o);
-    assert!(o.status.success(), "md could not start the grow:\n{out}");
-    let field = |key: &str| -> String {
-        out.lines()
-            .find_map(|l| l.strip_prefix(&format!("=== {key} ")))
-            .unwrap_or_else(|| panic!("no {key}:\n{out}"))
-            .trim()
-            .to_string()
-    };
+         mdadm --stop /dev/md0\n"
+    );
+    let (_, field) = md_run(dir, &script, &images);
     let size_before = field("size").parse().unwrap();
     let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
     MdGrow { images, sha_before, size_before }
@@ -155,34 +169,20 @@ fn uraid_continue(images: &[PathBuf], max_windows: Option<usize>) -> ReshapeProg
 /// md in the VM on `images`: assembles, lets any reshape finish, then the sha256 of the
 /// first `len` bytes, the size, and `mismatch_cnt` after md's own check.
 fn md_after(dir: &TempDir, images: &[PathBuf], len: usize) -> (String, u64, u64, String) {
-    let script = dir.path("after.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "mdadm --examine /dev/vda\nmdadm --assemble /dev/md0 /dev/vd[a-e] || exit 3\n\
-             cat /proc/mdstat\n\
-             i=0; while [ $i -lt 300 ]; do [ \"$(cat /sys/block/md0/md/reshape_position)\" = none ] && \
-             grep -q idle /sys/block/md0/md/sync_action && break; sleep 1; i=$((i+1)); done\n\
-             echo \"=== reshape $(cat /sys/block/md0/md/reshape_position)\"\n\
-             echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
-             echo \"=== sha $(head -c {len} /dev/md0 | sha256sum)\"\n\
-             echo check > /sys/block/md0/md/sync_action\nsleep 1\n\
-             while ! grep -q idle /sys/block/md0/md/sync_action; do sleep 1; done\n\
-             echo \"=== mismatch $(cat /sys/block/md0/md/mismatch_cnt)\"\n\
-             mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
-        ),
-    )
-    .unwrap();
-    let o = md_vm(&script, images, false);
-    let out = text(&o);
-    assert!(o.status.success(), "md could not assemble:\n{out}");
-    let field = |key: &str| -> String {
-        out.lines()
-            .find_map(|l| l.strip_prefix(&format!("=== {key} ")))
-            .unwrap_or_else(|| panic!("no {key}:\n{out}"))
-            .trim()
-            .to_string()
-    };
+    let script = format!(
+        "mdadm --examine /dev/vda\nmdadm --assemble /dev/md0 /dev/vd[a-e] || exit 3\n\
+         cat /proc/mdstat\n\
+         i=0; while [ $i -lt 300 ]; do [ \"$(cat /sys/block/md0/md/reshape_position)\" = none ] && \
+         grep -q idle /sys/block/md0/md/sync_action && break; sleep 1; i=$((i+1)); done\n\
+         echo \"=== reshape $(cat /sys/block/md0/md/reshape_position)\"\n\
+         echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
+         echo \"=== sha $(head -c {len} /dev/md0 | sha256sum)\"\n\
+         echo check > /sys/block/md0/md/sync_action\nsleep 1\n\
+         while ! grep -q idle /sys/block/md0/md/sync_action; do sleep 1; done\n\
+         echo \"=== mismatch $(cat /sys/block/md0/md/mismatch_cnt)\"\n\
+         mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
+    );
+    let (out, field) = md_run(dir, &script, images);
     assert_eq!(field("reshape"), "none", "md finished no reshape:\n{out}");
     let sha = field("sha").split_whitespace().next().unwrap().to_string();
     (sha, field("size").parse().unwrap(), field("mismatch").parse().unwrap(), out)
@@ -228,27 +228,8 @@ fn uraid_finishes_a_grow_md_started_and_md_finishes_one_uraid_continued() {
 #[test]
 fn uraid_starts_a_grow_as_mdadm_does_and_md_finishes_it() {
     let dir = TempDir::new("uraidgrow");
-    let images: Vec<PathBuf> = (0..5).map(|i| dir.path(&format!("m{i}"))).collect();
-    for p in &images {
-        std::fs::File::create(p).unwrap().set_len(32 << 20).unwrap();
-    }
-    let script = dir.path("make.sh");
-    std::fs::write(
-        &script,
-        "set -e\n\
-         mdadm --create /dev/md0 --run --assume-clean --level=5 --raid-devices=4 --chunk=64 \
-         --metadata=1.2 /dev/vda /dev/vdb /dev/vdc /dev/vdd\n\
-         size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
-         mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
-         echo \"=== sha $(sha256sum /dev/md0)\"\nmdadm --stop /dev/md0\n",
-    )
-    .unwrap();
-    let o = md_vm(&script, &images[..4], false);
-    let out = text(&o);
-    assert!(o.status.success(), "md could not make the array:\n{out}");
-    let field = |key: &str| -> String {
-        out.lines().find_map(|l| l.strip_prefix(&format!("=== {key} "))).unwrap().trim().to_string()
-    };
+    let images = member_files(&dir);
+    let (_, field) = md_run(&dir, &format!("{MD_MAKE_RAID5}mdadm --stop /dev/md0\n"), &images[..4]);
     let size_before: usize = field("size").parse().unwrap();
     let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
 
