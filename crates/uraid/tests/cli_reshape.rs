@@ -27,18 +27,24 @@ struct MdGrow {
     size_before: usize,
 }
 
-/// VM script lines: md makes a clean 4-member raid5 (64 KiB chunk) on vda..vdd, fills
-/// it with mdvm's pattern, and says its size and sha256.
-const MD_MAKE_RAID5: &str = "set -e\n\
-     mdadm --create /dev/md0 --run --assume-clean --level=5 --raid-devices=4 --chunk=64 \
-     --metadata=1.2 /dev/vda /dev/vdb /dev/vdc /dev/vdd\n\
-     size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
-     mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
-     echo \"=== sha $(sha256sum /dev/md0)\"\n";
+/// VM script lines: md makes a clean raid`level` of the first `n` disks (64 KiB chunk),
+/// fills it with mdvm's pattern, and says its size and sha256.
+fn md_make(level: u32, n: usize) -> String {
+    let disks: Vec<String> = (0..n).map(|i| format!("/dev/vd{}", (b'a' + i as u8) as char)).collect();
+    format!(
+        "set -e\n\
+         mdadm --create /dev/md0 --run --assume-clean --level={level} --raid-devices={n} --chunk=64 \
+         --metadata=1.2 {}\n\
+         size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
+         mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
+         echo \"=== sha $(sha256sum /dev/md0)\"\n",
+        disks.join(" ")
+    )
+}
 
-/// Five 32 MiB member files in `dir`.
-fn member_files(dir: &TempDir) -> Vec<PathBuf> {
-    let images: Vec<PathBuf> = (0..5).map(|i| dir.path(&format!("m{i}"))).collect();
+/// `n` 32 MiB member files in `dir`.
+fn member_files(dir: &TempDir, n: usize) -> Vec<PathBuf> {
+    let images: Vec<PathBuf> = (0..n).map(|i| dir.path(&format!("m{i}"))).collect();
     for p in &images {
         std::fs::File::create(p).unwrap().set_len(32 << 20).unwrap();
     }
@@ -63,21 +69,24 @@ fn md_run(dir: &TempDir, script: &str, images: &[PathBuf]) -> (String, impl Fn(&
     (out, field)
 }
 
-/// md in the VM: the raid5 of `MD_MAKE_RAID5`, a fifth member added, the grow to 5
-/// started throttled and frozen partway.
-fn md_mid_grow(dir: &TempDir) -> MdGrow {
-    let images = member_files(dir);
+/// md in the VM: a raid`level` of `n` members made by `md_make`, one more member
+/// added, the grow to `n + 1` started throttled and frozen partway.
+fn md_mid_grow(dir: &TempDir, level: u32, n: usize) -> MdGrow {
+    let images = member_files(dir, n + 1);
+    let new = format!("/dev/vd{}", (b'a' + n as u8) as char);
     let script = format!(
-        "{MD_MAKE_RAID5}mdadm --add /dev/md0 /dev/vde\n\
+        "{}mdadm --add /dev/md0 {new}\n\
          echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
          echo 200 > /proc/sys/dev/raid/speed_limit_max\n\
-         mdadm --grow /dev/md0 --raid-devices=5\n\
+         mdadm --grow /dev/md0 --raid-devices={}\n\
          i=0\n\
          while [ $i -lt 120 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
          [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
          echo frozen > /sys/block/md0/md/sync_action\n\
          echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
-         mdadm --stop /dev/md0\n"
+         mdadm --stop /dev/md0\n",
+        md_make(level, n),
+        n + 1
     );
     let (_, field) = md_run(dir, &script, &images);
     let size_before = field("size").parse().unwrap();
@@ -88,7 +97,7 @@ fn md_mid_grow(dir: &TempDir) -> MdGrow {
 #[test]
 fn uraid_reads_an_array_md_left_mid_grow_as_md_held_it_before() {
     let dir = TempDir::new("mdgrow");
-    let md = md_mid_grow(&dir);
+    let md = md_mid_grow(&dir, 5, 4);
     // What md left on disk: the reshape fields uraid maps by.
     let sb = read_sb(&md.images[0]);
     assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.has(feature::NEW_OFFSET), "{sb:?}");
@@ -170,7 +179,7 @@ fn uraid_continue(images: &[PathBuf], max_windows: Option<usize>) -> ReshapeProg
 /// first `len` bytes, the size, and `mismatch_cnt` after md's own check.
 fn md_after(dir: &TempDir, images: &[PathBuf], len: usize) -> (String, u64, u64, String) {
     let script = format!(
-        "mdadm --examine /dev/vda\nmdadm --assemble /dev/md0 /dev/vd[a-e] || exit 3\n\
+        "mdadm --examine /dev/vda\nmdadm --assemble /dev/md0 /dev/vd? || exit 3\n\
          cat /proc/mdstat\n\
          i=0; while [ $i -lt 300 ]; do [ \"$(cat /sys/block/md0/md/reshape_position)\" = none ] && \
          grep -q idle /sys/block/md0/md/sync_action && break; sleep 1; i=$((i+1)); done\n\
@@ -191,7 +200,7 @@ fn md_after(dir: &TempDir, images: &[PathBuf], len: usize) -> (String, u64, u64,
 #[test]
 fn uraid_finishes_a_grow_md_started_and_md_finishes_one_uraid_continued() {
     let dir = TempDir::new("mdgrow-continue");
-    let md = md_mid_grow(&dir);
+    let md = md_mid_grow(&dir, 5, 4);
     let position = read_sb(&md.images[0]).reshape_position;
 
     // (a) uraid moves a few windows from md's checkpoint and stops; md takes over.
@@ -228,8 +237,8 @@ fn uraid_finishes_a_grow_md_started_and_md_finishes_one_uraid_continued() {
 #[test]
 fn uraid_starts_a_grow_as_mdadm_does_and_md_finishes_it() {
     let dir = TempDir::new("uraidgrow");
-    let images = member_files(&dir);
-    let (_, field) = md_run(&dir, &format!("{MD_MAKE_RAID5}mdadm --stop /dev/md0\n"), &images[..4]);
+    let images = member_files(&dir, 5);
+    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
     let size_before: usize = field("size").parse().unwrap();
     let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
 
@@ -253,4 +262,18 @@ fn uraid_starts_a_grow_as_mdadm_does_and_md_finishes_it() {
     assert_eq!(sha, sha_before, "md finished the grow uraid started with the data intact:\n{out}");
     assert_eq!(size as usize, size_before / 3 * 4, "{out}");
     assert_eq!(mismatch, 0, "{out}");
+}
+
+#[test]
+fn uraid_finishes_a_raid6_grow_md_started() {
+    let dir = TempDir::new("mdgrow6");
+    let md = md_mid_grow(&dir, 6, 5);
+    let sb = read_sb(&md.images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.reshape_position > 0, "md stopped partway: {sb:?}");
+    assert_eq!((sb.level, sb.raid_disks, sb.delta_disks), (6, 6, 1));
+    assert_eq!(uraid_continue(&md.images, None), ReshapeProgress::Finished);
+    let (sha, size, mismatch, out) = md_after(&dir, &md.images, md.size_before);
+    assert_eq!(sha, md.sha_before, "the original extent is unchanged:\n{out}");
+    assert_eq!(size as usize, md.size_before / 3 * 4, "{out}");
+    assert_eq!(mismatch, 0, "md's check finds P and Q consistent:\n{out}");
 }
