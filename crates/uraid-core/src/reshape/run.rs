@@ -12,7 +12,6 @@
 use crate::geometry::Geometry;
 use crate::meta::superblock::{feature, Superblock};
 use crate::reshape::{ReshapeExtent, ReshapeGeometry, Side};
-use crate::stripe::gen_parity;
 
 /// Array sectors [start, end) of the next layout being moved; whole stripes of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,7 +152,7 @@ impl ReshapeRun {
                     bufs[m][rg.start..rg.start + n].copy_from_slice(&data[at..at + n]);
                 }
             }
-            gen_parity(&map, &bufs, rg.clone(), &zero, &mut p, &mut q);
+            map.gen_parity(&bufs, rg.clone(), &zero, &mut p, &mut q);
             bufs[map.pd_idx][rg.clone()].copy_from_slice(&p);
             if let Some(qd) = map.qd_idx {
                 bufs[qd][rg].copy_from_slice(&q);
@@ -359,7 +358,7 @@ mod tests {
                 })
                 .collect();
             let (mut p, mut q) = (vec![0u8; 4096], vec![0u8; 4096]);
-            gen_parity(&map, &bufs, rg, &[0u8; 4096], &mut p, &mut q);
+            map.gen_parity(&bufs, rg, &[0u8; 4096], &mut p, &mut q);
             assert_eq!(p, bufs[map.pd_idx], "{level:?} stripe {stripe} P");
             if let Some(qd) = map.qd_idx {
                 assert_eq!(q, bufs[qd], "{level:?} stripe {stripe} Q");

@@ -34,9 +34,6 @@ mod row_sync;
 mod scrub;
 mod write;
 
-/// P (and Q) of one stripe from its members' buffers: a reshape writes whole new stripes.
-pub(crate) use scrub::gen_parity;
-
 /// md's IO_THRESHOLD: delayed partial stripes start only while fewer stripes than this are
 /// pre-reading.
 const IO_THRESHOLD: usize = 1;
