@@ -424,13 +424,37 @@ pub fn plan_assembly(
             && sb.events < events
             && fresh.dev_roles.get(sb.dev_number as usize).copied() != Some(r);
         let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
+        let new_data_offset: u64 = sb.new_data_offset().try_into().unwrap_or(sb.data_offset);
+        // A member that missed only the round ending a reshape (a crash inside it): every
+        // window was moved before that round, so its data sits at its new offset and its
+        // data size is md_finish_reshape's.
+        let missed_reshape_end = !fresh.has(feature::RESHAPE_ACTIVE) && sb.has(feature::RESHAPE_ACTIVE);
+        if missed_reshape_end && sb.events >= events {
+            return Err(AssemblyError::ReshapeInProgress {
+                why: format!(
+                    "{name} records a reshape at the same event count as {} records none: the members \
+                     disagree; assemble with Linux md (mdadm --assemble) to sort it out; nothing was written",
+                    members[fresh_idx].name
+                ),
+            });
+        }
+        let (data_offset, data_size) = if missed_reshape_end && !too_old {
+            warnings.push(format!(
+                "{name} missed the superblock round that ended the reshape; its data is at the new \
+                 offset {new_data_offset}"
+            ));
+            let size = i128::from(sb.data_size) + i128::from(sb.data_offset) - i128::from(new_data_offset);
+            (new_data_offset, u64::try_from(size).unwrap_or(0))
+        } else {
+            (sb.data_offset, sb.data_size)
+        };
         let candidate = SlotMember {
             member: i,
             dev_number: sb.dev_number,
             sb_offset_sectors: sb.super_offset,
-            data_offset_sectors: sb.data_offset,
-            new_data_offset_sectors: sb.new_data_offset().try_into().unwrap_or(sb.data_offset),
-            data_size_sectors: sb.data_size,
+            data_offset_sectors: data_offset,
+            new_data_offset_sectors: new_data_offset,
+            data_size_sectors: data_size,
             recovery_offset_sectors: recovery,
             write_mostly: sb.devflags & super::superblock::devflags::WRITE_MOSTLY != 0,
         };
