@@ -35,7 +35,7 @@ impl Devs {
     fn cut(&mut self, salt: usize) {
         for (m, list) in self.pending.iter_mut().enumerate() {
             for (i, (at, data)) in list.drain(..).enumerate() {
-                if (i + salt) % 2 == 0 {
+                if (i + salt).is_multiple_of(2) {
                     self.durable[m][at..at + data.len()].copy_from_slice(&data);
                 }
             }
