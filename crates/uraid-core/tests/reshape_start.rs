@@ -73,3 +73,24 @@ fn grows_uraid_cannot_do_safely_are_refused_saying_what_to_do() {
         assert!(e.contains(hint) && e.contains("nothing was written"), "{what}: {e}");
     }
 }
+
+#[test]
+fn a_cut_inside_the_round_starting_the_grow_leaves_an_array_that_assembles_mid_reshape() {
+    // The new member's superblock (and one old member's) written, the others not yet.
+    let old = array(false);
+    let (sbs, geo) = start_grow(&old, &[NEW], 1).unwrap();
+    let on_disk = [old[0].clone(), sbs[1].clone(), old[2].clone(), old[3].clone(), sbs[4].clone()];
+    let offered: Vec<OfferedMember> = on_disk
+        .iter()
+        .enumerate()
+        .map(|(i, sb)| OfferedMember {
+            name: format!("m{i}"),
+            dev_sectors: DEV_SECTORS,
+            superblock: Superblock::parse(&sb.serialize(), 8),
+            bitmap: None,
+        })
+        .collect();
+    let plan = plan_assembly(&offered, &AssembleOptions::default()).unwrap();
+    assert_eq!(plan.reshape.as_ref(), Some(&geo), "{:?}", plan.warnings);
+    assert!(plan.slots.iter().all(|s| s.is_some()));
+}

@@ -326,11 +326,21 @@ pub fn plan_assembly(
         }
         return Err(AssemblyError::NoActiveMembers);
     };
+    // A member that missed only the round that started a grow (a crash inside it): at
+    // position 0 nothing has moved, so its data is where its older superblock says; it
+    // does not know the new members yet.
+    let missed_reshape_start = |sb: &Superblock| {
+        fresh.has(feature::RESHAPE_ACTIVE)
+            && !sb.has(feature::RESHAPE_ACTIVE)
+            && fresh.reshape_position == 0
+            && sb.events.saturating_add(1) == fresh.events
+            && i64::from(sb.raid_disks) == i64::from(fresh.raid_disks) - i64::from(fresh.delta_disks)
+    };
     group.retain(|&(i, sb)| {
         let same = sb.level == fresh.level
             && sb.layout == fresh.layout
             && sb.chunksize == fresh.chunksize
-            && sb.raid_disks == fresh.raid_disks;
+            && (sb.raid_disks == fresh.raid_disks || missed_reshape_start(sb));
         if !same {
             refused.push(RefusedMember {
                 index: i,
@@ -417,6 +427,7 @@ pub fn plan_assembly(
             && sb.events < events;
         let disowns_freshest = i != fresh_idx
             && !missed_its_activation
+            && !missed_reshape_start(sb)
             && fresh.slot().is_some_and(|s| fresh_slot_in_its_view != Some(s as u16));
         // The freshest superblock no longer lists it in its slot: it was failed or
         // removed since, whatever the event margin says.
@@ -424,7 +435,11 @@ pub fn plan_assembly(
             && sb.events < events
             && fresh.dev_roles.get(sb.dev_number as usize).copied() != Some(r);
         let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
-        let new_data_offset: u64 = sb.new_data_offset().try_into().unwrap_or(sb.data_offset);
+        let new_data_offset: u64 = if missed_reshape_start(sb) && fresh.has(feature::NEW_OFFSET) {
+            sb.data_offset.checked_add_signed(i64::from(fresh.new_offset)).unwrap_or(sb.data_offset)
+        } else {
+            sb.new_data_offset().try_into().unwrap_or(sb.data_offset)
+        };
         // A member that missed only the round ending a reshape (a crash inside it): every
         // window was moved before that round, so its data sits at its new offset and its
         // data size is md_finish_reshape's.
