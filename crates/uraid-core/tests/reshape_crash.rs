@@ -140,9 +140,10 @@ fn cut_everywhere(level: i32, n: usize) {
     assert_eq!(resume(&mut clean).unwrap(), ReshapeProgress::Finished);
     let total = clean.ios;
     assert_eq!(read_back(&clean, data.len()), data);
-    // Every I/O of the first windows, where the checkpoint rule is tightest, then a sample
-    // (every 7th) of the rest: each cut reruns the whole reshape.
-    for crash_at in (0..total).filter(|c| *c < 400 || c % 7 == 0) {
+    // Every I/O of the first windows, where the checkpoint rule is tightest, and of the
+    // last ones (the round that ends the reshape); a sample (every 7th) of the rest: each
+    // cut reruns the whole reshape.
+    for crash_at in (0..total).filter(|c| *c < 400 || c % 7 == 0 || c + 64 > total) {
         let (mut devs, _) = grown(level, n);
         devs.crash_at = Some(crash_at);
         assert!(resume(&mut devs).is_err(), "cut at I/O {crash_at}");
