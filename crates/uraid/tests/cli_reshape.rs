@@ -247,7 +247,8 @@ fn uraid_starts_a_grow_as_mdadm_does_and_md_finishes_it() {
     let (superblocks, geo) = start_grow(&old, &[new], 1_800_000_000).unwrap();
     assert_eq!(superblocks[0].new_offset, -512, "mdadm's offset change for 4 to 5 members");
     assert_eq!((geo.previous.raid_disks, geo.next.raid_disks), (4, 5));
-    for (p, sb) in images.iter().zip(&superblocks) {
+    // The new member first, as start_grow asks.
+    for (p, sb) in images.iter().zip(&superblocks).rev() {
         let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
         f.write_all_at(&sb.clone().update_csum(), sb.super_offset * 512).unwrap();
         f.sync_data().unwrap();

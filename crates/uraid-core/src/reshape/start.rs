@@ -48,9 +48,11 @@ fn earliest_data_sector(sb: &Superblock) -> u64 {
 }
 
 /// The superblocks of a grow of the array `superblocks` (its members in slot order, all
-/// present and in sync) by `new_members`, written to every member (the new ones last in
-/// slot order) before the reshape runs, and the reshape they describe. Refused, with
-/// nothing to write, where mdadm would need a backup file or uraid cannot follow.
+/// present and in sync) by `new_members` (returned last, in slot order), and the reshape
+/// they describe. Write the new members' superblocks first and flush them, then the
+/// others: a cut inside that round then leaves members one event behind that assembly
+/// takes back at position 0, never a slot without a superblock. Refused, with nothing to
+/// write, where mdadm would need a backup file or uraid cannot follow.
 pub fn start_grow(
     superblocks: &[Superblock],
     new_members: &[GrowMember],
