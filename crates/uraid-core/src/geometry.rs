@@ -228,6 +228,29 @@ pub struct StripeMap {
     pub syndrome_disks: usize,
 }
 
+impl StripeMap {
+    /// P (and Q on raid6) of the data in byte range `rg` of `bufs` (one buffer per
+    /// member); `zero` (at least `rg.len()` bytes) stands in for the syndrome slots no
+    /// data member fills. Used by scrub's repair and by a reshape's new stripes.
+    pub fn gen_parity(
+        &self,
+        bufs: &[Vec<u8>],
+        rg: std::ops::Range<usize>,
+        zero: &[u8],
+        p: &mut [u8],
+        q: &mut [u8],
+    ) {
+        let mut slots: Vec<&[u8]> = vec![&zero[..rg.len()]; self.syndrome_disks];
+        for (dd, &m) in self.data_members.iter().enumerate() {
+            slots[self.syndrome_slot[dd]] = &bufs[m][rg.clone()];
+        }
+        match self.qd_idx {
+            Some(_) => uraid_parity::gen_syndrome(&slots, p, q),
+            None => uraid_parity::xor_gen(&slots, p),
+        }
+    }
+}
+
 /// A located piece of an array range: `len_sectors` at `member_sector` on `member`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {

@@ -155,6 +155,12 @@ pub(crate) enum IoCtx {
     FuaFlush {
         req: RequestId,
     },
+    /// A read of an array md left mid-reshape, at an absolute device offset (`reshape`).
+    ReshapeRead {
+        req: RequestId,
+        len_sectors: u64,
+        dest_off: usize,
+    },
     BypassRead {
         req: RequestId,
         array_sector: u64,

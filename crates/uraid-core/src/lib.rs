@@ -21,6 +21,7 @@ mod personality;
 pub mod queue;
 mod rdev;
 pub mod replace;
+pub mod reshape;
 pub mod rng;
 pub mod scrub;
 pub mod sectors;

@@ -411,7 +411,7 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         array.name,
         level_name(array.geometry.level.md_level()),
         array.geometry.raid_disks,
-        human_bytes(array.geometry.array_bytes()),
+        human_bytes(uraid_nbd::BlockDevice::size_bytes(&*array.device)),
         std::process::id(),
         control_path.display(),
         control_path.display()

@@ -71,7 +71,17 @@ impl Array {
         tunables.hold_completions_on_member_failure = !opts.read_only;
         let config =
             ArrayConfig { geometry, members: plan.member_configs(), tunables, read_only: opts.read_only };
+        if plan.reshape.is_some() && !opts.read_only {
+            // Writes, and the superblock rounds they bring, would have to keep md's reshape
+            // fields and continue the reshape; uraid serves such an array read-only so far.
+            return Err(crate::reshape::unsupported(
+                "continuing a reshape (the array is mid-reshape; serve it --read-only to read it)",
+            ));
+        }
         let mut engine = Engine::new(config).map_err(|e| format!("the engine refused the array: {e}"))?;
+        if let Some(r) = &plan.reshape {
+            engine.set_reshape(r.clone())?;
+        }
         let mut members = Vec::new();
         let mut names = BTreeMap::new();
         let mut logs = Vec::new();

@@ -84,7 +84,7 @@ impl Array {
             sync_action: self.engine.sync_action().to_string(),
             last_sync_action: self.engine.last_sync_action().to_string(),
             mismatch_cnt: self.engine.mismatch_cnt(),
-            array_sectors: self.engine.geometry().array_sectors(),
+            array_sectors: self.engine.size_bytes() / 512,
         }
     }
 

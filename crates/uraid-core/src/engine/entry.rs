@@ -59,6 +59,7 @@ impl Mddev {
             start_pending: false,
             ppl: None,
             pacer: Default::default(),
+            reshape: None,
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();
@@ -106,7 +107,14 @@ impl Mddev {
     }
 
     pub(crate) fn size_bytes(&self) -> u64 {
-        self.geo.array_bytes()
+        match &self.reshape {
+            Some(r) => r.array_sectors() * SECTOR_BYTES,
+            None => self.geo.array_bytes(),
+        }
+    }
+
+    pub(crate) fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     pub(crate) fn is_failed(&self) -> bool {
@@ -198,6 +206,10 @@ impl Mddev {
     fn start_read(&mut self, led: &mut Ledger, id: RequestId, offset_bytes: u64, len_bytes: u64) {
         let sector = offset_bytes / SECTOR_BYTES;
         let len = len_bytes / SECTOR_BYTES;
+        if self.reshape.is_some() {
+            self.reshape_read(led, id, sector, len);
+            return;
+        }
         (self.pers.read)(self, led, id, sector, len);
     }
 
@@ -307,6 +319,9 @@ impl Mddev {
         match ctx {
             IoCtx::MemberFlush { flush } => self.member_flush_done(led, flush, member, result.is_ok()),
             IoCtx::FuaFlush { req } => self.fua_flush_done(led, req, member, result.is_ok()),
+            IoCtx::ReshapeRead { req, len_sectors, dest_off } => {
+                self.reshape_read_done(led, req, member, len_sectors, dest_off, result)
+            }
             ctx => self.io_done(led, ctx, member, result),
         }
         led.completing_write = None;

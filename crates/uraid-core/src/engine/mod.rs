@@ -20,6 +20,7 @@ use crate::ledger::{IoCtx, Ledger};
 use crate::meta::badblocks::BadBlocks;
 use crate::mirror::ReadFix;
 use crate::rdev::{MemberRt, Replacement, ReplacementStatus};
+use crate::reshape::ReshapeGeometry;
 use crate::stats::ArrayStats;
 use crate::stripe::{Ppl, StripeCache};
 use crate::sync::{
@@ -83,6 +84,9 @@ pub(crate) struct Mddev {
     pub(crate) ppl: Option<Box<Ppl>>,
     /// How fast background work runs under load (`sync_policy`).
     pub(crate) pacer: crate::sync::pacing::Pacer,
+    /// A reshape md left in progress: reads are mapped by its two geometries (`geo` is
+    /// the next one). Boxed and None otherwise.
+    pub(crate) reshape: Option<Box<ReshapeGeometry>>,
 }
 
 /// md's `struct md_personality`: what a level does differently, one static table per level
@@ -370,6 +374,18 @@ impl Engine {
     /// changes for other levels, or for chunks md could not log (below 4 KiB).
     pub fn enable_ppl(&mut self, signature: u32, areas: &[Option<(u64, u64)>]) {
         self.md.enable_ppl(signature, areas)
+    }
+
+    /// Serve an array md left mid-reshape (see `reshape`): the engine's geometry must be
+    /// the reshape's next one and the engine read-only (uraid does not yet continue a
+    /// reshape, and a write would have to land on the right side of it).
+    pub fn set_reshape(&mut self, reshape: ReshapeGeometry) -> Result<(), String> {
+        self.md.set_reshape(reshape)
+    }
+
+    /// The reshape md left in progress, if any.
+    pub fn reshape(&self) -> Option<&ReshapeGeometry> {
+        self.md.reshape.as_deref()
     }
 
     /// Does this engine log partial parity?

@@ -48,6 +48,19 @@ impl Mddev {
         self.push_io_at(led, slot, op, Some(offset_bytes), 0, len_sectors, data, ctx);
     }
 
+    /// Queue a read of `len_sectors` at absolute byte `offset_bytes` of the device in `slot`:
+    /// data laid out from another data offset than the member's (a reshape's two layouts).
+    pub(crate) fn issue_raw_read(
+        &mut self,
+        led: &mut Ledger,
+        slot: usize,
+        offset_bytes: u64,
+        len_sectors: u64,
+        ctx: IoCtx,
+    ) {
+        self.push_io_at(led, slot, MemberIoOp::Read, Some(offset_bytes), 0, len_sectors, IoBytes::new(), ctx);
+    }
+
     /// Queue one member I/O to engine member `member` (a slot, or a replacement).
     /// `raw_offset_bytes`: an absolute device offset instead of data-relative
     /// `member_sector` (and no bad-block bookkeeping for a write there).

@@ -186,7 +186,7 @@ impl Mddev {
                     }
                 }
             }
-            gen_parity(&map, bufs, rg.clone(), &zero, &mut p, &mut q);
+            map.gen_parity(bufs, rg.clone(), &zero, &mut p, &mut q);
             let p_bad = p[..] != bufs[map.pd_idx][rg.clone()];
             let q_bad = map.qd_idx.is_some_and(|qd| q[..] != bufs[qd][rg.clone()]);
             if !p_bad && !q_bad {
@@ -296,26 +296,6 @@ impl Mddev {
     }
 }
 
-/// P (and Q on raid6) of the data in byte range `rg` of `bufs`; `zero` (at least
-/// `rg.len()` bytes) stands in for the syndrome slots no data member fills.
-fn gen_parity(
-    map: &StripeMap,
-    bufs: &[Vec<u8>],
-    rg: std::ops::Range<usize>,
-    zero: &[u8],
-    p: &mut [u8],
-    q: &mut [u8],
-) {
-    let mut slots: Vec<&[u8]> = vec![&zero[..rg.len()]; map.syndrome_disks];
-    for (dd, &m) in map.data_members.iter().enumerate() {
-        slots[map.syndrome_slot[dd]] = &bufs[m][rg.clone()];
-    }
-    match map.qd_idx {
-        Some(_) => uraid_parity::gen_syndrome(&slots, p, q),
-        None => uraid_parity::xor_gen(&slots, p),
-    }
-}
-
 /// The byte range `rg` of the `lost` members (no more than the parity covers) solved
 /// from the others' in `bufs`: lost data from P (or Q, or both), then lost P and Q from
 /// the data.
@@ -354,7 +334,7 @@ fn solve_lost(map: &StripeMap, bufs: &mut [Vec<u8>], rg: std::ops::Range<usize>,
         return;
     }
     let (mut p, mut q) = (vec![0u8; rg.len()], vec![0u8; rg.len()]);
-    gen_parity(map, bufs, rg.clone(), &zero, &mut p, &mut q);
+    map.gen_parity(bufs, rg.clone(), &zero, &mut p, &mut q);
     if p_lost {
         bufs[map.pd_idx][rg.clone()].copy_from_slice(&p);
     }

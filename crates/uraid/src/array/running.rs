@@ -132,7 +132,8 @@ impl RunningArray {
         };
         let runtime = ArrayRuntime::start(array, executor, &rt_opts).context("starting the array thread")?;
         let handle = runtime.handle();
-        let device = Arc::new(ArrayDevice::new(handle.clone(), a.geometry.array_bytes(), opts.read_only));
+        // The size the engine serves: mid-reshape, md's old size until the reshape ends.
+        let device = Arc::new(ArrayDevice::new(handle.clone(), a.plan.array_sectors * 512, opts.read_only));
         let resumed = resumed_syncs(&a);
         let members = a.members.into_iter().enumerate().map(|(k, m)| (k as MemberKey, m)).collect();
         let arr = Arc::new(RunningArray {

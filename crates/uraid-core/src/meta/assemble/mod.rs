@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::bitmap::{BitmapError, BitmapImage};
 pub(crate) mod plan;
+mod reshape;
 pub use plan::*;
 
 use super::superblock::{feature, level, role, Superblock, SuperblockError, SuperblockVersion, MAX_SECTOR};
@@ -94,7 +95,10 @@ pub enum AssemblyError {
         expected: u32,
         missing_slots: Vec<u32>,
     },
-    ReshapeInProgress,
+    /// A reshape md left that uraid cannot take on; `why` says what and what to do.
+    ReshapeInProgress {
+        why: String,
+    },
     Unsupported {
         what: &'static str,
     },
@@ -167,11 +171,7 @@ impl fmt::Display for AssemblyError {
                  slots {missing_slots:?}): the array can run degraded; pass --run to start it \
                  anyway, or find the missing members"
             ),
-            ReshapeInProgress => write!(
-                f,
-                "a reshape is in progress on this array; uraid cannot continue it yet: let \
-                 Linux md finish it"
-            ),
+            ReshapeInProgress { why } => write!(f, "a reshape is in progress on this array: {why}"),
             Unsupported { what } => write!(f, "{what} is not supported yet"),
             Raid0MultiZoneLayout { layout } => write!(
                 f,
@@ -326,11 +326,21 @@ pub fn plan_assembly(
         }
         return Err(AssemblyError::NoActiveMembers);
     };
+    // A member that missed only the round that started a grow (a crash inside it): at
+    // position 0 nothing has moved, so its data is where its older superblock says; it
+    // does not know the new members yet.
+    let missed_reshape_start = |sb: &Superblock| {
+        fresh.has(feature::RESHAPE_ACTIVE)
+            && !sb.has(feature::RESHAPE_ACTIVE)
+            && fresh.reshape_position == 0
+            && sb.events.saturating_add(1) == fresh.events
+            && i64::from(sb.raid_disks) == i64::from(fresh.raid_disks) - i64::from(fresh.delta_disks)
+    };
     group.retain(|&(i, sb)| {
         let same = sb.level == fresh.level
             && sb.layout == fresh.layout
             && sb.chunksize == fresh.chunksize
-            && sb.raid_disks == fresh.raid_disks;
+            && (sb.raid_disks == fresh.raid_disks || missed_reshape_start(sb));
         if !same {
             refused.push(RefusedMember {
                 index: i,
@@ -345,8 +355,15 @@ pub fn plan_assembly(
         return Err(AssemblyError::Refused(refused));
     }
 
+    // A reshape md left: only raid4/5/6 growing by members is taken on (see `reshape`);
+    // the rest is refused here, before anything else is looked at.
     if fresh.has(feature::RESHAPE_ACTIVE) {
-        return Err(AssemblyError::ReshapeInProgress);
+        let parity = matches!(fresh.level, level::RAID4 | level::RAID5 | level::RAID6);
+        if !parity {
+            return Err(AssemblyError::ReshapeInProgress {
+                why: crate::reshape::unsupported(&format!("a reshape of a raid{} array", fresh.level)),
+            });
+        }
     }
     if fresh.has(feature::JOURNAL) {
         return Err(AssemblyError::Unsupported { what: "a raid5/6 write journal" });
@@ -410,6 +427,7 @@ pub fn plan_assembly(
             && sb.events < events;
         let disowns_freshest = i != fresh_idx
             && !missed_its_activation
+            && !missed_reshape_start(sb)
             && fresh.slot().is_some_and(|s| fresh_slot_in_its_view != Some(s as u16));
         // The freshest superblock no longer lists it in its slot: it was failed or
         // removed since, whatever the event margin says.
@@ -417,12 +435,41 @@ pub fn plan_assembly(
             && sb.events < events
             && fresh.dev_roles.get(sb.dev_number as usize).copied() != Some(r);
         let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
+        let new_data_offset: u64 = if missed_reshape_start(sb) && fresh.has(feature::NEW_OFFSET) {
+            sb.data_offset.checked_add_signed(i64::from(fresh.new_offset)).unwrap_or(sb.data_offset)
+        } else {
+            sb.new_data_offset().try_into().unwrap_or(sb.data_offset)
+        };
+        // A member that missed only the round ending a reshape (a crash inside it): every
+        // window was moved before that round, so its data sits at its new offset and its
+        // data size is md_finish_reshape's.
+        let missed_reshape_end = !fresh.has(feature::RESHAPE_ACTIVE) && sb.has(feature::RESHAPE_ACTIVE);
+        if missed_reshape_end && sb.events >= events {
+            return Err(AssemblyError::ReshapeInProgress {
+                why: format!(
+                    "{name} records a reshape at the same event count as {} records none: the members \
+                     disagree; assemble with Linux md (mdadm --assemble) to sort it out; nothing was written",
+                    members[fresh_idx].name
+                ),
+            });
+        }
+        let (data_offset, data_size) = if missed_reshape_end && !too_old {
+            warnings.push(format!(
+                "{name} missed the superblock round that ended the reshape; its data is at the new \
+                 offset {new_data_offset}"
+            ));
+            let size = i128::from(sb.data_size) + i128::from(sb.data_offset) - i128::from(new_data_offset);
+            (new_data_offset, u64::try_from(size).unwrap_or(0))
+        } else {
+            (sb.data_offset, sb.data_size)
+        };
         let candidate = SlotMember {
             member: i,
             dev_number: sb.dev_number,
             sb_offset_sectors: sb.super_offset,
-            data_offset_sectors: sb.data_offset,
-            data_size_sectors: sb.data_size,
+            data_offset_sectors: data_offset,
+            new_data_offset_sectors: new_data_offset,
+            data_size_sectors: data_size,
             recovery_offset_sectors: recovery,
             write_mostly: sb.devflags & super::superblock::devflags::WRITE_MOSTLY != 0,
         };
@@ -630,6 +677,21 @@ pub fn plan_assembly(
         _ => return Err(AssemblyError::Unsupported { what: "this raid level" }),
     };
 
+    let reshape = if fresh.has(feature::RESHAPE_ACTIVE) {
+        let r = plan_reshape(fresh, &slots, size_sectors)?;
+        warnings.push(format!(
+            "a reshape from {} to {} members is in progress at array sector {} of {}",
+            r.previous.raid_disks,
+            r.next.raid_disks,
+            r.position_sectors,
+            r.array_sectors()
+        ));
+        Some(r)
+    } else {
+        None
+    };
+    let array_sectors = reshape.as_ref().map_or(array_sectors, |r| r.array_sectors());
+
     // Bitmap: md reads it from the members; we use the freshest member's copy.
     let redundant = fresh.level >= 1;
     let degraded = !degraded_slots.is_empty();
@@ -724,7 +786,39 @@ pub fn plan_assembly(
         stale,
         degraded_slots,
         warnings,
+        reshape,
     })
+}
+
+/// The reshape the freshest superblock records, over the slots assembly chose. A degraded
+/// reshape, or one with a member still recovering, is refused: uraid does not continue it.
+fn plan_reshape(
+    fresh: &Superblock,
+    slots: &[Option<SlotMember>],
+    size_sectors: u64,
+) -> Result<crate::reshape::ReshapeGeometry, AssemblyError> {
+    let refuse = |why: String| AssemblyError::ReshapeInProgress { why };
+    let mut data_offsets = Vec::with_capacity(slots.len());
+    let mut new_data_offsets = Vec::with_capacity(slots.len());
+    for (slot, s) in slots.iter().enumerate() {
+        match s {
+            Some(m) if m.recovery_offset_sectors.is_none() => {
+                data_offsets.push(m.data_offset_sectors);
+                new_data_offsets.push(m.new_data_offset_sectors);
+            }
+            _ => {
+                return Err(refuse(crate::reshape::unsupported(&format!(
+                    "slot {slot} is missing or not in sync (a degraded reshape)"
+                ))))
+            }
+        }
+    }
+    if fresh.bitmap_sector().is_some() {
+        // md keeps the bitmap of the previous layout's sync space during a grow; uraid
+        // has not learned how it maps yet.
+        return Err(refuse(crate::reshape::unsupported("a reshape of an array with an internal bitmap")));
+    }
+    reshape::from_superblock(fresh, size_sectors, data_offsets, new_data_offsets).map_err(refuse)
 }
 
 #[cfg(test)]

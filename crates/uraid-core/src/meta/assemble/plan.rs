@@ -10,6 +10,9 @@ pub struct SlotMember {
     pub dev_number: u32,
     pub sb_offset_sectors: u64,
     pub data_offset_sectors: u64,
+    /// Where data starts once a reshape that moves it ends (md's `new_data_offset`);
+    /// `data_offset_sectors` when none is recorded.
+    pub new_data_offset_sectors: u64,
     pub data_size_sectors: u64,
     /// `Some(sector)`: rebuilt only up to this member sector (relative to data_offset);
     /// the rest must be recovered. `None`: in sync.
@@ -113,6 +116,9 @@ pub struct AssemblyPlan {
     pub stale: Vec<StaleMember>,
     pub degraded_slots: Vec<u32>,
     pub warnings: Vec<String>,
+    /// A reshape md left in progress (raid_disks, geometry and slots above are the new
+    /// layout's; `array_sectors` is what md serves until it ends).
+    pub reshape: Option<crate::reshape::ReshapeGeometry>,
 }
 
 impl AssemblyPlan {
@@ -138,11 +144,11 @@ impl AssemblyPlan {
             &member_sectors,
         )
         .map_err(|e| format!("the superblocks describe an impossible geometry: {e}"))?;
-        if geometry.array_sectors() != self.array_sectors {
+        let served = self.reshape.as_ref().map_or(geometry.array_sectors(), |r| r.array_sectors());
+        if served != self.array_sectors {
             return Err(format!(
                 "array size disagreement: the superblocks give {} sectors, the geometry {}",
-                self.array_sectors,
-                geometry.array_sectors()
+                self.array_sectors, served
             ));
         }
         Ok(geometry)

@@ -1,0 +1,67 @@
+//! A reshape md left in progress, read from the freshest superblock (md.c
+//! `super_1_validate`: raid_disks is the new count, `delta_disks` the change, `new_*` the
+//! next layout, `new_offset` the signed move of each member's data offset).
+
+use crate::geometry::Geometry;
+use crate::meta::superblock::{feature, Superblock};
+use crate::reshape::{unsupported, ReshapeGeometry};
+
+/// The reshape the freshest superblock records, for an array of `member_sectors` per
+/// member whose slots have `data_offsets`/`new_data_offsets` (device sectors, per slot of
+/// the new count). Only what uraid handles is accepted: a raid4/5/6 growing by members,
+/// forwards, same level, layout and chunk, with a moved data offset (no backup file).
+pub(crate) fn from_superblock(
+    sb: &Superblock,
+    member_sectors: u64,
+    data_offsets: Vec<u64>,
+    new_data_offsets: Vec<u64>,
+) -> Result<ReshapeGeometry, String> {
+    use crate::geometry::Level;
+    if !sb.has(feature::RESHAPE_ACTIVE) {
+        return Err("no reshape is recorded".into());
+    }
+    let level = Level::from_md_level(sb.level)
+        .filter(|l| l.has_parity())
+        .ok_or_else(|| unsupported(&format!("a reshape of a raid{} array", sb.level)))?;
+    if sb.new_level as i32 != sb.level {
+        return Err(unsupported(&format!("a level change (raid{} to raid{})", sb.level, sb.new_level)));
+    }
+    if sb.new_layout != sb.layout {
+        return Err(unsupported(&format!("a layout change ({} to {})", sb.layout, sb.new_layout)));
+    }
+    if sb.new_chunk != sb.chunksize {
+        return Err(unsupported(&format!("a chunk change ({} to {} sectors)", sb.chunksize, sb.new_chunk)));
+    }
+    let delta = sb.delta_disks;
+    if delta <= 0 {
+        return Err(unsupported(&format!("a reshape by {delta} members (only growing is handled)")));
+    }
+    if sb.has(feature::RESHAPE_BACKWARDS) {
+        return Err(unsupported("a backwards reshape (RESHAPE_BACKWARDS)"));
+    }
+    if !sb.has(feature::NEW_OFFSET) {
+        return Err(unsupported(
+            "a reshape without a moved data offset (md then relies on mdadm's backup file for the \
+             critical section)",
+        ));
+    }
+    let next_disks = sb.raid_disks as usize;
+    let previous_disks = next_disks
+        .checked_sub(delta as usize)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("delta_disks {delta} is more than raid_disks {next_disks}"))?;
+    let chunk = u64::from(sb.chunksize);
+    let prev = Geometry::new(level, previous_disks, sb.layout, chunk, &vec![member_sectors; previous_disks])?;
+    let next = Geometry::new(level, next_disks, sb.new_layout, chunk, &vec![member_sectors; next_disks])?;
+    let r = ReshapeGeometry::new(prev, next, sb.reshape_position, false, data_offsets, new_data_offsets)?;
+    // raid5.c run(): "reshape_position too early for auto-recovery": the next stripe of
+    // the new layout must be writable without touching what the previous layout holds.
+    let next_stripe = r.next.chunk_sectors * r.next.data_disks() as u64;
+    if !r.forwards_write_is_safe(r.position_sectors, r.position_sectors + next_stripe) {
+        return Err(unsupported(
+            "the reshape's new layout overlaps data not yet copied (md would need mdadm's backup \
+             file)",
+        ));
+    }
+    Ok(r)
+}

@@ -1,0 +1,404 @@
+//! Continuing a forwards reshape, one window at a time, as md's `reshape_request` does:
+//! the window's data is read in the previous layout (at `data_offset`), written as whole
+//! stripes of the next layout with their parity (at `new_data_offset`), made durable,
+//! and only then is `reshape_position` advanced in every superblock. A window never
+//! reaches, on any member, old data above the last checkpoint (md's `reshape_safe`), so a
+//! crash at any point leaves superblocks md or uraid resumes from with nothing lost: the
+//! window after the checkpoint is simply copied again.
+//!
+//! Pure: the caller performs the reads, writes, flushes and superblock writes in this
+//! order for each window: reads, writes, flush of every member, superblocks, flush.
+
+use crate::geometry::Geometry;
+use crate::meta::superblock::{feature, Superblock};
+use crate::reshape::{ReshapeExtent, ReshapeGeometry, Side};
+
+/// Array sectors [start, end) of the next layout being moved; whole stripes of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub start_sectors: u64,
+    pub end_sectors: u64,
+}
+
+/// One member write of a window: `data` at absolute `device_sector` of slot `member`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WindowWrite {
+    pub member: usize,
+    pub device_sector: u64,
+    pub data: Vec<u8>,
+}
+
+/// A forwards reshape being continued from its checkpoint.
+#[derive(Clone, Debug)]
+pub struct ReshapeRun {
+    /// `position_sectors` is the checkpoint: what the superblocks record as moved.
+    geo: ReshapeGeometry,
+}
+
+impl ReshapeRun {
+    /// Continue `geo` from its position. Refused, with nothing started, for what the
+    /// window rule does not cover: a backwards reshape, a level or chunk change, a
+    /// shrink, or a checkpoint from which the next stripe cannot be written safely.
+    pub fn new(geo: ReshapeGeometry) -> Result<ReshapeRun, String> {
+        use super::unsupported;
+        if geo.backwards {
+            return Err(unsupported("continuing a backwards reshape"));
+        }
+        if geo.previous.level != geo.next.level || geo.previous.chunk_sectors != geo.next.chunk_sectors {
+            return Err(unsupported("continuing a level or chunk change"));
+        }
+        if geo.next.raid_disks <= geo.previous.raid_disks {
+            return Err(unsupported("continuing a reshape that does not add members"));
+        }
+        let run = ReshapeRun { geo };
+        if !run.is_done() && run.next_window(u64::MAX).is_none() {
+            return Err(unsupported(
+                "the data offset leaves no room to write the next stripe (md would need mdadm's backup file)",
+            ));
+        }
+        Ok(run)
+    }
+
+    pub fn geometry(&self) -> &ReshapeGeometry {
+        &self.geo
+    }
+
+    /// The checkpoint, in array sectors (md's `reshape_position`).
+    pub fn position_sectors(&self) -> u64 {
+        self.geo.position_sectors
+    }
+
+    /// md reshapes every stripe of the next layout, those past the old end zero-filled.
+    pub fn end_sectors(&self) -> u64 {
+        self.geo.next.array_sectors()
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.geo.position_sectors >= self.end_sectors()
+    }
+
+    fn stripe_data_sectors(&self) -> u64 {
+        self.geo.next.chunk_sectors * self.geo.next.data_disks() as u64
+    }
+
+    /// The next window: whole stripes of the next layout from the checkpoint, as many as
+    /// md's `reshape_safe` rule allows against it, at most `max_sectors` (at least one
+    /// stripe). None when done, or when not even one stripe is safe.
+    pub fn next_window(&self, max_sectors: u64) -> Option<Window> {
+        let start = self.geo.position_sectors;
+        let stripe = self.stripe_data_sectors();
+        let end_max = self.end_sectors();
+        if start >= end_max || !self.geo.forwards_write_is_safe(start, start + stripe) {
+            return None;
+        }
+        // Grow by doubling, then back off to the last safe size: the rule is monotone.
+        let limit = max_sectors.max(stripe) / stripe;
+        let mut n = 1u64;
+        while n < limit
+            && start + 2 * n * stripe <= end_max
+            && self.geo.forwards_write_is_safe(start, start + 2 * n * stripe)
+        {
+            n *= 2;
+        }
+        let mut step = n / 2;
+        while step > 0 {
+            let m = n + step;
+            if m <= limit
+                && start + m * stripe <= end_max
+                && self.geo.forwards_write_is_safe(start, start + m * stripe)
+            {
+                n = m;
+            }
+            step /= 2;
+        }
+        Some(Window { start_sectors: start, end_sectors: (start + n * stripe).min(end_max) })
+    }
+
+    /// The previous layout's pieces holding the window's data (array sectors below the
+    /// previous layout's size; the rest is zeros): (array sector, where to read it).
+    pub fn window_reads(&self, w: Window) -> Vec<(u64, ReshapeExtent)> {
+        let end = w.end_sectors.min(self.geo.previous.array_sectors());
+        if w.start_sectors >= end {
+            return Vec::new();
+        }
+        // Mapped with the position at 0: all of it on the previous side.
+        let pieces = self.geo.map_range(w.start_sectors, end - w.start_sectors, 0);
+        debug_assert!(pieces.iter().all(|(_, e)| e.side == Side::Previous));
+        pieces
+    }
+
+    /// Bytes of the window's data `window_reads` gives (`data.len()`: those pieces' total).
+    /// Returns each member's rows of the next layout's stripes, parity computed.
+    pub fn window_writes(&self, w: Window, data: &[u8]) -> Vec<WindowWrite> {
+        let next: &Geometry = &self.geo.next;
+        let chunk = next.chunk_sectors;
+        let chunk_bytes = (chunk * 512) as usize;
+        let stripe = self.stripe_data_sectors();
+        let first = w.start_sectors / stripe;
+        let stripes = (w.end_sectors - w.start_sectors).div_ceil(stripe);
+        let rows_bytes = stripes as usize * chunk_bytes;
+        let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; rows_bytes]; next.raid_disks];
+        let zero = vec![0u8; chunk_bytes];
+        let mut p = vec![0u8; chunk_bytes];
+        let mut q = vec![0u8; chunk_bytes];
+        for i in 0..stripes {
+            let map = next.stripe_map(first + i);
+            let rg = i as usize * chunk_bytes..(i as usize + 1) * chunk_bytes;
+            for (dd, &m) in map.data_members.iter().enumerate() {
+                let at = ((first + i) * stripe + dd as u64 * chunk - w.start_sectors) * 512;
+                let at = at as usize;
+                if at < data.len() {
+                    let n = (data.len() - at).min(chunk_bytes);
+                    bufs[m][rg.start..rg.start + n].copy_from_slice(&data[at..at + n]);
+                }
+            }
+            map.gen_parity(&bufs, rg.clone(), &zero, &mut p, &mut q);
+            bufs[map.pd_idx][rg.clone()].copy_from_slice(&p);
+            if let Some(qd) = map.qd_idx {
+                bufs[qd][rg].copy_from_slice(&q);
+            }
+        }
+        bufs.into_iter()
+            .enumerate()
+            .map(|(m, data)| WindowWrite {
+                member: m,
+                device_sector: self.geo.device_sector(Side::Next, m, first * chunk),
+                data,
+            })
+            .collect()
+    }
+
+    /// The window's writes are durable on every member: the checkpoint moves to its end.
+    /// The caller writes `checkpoint_superblock` to every member before the next window.
+    pub fn advance(&mut self, w: Window) {
+        assert_eq!(w.start_sectors, self.geo.position_sectors, "windows are moved in order");
+        self.geo.position_sectors = w.end_sectors;
+    }
+
+    /// A member's superblock recording the checkpoint (md's super_1_sync during a
+    /// reshape): `reshape_position`, with the array's new event count.
+    pub fn checkpoint_superblock(&self, sb: &Superblock, events: u64, utime: u64) -> Superblock {
+        let mut sb = sb.clone();
+        sb.reshape_position = self.geo.position_sectors;
+        sb.events = events;
+        sb.utime = utime;
+        sb
+    }
+
+    /// A member's superblock once the reshape is done (md's end_reshape and
+    /// md_finish_reshape): the next layout is the layout, data starts at the new offset
+    /// and the member's data size gains what the offset gave back.
+    pub fn finished_superblock(&self, sb: &Superblock, events: u64, utime: u64) -> Superblock {
+        assert!(self.is_done(), "the reshape is not done");
+        let mut sb = sb.clone();
+        let new_offset = sb.new_data_offset();
+        let old_offset = i128::from(sb.data_offset);
+        let size = i128::from(sb.data_size) + old_offset - new_offset;
+        sb.data_offset = new_offset as u64;
+        sb.data_size = size as u64;
+        sb.feature_map &= !(feature::RESHAPE_ACTIVE | feature::NEW_OFFSET | feature::RESHAPE_BACKWARDS);
+        sb.level = sb.new_level as i32;
+        sb.layout = sb.new_layout;
+        sb.chunksize = sb.new_chunk;
+        sb.new_offset = 0;
+        sb.delta_disks = 0;
+        sb.reshape_position = 0;
+        sb.events = events;
+        sb.utime = utime;
+        sb
+    }
+}
+
+/// The member devices a reshape is run on: absolute device sectors of each slot.
+pub trait ReshapeMembers {
+    fn read(&mut self, member: usize, device_sector: u64, len_sectors: u64) -> std::io::Result<Vec<u8>>;
+    fn write(&mut self, member: usize, device_sector: u64, data: &[u8]) -> std::io::Result<()>;
+    /// Everything written to `member` so far is durable.
+    fn flush(&mut self, member: usize) -> std::io::Result<()>;
+}
+
+/// How far `continue_reshape` got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReshapeProgress {
+    /// Stopped after the checkpoint at this position (array sectors), as asked.
+    Checkpointed { position_sectors: u64 },
+    /// The reshape is done and the superblocks say the new geometry.
+    Finished,
+}
+
+/// Runs `run` on `members` (offline: nothing else writes them meanwhile), window after
+/// window, each window's writes flushed before its checkpoint is written to every
+/// member's superblock (`superblocks[slot]`, updated in place) and flushed in turn. Stops
+/// after `max_windows` windows if given; at the end writes the finished superblocks. An
+/// I/O error stops it at once: the superblocks on disk then hold the last checkpoint.
+pub fn continue_reshape(
+    run: &mut ReshapeRun,
+    superblocks: &mut [Superblock],
+    members: &mut impl ReshapeMembers,
+    window_max_sectors: u64,
+    max_windows: Option<usize>,
+    utime: u64,
+) -> std::io::Result<ReshapeProgress> {
+    let n = run.geometry().next.raid_disks;
+    assert_eq!(superblocks.len(), n, "one superblock per slot");
+    let mut windows = 0;
+    while let Some(w) = run.next_window(window_max_sectors) {
+        if max_windows.is_some_and(|max| windows >= max) {
+            return Ok(ReshapeProgress::Checkpointed { position_sectors: run.position_sectors() });
+        }
+        let mut data = Vec::new();
+        for (_, e) in run.window_reads(w) {
+            data.extend_from_slice(&members.read(e.member, e.device_sector, e.len_sectors)?);
+        }
+        for wr in run.window_writes(w, &data) {
+            members.write(wr.member, wr.device_sector, &wr.data)?;
+        }
+        (0..n).try_for_each(|m| members.flush(m))?;
+        run.advance(w);
+        windows += 1;
+        record(run, superblocks, members, utime)?;
+    }
+    if !run.is_done() {
+        return Ok(ReshapeProgress::Checkpointed { position_sectors: run.position_sectors() });
+    }
+    if superblocks.iter().any(|sb| sb.has(feature::RESHAPE_ACTIVE)) {
+        record(run, superblocks, members, utime)?;
+    }
+    Ok(ReshapeProgress::Finished)
+}
+
+/// One superblock round: the checkpoint (or, once done, the finished geometry) on every
+/// member with the next event count, then flushed.
+fn record(
+    run: &ReshapeRun,
+    superblocks: &mut [Superblock],
+    members: &mut impl ReshapeMembers,
+    utime: u64,
+) -> std::io::Result<()> {
+    let events = superblocks.iter().map(|sb| sb.events).max().unwrap_or(0) + 1;
+    for (m, sb) in superblocks.iter_mut().enumerate() {
+        *sb = if run.is_done() {
+            run.finished_superblock(sb, events, utime)
+        } else {
+            run.checkpoint_superblock(sb, events, utime)
+        };
+        members.write(m, sb.super_offset, &sb.update_csum())?;
+    }
+    (0..superblocks.len()).try_for_each(|m| members.flush(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::{algorithm, Level};
+
+    fn run(level: Level, from: usize, position: u64, offset_room: u64) -> ReshapeRun {
+        let g = |n| Geometry::new(level, n, algorithm::LEFT_SYMMETRIC, 8, &vec![256; n]).unwrap();
+        let n = from + 1;
+        let r =
+            ReshapeGeometry::new(g(from), g(n), position, false, vec![1024; n], vec![1024 - offset_room; n]);
+        ReshapeRun::new(r.unwrap()).unwrap()
+    }
+
+    /// Runs the reshape over in-memory devices laid out in the previous geometry from
+    /// `data`, then reads every array sector back through the final geometry.
+    /// `crash`: every window is first torn (its rows scribbled over, as a power cut in the
+    /// middle of its writes leaves them) and then done again from the same checkpoint, as
+    /// a restart does.
+    fn reshape_in_memory(level: Level, from: usize, room: u64, crash: bool) {
+        let mut r = run(level, from, 0, room);
+        let old = r.geometry().previous.clone();
+        let n = r.geometry().next.raid_disks;
+        let mut devs = vec![vec![0xEEu8; 2048 * 512]; n];
+        let data: Vec<u8> = (0..old.array_sectors() * 512).map(|i| (i * 7 % 251) as u8).collect();
+        for s in 0..old.array_sectors() {
+            let (e, _) = old.map_sector(s);
+            let at = ((1024 + e.member_sector) * 512) as usize;
+            devs[e.member][at..at + 512].copy_from_slice(&data[(s * 512) as usize..][..512]);
+        }
+        let mut windows = 0;
+        // Torn windows of up to 8 stripes: more than the checkpoint rule allows at first.
+        let max = if crash { 256 } else { 64 };
+        while let Some(w) = r.next_window(max) {
+            if crash {
+                for wr in r.window_writes(w, &[]) {
+                    let at = (wr.device_sector * 512) as usize;
+                    devs[wr.member][at..at + wr.data.len()].fill(0x5A);
+                }
+            }
+            let mut buf = Vec::new();
+            for (_, e) in r.window_reads(w) {
+                let at = (e.device_sector * 512) as usize;
+                buf.extend_from_slice(&devs[e.member][at..at + (e.len_sectors * 512) as usize]);
+            }
+            for wr in r.window_writes(w, &buf) {
+                let at = (wr.device_sector * 512) as usize;
+                devs[wr.member][at..at + wr.data.len()].copy_from_slice(&wr.data);
+            }
+            r.advance(w);
+            windows += 1;
+        }
+        assert!(r.is_done() && windows > 1);
+        let next = r.geometry().next.clone();
+        for s in 0..next.array_sectors() {
+            let (e, _) = next.map_sector(s);
+            let at = ((1024 - room + e.member_sector) * 512) as usize;
+            let want: &[u8] =
+                if s < old.array_sectors() { &data[(s * 512) as usize..][..512] } else { &[0u8; 512] };
+            assert_eq!(&devs[e.member][at..at + 512], want, "{level:?} sector {s}");
+        }
+        // Every new stripe's parity agrees with its data.
+        for stripe in 0..next.member_sectors[0] / 8 {
+            let map = next.stripe_map(stripe);
+            let rg = 0..8 * 512;
+            let bufs: Vec<Vec<u8>> = (0..n)
+                .map(|m| {
+                    let at = ((1024 - room + stripe * 8) * 512) as usize;
+                    devs[m][at..at + 8 * 512].to_vec()
+                })
+                .collect();
+            let (mut p, mut q) = (vec![0u8; 4096], vec![0u8; 4096]);
+            map.gen_parity(&bufs, rg, &[0u8; 4096], &mut p, &mut q);
+            assert_eq!(p, bufs[map.pd_idx], "{level:?} stripe {stripe} P");
+            if let Some(qd) = map.qd_idx {
+                assert_eq!(q, bufs[qd], "{level:?} stripe {stripe} Q");
+            }
+        }
+    }
+
+    #[test]
+    fn a_raid5_grow_run_to_the_end_reads_back_and_has_consistent_parity() {
+        reshape_in_memory(Level::Raid5, 4, 32, false);
+    }
+
+    #[test]
+    fn a_crash_in_any_window_loses_nothing_once_it_is_done_again() {
+        reshape_in_memory(Level::Raid5, 4, 32, true);
+        reshape_in_memory(Level::Raid6, 5, 16, true);
+    }
+
+    #[test]
+    fn a_raid6_grow_run_to_the_end_reads_back_and_has_consistent_parity() {
+        reshape_in_memory(Level::Raid6, 5, 32, false);
+    }
+
+    #[test]
+    fn windows_never_outrun_the_checkpoint_and_grow_as_the_gap_opens() {
+        let r = run(Level::Raid5, 4, 0, 32);
+        let w = r.next_window(u64::MAX).unwrap();
+        // 32 sectors of room = 4 chunks of 8: four new stripes fit before the old data.
+        assert_eq!(w, Window { start_sectors: 0, end_sectors: 4 * 32 });
+        assert!(r.geometry().forwards_write_is_safe(0, w.end_sectors));
+        assert!(!r.geometry().forwards_write_is_safe(0, w.end_sectors + 32));
+        let later = run(Level::Raid5, 4, 32 * 20, 32).next_window(u64::MAX).unwrap();
+        assert!(later.end_sectors - later.start_sectors > 4 * 32);
+    }
+
+    #[test]
+    fn no_room_to_write_is_refused_up_front() {
+        let g = |n| Geometry::new(Level::Raid5, n, algorithm::LEFT_SYMMETRIC, 8, &vec![256; n]).unwrap();
+        let r = ReshapeGeometry::new(g(4), g(5), 0, false, vec![1024; 5], vec![1024; 5]).unwrap();
+        let e = ReshapeRun::new(r).unwrap_err();
+        assert!(e.contains("no room"), "{e}");
+    }
+}

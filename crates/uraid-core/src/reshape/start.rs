@@ -1,0 +1,208 @@
+//! Starting a raid4/5/6 grow by members as mdadm does without a backup file (Grow.c
+//! `analyse_change`, `set_new_data_offset`): every member's data offset moves down by
+//! mdadm's `min_offset_change`, the size of a whole number of old and new stripes divided
+//! by the old data members, so the first new stripes land below the old data; then the
+//! superblocks record the new raid_disks, `delta_disks`, `new_offset` and RESHAPE_ACTIVE
+//! at `reshape_position` 0, as md writes them when it starts the reshape.
+
+use crate::geometry::{Geometry, Level};
+use crate::meta::superblock::{feature, role, Superblock, MAX_SECTOR};
+use crate::reshape::ReshapeGeometry;
+
+/// A device joining the array by the grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrowMember {
+    pub dev_sectors: u64,
+    pub device_uuid: [u8; 16],
+}
+
+/// What a refused grow says: what was wrong and what to do; nothing is written.
+fn refuse(what: &str, todo: &str) -> String {
+    format!("cannot grow the array: {what}; {todo}; nothing was written")
+}
+
+/// mdadm's `min_offset_change` for a grow from `old_data` to `new_data` data members:
+/// `compute_backup_blocks` (a whole number of stripes of both layouts) over `old_data`.
+pub fn min_offset_change_sectors(chunk_sectors: u64, old_data: u64, new_data: u64) -> u64 {
+    let (a, b) = (chunk_sectors * old_data, chunk_sectors * new_data);
+    let gcd = {
+        let (mut x, mut y) = (a, b);
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    a / gcd * b / old_data
+}
+
+/// The lowest sector data may start at on a member (mdadm's getinfo_super1 `earliest`):
+/// past the superblock's 36 KiB the kernel keeps, and the bad-block log.
+fn earliest_data_sector(sb: &Superblock) -> u64 {
+    let mut earliest = sb.super_offset + (32 + 4) * 2;
+    if sb.has(feature::BAD_BLOCKS) && sb.bblog_size > 0 {
+        let end =
+            sb.super_offset.saturating_add_signed(i64::from(sb.bblog_offset)) + u64::from(sb.bblog_size);
+        earliest = earliest.max(end);
+    }
+    earliest
+}
+
+/// The superblocks of a grow of the array `superblocks` (its members in slot order, all
+/// present and in sync) by `new_members` (returned last, in slot order), and the reshape
+/// they describe. Write the new members' superblocks first and flush them, then the
+/// others: a cut inside that round then leaves members one event behind that assembly
+/// takes back at position 0, never a slot without a superblock. Refused, with nothing to
+/// write, where mdadm would need a backup file or uraid cannot follow.
+pub fn start_grow(
+    superblocks: &[Superblock],
+    new_members: &[GrowMember],
+    utime: u64,
+) -> Result<(Vec<Superblock>, ReshapeGeometry), String> {
+    let reference = superblocks.first().ok_or_else(|| refuse("no members given", "give every member"))?;
+    let level = Level::from_md_level(reference.level).filter(|l| l.has_parity()).ok_or_else(|| {
+        refuse(
+            &format!("growing a raid{} by members is not handled", reference.level),
+            "uraid grows raid4/5/6",
+        )
+    })?;
+    if new_members.is_empty() {
+        return Err(refuse("no new member given", "give the devices to add"));
+    }
+    if reference.has(feature::RESHAPE_ACTIVE) {
+        return Err(refuse("a reshape is already in progress", "let it finish first"));
+    }
+    if reference.has(feature::BITMAP_OFFSET) {
+        return Err(refuse(
+            "the array has an internal bitmap, which uraid does not yet reshape",
+            "remove it first (mdadm --grow --bitmap=none)",
+        ));
+    }
+    if reference.has(feature::PPL | feature::MULTIPLE_PPLS | feature::JOURNAL) {
+        return Err(refuse(
+            "the array keeps a partial parity log or journal",
+            "switch it to resync first (mdadm --grow --consistency-policy=resync)",
+        ));
+    }
+    if reference.super_offset != 8 {
+        return Err(refuse("only a 1.2 superblock has its data offset moved by uraid", "use mdadm --grow"));
+    }
+    let raid_disks = reference.raid_disks as usize;
+    if superblocks.len() != raid_disks {
+        return Err(refuse(
+            &format!("{} of the {raid_disks} members given", superblocks.len()),
+            "a degraded array is not grown: rebuild it first",
+        ));
+    }
+    for (slot, sb) in superblocks.iter().enumerate() {
+        let same = sb.set_uuid == reference.set_uuid
+            && sb.events == reference.events
+            && sb.level == reference.level
+            && sb.layout == reference.layout
+            && sb.chunksize == reference.chunksize
+            && sb.raid_disks == reference.raid_disks;
+        if !same || sb.slot() != Some(slot as u32) || sb.has(feature::RECOVERY_OFFSET) {
+            return Err(refuse(
+                &format!("the member given for slot {slot} is not that slot's current, in-sync member"),
+                "give the members of one whole array in slot order",
+            ));
+        }
+        if sb.resync_offset != MAX_SECTOR {
+            return Err(refuse("the array was not shut down cleanly", "let its resync finish first"));
+        }
+    }
+    let chunk = u64::from(reference.chunksize);
+    let new_disks = raid_disks + new_members.len();
+    let parity = level.parity_disks() as u64;
+    let min = min_offset_change_sectors(chunk, raid_disks as u64 - parity, new_disks as u64 - parity);
+    for sb in superblocks {
+        let before = sb.data_offset.saturating_sub(earliest_data_sector(sb));
+        if before < min {
+            return Err(refuse(
+                &format!(
+                    "a member has {before} sectors before its data, the grow needs {min} to move the data \
+                     offset down (mdadm would need a backup file)"
+                ),
+                "use mdadm --grow with --backup-file",
+            ));
+        }
+    }
+    let data_offset = reference.data_offset;
+    let new_offset =
+        i32::try_from(min).map(|m| -m).map_err(|_| refuse("the offset change is too large", "use mdadm"))?;
+
+    // New members: the array's fields, their own identity, the next free dev_numbers, no
+    // bad-block log (none was read from them), data at the array's data offset.
+    let mut used: Vec<u32> = superblocks.iter().map(|sb| sb.dev_number).collect();
+    let mut all: Vec<Superblock> = superblocks.to_vec();
+    for (i, m) in new_members.iter().enumerate() {
+        let dev_number = (0u32..).find(|n| !used.contains(n)).unwrap_or(0);
+        used.push(dev_number);
+        let data_size = m.dev_sectors.checked_sub(data_offset).filter(|&s| s >= reference.size).ok_or_else(|| {
+            refuse(
+                &format!(
+                    "new member {i} has {} sectors, the array needs {} after the {data_offset}-sector data offset",
+                    m.dev_sectors, reference.size
+                ),
+                "give a larger device",
+            )
+        })?;
+        let mut sb = reference.clone();
+        sb.device_uuid = m.device_uuid;
+        sb.dev_number = dev_number;
+        sb.feature_map &= !(feature::RECOVERY_OFFSET | feature::REPLACEMENT | feature::BAD_BLOCKS);
+        sb.bblog_offset = 0;
+        sb.bblog_size = 0;
+        sb.bblog_shift = 0;
+        sb.recovery_offset = 0;
+        sb.cnt_corrected_read = 0;
+        sb.devflags = 0;
+        sb.data_size = data_size;
+        all.push(sb);
+    }
+    let max_dev =
+        all.iter().map(|sb| sb.max_dev).max().unwrap_or(0).max(used.iter().max().map_or(0, |m| m + 1));
+    let roles: Vec<(u32, u16)> = (raid_disks..new_disks).map(|slot| (used[slot], slot as u16)).collect();
+    let events = reference.events + 1;
+    for sb in &mut all {
+        sb.max_dev = max_dev;
+        sb.dev_roles.resize(max_dev as usize, role::SPARE);
+        for &(dev, slot) in &roles {
+            sb.dev_roles[dev as usize] = slot;
+        }
+        sb.raid_disks = new_disks as u32;
+        sb.delta_disks = new_members.len() as i32;
+        sb.new_level = sb.level as u32;
+        sb.new_layout = sb.layout;
+        sb.new_chunk = sb.chunksize;
+        sb.new_offset = new_offset;
+        sb.reshape_position = 0;
+        sb.feature_map |= feature::RESHAPE_ACTIVE | feature::NEW_OFFSET;
+        sb.events = events;
+        sb.utime = utime;
+    }
+    let g = |n: usize| Geometry::new(level, n, reference.layout, chunk, &vec![reference.size; n]);
+    let geo = ReshapeGeometry::new(
+        g(raid_disks)?,
+        g(new_disks)?,
+        0,
+        false,
+        vec![data_offset; new_disks],
+        vec![data_offset - min; new_disks],
+    )?;
+    Ok((all, geo))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_offset_change_is_mdadms() {
+        // What mdadm chose in the VM for 4 to 5 members with 64 KiB chunks: 512 sectors.
+        assert_eq!(min_offset_change_sectors(128, 3, 4), 512);
+        // 3 to 4 members of raid5: lcm(256, 384) / 2.
+        assert_eq!(min_offset_change_sectors(128, 2, 3), 384);
+        // Adding two: lcm(384, 640) / 3.
+        assert_eq!(min_offset_change_sectors(128, 3, 5), 640);
+    }
+}

@@ -1,0 +1,96 @@
+//! uraid starting a raid5 grow as mdadm does without a backup file: the superblocks it
+//! writes assemble as a reshape at position 0, and every grow it cannot do safely is
+//! refused, saying what to do, with nothing to write.
+
+use uraid_core::meta::*;
+use uraid_core::reshape::start::{start_grow, GrowMember};
+
+const DEV_SECTORS: u64 = 65536;
+
+fn array(bitmap: bool) -> Vec<Superblock> {
+    let mut p = CreateParams::new(5, vec![Some(DEV_SECTORS); 4]);
+    p.name = "t".into();
+    p.set_uuid = [7; 16];
+    p.device_uuids = (0..4).map(|i| [i as u8; 16]).collect();
+    p.chunk_kib = Some(64);
+    p.assume_clean = true;
+    p.bitmap = bitmap;
+    create_array(&p).unwrap().superblocks.into_iter().map(Option::unwrap).collect()
+}
+
+const NEW: GrowMember = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16] };
+
+#[test]
+fn a_grow_by_one_member_writes_superblocks_that_assemble_mid_reshape() {
+    let old = array(false);
+    let (sbs, geo) = start_grow(&old, &[NEW], 1).unwrap();
+    assert_eq!(sbs.len(), 5);
+    for sb in &sbs {
+        assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.has(feature::NEW_OFFSET));
+        assert_eq!((sb.raid_disks, sb.delta_disks, sb.new_offset, sb.reshape_position), (5, 1, -512, 0));
+        assert_eq!(sb.events, old[0].events + 1);
+        assert_eq!(sb.dev_roles[sbs[4].dev_number as usize], 4, "every member lists the new one");
+    }
+    assert_eq!(sbs[4].device_uuid, [9; 16]);
+    assert!(!sbs[4].has(feature::RECOVERY_OFFSET), "md counts a grown-into slot in sync");
+    let offered: Vec<OfferedMember> = sbs
+        .iter()
+        .enumerate()
+        .map(|(i, sb)| OfferedMember {
+            name: format!("m{i}"),
+            dev_sectors: DEV_SECTORS,
+            superblock: Superblock::parse(&sb.serialize(), 8),
+            bitmap: None,
+        })
+        .collect();
+    let plan = plan_assembly(&offered, &AssembleOptions::default()).unwrap();
+    assert_eq!(plan.reshape.as_ref(), Some(&geo));
+    assert_eq!(plan.array_sectors, geo.previous.array_sectors());
+}
+
+#[test]
+fn grows_uraid_cannot_do_safely_are_refused_saying_what_to_do() {
+    let ok = array(false);
+    let mut dirty = ok.clone();
+    dirty.iter_mut().for_each(|sb| sb.resync_offset = 0);
+    let mut cramped = ok.clone();
+    cramped.iter_mut().for_each(|sb| {
+        sb.data_offset = 128;
+        sb.data_size = DEV_SECTORS - 128;
+    });
+    let small = GrowMember { dev_sectors: DEV_SECTORS / 2, device_uuid: [9; 16] };
+    let cases: Vec<(&str, Vec<Superblock>, Vec<GrowMember>, &str)> = vec![
+        ("bitmap", array(true), vec![NEW], "bitmap=none"),
+        ("degraded", ok[..3].to_vec(), vec![NEW], "rebuild it first"),
+        ("dirty", dirty, vec![NEW], "resync"),
+        ("no head room", cramped, vec![NEW], "backup-file"),
+        ("small new member", ok.clone(), vec![small], "larger device"),
+        ("nothing to add", ok.clone(), vec![], "devices to add"),
+        ("out of order", ok.iter().rev().cloned().collect(), vec![NEW], "slot order"),
+    ];
+    for (what, sbs, new, hint) in cases {
+        let e = start_grow(&sbs, &new, 1).unwrap_err();
+        assert!(e.contains(hint) && e.contains("nothing was written"), "{what}: {e}");
+    }
+}
+
+#[test]
+fn a_cut_inside_the_round_starting_the_grow_leaves_an_array_that_assembles_mid_reshape() {
+    // The new member's superblock (and one old member's) written, the others not yet.
+    let old = array(false);
+    let (sbs, geo) = start_grow(&old, &[NEW], 1).unwrap();
+    let on_disk = [old[0].clone(), sbs[1].clone(), old[2].clone(), old[3].clone(), sbs[4].clone()];
+    let offered: Vec<OfferedMember> = on_disk
+        .iter()
+        .enumerate()
+        .map(|(i, sb)| OfferedMember {
+            name: format!("m{i}"),
+            dev_sectors: DEV_SECTORS,
+            superblock: Superblock::parse(&sb.serialize(), 8),
+            bitmap: None,
+        })
+        .collect();
+    let plan = plan_assembly(&offered, &AssembleOptions::default()).unwrap();
+    assert_eq!(plan.reshape.as_ref(), Some(&geo), "{:?}", plan.warnings);
+    assert!(plan.slots.iter().all(|s| s.is_some()));
+}

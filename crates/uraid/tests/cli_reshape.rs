@@ -1,0 +1,280 @@
+//! A raid5 grow md started and was stopped in the middle of (`mdadm --grow
+//! --raid-devices=5` with no backup file: mdadm moves the data offset down, md records
+//! `reshape_position`, `delta_disks`, `new_offset` and RESHAPE_ACTIVE). uraid assembles it,
+//! maps each sector by its side of the reshape position, and reads back what md held
+//! before the grow.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use uraid_core::meta::{feature, plan_assembly, AssembleOptions, OfferedMember, Superblock};
+use uraid_core::reshape::run::{continue_reshape, ReshapeMembers, ReshapeProgress, ReshapeRun};
+use uraid_core::reshape::start::{start_grow, GrowMember};
+
+fn read_sb(p: &Path) -> Superblock {
+    let b = std::fs::read(p).unwrap();
+    Superblock::parse(&b[4096..8192], 8).unwrap()
+}
+
+/// Member images md left mid-grow, and what md said of the array before the grow.
+struct MdGrow {
+    images: Vec<PathBuf>,
+    /// sha256 and bytes of the whole array before the grow (md's /dev/md0).
+    sha_before: String,
+    size_before: usize,
+}
+
+/// VM script lines: md makes a clean raid`level` of the first `n` disks (64 KiB chunk),
+/// fills it with mdvm's pattern, and says its size and sha256.
+fn md_make(level: u32, n: usize) -> String {
+    let disks: Vec<String> = (0..n).map(|i| format!("/dev/vd{}", (b'a' + i as u8) as char)).collect();
+    format!(
+        "set -e\n\
+         mdadm --create /dev/md0 --run --assume-clean --level={level} --raid-devices={n} --chunk=64 \
+         --metadata=1.2 {}\n\
+         size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
+         mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
+         echo \"=== sha $(sha256sum /dev/md0)\"\n",
+        disks.join(" ")
+    )
+}
+
+/// `n` 32 MiB member files in `dir`.
+fn member_files(dir: &TempDir, n: usize) -> Vec<PathBuf> {
+    let images: Vec<PathBuf> = (0..n).map(|i| dir.path(&format!("m{i}"))).collect();
+    for p in &images {
+        std::fs::File::create(p).unwrap().set_len(32 << 20).unwrap();
+    }
+    images
+}
+
+/// Runs `script` in the md VM on `images`; its output and the value of `=== KEY value`.
+fn md_run(dir: &TempDir, script: &str, images: &[PathBuf]) -> (String, impl Fn(&str) -> String) {
+    let path = dir.path("script.sh");
+    std::fs::write(&path, script).unwrap();
+    let o = md_vm(&path, images, false);
+    let out = text(&o);
+    assert!(o.status.success(), "the md VM script failed:\n{out}");
+    let text = out.clone();
+    let field = move |key: &str| -> String {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("=== {key} ")))
+            .unwrap_or_else(|| panic!("no {key}:\n{text}"))
+            .trim()
+            .to_string()
+    };
+    (out, field)
+}
+
+/// md in the VM: a raid`level` of `n` members made by `md_make`, one more member
+/// added, the grow to `n + 1` started throttled and frozen partway.
+fn md_mid_grow(dir: &TempDir, level: u32, n: usize) -> MdGrow {
+    let images = member_files(dir, n + 1);
+    let new = format!("/dev/vd{}", (b'a' + n as u8) as char);
+    let script = format!(
+        "{}mdadm --add /dev/md0 {new}\n\
+         echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
+         echo 200 > /proc/sys/dev/raid/speed_limit_max\n\
+         mdadm --grow /dev/md0 --raid-devices={}\n\
+         i=0\n\
+         while [ $i -lt 120 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
+         [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
+         echo frozen > /sys/block/md0/md/sync_action\n\
+         echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
+         mdadm --stop /dev/md0\n",
+        md_make(level, n),
+        n + 1
+    );
+    let (_, field) = md_run(dir, &script, &images);
+    let size_before = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    MdGrow { images, sha_before, size_before }
+}
+
+#[test]
+fn uraid_reads_an_array_md_left_mid_grow_as_md_held_it_before() {
+    let dir = TempDir::new("mdgrow");
+    let md = md_mid_grow(&dir, 5, 4);
+    // What md left on disk: the reshape fields uraid maps by.
+    let sb = read_sb(&md.images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.has(feature::NEW_OFFSET), "{sb:?}");
+    assert_eq!((sb.raid_disks, sb.delta_disks), (5, 1), "raid_disks is the new count");
+    assert!(sb.new_offset < 0, "mdadm moves the data offset down for a grow: {}", sb.new_offset);
+    assert!(
+        sb.reshape_position > 0 && sb.reshape_position < md.size_before as u64 / 512,
+        "md stopped partway: {}",
+        sb.reshape_position
+    );
+    let sums: Vec<String> = md.images.iter().map(|p| sha256_file(p)).collect();
+
+    // Writable: refused, saying why and what to do, and nothing written.
+    let o = bounded(
+        URAID,
+        &[&["serve", "--unix", dir.path("w.sock").to_str().unwrap()][..], &paths(&md.images)].concat(),
+        std::time::Duration::from_secs(20),
+    );
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("reshape") && t.contains("--read-only"), "{t}");
+
+    let served = Served::start(&dir, &md.images, &["--read-only"]);
+    assert!(served.log_text().contains("reshape from 4 to 5 members"), "{}", served.log_text());
+    let data = read_array(&dir, &served.url);
+    served.stop();
+    assert_eq!(data.len(), md.size_before, "md serves the old size until the reshape ends");
+    assert_eq!(sha256_bytes(&data), md.sha_before, "the array reads back as md held it before the grow");
+    let after: Vec<String> = md.images.iter().map(|p| sha256_file(p)).collect();
+    assert_eq!(sums, after, "a read-only start writes nothing");
+}
+
+/// The member files as `continue_reshape` reaches them: sector-addressed, fsync'ed.
+struct Files(Vec<std::fs::File>);
+
+impl ReshapeMembers for Files {
+    fn read(&mut self, member: usize, device_sector: u64, len_sectors: u64) -> std::io::Result<Vec<u8>> {
+        let mut b = vec![0u8; (len_sectors * 512) as usize];
+        self.0[member].read_exact_at(&mut b, device_sector * 512)?;
+        Ok(b)
+    }
+    fn write(&mut self, member: usize, device_sector: u64, data: &[u8]) -> std::io::Result<()> {
+        self.0[member].write_all_at(data, device_sector * 512)
+    }
+    fn flush(&mut self, member: usize) -> std::io::Result<()> {
+        self.0[member].sync_data()
+    }
+}
+
+/// uraid continues the reshape md left in `images` (offline), for at most `max_windows`.
+fn uraid_continue(images: &[PathBuf], max_windows: Option<usize>) -> ReshapeProgress {
+    let offered: Vec<OfferedMember> = images
+        .iter()
+        .enumerate()
+        .map(|(i, p)| OfferedMember {
+            name: format!("m{i}"),
+            dev_sectors: std::fs::metadata(p).unwrap().len() / 512,
+            superblock: Ok(read_sb(p)),
+            bitmap: None,
+        })
+        .collect();
+    let plan = plan_assembly(&offered, &AssembleOptions::default()).unwrap();
+    let reshape = plan.reshape.clone().expect("a reshape in progress");
+    let mut superblocks: Vec<Superblock> =
+        plan.slots.iter().map(|s| offered[s.as_ref().unwrap().member].superblock.clone().unwrap()).collect();
+    let files = plan
+        .slots
+        .iter()
+        .map(|s| {
+            let p = &images[s.as_ref().unwrap().member];
+            std::fs::OpenOptions::new().read(true).write(true).open(p).unwrap()
+        })
+        .collect();
+    let mut run = ReshapeRun::new(reshape).unwrap();
+    // Small windows so a few of them stop partway.
+    continue_reshape(&mut run, &mut superblocks, &mut Files(files), 2048, max_windows, 1_800_000_000).unwrap()
+}
+
+/// md in the VM on `images`: assembles, lets any reshape finish, then the sha256 of the
+/// first `len` bytes, the size, and `mismatch_cnt` after md's own check.
+fn md_after(dir: &TempDir, images: &[PathBuf], len: usize) -> (String, u64, u64, String) {
+    let script = format!(
+        "mdadm --examine /dev/vda\nmdadm --assemble /dev/md0 /dev/vd? || exit 3\n\
+         cat /proc/mdstat\n\
+         i=0; while [ $i -lt 300 ]; do [ \"$(cat /sys/block/md0/md/reshape_position)\" = none ] && \
+         grep -q idle /sys/block/md0/md/sync_action && break; sleep 1; i=$((i+1)); done\n\
+         echo \"=== reshape $(cat /sys/block/md0/md/reshape_position)\"\n\
+         echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
+         echo \"=== sha $(head -c {len} /dev/md0 | sha256sum)\"\n\
+         echo check > /sys/block/md0/md/sync_action\nsleep 1\n\
+         while ! grep -q idle /sys/block/md0/md/sync_action; do sleep 1; done\n\
+         echo \"=== mismatch $(cat /sys/block/md0/md/mismatch_cnt)\"\n\
+         mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
+    );
+    let (out, field) = md_run(dir, &script, images);
+    assert_eq!(field("reshape"), "none", "md finished no reshape:\n{out}");
+    let sha = field("sha").split_whitespace().next().unwrap().to_string();
+    (sha, field("size").parse().unwrap(), field("mismatch").parse().unwrap(), out)
+}
+
+#[test]
+fn uraid_finishes_a_grow_md_started_and_md_finishes_one_uraid_continued() {
+    let dir = TempDir::new("mdgrow-continue");
+    let md = md_mid_grow(&dir, 5, 4);
+    let position = read_sb(&md.images[0]).reshape_position;
+
+    // (a) uraid moves a few windows from md's checkpoint and stops; md takes over.
+    let partial = TempDir::new("mdgrow-partial");
+    let copies: Vec<PathBuf> = md
+        .images
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let c = partial.path(&format!("m{i}"));
+            std::fs::copy(p, &c).unwrap();
+            c
+        })
+        .collect();
+    let got = uraid_continue(&copies, Some(3));
+    let ReshapeProgress::Checkpointed { position_sectors } = got else { panic!("{got:?}") };
+    assert!(position_sectors > position, "uraid moved windows: {position} -> {position_sectors}");
+    assert_eq!(read_sb(&copies[4]).reshape_position, position_sectors, "the checkpoint is on disk");
+    let (sha, _, mismatch, out) = md_after(&partial, &copies, md.size_before);
+    assert_eq!(sha, md.sha_before, "md finished uraid's checkpoint with the data intact:\n{out}");
+    assert_eq!(mismatch, 0, "{out}");
+
+    // (b) uraid finishes the reshape md started; md assembles the result.
+    assert_eq!(uraid_continue(&md.images, None), ReshapeProgress::Finished);
+    let sb = read_sb(&md.images[0]);
+    assert!(!sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::NEW_OFFSET), "{sb:?}");
+    assert_eq!(sb.data_offset, 1536, "data starts at the moved offset");
+    let (sha, size, mismatch, out) = md_after(&dir, &md.images, md.size_before);
+    assert_eq!(sha, md.sha_before, "the original extent is unchanged:\n{out}");
+    assert_eq!(size as usize, md.size_before / 3 * 4, "the array grew by a member's worth:\n{out}");
+    assert_eq!(mismatch, 0, "md's check finds the new parity consistent:\n{out}");
+}
+
+#[test]
+fn uraid_starts_a_grow_as_mdadm_does_and_md_finishes_it() {
+    let dir = TempDir::new("uraidgrow");
+    let images = member_files(&dir, 5);
+    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+
+    let old: Vec<Superblock> = images[..4].iter().map(|p| read_sb(p)).collect();
+    let new = GrowMember { dev_sectors: (32 << 20) / 512, device_uuid: [0x5a; 16] };
+    let (superblocks, geo) = start_grow(&old, &[new], 1_800_000_000).unwrap();
+    assert_eq!(superblocks[0].new_offset, -512, "mdadm's offset change for 4 to 5 members");
+    assert_eq!((geo.previous.raid_disks, geo.next.raid_disks), (4, 5));
+    // The new member first, as start_grow asks.
+    for (p, sb) in images.iter().zip(&superblocks).rev() {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(&sb.clone().update_csum(), sb.super_offset * 512).unwrap();
+        f.sync_data().unwrap();
+    }
+    // uraid moves the first windows, then md assembles what uraid left and finishes it.
+    let got = uraid_continue(&images, Some(3));
+    assert!(
+        matches!(got, ReshapeProgress::Checkpointed { position_sectors } if position_sectors > 0),
+        "{got:?}"
+    );
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "md finished the grow uraid started with the data intact:\n{out}");
+    assert_eq!(size as usize, size_before / 3 * 4, "{out}");
+    assert_eq!(mismatch, 0, "{out}");
+}
+
+#[test]
+fn uraid_finishes_a_raid6_grow_md_started() {
+    let dir = TempDir::new("mdgrow6");
+    let md = md_mid_grow(&dir, 6, 5);
+    let sb = read_sb(&md.images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.reshape_position > 0, "md stopped partway: {sb:?}");
+    assert_eq!((sb.level, sb.raid_disks, sb.delta_disks), (6, 6, 1));
+    assert_eq!(uraid_continue(&md.images, None), ReshapeProgress::Finished);
+    let (sha, size, mismatch, out) = md_after(&dir, &md.images, md.size_before);
+    assert_eq!(sha, md.sha_before, "the original extent is unchanged:\n{out}");
+    assert_eq!(size as usize, md.size_before / 3 * 4, "{out}");
+    assert_eq!(mismatch, 0, "md's check finds P and Q consistent:\n{out}");
+}
