@@ -108,6 +108,10 @@ impl Pacer {
 
     /// A request left the engine.
     pub(crate) fn completed(&mut self, id: RequestId, now_ns: TimeNs) {
+        // Without a job nothing is timed: no lookup per request.
+        if self.admitted.is_empty() {
+            return;
+        }
         if let Some((t0, bytes)) = self.admitted.remove(&id) {
             self.lat.add(now_ns.saturating_sub(t0));
             self.client_bytes += bytes;
