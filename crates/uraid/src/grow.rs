@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
-use uraid_core::array::{GrowRequest, GrowSize};
 
 use crate::control::{abs, request};
 use crate::create::{parse_kib_default, parse_level};
@@ -72,34 +71,6 @@ fn fields(args: &GrowArgs) -> anyhow::Result<Vec<String>> {
     Ok(f)
 }
 
-/// The server's reading of the fields: the request and the devices to add.
-pub fn parse_request(line: &str) -> anyhow::Result<(GrowRequest, Vec<String>)> {
-    let mut req = GrowRequest::default();
-    let mut adds = Vec::new();
-    for field in line.split('\t').map(str::trim).filter(|f| !f.is_empty()) {
-        let (key, value) = field.split_once('=').unwrap_or((field, ""));
-        let number = || value.parse::<u64>().map_err(|_| anyhow!("grow: {key}={value:?} is not a number"));
-        match key {
-            "raid-devices" => req.raid_disks = Some(number()? as usize),
-            "level" => {
-                let n = number()? as i32;
-                req.level = Some(
-                    uraid_core::geometry::Level::from_md_level(n)
-                        .ok_or_else(|| anyhow!("grow: level {n} is unknown"))?,
-                )
-            }
-            "chunk-sectors" => req.chunk_sectors = Some(number()?),
-            "layout" => req.layout = Some(value.to_string()),
-            "size" if value == "max" => req.size = Some(GrowSize::Max),
-            "size-sectors" => req.size = Some(GrowSize::Sectors(number()?)),
-            "add" => adds.push(value.to_string()),
-            "force" => req.force = true,
-            other => bail!("grow: unknown field {other:?}"),
-        }
-    }
-    Ok((req, adds))
-}
-
 /// Sends the grow and prints what the array did, then the recovery or resync it started
 /// while attached to a terminal (`uraid status` shows it too).
 pub fn run(args: GrowArgs) -> anyhow::Result<()> {
@@ -128,13 +99,13 @@ mod tests {
             force: true,
         };
         let line = fields(&args).unwrap().join("\t");
-        let (req, adds) = parse_request(&line).unwrap();
+        let (req, adds) = crate::array::running::grow::parse_grow_request(&line).unwrap();
         assert_eq!(adds, vec!["/a b/m2".to_string()]);
         assert_eq!(req.raid_disks, Some(3));
         assert_eq!(req.level, Some(uraid_core::geometry::Level::Raid1));
         assert_eq!(req.chunk_sectors, Some(256));
         assert_eq!(req.layout.as_deref(), Some("n2"));
-        assert_eq!(req.size, Some(GrowSize::Max));
+        assert_eq!(req.size, Some(uraid_core::array::GrowSize::Max));
         assert!(req.force);
     }
 }

@@ -28,7 +28,7 @@ use super::member::MemberDev;
 use super::member_io::{DeviceIo, IoBook};
 use super::report::{detail_text, level_name, percent, resync_whole_sectors, time_left_words};
 
-mod grow;
+pub mod grow;
 pub mod metrics;
 mod verbs;
 

@@ -7,6 +7,8 @@
 set -u
 ip link set lo up
 U=/mdvm/files/uraid-vm; chmod +x $U
+# The host's shared libraries the VM's root lacks (OpenSSL, for NBD over TLS) came along.
+export LD_LIBRARY_PATH=/mdvm/files
 MB=64
 fail() { echo "FAIL: $*"; cat /tmp/serve.log; exit 1; }
 sectors() { blockdev --getsz $1; }

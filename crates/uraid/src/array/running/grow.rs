@@ -2,8 +2,8 @@
 //! (`uraid_core::array::grow_plan`); here the `--add`ed devices are checked, all of them
 //! before any is written, then they join as spares and the plan is carried out.
 
-use anyhow::anyhow;
-use uraid_core::array::{grow_plan, GrowRequest};
+use anyhow::{anyhow, bail};
+use uraid_core::array::{grow_plan, GrowRequest, GrowSize};
 
 use super::RunningArray;
 use crate::array::member::MemberDev;
@@ -61,4 +61,32 @@ impl RunningArray {
             .min();
         Ok(room.unwrap_or(view.sb.size))
     }
+}
+
+/// The server's reading of the fields: the request and the devices to add.
+pub fn parse_grow_request(line: &str) -> anyhow::Result<(GrowRequest, Vec<String>)> {
+    let mut req = GrowRequest::default();
+    let mut adds = Vec::new();
+    for field in line.split('\t').map(str::trim).filter(|f| !f.is_empty()) {
+        let (key, value) = field.split_once('=').unwrap_or((field, ""));
+        let number = || value.parse::<u64>().map_err(|_| anyhow!("grow: {key}={value:?} is not a number"));
+        match key {
+            "raid-devices" => req.raid_disks = Some(number()? as usize),
+            "level" => {
+                let n = number()? as i32;
+                req.level = Some(
+                    uraid_core::geometry::Level::from_md_level(n)
+                        .ok_or_else(|| anyhow!("grow: level {n} is unknown"))?,
+                )
+            }
+            "chunk-sectors" => req.chunk_sectors = Some(number()?),
+            "layout" => req.layout = Some(value.to_string()),
+            "size" if value == "max" => req.size = Some(GrowSize::Max),
+            "size-sectors" => req.size = Some(GrowSize::Sectors(number()?)),
+            "add" => adds.push(value.to_string()),
+            "force" => req.force = true,
+            other => bail!("grow: unknown field {other:?}"),
+        }
+    }
+    Ok((req, adds))
 }
