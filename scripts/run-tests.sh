@@ -14,15 +14,17 @@ SLOW_FIRST="cli_scrub cli_vm_block_faults cli_crash cli_readd cli_faults uraid_s
 logs=target/test-lanes
 rm -rf "$logs"
 mkdir -p "$logs"
+# As scripts/test.sh builds them: with the optional features the tests cover.
+features="${URAID_TEST_FEATURES:-uraid/tls,uraid-nbd/tls}"
 
 # "<executable> <package folder>" per test binary, from cargo's artifact messages.
-cargo test --workspace --release --no-run --message-format=json 2>/dev/null |
+cargo test --workspace --release --features "$features" --no-run --message-format=json 2>/dev/null |
   grep '"executable":"' | grep -E '"profile":\{[^}]*"test":true' |
   sed -E 's/.*"manifest_path":"([^"]*)".*"executable":"([^"]*)".*/\2 \1/' |
   while read -r exe manifest; do echo "$exe $(dirname "$manifest")"; done >"$logs/binaries"
 
 # A parse that missed binaries must not pass as a shorter suite.
-listed=$(cargo test --workspace --release --no-run 2>&1 | grep -c '^ *Executable ')
+listed=$(cargo test --workspace --release --features "$features" --no-run 2>&1 | grep -c '^ *Executable ')
 found=$(wc -l <"$logs/binaries")
 if [ "$found" = 0 ] || [ "$found" != "$listed" ]; then
   echo "run-tests.sh: found $found test binaries where cargo lists $listed" >&2
@@ -62,7 +64,7 @@ while read -r exe _; do
 done <"$logs/binaries"
 
 # Doc tests are not among the binaries above.
-cargo test --workspace --release --doc
+cargo test --workspace --release --features "$features" --doc
 
 if [ -s "$logs/failed" ]; then
   echo "test binaries failed:" >&2

@@ -24,6 +24,7 @@ pub mod device;
 pub mod proto;
 mod reply;
 pub mod server;
+#[cfg_attr(not(feature = "tls"), path = "tls_off.rs")]
 pub mod tls;
 
 pub use codec::{BlockSizeConstraints, TlsPolicy};

@@ -2,6 +2,8 @@
 //! the `uraid` crate's cli_tls): `require` tells nothing before TLS, the negotiation restarts
 //! over TLS, and pipelined bursts larger than the relay's buffers (many 1 MiB writes, a
 //! 32 MiB write, reads of everything) cross the relay intact; a wrong key is turned away.
+// Built with the `tls` feature only (scripts/test.sh turns it on).
+#![cfg(feature = "tls")]
 
 mod common;
 

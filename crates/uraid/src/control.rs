@@ -139,9 +139,8 @@ fn handle_client(stream: UnixStream, array: &crate::array::running::RunningArray
             }
         }
         // `grow KEY=VALUE<TAB>...`: a tab between fields, as paths may hold spaces.
-        "grow" => {
-            crate::array::running::grow::parse_grow_request(arg).and_then(|(req, adds)| array.grow(req, &adds))
-        }
+        "grow" => crate::array::running::grow::parse_grow_request(arg)
+            .and_then(|(req, adds)| array.grow(req, &adds)),
         "set" => match arg.split_once(' ') {
             Some((name, value)) => array.set_tunable(name, value),
             None if arg.is_empty() => array.set_tunable("", ""),

@@ -2,6 +2,8 @@
 //! with X.509 certificates and with a PSK made here, and read back what was written over
 //! TLS; a plaintext client is refused under `--tls require` and served under `--tls on`;
 //! `--tls off` refuses STARTTLS; bad TLS options are refused before anything is touched.
+// Built with the `tls` feature only (scripts/test.sh turns it on).
+#![cfg(feature = "tls")]
 
 mod common;
 
