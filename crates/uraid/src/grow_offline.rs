@@ -103,7 +103,9 @@ impl ReshapeMembers for Devices {
 /// Refuses a member set some process serves: `open_members` claims each one (flock or
 /// O_EXCL), as a running `uraid serve` holds them.
 fn claimed(paths: &[PathBuf]) -> anyhow::Result<Assembled> {
-    let a = assemble(paths, false, false, true)?;
+    let a = assemble(paths, false, false, true).map_err(|e| {
+        anyhow!("{e}\n(a grow needs every member of the whole, in-sync array; nothing was written)")
+    })?;
     if !a.plan.degraded_slots.is_empty() {
         bail!(
             "the array is degraded (slots {:?} missing): rebuild it before a grow (nothing was written)",
@@ -131,15 +133,18 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
     if a.plan.reshape.is_some() {
         bail!("a reshape is already in progress: `uraid grow --continue` the members to finish it (nothing was written)");
     }
-    let new_devs = open_members(adds, true)?;
-    for n in &new_devs {
+    // Compared before claiming: this process's own claim on a member would answer "in use".
+    for n in &open_members(adds, false)? {
         if let Some(m) = a.members.iter().find(|m| m.identity == n.identity) {
             bail!(
-                "{} is already a member ({}): --add takes a new device (nothing was written)",
+                "{} and {} are the same device: --add takes a new device, not a member (nothing was written)",
                 n.name,
                 m.name
             );
         }
+    }
+    let new_devs = open_members(adds, true)?;
+    for n in &new_devs {
         if let Ok(sb) = n.superblock() {
             bail!(
                 "{} holds an md superblock of array {}: erase it first with `uraid zero-superblock` if its data \
