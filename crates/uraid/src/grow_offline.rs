@@ -65,7 +65,7 @@ impl Devices {
     }
 
     fn direct(&self, member: usize, offset: u64, len: usize) -> Option<&std::fs::File> {
-        let aligned = offset as usize % DIRECT_ALIGN == 0 && len % DIRECT_ALIGN == 0;
+        let aligned = offset.is_multiple_of(DIRECT_ALIGN as u64) && len.is_multiple_of(DIRECT_ALIGN);
         self.direct[member].as_ref().filter(|_| aligned)
     }
 }

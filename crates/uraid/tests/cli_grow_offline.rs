@@ -143,7 +143,7 @@ fn offline_raid5_and_raid6_grows_keep_the_data_serve_writable_and_md_agrees() {
     let m0 = read_sb(&r6[0]);
     assert_eq!((sp.events, sp.raid_disks, sp.data_offset), (m0.events, 6, m0.data_offset), "{sp:?}");
     assert_eq!(sp.slot(), None, "{sp:?}");
-    let t = ok(uraid(&[&["examine"][..], &paths(&[spare.clone()])].concat()), "examine spare");
+    let t = ok(uraid(&["examine", spare.to_str().unwrap()]), "examine spare");
     assert!(t.contains("spare"), "{t}");
 
     // One VM boot: md assembles both grown arrays (the spare too), the original extent
