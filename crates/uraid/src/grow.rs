@@ -25,6 +25,9 @@ pub struct GrowArgs {
     /// Test only: exit after this many reshape windows, as a kill -9 would.
     #[arg(long, hide = true)]
     pub debug_stop_after_windows: Option<usize>,
+    /// Test only: milliseconds of pause before every member write of the reshape.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_io_delay_ms: u64,
     /// The new member count (raid1: mirrors; the new ones come from spares and --add).
     #[arg(long = "raid-devices", short = 'n')]
     pub raid_devices: Option<usize>,
@@ -121,6 +124,7 @@ pub fn run(args: GrowArgs) -> anyhow::Result<()> {
             members: args.members.clone(),
             continue_only: args.continue_reshape,
             stop_after_windows: args.debug_stop_after_windows,
+            io_delay: std::time::Duration::from_millis(args.debug_io_delay_ms),
         };
         return crate::grow_offline::run(&GrowRequest { adding: 0, ..req }, &args.add, &off);
     };
@@ -145,6 +149,7 @@ mod tests {
             members: vec![],
             continue_reshape: false,
             debug_stop_after_windows: None,
+            debug_io_delay_ms: 0,
             raid_devices: Some(3),
             add: vec![PathBuf::from("/a b/m2")],
             level: Some("mirror".into()),

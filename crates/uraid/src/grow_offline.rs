@@ -28,6 +28,9 @@ pub struct Offline {
     pub continue_only: bool,
     /// Hidden, for tests: exit after this many windows as a kill -9 would leave it.
     pub stop_after_windows: Option<usize>,
+    /// Hidden, for tests: a pause before every member write, so a kill -9 lands inside
+    /// a window or a superblock round.
+    pub io_delay: std::time::Duration,
 }
 
 /// The member devices as `continue_reshape` reaches them, by slot then spare. Block
@@ -36,13 +39,14 @@ pub struct Offline {
 struct Devices {
     devs: Vec<MemberDev>,
     direct: Vec<Option<std::fs::File>>,
+    delay: std::time::Duration,
 }
 
 /// O_DIRECT wants offsets, lengths and memory aligned to the logical block size.
 const DIRECT_ALIGN: usize = 4096;
 
 impl Devices {
-    fn new(devs: Vec<MemberDev>) -> anyhow::Result<Devices> {
+    fn new(devs: Vec<MemberDev>, delay: std::time::Duration) -> anyhow::Result<Devices> {
         use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         let mut direct = Vec::new();
         for d in &devs {
@@ -61,7 +65,7 @@ impl Devices {
                 None
             });
         }
-        Ok(Devices { devs, direct })
+        Ok(Devices { devs, direct, delay })
     }
 
     fn direct(&self, member: usize, offset: u64, len: usize) -> Option<&std::fs::File> {
@@ -87,6 +91,7 @@ impl ReshapeMembers for Devices {
     }
     fn write(&mut self, member: usize, device_sector: u64, data: &[u8]) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
+        std::thread::sleep(self.delay);
         let offset = device_sector * 512;
         if let Some(f) = self.direct(member, offset, data.len()) {
             let mut buf = uraid_io::real::AlignedBuf::new(data.len(), DIRECT_ALIGN);
@@ -266,7 +271,7 @@ fn finish(
     let mut slots: Vec<Option<MemberDev>> = members.into_iter().map(Some).collect();
     let devs: Vec<MemberDev> = order.iter().map(|&i| slots[i].take().expect("each member once")).collect();
     let names: Vec<String> = devs.iter().map(|d| d.path.display().to_string()).collect();
-    let mut devices = Devices::new(devs)?;
+    let mut devices = Devices::new(devs, off.io_delay)?;
     let (from, to) = (run.geometry().previous.raid_disks, n);
     let end = run.end_sectors().max(1);
     let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());

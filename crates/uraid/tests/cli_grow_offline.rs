@@ -290,3 +290,83 @@ fn refused_offline_grows_change_nothing() {
     let got = served_bytes(&dir, &members, &["--read-only"]);
     assert_eq!(sha256_bytes(&got), sha256_bytes(&data));
 }
+
+/// `uraid grow ARGS MEMBERS` slowed by a pause before each member write, SIGKILLed
+/// `after` once `watch` (if given) records a reshape: the kill lands inside a window's
+/// writes or a superblock round, not only between windows. Returns whether it had
+/// already finished.
+fn grow_killed_after(
+    args: &[&str],
+    members: &[PathBuf],
+    watch: Option<&Path>,
+    after: std::time::Duration,
+) -> bool {
+    let mut a = vec!["grow", "--debug-io-delay-ms", "4"];
+    a.extend_from_slice(args);
+    a.extend(paths(members));
+    let child = std::process::Command::new(URAID)
+        .args(&a)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut r = Reaped(Some(child));
+    let t0 = std::time::Instant::now();
+    while let Some(p) = watch {
+        // A read racing the superblock's write may not parse: read again.
+        let sb = std::fs::read(p).ok().and_then(|b| Superblock::parse(&b[4096..8192], 8).ok());
+        if sb.is_some_and(|sb| sb.has(feature::RESHAPE_ACTIVE)) || r.try_done() {
+            break;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "the grow did not start");
+        std::thread::sleep(ms(5));
+    }
+    std::thread::sleep(after);
+    let done = r.try_done();
+    r.kill();
+    done
+}
+
+#[test]
+fn a_grow_sigkilled_inside_windows_is_finished_by_continue() {
+    let dir = TempDir::new("grow-sigkill");
+    let data = pattern(11);
+    let mut members = array_with_data(&dir, "m", "6", 5, &data, &[]);
+    let new = blank(&dir, "m5");
+    let add = new.to_str().unwrap().to_string();
+    assert!(
+        !grow_killed_after(&["--raid-devices", "6", "--add", &add], &members, Some(&members[0]), ms(100)),
+        "killed too late"
+    );
+    members.push(new);
+    let mut last = read_sb(&members[0]).reshape_position;
+    assert!(read_sb(&members[0]).has(feature::RESHAPE_ACTIVE), "the reshape had started");
+    let mut kills = 1;
+    for after in [170, 230, 410, 290] {
+        if grow_killed_after(&["--continue"], &members, None, ms(after)) {
+            break;
+        }
+        kills += 1;
+        let sb = read_sb(&members[0]);
+        if !sb.has(feature::RESHAPE_ACTIVE) {
+            break;
+        }
+        assert!(sb.reshape_position >= last, "the checkpoint never goes back");
+        last = sb.reshape_position;
+    }
+    assert!(kills >= 3, "killed {kills} times only");
+    if read_sb(&members[0]).has(feature::RESHAPE_ACTIVE) {
+        ok(grow(&["--continue"], &members), "uraid grow --continue");
+    }
+    let got = served_bytes(&dir, &members, &[]);
+    assert_eq!(got.len(), DATA_BYTES / 3 * 4);
+    assert_eq!(
+        sha256_bytes(&got[..DATA_BYTES]),
+        sha256_bytes(&data),
+        "the original extent after {kills} kills"
+    );
+}
+
+fn ms(n: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(n)
+}
