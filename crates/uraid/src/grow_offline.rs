@@ -109,7 +109,10 @@ impl ReshapeMembers for Devices {
 /// O_EXCL), as a running `uraid serve` holds them.
 fn claimed(paths: &[PathBuf]) -> anyhow::Result<Assembled> {
     let a = assemble(paths, false, false, true).map_err(|e| {
-        anyhow!("{e}\n(a grow needs every member of the whole, in-sync array; nothing was written)")
+        anyhow!(
+            "{e}\n(a grow needs every member of the whole, in-sync array; after an interrupted grow, give \
+             `uraid grow --continue` every member, the added ones too; nothing was written)"
+        )
     })?;
     if !a.plan.degraded_slots.is_empty() {
         bail!(
@@ -305,21 +308,10 @@ fn finish(
     if tty {
         println!();
     }
-    let sb = &superblocks[0];
+    // The reshape covers every stripe of the new layout: its end is the new array size.
     println!(
         "uraid: reshape from {from} to {to} members done: the array is now {} ({} sectors)",
-        crate::array::report::binary_bytes(
-            uraid_core::geometry::Geometry::new(
-                Level::from_md_level(sb.level).expect("a level"),
-                to,
-                sb.layout,
-                u64::from(sb.chunksize),
-                &vec![sb.size; to],
-            )
-            .map_err(|e| anyhow!("{e}"))?
-            .array_sectors()
-                * 512
-        ),
+        crate::array::report::binary_bytes(run.end_sectors() * 512),
         run.end_sectors()
     );
     println!("next: uraid serve {}", names.join(" "));
