@@ -138,6 +138,16 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
         return finish(a.members, a.superblocks, a.plan, off);
     }
     let a = claimed(&off.members)?;
+    // A stale member would keep its old superblock through the reshape and later be taken
+    // for a member of the old layout: it is re-added (and rebuilt) first.
+    if let Some(st) = a.plan.stale.first() {
+        bail!(
+            "{} is behind the array (events {}): serve the array and let it be re-added first, or leave \
+             it out if the array is whole without it (nothing was written)",
+            a.members[st.member].name,
+            st.events
+        );
+    }
     if a.plan.reshape.is_some() {
         bail!("a reshape is already in progress: `uraid grow --continue` the members to finish it (nothing was written)");
     }
