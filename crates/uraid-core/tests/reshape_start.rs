@@ -94,3 +94,37 @@ fn a_cut_inside_the_round_starting_the_grow_leaves_an_array_that_assembles_mid_r
     assert_eq!(plan.reshape.as_ref(), Some(&geo), "{:?}", plan.warnings);
     assert!(plan.slots.iter().all(|s| s.is_some()));
 }
+
+#[test]
+fn a_spare_keeps_its_dev_number_and_role_and_records_the_reshape_too() {
+    let old = array(false);
+    // A spare as md adds one: the next dev_number, the spare role in every dev_roles.
+    let mut spare = old[0].clone();
+    spare.dev_number = 4;
+    spare.device_uuid = [8; 16];
+    spare.dev_roles.resize(5, role::SPARE);
+    spare.dev_roles[4] = role::SPARE;
+    spare.max_dev = spare.max_dev.max(5);
+    let old: Vec<Superblock> = old
+        .into_iter()
+        .map(|mut sb| {
+            sb.dev_roles.resize(spare.dev_roles.len(), role::SPARE);
+            sb.max_dev = spare.max_dev;
+            sb
+        })
+        .collect();
+    let (sbs, spares, _) =
+        uraid_core::reshape::start::start_grow_with_spares(&old, &[spare.clone()], &[NEW], 1).unwrap();
+    assert_ne!(sbs[4].dev_number, 4, "the new member does not take the spare's dev_number");
+    let sp = &spares[0];
+    assert_eq!((sp.dev_number, sp.slot()), (4, None), "still the spare");
+    assert_eq!((sp.events, sp.raid_disks, sp.delta_disks, sp.new_offset), (sbs[0].events, 5, 1, -512));
+    assert!(sp.has(feature::RESHAPE_ACTIVE));
+    assert_eq!(sp.dev_roles, sbs[0].dev_roles, "the spare's roles are the members'");
+    assert_eq!(sbs[0].dev_roles[sbs[4].dev_number as usize], 4);
+    // A spare of another array is refused.
+    let mut stranger = spare;
+    stranger.set_uuid = [1; 16];
+    let e = uraid_core::reshape::start::start_grow_with_spares(&old, &[stranger], &[NEW], 1).unwrap_err();
+    assert!(e.contains("spare") && e.contains("nothing was written"), "{e}");
+}

@@ -1,5 +1,7 @@
 //! `uraid grow --control SOCKET`: mdadm --grow's options, sent to the running array as one
-//! line of tab-separated `key=value` fields; the array plans, refuses or grows.
+//! line of tab-separated `key=value` fields; the array plans, refuses or grows. Without
+//! `--control`, a raid4/5/6 grow by members runs offline on the members named (see
+//! `grow_offline`), as does `--continue`.
 
 use std::path::PathBuf;
 
@@ -10,9 +12,21 @@ use crate::create::{parse_kib_default, parse_level};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct GrowArgs {
-    /// Control socket of the running `uraid serve`.
+    /// Control socket of the running `uraid serve`. Without it: a raid4/5/6 grow by
+    /// members (`--raid-devices N --add NEW...`) on the MEMBERS of a stopped array.
     #[arg(long)]
-    pub control: PathBuf,
+    pub control: Option<PathBuf>,
+    /// The members of the stopped array (without --control).
+    pub members: Vec<PathBuf>,
+    /// Finish a reshape md or uraid left mid-way on the MEMBERS (mdadm --grow --continue).
+    #[arg(long = "continue", conflicts_with = "control")]
+    pub continue_reshape: bool,
+    /// Test only: exit after this many reshape windows, as a kill -9 would.
+    #[arg(long, hide = true)]
+    pub debug_stop_after_windows: Option<usize>,
+    /// Test only: milliseconds of pause before every member write of the reshape.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_io_delay_ms: u64,
     /// The new member count (raid1: mirrors; the new ones come from spares and --add).
     #[arg(long = "raid-devices", short = 'n')]
     pub raid_devices: Option<usize>,
@@ -75,11 +89,24 @@ fn fields(args: &GrowArgs) -> anyhow::Result<Vec<String>> {
 /// while attached to a terminal (`uraid status` shows it too).
 pub fn run(args: GrowArgs) -> anyhow::Result<()> {
     let f = fields(&args)?;
+    let Some(control) = &args.control else {
+        let (req, _) = parse_request(&f.join("\t"))?;
+        let off = crate::grow_offline::Offline {
+            members: args.members.clone(),
+            continue_only: args.continue_reshape,
+            stop_after_windows: args.debug_stop_after_windows,
+            io_delay: std::time::Duration::from_millis(args.debug_io_delay_ms),
+        };
+        return crate::grow_offline::run(&GrowRequest { adding: 0, ..req }, &args.add, &off);
+    };
+    if !args.members.is_empty() {
+        bail!("with --control, name no members: new devices go with --add");
+    }
     if f.iter().all(|x| x.starts_with("add=") || x == "force") {
         bail!("nothing to grow: give --raid-devices, --level, --chunk, --layout or --size (with --add for new members)");
     }
-    print!("{}", request(&args.control, &format!("grow {}", f.join("\t")))?);
-    crate::control::show_progress(&args.control)
+    print!("{}", request(control, &format!("grow {}", f.join("\t")))?);
+    crate::control::show_progress(control)
 }
 
 #[cfg(test)]
@@ -89,7 +116,11 @@ mod tests {
     #[test]
     fn the_fields_read_back_as_sent() {
         let args = GrowArgs {
-            control: PathBuf::from("/s"),
+            control: Some(PathBuf::from("/s")),
+            members: vec![],
+            continue_reshape: false,
+            debug_stop_after_windows: None,
+            debug_io_delay_ms: 0,
             raid_devices: Some(3),
             add: vec![PathBuf::from("/a b/m2")],
             level: Some("mirror".into()),

@@ -11,6 +11,7 @@ mod detail;
 mod examine;
 mod explain;
 mod grow;
+mod grow_offline;
 mod list;
 mod metrics;
 mod monitor;
@@ -68,8 +69,9 @@ enum Command {
     /// Rebuild a new device for an active member, which stays in sync until the new one
     /// takes its slot (mdadm --replace MEMBER --with NEW); the array is never degraded.
     Replace(control::ReplaceArgs),
-    /// Change a running array's shape (mdadm --grow): more or fewer raid1 mirrors, the
-    /// component size; refused, saying why, where md refuses (reshapes: not built yet).
+    /// Change an array's shape (mdadm --grow): on a running one (--control) more or fewer
+    /// raid1 mirrors, the component size; a raid4/5/6 grow by members on a stopped one's
+    /// members (offline for now), and --continue of a reshape left mid-way.
     Grow(grow::GrowArgs),
     /// Change a tunable of a running array (md's sysfs files), or list them with their values.
     Set(control::SetArgs),

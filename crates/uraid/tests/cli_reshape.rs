@@ -272,7 +272,9 @@ fn uraid_finishes_a_raid6_grow_md_started() {
     let sb = read_sb(&md.images[0]);
     assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.reshape_position > 0, "md stopped partway: {sb:?}");
     assert_eq!((sb.level, sb.raid_disks, sb.delta_disks), (6, 6, 1));
-    assert_eq!(uraid_continue(&md.images, None), ReshapeProgress::Finished);
+    // The CLI's `uraid grow --continue` (mdadm --grow --continue) on the members md left.
+    let o = uraid(&[&["grow", "--continue"][..], &paths(&md.images)].concat());
+    assert!(text(&o).contains("reshape from 5 to 6 members done"), "{}", ok(o, "uraid grow --continue"));
     let (sha, size, mismatch, out) = md_after(&dir, &md.images, md.size_before);
     assert_eq!(sha, md.sha_before, "the original extent is unchanged:\n{out}");
     assert_eq!(size as usize, md.size_before / 3 * 4, "{out}");

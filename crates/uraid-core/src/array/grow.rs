@@ -485,9 +485,20 @@ impl Array {
     /// are written): today, always, as it is not built.
     pub fn may_start_reshape(&self, target: &ReshapeTarget) -> Result<(), String> {
         let geo = self.engine.geometry();
+        // The one reshape uraid runs today runs offline: say so where it applies.
+        let offline = geo.level.has_parity()
+            && target.level == geo.level
+            && target.chunk_sectors == geo.chunk_sectors
+            && target.layout == geo.layout
+            && target.raid_disks > geo.raid_disks;
+        let how = if offline {
+            "stop the array and run `uraid grow --raid-devices N --add NEW... MEMBERS...` on its members \
+             (offline), or `mdadm --grow` it under Linux md"
+        } else {
+            "stop the array and `mdadm --grow` it under Linux md (uraid assembles the result once md finished)"
+        };
         Err(format!(
-            "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built yet: stop the \
-             array and `mdadm --grow` it under Linux md (uraid assembles the result once md finished)",
+            "the reshape of {} (to {} of {} members, {}K chunk, layout {}) while serving is not built yet: {how}",
             name(geo.level),
             name(target.level),
             target.raid_disks,

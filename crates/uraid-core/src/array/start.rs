@@ -74,9 +74,10 @@ impl Array {
         if plan.reshape.is_some() && !opts.read_only {
             // Writes, and the superblock rounds they bring, would have to keep md's reshape
             // fields and continue the reshape; uraid serves such an array read-only so far.
-            return Err(crate::reshape::unsupported(
-                "continuing a reshape (the array is mid-reshape; serve it --read-only to read it)",
-            ));
+            return Err("the array is mid-reshape, which uraid does not yet continue while serving: finish it \
+                        offline with `uraid grow --continue MEMBERS...` (or let Linux md finish it), or serve \
+                        it --read-only to read it meanwhile; nothing was written"
+                .into());
         }
         let mut engine = Engine::new(config).map_err(|e| format!("the engine refused the array: {e}"))?;
         if let Some(r) = &plan.reshape {

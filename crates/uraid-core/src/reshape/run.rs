@@ -228,7 +228,9 @@ pub enum ReshapeProgress {
 
 /// Runs `run` on `members` (offline: nothing else writes them meanwhile), window after
 /// window, each window's writes flushed before its checkpoint is written to every
-/// member's superblock (`superblocks[slot]`, updated in place) and flushed in turn. Stops
+/// member's superblock (`superblocks[slot]`, updated in place) and flushed in turn.
+/// Superblocks past the new layout's slots are spares' (member `slot count + i`): every
+/// round writes them too, as md does, so they are not left behind as another array's. Stops
 /// after `max_windows` windows if given; at the end writes the finished superblocks. An
 /// I/O error stops it at once: the superblocks on disk then hold the last checkpoint.
 pub fn continue_reshape(
@@ -240,7 +242,7 @@ pub fn continue_reshape(
     utime: u64,
 ) -> std::io::Result<ReshapeProgress> {
     let n = run.geometry().next.raid_disks;
-    assert_eq!(superblocks.len(), n, "one superblock per slot");
+    assert!(superblocks.len() >= n, "one superblock per slot, then the spares'");
     let mut windows = 0;
     while let Some(w) = run.next_window(window_max_sectors) {
         if max_windows.is_some_and(|max| windows >= max) {

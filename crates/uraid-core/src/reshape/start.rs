@@ -58,6 +58,18 @@ pub fn start_grow(
     new_members: &[GrowMember],
     utime: u64,
 ) -> Result<(Vec<Superblock>, ReshapeGeometry), String> {
+    start_grow_with_spares(superblocks, &[], new_members, utime).map(|(all, _, geo)| (all, geo))
+}
+
+/// [`start_grow`] of an array that also has `spares`: they stay spares, and their
+/// superblocks (returned second, in the order given) record the reshape too, as md writes
+/// every member's superblock; else assembly would later take them for another array's.
+pub fn start_grow_with_spares(
+    superblocks: &[Superblock],
+    spares: &[Superblock],
+    new_members: &[GrowMember],
+    utime: u64,
+) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
     let reference = superblocks.first().ok_or_else(|| refuse("no members given", "give every member"))?;
     let level = Level::from_md_level(reference.level).filter(|l| l.has_parity()).ok_or_else(|| {
         refuse(
@@ -110,11 +122,19 @@ pub fn start_grow(
             return Err(refuse("the array was not shut down cleanly", "let its resync finish first"));
         }
     }
+    for sb in spares {
+        if sb.set_uuid != reference.set_uuid || sb.events != reference.events || sb.slot().is_some() {
+            return Err(refuse(
+                &format!("device {} given as a spare is not a current spare of this array", sb.dev_number),
+                "give only this array's members and spares",
+            ));
+        }
+    }
     let chunk = u64::from(reference.chunksize);
     let new_disks = raid_disks + new_members.len();
     let parity = level.parity_disks() as u64;
     let min = min_offset_change_sectors(chunk, raid_disks as u64 - parity, new_disks as u64 - parity);
-    for sb in superblocks {
+    for sb in superblocks.iter().chain(spares) {
         let before = sb.data_offset.saturating_sub(earliest_data_sector(sb));
         if before < min {
             return Err(refuse(
@@ -132,7 +152,7 @@ pub fn start_grow(
 
     // New members: the array's fields, their own identity, the next free dev_numbers, no
     // bad-block log (none was read from them), data at the array's data offset.
-    let mut used: Vec<u32> = superblocks.iter().map(|sb| sb.dev_number).collect();
+    let mut used: Vec<u32> = superblocks.iter().chain(spares).map(|sb| sb.dev_number).collect();
     let mut all: Vec<Superblock> = superblocks.to_vec();
     for (i, m) in new_members.iter().enumerate() {
         let dev_number = (0u32..).find(|n| !used.contains(n)).unwrap_or(0);
@@ -159,11 +179,19 @@ pub fn start_grow(
         sb.data_size = data_size;
         all.push(sb);
     }
-    let max_dev =
-        all.iter().map(|sb| sb.max_dev).max().unwrap_or(0).max(used.iter().max().map_or(0, |m| m + 1));
-    let roles: Vec<(u32, u16)> = (raid_disks..new_disks).map(|slot| (used[slot], slot as u16)).collect();
+    let max_dev = all
+        .iter()
+        .chain(spares)
+        .map(|sb| sb.max_dev)
+        .max()
+        .unwrap_or(0)
+        .max(used.iter().max().map_or(0, |m| m + 1));
+    // The new members' dev_numbers come after the old members' and the spares'.
+    let roles: Vec<(u32, u16)> =
+        (raid_disks..new_disks).map(|slot| (used[slot + spares.len()], slot as u16)).collect();
     let events = reference.events + 1;
-    for sb in &mut all {
+    let mut spares = spares.to_vec();
+    for sb in all.iter_mut().chain(spares.iter_mut()) {
         sb.max_dev = max_dev;
         sb.dev_roles.resize(max_dev as usize, role::SPARE);
         for &(dev, slot) in &roles {
@@ -189,7 +217,7 @@ pub fn start_grow(
         vec![data_offset; new_disks],
         vec![data_offset - min; new_disks],
     )?;
-    Ok((all, geo))
+    Ok((all, spares, geo))
 }
 
 #[cfg(test)]

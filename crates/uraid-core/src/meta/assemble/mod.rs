@@ -680,7 +680,8 @@ pub fn plan_assembly(
     let reshape = if fresh.has(feature::RESHAPE_ACTIVE) {
         let r = plan_reshape(fresh, &slots, size_sectors)?;
         warnings.push(format!(
-            "a reshape from {} to {} members is in progress at array sector {} of {}",
+            "a reshape from {} to {} members is in progress at array sector {} of {}: served read-only; \
+             stop the array and run `uraid grow --continue` on its members to finish it",
             r.previous.raid_disks,
             r.next.raid_disks,
             r.position_sectors,
