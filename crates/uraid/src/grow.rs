@@ -90,14 +90,18 @@ fn fields(args: &GrowArgs) -> anyhow::Result<Vec<String>> {
 pub fn run(args: GrowArgs) -> anyhow::Result<()> {
     let f = fields(&args)?;
     let Some(control) = &args.control else {
-        let (req, _) = parse_request(&f.join("\t"))?;
+        let (req, _) = crate::array::running::grow::parse_grow_request(&f.join("\t"))?;
         let off = crate::grow_offline::Offline {
             members: args.members.clone(),
             continue_only: args.continue_reshape,
             stop_after_windows: args.debug_stop_after_windows,
             io_delay: std::time::Duration::from_millis(args.debug_io_delay_ms),
         };
-        return crate::grow_offline::run(&GrowRequest { adding: 0, ..req }, &args.add, &off);
+        return crate::grow_offline::run(
+            &uraid_core::array::GrowRequest { adding: 0, ..req },
+            &args.add,
+            &off,
+        );
     };
     if !args.members.is_empty() {
         bail!("with --control, name no members: new devices go with --add");
