@@ -20,7 +20,7 @@ use uraid_core::*;
 
 use super::array::{MetaTrap, MetaTrapHow, RunOutcome, SimArray};
 use super::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
-use super::meta::{assemble_members, create_on_disks, member_superblock, start_array};
+use super::meta::{assemble_members, create_on_disks_with, member_superblock, start_array};
 use super::store::PowerLossPolicy;
 use model::{pattern, settle, verify_all, Inflight, Model, SECTOR};
 
@@ -164,7 +164,24 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let mut disks = SimDisks::new(sims, spec.seed).map_err(|e| e.to_string())?;
-    create_on_disks(&mut disks, &geo, spec.member_bytes, data_offset_bytes, bitmap_chunk, ppl, spec.seed)?;
+    // Half the RAID1 seeds with a bitmap make their last member write-mostly with md's
+    // write-behind, up to 1..=8 writes (by the seed alone, as above).
+    let write_behind =
+        (level == Level::Raid1 && bitmap_chunk.is_some() && seed_pick(spec.seed, 0x3b1d, 2) == 0)
+            .then(|| (n - 1, 1 + seed_pick(spec.seed, 0x3b1e, 8) as u32));
+    if write_behind.is_some() {
+        report.draws.push(DRAWS[9]);
+    }
+    create_on_disks_with(
+        &mut disks,
+        &geo,
+        spec.member_bytes,
+        data_offset_bytes,
+        bitmap_chunk,
+        ppl,
+        spec.seed,
+        write_behind,
+    )?;
     // Started as `uraid serve` starts it: from what the members hold.
     let (plan0, offered0) = assemble_members(&disks).map_err(|e| format!("assembly: {e}"))?;
     let mut first = start_array(&disks, &plan0, &offered0, tunables.clone())?;
