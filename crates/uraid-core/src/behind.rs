@@ -114,6 +114,18 @@ impl Mddev {
         g
     }
 
+    /// Request `id`'s copies are all issued: a group none of whose copies went behind
+    /// (none was writable) is dropped.
+    pub(crate) fn behind_group_issued(&mut self, g: u64) {
+        if let Some(group) = self.behind.groups.get(&g).filter(|gr| gr.pending == 0) {
+            let req = group.req;
+            self.behind.groups.remove(&g);
+            if self.behind.by_req.get(&req) == Some(&g) {
+                self.behind.by_req.remove(&req);
+            }
+        }
+    }
+
     /// A write to member `member`: behind writes (ctx `BehindWrite`) and writes to a
     /// write-mostly member that overlap one still in flight there wait their turn.
     #[allow(clippy::too_many_arguments)]
@@ -317,6 +329,9 @@ impl Mddev {
             for id in std::mem::take(&mut self.behind.held) {
                 self.finish_request(led, id);
             }
+        }
+        if !self.read_fixes.is_empty() {
+            self.start_read_fixes(led);
         }
         self.progress_flushes(led);
     }

@@ -172,11 +172,14 @@ impl Mddev {
                     self.issue_io(led, e.member, MemberIoOp::Write, e.member_sector, n, data, ctx);
                     continue;
                 }
-                let ctx = match group {
-                    Some(g) if self.members[e.member].write_mostly => {
+                let behind_group = group
+                    .filter(|_| self.members[e.member].write_mostly)
+                    .and_then(|g| self.behind.groups.get_mut(&g).map(|gr| (g, gr)));
+                let ctx = match behind_group {
+                    Some((g, gr)) => {
                         // The request does not wait for it; `data` keeps its own reference
                         // to the payload, which outlives the request.
-                        self.behind.groups.get_mut(&g).expect("group").pending += 1;
+                        gr.pending += 1;
                         IoCtx::BehindWrite { group: g, write: 0 }
                     }
                     _ => {
@@ -186,6 +189,9 @@ impl Mddev {
                 };
                 self.ordered_write(led, e.member, e.member_sector, n, data, ctx);
             }
+        }
+        if let Some(g) = group {
+            self.behind_group_issued(g);
         }
     }
 
@@ -232,6 +238,19 @@ impl Mddev {
                         &mut self.rr_next,
                         self.now_ns,
                     ) {
+                        Some(i)
+                            if !self.failed
+                                && self.read_waits_for_behind(
+                                    copies[i].member,
+                                    copies[i].member_sector,
+                                    len_sectors,
+                                ) =>
+                        {
+                            // The copy left is older than what was acknowledged: wait for
+                            // its behind write (this piece's part holds the request open).
+                            let start = array_sector - dest_off as u64 / SECTOR_BYTES;
+                            self.behind.reads.push((req, start, array_sector, len_sectors));
+                        }
                         Some(i) if !self.failed => {
                             let c = copies[i];
                             let ctx = IoCtx::DirectRead {
@@ -323,6 +342,9 @@ impl Mddev {
             .read_fixes
             .iter()
             .filter(|f| f.phase == FixPhase::Waiting)
+            // A write-mostly copy with a behind write in flight there must not be the good
+            // copy read (it is older than what was acknowledged), nor be rewritten under it.
+            .filter(|f| !self.behind_write_in(f.start, f.start + f.len))
             .filter(|f| {
                 !led.direct_write_ranges.iter().any(|(id, &(a, b))| {
                     f.overlaps(a, b - a) && !self.blocked_writes.iter().any(|w| w.0 == *id)
