@@ -32,9 +32,10 @@ fn raid1_write_behind(max: u32) -> Driver<uraid_core::array::Array> {
     start_array(mm, &[0, 1], 3)
 }
 
-/// Holds the data I/O of the write-mostly member (its metadata goes on).
+/// Holds the data writes to the write-mostly member (its reads, flushes and metadata go
+/// on: what waits, waits for the behind writes themselves).
 fn slow(io: &MemberIo) -> bool {
-    io.member == WM && !is_meta(io)
+    io.member == WM && io.op == MemberIoOp::Write && !is_meta(io)
 }
 
 fn data_on(d: &Driver<uraid_core::array::Array>, m: usize, at: u64, len: usize) -> Vec<u8> {
