@@ -144,3 +144,19 @@ fn when_the_fast_member_fails_reads_and_completions_wait_for_the_behind_copies()
     d.run_until_idle();
     assert_eq!(d.take_done(2).expect("read").result.unwrap(), data);
 }
+
+#[test]
+fn a_write_whose_fast_copy_fails_waits_for_its_write_mostly_copy() {
+    let mut d = raid1_write_behind(4);
+    let data = vec![0x77u8; 4096];
+    d.submit(Request::write(1, 2 << 20, data.clone()));
+    let fast_write_fails = |io: &MemberIo| io.member == 0 && io.op == MemberIoOp::Write && !is_meta(io);
+    run_in_order(&mut d, |n| n, &fast_write_fails, &slow);
+    assert!(
+        d.take_done(1).is_none(),
+        "acknowledged while its only copy was in flight to the write-mostly member"
+    );
+    d.run_until_idle();
+    assert!(d.take_done(1).expect("the write completes once its behind copy landed").result.is_ok());
+    assert_eq!(data_on(&d, WM, 2 << 20, data.len()), data);
+}
