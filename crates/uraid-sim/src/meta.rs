@@ -27,22 +27,10 @@ pub const SIM_UPKEEP: UpkeepPeriods =
 
 /// `uraid create --assume-clean` (with `--consistency-policy=ppl` when `ppl`) on the simulated members, written straight into the
 /// stores and made durable.
-pub fn create_on_disks(
-    disks: &mut SimDisks,
-    geo: &Geometry,
-    member_bytes: u64,
-    data_offset_bytes: u64,
-    bitmap_chunk_bytes: Option<u32>,
-    ppl: bool,
-    seed: u64,
-) -> Result<(), String> {
-    create_on_disks_with(disks, geo, member_bytes, data_offset_bytes, bitmap_chunk_bytes, ppl, seed, None)
-}
-
-/// `create_on_disks`, with `--write-mostly` on slot `write_behind.0` and `--write-behind
-/// write_behind.1` (raid1 with a bitmap).
+/// `write_behind`: `--write-mostly` on slot `.0` and `--write-behind .1` (raid1 with a
+/// bitmap).
 #[allow(clippy::too_many_arguments)]
-pub fn create_on_disks_with(
+pub fn create_on_disks(
     disks: &mut SimDisks,
     geo: &Geometry,
     member_bytes: u64,

@@ -54,18 +54,6 @@ fn fio_args(url: &str, extra: &[&str]) -> Vec<String> {
     fio_verify_job("write-behind", url, FIO_REGION, 20261128, extra)
 }
 
-fn wait_in_sync(s: &Served) -> String {
-    let t0 = Instant::now();
-    loop {
-        let st = s.ctl("status", None);
-        if st.contains("[2/2]") && !st.contains("recovery") && !st.contains("resync") {
-            return st;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(90), "the resync did not finish:\n{st}\n{}", s.log_text());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn writes_complete_ahead_of_a_slow_write_mostly_member_and_its_re_add_resyncs_only_dirty_chunks() {
     let o = tool("fio", &["--enghelp=nbd"]);

@@ -20,7 +20,7 @@ use uraid_core::*;
 
 use super::array::{MetaTrap, MetaTrapHow, RunOutcome, SimArray};
 use super::disks::{Fault, FaultKind, FaultTrigger, SimDisks, SimMemberConfig};
-use super::meta::{assemble_members, create_on_disks_with, member_superblock, start_array};
+use super::meta::{assemble_members, create_on_disks, member_superblock, start_array};
 use super::store::PowerLossPolicy;
 use model::{pattern, settle, verify_all, Inflight, Model, SECTOR};
 
@@ -172,7 +172,7 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     if write_behind.is_some() {
         report.draws.push(DRAWS[9]);
     }
-    create_on_disks_with(
+    create_on_disks(
         &mut disks,
         &geo,
         spec.member_bytes,
