@@ -160,3 +160,21 @@ fn a_write_whose_fast_copy_fails_waits_for_its_write_mostly_copy() {
     assert!(d.take_done(1).expect("the write completes once its behind copy landed").result.is_ok());
     assert_eq!(data_on(&d, WM, 2 << 20, data.len()), data);
 }
+
+#[test]
+fn create_keeps_write_behind_in_the_bitmap_superblock_and_refuses_it_where_md_does() {
+    use uraid_core::meta::{create_array, CreateError};
+    let mut p = CreateParams::new(1, vec![Some(MEMBER_BYTES / 512); 2]);
+    p.write_behind = 16;
+    assert_eq!(create_array(&p).unwrap_err(), CreateError::WriteBehindNeedsBitmap);
+    p.bitmap = true;
+    let c = create_array(&p).unwrap();
+    let area = &c.bitmap.as_ref().expect("bitmap").area;
+    assert_eq!(BitmapImage::parse(area).unwrap().sb.write_behind, 16);
+    p.write_behind = 0x4000;
+    assert_eq!(create_array(&p).unwrap_err(), CreateError::WriteBehindTooLarge { write_behind: 0x4000 });
+    let mut p5 = CreateParams::new(5, vec![Some(MEMBER_BYTES / 512); 3]);
+    p5.bitmap = true;
+    p5.write_behind = 16;
+    assert_eq!(create_array(&p5).unwrap_err(), CreateError::WriteBehindNotRaid1 { level: 5 });
+}
