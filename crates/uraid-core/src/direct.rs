@@ -73,7 +73,7 @@ impl Mddev {
     /// One piece of a read from one copy. When bad-block logs leave no copy clean for the
     /// whole piece, its halves are tried apart (md's read_balance shortens the read to
     /// where a copy is good); a sector no copy can serve fails the request.
-    fn direct_read_piece(
+    pub(crate) fn direct_read_piece(
         &mut self,
         led: &mut Ledger,
         id: RequestId,
@@ -98,8 +98,13 @@ impl Mddev {
             return;
         };
         let e = copies[i];
-        let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
         led.reqs.get_mut(&id).expect("request").parts += 1;
+        if self.read_waits_for_behind(e.member, e.member_sector, n) {
+            // md's wait_behind_writes: that copy is older than what was acknowledged.
+            self.behind.reads.push((id, sector, pos, n));
+            return;
+        }
+        let dest_off = ((pos - sector) * SECTOR_BYTES) as usize;
         let ctx = IoCtx::DirectRead {
             req: id,
             array_sector: pos,
@@ -141,6 +146,8 @@ impl Mddev {
             return;
         }
         let mut copies = Vec::new();
+        // raid1 write-behind: the write-mostly copies of this write go behind (see `behind`).
+        let group = self.behind_allowed(led, id).then(|| self.behind_group(led, id));
         for (pos, n) in self.direct_pieces(sector, len) {
             self.geo.copies(pos, &mut copies);
             let src_off = ((pos - sector) * SECTOR_BYTES) as usize;
@@ -159,17 +166,32 @@ impl Mddev {
             };
             for e in targets {
                 let data = data.clone();
-                led.reqs.get_mut(&id).expect("request").parts += 1;
-                self.issue_io(
-                    led,
-                    e.member,
-                    MemberIoOp::Write,
-                    e.member_sector,
-                    n,
-                    data,
-                    IoCtx::DirectWrite { req: id, array_sector: pos, len_sectors: n },
-                );
+                let ctx = IoCtx::DirectWrite { req: id, array_sector: pos, len_sectors: n };
+                if self.behind.max == 0 {
+                    led.reqs.get_mut(&id).expect("request").parts += 1;
+                    self.issue_io(led, e.member, MemberIoOp::Write, e.member_sector, n, data, ctx);
+                    continue;
+                }
+                let behind_group = group
+                    .filter(|_| self.members[e.member].write_mostly)
+                    .and_then(|g| self.behind.groups.get_mut(&g).map(|gr| (g, gr)));
+                let ctx = match behind_group {
+                    Some((g, gr)) => {
+                        // The request does not wait for it; `data` keeps its own reference
+                        // to the payload, which outlives the request.
+                        gr.pending += 1;
+                        IoCtx::BehindWrite { group: g, write: 0 }
+                    }
+                    _ => {
+                        led.reqs.get_mut(&id).expect("request").parts += 1;
+                        ctx
+                    }
+                };
+                self.ordered_write(led, e.member, e.member_sector, n, data, ctx);
             }
+        }
+        if let Some(g) = group {
+            self.behind_group_issued(g);
         }
     }
 
@@ -216,6 +238,19 @@ impl Mddev {
                         &mut self.rr_next,
                         self.now_ns,
                     ) {
+                        Some(i)
+                            if !self.failed
+                                && self.read_waits_for_behind(
+                                    copies[i].member,
+                                    copies[i].member_sector,
+                                    len_sectors,
+                                ) =>
+                        {
+                            // The copy left is older than what was acknowledged: wait for
+                            // its behind write (this piece's part holds the request open).
+                            let start = array_sector - dest_off as u64 / SECTOR_BYTES;
+                            self.behind.reads.push((req, start, array_sector, len_sectors));
+                        }
                         Some(i) if !self.failed => {
                             let c = copies[i];
                             let ctx = IoCtx::DirectRead {
@@ -243,7 +278,13 @@ impl Mddev {
                     }
                 }
             },
+            IoCtx::BehindWrite { group, write } => self.behind_write_done(led, group, write, member, result),
+            IoCtx::OrderedWrite { write } => self.ordered_write_done(led, write, member, result),
             IoCtx::DirectWrite { req, array_sector, len_sectors } => {
+                if result.is_err() {
+                    // This copy may have been the one that let the request skip its behind copies.
+                    self.behind_count_in(led, req);
+                }
                 if let Err(e) = result {
                     if self.geo.level == Level::Raid0 {
                         self.part_done(led, req, Some(RequestError::Io));
@@ -301,6 +342,9 @@ impl Mddev {
             .read_fixes
             .iter()
             .filter(|f| f.phase == FixPhase::Waiting)
+            // A write-mostly copy with a behind write in flight there must not be the good
+            // copy read (it is older than what was acknowledged), nor be rewritten under it.
+            .filter(|f| !self.behind_write_in(f.start, f.start + f.len))
             .filter(|f| {
                 !led.direct_write_ranges.iter().any(|(id, &(a, b))| {
                     f.overlaps(a, b - a) && !self.blocked_writes.iter().any(|w| w.0 == *id)

@@ -11,7 +11,11 @@ use crate::sync::{DirectUnit, OnMismatch, SyncKind, UnitStart};
 
 impl Mddev {
     pub(crate) fn start_direct_sync(&mut self, led: &mut Ledger, start: u64, end: u64) -> UnitStart {
-        if self.direct_sync.is_some() || led.direct_write_ranges.values().any(|&(a, b)| a < end && start < b)
+        // Behind writes too: a unit reading a write-mostly copy before its behind write
+        // landed would see (and repair) a difference that is only late.
+        if self.direct_sync.is_some()
+            || led.direct_write_ranges.values().any(|&(a, b)| a < end && start < b)
+            || self.behind_write_in(start, end)
         {
             return UnitStart::Busy;
         }

@@ -134,6 +134,16 @@ pub(crate) enum IoCtx {
         array_sector: u64,
         len_sectors: u64,
     },
+    /// raid1 write-behind: a copy to a write-mostly member the request did not wait for
+    /// (`behind`); `write` is its place in the member's write order.
+    BehindWrite {
+        group: u64,
+        write: u64,
+    },
+    /// A `DirectWrite` to a write-mostly member that waited for an overlapping behind write.
+    OrderedWrite {
+        write: u64,
+    },
     /// raid4/5/6 read-error correction: rewrite the rows of stripe head `key` that failed
     /// to read.
     Rewrite {

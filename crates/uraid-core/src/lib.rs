@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod array;
+mod behind;
 mod block;
 pub mod config;
 pub mod detmap;

@@ -26,6 +26,9 @@ pub struct ArrayStats {
     pub stripe_cache_hits: u64,
     /// md's partial parity log: log writes (one per io_unit).
     pub ppl_log_writes: u64,
+    /// raid1 write-behind: writes acknowledged before their write-mostly copies landed
+    /// (or that were allowed to be).
+    pub write_behind_requests: u64,
 }
 
 impl ArrayStats {

@@ -27,6 +27,9 @@ pub const SIM_UPKEEP: UpkeepPeriods =
 
 /// `uraid create --assume-clean` (with `--consistency-policy=ppl` when `ppl`) on the simulated members, written straight into the
 /// stores and made durable.
+/// `write_behind`: `--write-mostly` on slot `.0` and `--write-behind .1` (raid1 with a
+/// bitmap).
+#[allow(clippy::too_many_arguments)]
 pub fn create_on_disks(
     disks: &mut SimDisks,
     geo: &Geometry,
@@ -35,6 +38,7 @@ pub fn create_on_disks(
     bitmap_chunk_bytes: Option<u32>,
     ppl: bool,
     seed: u64,
+    write_behind: Option<(usize, u32)>,
 ) -> Result<(), String> {
     let n = geo.raid_disks;
     let mut p = CreateParams::new(geo.level.md_level(), vec![Some(member_bytes / 512); n]);
@@ -54,9 +58,14 @@ pub fn create_on_disks(
     p.set_uuid = uuid(seed, 0xff);
     p.device_uuids = (0..n).map(|i| uuid(seed, i as u8)).collect();
     p.ctime_seconds = EPOCH_SECONDS;
+    p.write_behind = write_behind.map_or(0, |(_, max)| max);
     let created = create_array(&p).map_err(|e| format!("create: {e}"))?;
     for (slot, sb) in created.superblocks.iter().enumerate() {
-        let sb = sb.clone().ok_or("create left a slot empty")?;
+        let mut sb = sb.clone().ok_or("create left a slot empty")?;
+        if write_behind.is_some_and(|(wm, _)| wm == slot) {
+            sb.devflags |= uraid_core::meta::superblock::devflags::WRITE_MOSTLY;
+            sb.update_csum();
+        }
         let store = disks.store_mut(slot);
         store.write(sb.super_offset * 512, &sb.serialize()).map_err(|e| format!("create: {e:?}"))?;
         if let (Some(b), Some(at)) = (&created.bitmap, sb.bitmap_sector()) {

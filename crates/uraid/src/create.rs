@@ -57,6 +57,11 @@ pub struct CreateArgs {
     /// serve them: a slow or remote member). Repeatable; md's devflags, kept on disk.
     #[arg(long = "write-mostly", value_name = "MEMBER")]
     pub write_mostly: Vec<PathBuf>,
+    /// raid1 with --bitmap internal: md's write-behind. Up to N writes may complete before
+    /// their --write-mostly copies land (their bitmap bits stay until they do); kept in the
+    /// bitmap superblock. mdadm's default N is 256.
+    #[arg(long = "write-behind", value_name = "N", num_args = 0..=1, default_missing_value = "256")]
+    pub write_behind: Option<u32>,
     /// raid1/raid10: md's failfast flag for this member, kept on disk. Repeatable.
     #[arg(long = "failfast", value_name = "MEMBER")]
     pub failfast: Vec<PathBuf>,
@@ -135,6 +140,17 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
     let size_bytes =
         args.size.as_deref().map(|s| parse_kib_default(s).map_err(|e| anyhow!("--size: {e}"))).transpose()?;
 
+    match args.write_behind {
+        None | Some(0) => {}
+        Some(_) if level.md_level() != 1 => bail!("--write-behind applies to raid1 only"),
+        Some(_) if !bitmap => {
+            bail!("--write-behind needs --bitmap internal (md: write-behind mode requires a bitmap)")
+        }
+        Some(n) if n > uraid_core::meta::bitmap::COUNTER_MAX => {
+            bail!("--write-behind {n}: md's most is {}", uraid_core::meta::bitmap::COUNTER_MAX)
+        }
+        Some(_) => {}
+    }
     for (flag, list) in [("--write-mostly", &args.write_mostly), ("--failfast", &args.failfast)] {
         if !list.is_empty() && !matches!(level.md_level(), 1 | 10) {
             bail!("{flag} applies to raid1 and raid10 members only");
@@ -211,6 +227,7 @@ pub fn create(args: &CreateArgs) -> anyhow::Result<String> {
         params.chunk_kib = chunk_kib;
         params.size_kib = if creating { None } else { size_bytes.map(|b| b / 1024) };
         params.bitmap = bitmap;
+        params.write_behind = args.write_behind.unwrap_or(0);
         params.bitmap_chunk_bytes = match &args.bitmap_chunk {
             None => None,
             Some(_) if !bitmap => bail!("--bitmap-chunk needs --bitmap internal"),

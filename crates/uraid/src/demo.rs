@@ -39,6 +39,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             assume_clean: true,
             force: false,
             write_mostly: Vec::new(),
+            write_behind: None,
             failfast: Vec::new(),
             members: members.clone(),
         })?;

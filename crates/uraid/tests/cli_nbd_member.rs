@@ -93,18 +93,6 @@ fn slot_write_bytes(s: &Served, slot: u64) -> u64 {
         .unwrap_or_else(|| panic!("no I/O counts for slot {slot}: {v}"))
 }
 
-fn wait_in_sync(s: &Served) -> String {
-    let t0 = Instant::now();
-    loop {
-        let st = s.ctl("status", None);
-        if st.contains("[2/2]") && !st.contains("recovery") && !st.contains("resync") {
-            return st;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the resync did not finish:\n{st}\n{}", s.log_text());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn remote_member_dies_comes_back_and_resyncs_only_dirty_chunks(dir: &TempDir, server: MemberServer) {
     let o = tool("fio", &["--enghelp=nbd"]);
     assert!(o.status.success() && text(&o).contains("uri"), "this fio has no nbd engine:\n{}", text(&o));

@@ -142,6 +142,24 @@ impl Array {
     /// A write the engine finished (`id` as the engine had it).
     pub(super) fn write_done(&mut self, id: RequestId, ok: bool) {
         let Some(w) = self.writes.remove(&id) else { return };
+        if let Some(group) = self.engine.take_behind_group(id) {
+            // Its write-mostly copies still fly: the bits stay counted until they land.
+            if ok {
+                self.behind.insert(group, w);
+                return;
+            }
+        }
+        self.end_write(w, ok);
+    }
+
+    /// The write-mostly copies of behind group `group` landed (`ok`: all of them).
+    pub(super) fn behind_done(&mut self, group: u64, ok: bool) {
+        if let Some(w) = self.behind.remove(&group) {
+            self.end_write(w, ok);
+        }
+    }
+
+    fn end_write(&mut self, w: WriteInFlight, ok: bool) {
         if w.sync_range.is_some() {
             // md's bitmap endwrite: a write that failed or ran degraded keeps its bits.
             let everywhere = ok && !self.engine.is_degraded();
@@ -317,7 +335,7 @@ impl Array {
 
     /// Writes the array holds or has in the engine (safe mode waits for none).
     pub(super) fn writes_outstanding(&self) -> bool {
-        !self.writes.is_empty() || !self.held.is_empty() || !self.rmws.is_empty()
+        !self.writes.is_empty() || !self.held.is_empty() || !self.rmws.is_empty() || !self.behind.is_empty()
     }
 
     /// Issues a flush of the array's own; `after` runs when it is answered.

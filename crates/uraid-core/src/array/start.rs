@@ -141,6 +141,13 @@ impl Array {
         }
         let bitmap =
             plan.bitmap.as_ref().and_then(|b| b.write_intent().map(|w| (w, b.offset_from_sb_sectors)));
+        // md's max_write_behind, from the bitmap superblock: only with the bitmap, whose
+        // bits cover a behind write until it lands; raid1 only (md's write_behind).
+        let write_behind = bitmap.as_ref().map_or(0, |(w, _)| w.superblock().write_behind);
+        if write_behind > 0 && !opts.read_only {
+            // Other levels keep the field and ignore it, as md does.
+            let _ = engine.set_write_behind(write_behind);
+        }
         let dirty = plan.resync_offset != MAX_SECTOR;
         let mut sbs = ArraySuperblocks::new(members, plan.events, dirty, resync_pending, bitmap);
         for (key, bb) in logs {
@@ -160,6 +167,7 @@ impl Array {
             pages_seq: 0,
             held: VecDeque::new(),
             writes: DetMap::default(),
+            behind: DetMap::default(),
             rmws: Vec::new(),
             splits: DetMap::default(),
             internal: DetMap::default(),

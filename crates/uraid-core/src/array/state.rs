@@ -82,6 +82,10 @@ pub struct Array {
     // Admission (see `admission`).
     pub(super) held: VecDeque<Held>,
     pub(super) writes: DetMap<RequestId, WriteInFlight>,
+    /// raid1 write-behind: completed writes whose write-mostly copies still fly, by the
+    /// engine's group: their bits end when the copies land (md's `md_bitmap_endwrite`
+    /// from the behind write's end).
+    pub(super) behind: DetMap<u64, WriteInFlight>,
     pub(super) rmws: Vec<Rmw>,
     pub(super) splits: DetMap<RequestId, Split>,
     pub(super) internal: DetMap<RequestId, Internal>,

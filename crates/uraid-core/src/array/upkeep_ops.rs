@@ -68,6 +68,7 @@ impl Array {
                 }
                 self.record_failure();
             }
+            EngineEvent::BehindWriteDone { group, ok } => self.behind_done(group, ok),
             EngineEvent::BadBlocksCleared { slot, sector, sectors } => {
                 self.sbs.bad_blocks_cleared(slot, sector, sectors)
             }

@@ -37,6 +37,12 @@ pub struct ArrayView {
     pub last_sync_action: String,
     pub mismatch_cnt: u64,
     pub array_sectors: u64,
+    /// md's max_write_behind in effect (0: off).
+    pub write_behind: u32,
+    /// Completed writes whose write-mostly copies are still in flight.
+    pub behind_writes_in_flight: usize,
+    /// Writes so far that were allowed to complete before their write-mostly copies.
+    pub write_behind_requests: u64,
 }
 
 impl ArrayView {
@@ -85,6 +91,9 @@ impl Array {
             last_sync_action: self.engine.last_sync_action().to_string(),
             mismatch_cnt: self.engine.mismatch_cnt(),
             array_sectors: self.engine.size_bytes() / 512,
+            write_behind: self.engine.write_behind(),
+            behind_writes_in_flight: self.engine.behind_writes_in_flight(),
+            write_behind_requests: self.engine.stats().write_behind_requests,
         }
     }
 

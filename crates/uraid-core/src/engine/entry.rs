@@ -60,6 +60,7 @@ impl Mddev {
             ppl: None,
             pacer: Default::default(),
             reshape: None,
+            behind: Default::default(),
         };
         if !engine.data_survives() {
             let missing = engine.members.iter().filter(|m| !m.writable()).count();

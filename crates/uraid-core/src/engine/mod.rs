@@ -87,6 +87,8 @@ pub(crate) struct Mddev {
     /// A reshape md left in progress: reads are mapped by its two geometries (`geo` is
     /// the next one). Boxed and None otherwise.
     pub(crate) reshape: Option<Box<ReshapeGeometry>>,
+    /// raid1 write-behind (see `behind`).
+    pub(crate) behind: crate::behind::Behind,
 }
 
 /// md's `struct md_personality`: what a level does differently, one static table per level
@@ -347,6 +349,33 @@ impl Engine {
     /// another in-sync copy can serve them; writes go to it as to every copy.
     pub fn set_write_mostly(&mut self, member: usize, on: bool) -> Result<(), String> {
         self.md.set_write_mostly(member, on)
+    }
+
+    /// md's max_write_behind (the bitmap superblock's `write_behind`): up to this many
+    /// raid1 writes may complete before their write-mostly copies land; 0 = off. The
+    /// caller sets it only for an array with a write-intent bitmap (it keeps the bits of
+    /// a behind write until its copies land: see `take_behind_group`).
+    pub fn set_write_behind(&mut self, max: u32) -> Result<(), String> {
+        if max > 0 && self.md.geo.level != crate::geometry::Level::Raid1 {
+            return Err("write-behind applies to raid1 only".into());
+        }
+        self.md.behind.max = max;
+        Ok(())
+    }
+
+    pub fn write_behind(&self) -> u32 {
+        self.md.behind.max
+    }
+
+    /// Writes whose write-mostly copies are still in flight after they completed.
+    pub fn behind_writes_in_flight(&self) -> usize {
+        self.md.behind.active()
+    }
+
+    /// Write `id` just completed while its write-mostly copies still fly: the group whose
+    /// `EngineEvent::BehindWriteDone` says they landed. None: nothing of it is behind.
+    pub fn take_behind_group(&mut self, id: RequestId) -> Option<u64> {
+        self.md.take_behind_group(id)
     }
 
     /// Mark a member faulty (mdadm --fail); the array continues degraded if it can. Its

@@ -151,8 +151,13 @@ impl Mddev {
         }
     }
 
-    pub(super) fn finish_request(&mut self, led: &mut Ledger, id: RequestId) {
-        if led.finish(id) == Some(true) {
+    pub(crate) fn finish_request(&mut self, led: &mut Ledger, id: RequestId) {
+        if !self.behind_finish(id) {
+            return;
+        }
+        let finished = led.finish(id);
+        self.behind_after_finish(led, id);
+        if finished == Some(true) {
             self.progress_flushes(led);
             if !self.read_fixes.is_empty() {
                 // A read-error fix may have waited for this write to land.
@@ -163,7 +168,7 @@ impl Mddev {
 
     // ---- flush ------------------------------------------------------------------------
 
-    pub(super) fn progress_flushes(&mut self, led: &mut Ledger) {
+    pub(crate) fn progress_flushes(&mut self, led: &mut Ledger) {
         let oldest_write = led.inflight_writes.iter().next().copied();
         let mut i = 0;
         while i < led.flushes.len() {

@@ -43,6 +43,9 @@ pub struct CreateParams {
     pub bitmap: bool,
     /// `--bitmap-chunk` in bytes; `None` for mdadm's default.
     pub bitmap_chunk_bytes: Option<u32>,
+    /// `--write-behind`: md's max_write_behind in the bitmap superblock (raid1 with a
+    /// bitmap only; 0 = off).
+    pub write_behind: u32,
     /// `--consistency-policy=ppl`: a partial parity log area on every member (raid5 only,
     /// never with a bitmap).
     pub ppl: bool,
@@ -73,6 +76,7 @@ impl CreateParams {
             data_offset_sectors: None,
             bitmap: false,
             bitmap_chunk_bytes: None,
+            write_behind: 0,
             ppl: false,
             assume_clean: false,
             homehost: None,
@@ -100,6 +104,9 @@ pub enum CreateError {
     TooManyDevices { raid_disks: u32 },
     PplNotRaid5 { level: i32 },
     PplWithBitmap,
+    WriteBehindNeedsBitmap,
+    WriteBehindNotRaid1 { level: i32 },
+    WriteBehindTooLarge { write_behind: u32 },
     PplNeedsSuperblockAtStart,
     NoRoomForPpl { data_offset: u64 },
     Geometry(SuperblockError),
@@ -161,6 +168,17 @@ impl fmt::Display for CreateError {
                 "--consistency-policy=ppl applies to raid5 only (md's partial parity log), not \
                  raid level {level}"
             ),
+            WriteBehindNeedsBitmap => write!(
+                f,
+                "--write-behind needs a bitmap (its bits cover a write until its write-mostly \
+                 copies land): add --bitmap internal"
+            ),
+            WriteBehindNotRaid1 { level } => {
+                write!(f, "--write-behind applies to raid1 only (md's write-behind), not raid level {level}")
+            }
+            WriteBehindTooLarge { write_behind } => {
+                write!(f, "--write-behind {write_behind} exceeds md's most, {}", super::bitmap::COUNTER_MAX)
+            }
             PplWithBitmap => write!(
                 f,
                 "--consistency-policy=ppl and an internal bitmap exclude each other (md refuses \
@@ -326,6 +344,17 @@ pub fn create_array(p: &CreateParams) -> Result<CreatedArray, CreateError> {
     if p.bitmap && p.level <= 0 {
         return Err(CreateError::BitmapNotMeaningful { level: p.level });
     }
+    if p.write_behind > 0 {
+        if p.level != 1 {
+            return Err(CreateError::WriteBehindNotRaid1 { level: p.level });
+        }
+        if !p.bitmap {
+            return Err(CreateError::WriteBehindNeedsBitmap);
+        }
+        if p.write_behind > super::bitmap::COUNTER_MAX {
+            return Err(CreateError::WriteBehindTooLarge { write_behind: p.write_behind });
+        }
+    }
     let layout = p.layout.unwrap_or_else(|| default_layout(p.level));
     let chunk_kib = if is_striped(p.level) {
         p.chunk_kib.filter(|&c| c != 0).unwrap_or(DEFAULT_CHUNK_KIB)
@@ -474,7 +503,9 @@ pub fn create_array(p: &CreateParams) -> Result<CreatedArray, CreateError> {
             }
             _ => 8,
         };
-        Some((BitmapSuper::new(p.set_uuid, bitmap_sync_size, chunk), offset))
+        let mut sb = BitmapSuper::new(p.set_uuid, bitmap_sync_size, chunk);
+        sb.write_behind = p.write_behind;
+        Some((sb, offset))
     } else {
         None
     };

@@ -78,6 +78,12 @@ pub enum EngineEvent {
         sector: u64,
         sectors: u64,
     },
+    /// raid1 write-behind: the write-mostly copies of a finished write (`group`, named by
+    /// `Engine::take_behind_group`) landed; `ok`: all of them. Its bitmap bits may go now.
+    BehindWriteDone {
+        group: u64,
+        ok: bool,
+    },
 }
 
 pub(crate) struct SyncJob {

@@ -164,7 +164,24 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let mut disks = SimDisks::new(sims, spec.seed).map_err(|e| e.to_string())?;
-    create_on_disks(&mut disks, &geo, spec.member_bytes, data_offset_bytes, bitmap_chunk, ppl, spec.seed)?;
+    // Half the RAID1 seeds with a bitmap make their last member write-mostly with md's
+    // write-behind, up to 1..=8 writes (by the seed alone, as above).
+    let write_behind =
+        (level == Level::Raid1 && bitmap_chunk.is_some() && seed_pick(spec.seed, 0x3b1d, 2) == 0)
+            .then(|| (n - 1, 1 + seed_pick(spec.seed, 0x3b1e, 8) as u32));
+    if write_behind.is_some() {
+        report.draws.push(DRAWS[9]);
+    }
+    create_on_disks(
+        &mut disks,
+        &geo,
+        spec.member_bytes,
+        data_offset_bytes,
+        bitmap_chunk,
+        ppl,
+        spec.seed,
+        write_behind,
+    )?;
     // Started as `uraid serve` starts it: from what the members hold.
     let (plan0, offered0) = assemble_members(&disks).map_err(|e| format!("assembly: {e}"))?;
     let mut first = start_array(&disks, &plan0, &offered0, tunables.clone())?;
@@ -206,6 +223,20 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     }
     let mut power_loss_at_request = plan_faults(&mut run, &mut disks, rng, report);
     run.readd_bad_blocks = members::plan_readd_bad_blocks(&run);
+    if let Some((wm, _)) = write_behind.filter(|(wm, _)| run.readd_bad_blocks.is_none_or(|r| r.member != *wm))
+    {
+        // The write-mostly leg is the slow (remote) one: its behind writes stay in flight
+        // long enough for flushes, bitmap passes, failures and the power cut to meet them.
+        // Not when the re-add draw fails and re-adds it: its late I/O would still drain
+        // then, and the array rightly keeps it a spare until it has.
+        let latency_percent = 1000 + 1000 * seed_pick(spec.seed, 0x3b1f, 5) as u32;
+        disks.schedule(Fault {
+            trigger: FaultTrigger::AtNs(0),
+            member: wm,
+            kind: FaultKind::Slow { latency_percent },
+        });
+        report.faults.push(format!("write-mostly member {wm} slow (x{})", latency_percent / 100));
+    }
     if let Some(r) = run.readd_bad_blocks {
         report.faults.push(format!(
             "data write errors member {} bytes {}+{} from request {} to {}, then failed and re-added at \

@@ -83,6 +83,7 @@ pub const DRAWS: &[&str] = &[
     "replace (a replacement rebuilt beside its member)",
     "re-add with a bad-block log",
     "member failures during metadata rounds",
+    "write-behind to a write-mostly member (RAID1)",
 ];
 
 /// A member whose writes fail on a data range for a while (its bad-block log lists what

@@ -196,7 +196,8 @@ fn raid5() -> SimArray<Array> {
     let geo = Geometry::new(Level::Raid5, 3, 2, 128, &[member_sectors; 3]).unwrap();
     let sims = (0..3).map(|_| SimMemberConfig::builtin("nvme", member_bytes).unwrap()).collect();
     let mut disks = SimDisks::new(sims, 1).unwrap();
-    create_on_disks(&mut disks, &geo, member_bytes, DATA_OFFSET_BYTES, Some(64 << 10), false, 1).unwrap();
+    create_on_disks(&mut disks, &geo, member_bytes, DATA_OFFSET_BYTES, Some(64 << 10), false, 1, None)
+        .unwrap();
     let (plan, offered) = assemble_members(&disks).unwrap();
     let array = start_array(&disks, &plan, &offered, Tunables::default()).unwrap();
     SimArray::new(array, disks)

@@ -123,6 +123,9 @@ pub fn build(d: &DetailInput<'_>) -> DetailInfo {
         }),
         scrub: d.scrub.clone(),
         bad_blocks: Vec::new(),
+        write_behind: 0,
+        behind_writes_in_flight: None,
+        write_behind_requests: None,
     }
 }
 
@@ -162,6 +165,8 @@ pub fn offline(a: &Assembled) -> DetailInfo {
         read_only: false,
         scrub: None,
     });
+    info.write_behind =
+        a.plan.bitmap.as_ref().and_then(|b| b.image.as_ref()).map_or(0, |img| img.sb.write_behind);
     for (m, meta) in a.members.iter().zip(&a.metadata) {
         if let Ok(Some(bb)) = &meta.bad_blocks {
             if !bb.is_empty() {

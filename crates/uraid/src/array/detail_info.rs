@@ -36,6 +36,12 @@ pub struct DetailInfo {
     pub scrub: Option<ScrubView>,
     /// Members whose bad-block log lists entries: (device, (first sector, sectors)).
     pub bad_blocks: Vec<(String, Vec<(u64, u64)>)>,
+    /// md's max_write_behind from the bitmap superblock (0: off).
+    pub write_behind: u32,
+    /// Running arrays: writes completed whose write-mostly copies still fly.
+    pub behind_writes_in_flight: Option<usize>,
+    /// Running arrays: writes so far allowed to complete before their write-mostly copies.
+    pub write_behind_requests: Option<u64>,
 }
 
 /// A resync, recovery or scrub in numbers (md's `sync_completed` and `sync_speed`).

@@ -262,6 +262,9 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
                     img.sb.events,
                     img.sb.events_cleared
                 );
+                if img.sb.write_behind > 0 {
+                    let _ = writeln!(s, "    Write Mode : {}", write_mode(img.sb.write_behind));
+                }
             }
             Err(e) => {
                 let _ = writeln!(s, "        Bitmap : unreadable: {e}");
@@ -356,6 +359,13 @@ pub fn detail_json(
     v["used_dev_size_bytes"] = (d.used_dev_sectors * 512).into();
     v["events"] = sb.events.into();
     v["bitmap"] = sb.bitmap_sector().is_some().into();
+    v["write_behind"] = d.write_behind.into();
+    if let Some(n) = d.behind_writes_in_flight {
+        v["behind_writes_in_flight"] = n.into();
+    }
+    if let Some(n) = d.write_behind_requests {
+        v["write_behind_requests"] = n.into();
+    }
     v["layout"] = layout_text(sb.level, sb.layout).into();
     v["chunk_size_bytes"] = chunk_bytes(sb).into();
     if let Some(devices) = v["devices"].as_array_mut() {
@@ -423,6 +433,7 @@ pub fn examine_json(
         Ok(img) => serde_json::json!({
             "bits": img.sb.bits(), "dirty": img.dirty_count(), "chunk_bytes": img.sb.chunksize,
             "events": img.sb.events, "events_cleared": img.sb.events_cleared,
+            "write_behind": img.sb.write_behind,
         }),
         Err(e) => serde_json::json!({ "error": e.to_string() }),
     });
@@ -466,6 +477,11 @@ pub fn examine_json(
     })
 }
 
+/// mdadm's "Write Mode" line of a bitmap with write-behind (`mdadm -X`).
+fn write_mode(max: u32) -> String {
+    format!("Allow write behind, max {max}")
+}
+
 pub fn detail_text(title: &str, d: &DetailInfo) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{title}:");
@@ -498,6 +514,9 @@ pub fn detail_text(title: &str, d: &DetailInfo) -> String {
     line("Persistence", "Superblock is persistent".into());
     if sb.bitmap_sector().is_some() {
         line("Intent Bitmap", "Internal".into());
+    }
+    if d.write_behind > 0 {
+        line("Write Mode", write_mode(d.write_behind));
     }
     line("Update Time", format_time(sb.utime & 0xff_ffff_ffff));
     line("State", d.state.clone());

@@ -372,6 +372,9 @@ impl RunningArray {
                 info.bad_blocks.push((m.name.clone(), m.bad_blocks.clone()));
             }
         }
+        info.write_behind = view.write_behind;
+        info.behind_writes_in_flight = Some(view.behind_writes_in_flight);
+        info.write_behind_requests = Some(view.write_behind_requests);
         if let (Some(p), Some(v)) = (info.sync.as_mut(), view.sync_speed_sectors.filter(|v| *v > 0.0)) {
             p.speed_kib_per_s = Some(v / 2.0);
             p.eta_s = Some(p.total_sectors.saturating_sub(p.done_sectors) as f64 / v);

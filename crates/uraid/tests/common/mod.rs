@@ -443,3 +443,17 @@ pub fn check_fio_run(o: &Output, what: &str, blocks: u64, server_log: &str) {
         o.status,
     );
 }
+
+/// Waits until a two-member mirror is whole and no resync or recovery runs (`status`), up
+/// to 90 s; returns that status.
+pub fn wait_in_sync(s: &Served) -> String {
+    let t0 = Instant::now();
+    loop {
+        let st = s.ctl("status", None);
+        if st.contains("[2/2]") && !st.contains("recovery") && !st.contains("resync") {
+            return st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(90), "the resync did not finish:\n{st}\n{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
