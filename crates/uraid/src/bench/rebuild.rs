@@ -43,8 +43,8 @@ pub struct RebuildArgs {
     seconds: f64,
 }
 
-const MEMBERS: usize = 6;
-const CHUNK_BYTES: u64 = 512 << 10;
+pub(super) const MEMBERS: usize = 6;
+pub(super) const CHUNK_BYTES: u64 = 512 << 10;
 
 struct TempMembers(Vec<PathBuf>);
 impl Drop for TempMembers {
@@ -95,10 +95,13 @@ fn read_all_sequentially(paths: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Start an array on `paths` with the last member to be rebuilt from zero, at full speed,
-/// and wait until it is in sync. Timed by the caller: engine and members set up, rebuild,
-/// shut down (with the array's final flush).
-fn rebuild_once(paths: &[PathBuf], member_bytes: u64) -> anyhow::Result<()> {
+/// The benchmarks' RAID6 of `MEMBERS` members, the last rebuilt from its start when
+/// `recovering`.
+pub(super) fn raid6_engine(
+    member_bytes: u64,
+    recovering: bool,
+    tunables: Tunables,
+) -> anyhow::Result<Engine> {
     let geo = Geometry::new(
         Level::Raid6,
         MEMBERS,
@@ -108,14 +111,23 @@ fn rebuild_once(paths: &[PathBuf], member_bytes: u64) -> anyhow::Result<()> {
     )
     .map_err(anyhow::Error::msg)?;
     let mut members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; MEMBERS];
-    members[MEMBERS - 1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
+    if recovering {
+        members[MEMBERS - 1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
+    }
+    Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false })
+        .map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Start an array on `paths` with the last member to be rebuilt from zero, at full speed,
+/// and wait until it is in sync. Timed by the caller: engine and members set up, rebuild,
+/// shut down (with the array's final flush).
+fn rebuild_once(paths: &[PathBuf], member_bytes: u64) -> anyhow::Result<()> {
     let tunables = Tunables {
         sync_speed_min_kib: u64::MAX / 4096,
         sync_speed_max_kib: u64::MAX / 4096,
         ..Tunables::default()
     };
-    let engine = Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false })
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let engine = raid6_engine(member_bytes, true, tunables)?;
     let set = MemberSet::open(paths, &OpenOptions::default()).context("opening members")?;
     let executor = Executor::new(set, &ExecutorOptions::default()).context("executor")?;
     let rt = ArrayRuntime::start(engine, executor, &RuntimeOptions::default()).context("runtime")?;

@@ -11,13 +11,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use uraid_core::geometry::algorithm;
 use uraid_core::*;
 use uraid_io::real::{Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeOptions};
 
-const MEMBERS: usize = 6;
-const CHUNK_BYTES: u64 = 512 << 10;
+use super::rebuild::{CHUNK_BYTES, MEMBERS};
 const BLOCK_BYTES: u64 = 4096;
 const QUEUE_DEPTH: usize = 32;
 
@@ -35,22 +33,9 @@ fn start(
     member_bytes: u64,
     rebuild: Option<SyncPolicy>,
 ) -> anyhow::Result<ArrayRuntime<Engine>> {
-    let geo = Geometry::new(
-        Level::Raid6,
-        MEMBERS,
-        algorithm::LEFT_SYMMETRIC,
-        CHUNK_BYTES / 512,
-        &[member_bytes / 512; MEMBERS],
-    )
-    .map_err(anyhow::Error::msg)?;
-    let mut members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; MEMBERS];
-    if rebuild.is_some() {
-        members[MEMBERS - 1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
-    }
     // md's defaults for the bounds (1 MB/s floor, 200 MB/s ceiling): what a user gets.
     let tunables = Tunables { sync_policy: rebuild.unwrap_or_default(), ..Tunables::default() };
-    let engine = Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false })
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let engine = super::rebuild::raid6_engine(member_bytes, rebuild.is_some(), tunables)?;
     let set = MemberSet::open(paths, &OpenOptions::default()).context("opening members")?;
     let executor = Executor::new(set, &ExecutorOptions::default()).context("executor")?;
     ArrayRuntime::start(engine, executor, &RuntimeOptions::default()).context("runtime")
