@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use uraid_core::geometry::algorithm;
 use uraid_core::*;
 use uraid_io::real::{Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeOptions};
@@ -43,8 +42,7 @@ pub struct RebuildArgs {
     seconds: f64,
 }
 
-pub(super) const MEMBERS: usize = 6;
-pub(super) const CHUNK_BYTES: u64 = 512 << 10;
+use super::rebuild_load::{raid6_engine, CHUNK_BYTES, MEMBERS};
 
 struct TempMembers(Vec<PathBuf>);
 impl Drop for TempMembers {
@@ -93,29 +91,6 @@ fn read_all_sequentially(paths: &[PathBuf]) -> anyhow::Result<()> {
         h.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
     }
     Ok(())
-}
-
-/// The benchmarks' RAID6 of `MEMBERS` members, the last rebuilt from its start when
-/// `recovering`.
-pub(super) fn raid6_engine(
-    member_bytes: u64,
-    recovering: bool,
-    tunables: Tunables,
-) -> anyhow::Result<Engine> {
-    let geo = Geometry::new(
-        Level::Raid6,
-        MEMBERS,
-        algorithm::LEFT_SYMMETRIC,
-        CHUNK_BYTES / 512,
-        &[member_bytes / 512; MEMBERS],
-    )
-    .map_err(anyhow::Error::msg)?;
-    let mut members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; MEMBERS];
-    if recovering {
-        members[MEMBERS - 1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
-    }
-    Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false })
-        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Start an array on `paths` with the last member to be rebuilt from zero, at full speed,

@@ -11,11 +11,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use uraid_core::geometry::algorithm;
 use uraid_core::*;
 use uraid_io::real::{Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeOptions};
 
-use super::rebuild::{CHUNK_BYTES, MEMBERS};
+pub(super) const MEMBERS: usize = 6;
+pub(super) const CHUNK_BYTES: u64 = 512 << 10;
 const BLOCK_BYTES: u64 = 4096;
 const QUEUE_DEPTH: usize = 32;
 
@@ -35,7 +37,7 @@ fn start(
 ) -> anyhow::Result<ArrayRuntime<Engine>> {
     // md's defaults for the bounds (1 MB/s floor, 200 MB/s ceiling): what a user gets.
     let tunables = Tunables { sync_policy: rebuild.unwrap_or_default(), ..Tunables::default() };
-    let engine = super::rebuild::raid6_engine(member_bytes, rebuild.is_some(), tunables)?;
+    let engine = raid6_engine(member_bytes, rebuild.is_some(), tunables)?;
     let set = MemberSet::open(paths, &OpenOptions::default()).context("opening members")?;
     let executor = Executor::new(set, &ExecutorOptions::default()).context("executor")?;
     ArrayRuntime::start(engine, executor, &RuntimeOptions::default()).context("runtime")
@@ -191,4 +193,27 @@ pub fn run(
         );
     }
     Ok(())
+}
+
+/// The benchmarks' RAID6 of `MEMBERS` members, the last rebuilt from its start when
+/// `recovering`.
+pub(super) fn raid6_engine(
+    member_bytes: u64,
+    recovering: bool,
+    tunables: Tunables,
+) -> anyhow::Result<Engine> {
+    let geo = Geometry::new(
+        Level::Raid6,
+        MEMBERS,
+        algorithm::LEFT_SYMMETRIC,
+        CHUNK_BYTES / 512,
+        &[member_bytes / 512; MEMBERS],
+    )
+    .map_err(anyhow::Error::msg)?;
+    let mut members = vec![MemberConfig { data_offset_bytes: 0, state: MemberState::InSync }; MEMBERS];
+    if recovering {
+        members[MEMBERS - 1].state = MemberState::Recovering { recovery_offset_sectors: 0 };
+    }
+    Engine::new(ArrayConfig { geometry: geo, members, tunables, read_only: false })
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
