@@ -216,10 +216,7 @@ impl Mddev {
                     if errored != 0 {
                         self.queue_read_fix(led, req, array_sector, len_sectors, errored);
                     }
-                    if let Some(r) = led.reqs.get_mut(&req) {
-                        r.deliver(dest_off, data, (len_sectors * SECTOR_BYTES) as usize);
-                    }
-                    self.part_done(led, req, None);
+                    self.read_part_done(led, req, dest_off, len_sectors, data);
                 }
                 Err(e) => {
                     if e == MemberIoError::Gone && self.geo.level != Level::Raid0 {

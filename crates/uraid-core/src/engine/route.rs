@@ -112,6 +112,21 @@ impl Mddev {
 
     // ---- request completion ----------------------------------------------------------
 
+    /// A member read of `len_sectors` landed for request `req` at `dest_off`: that part is done.
+    pub(crate) fn read_part_done(
+        &mut self,
+        led: &mut Ledger,
+        req: RequestId,
+        dest_off: usize,
+        len_sectors: u64,
+        data: Vec<u8>,
+    ) {
+        if let Some(r) = led.reqs.get_mut(&req) {
+            r.deliver(dest_off, data, (len_sectors * SECTOR_BYTES) as usize);
+        }
+        self.part_done(led, req, None);
+    }
+
     /// One part of request `id` finished (with an error, maybe).
     pub(crate) fn part_done(&mut self, led: &mut Ledger, id: RequestId, error: Option<RequestError>) {
         let Some(r) = led.reqs.get_mut(&id) else { return };

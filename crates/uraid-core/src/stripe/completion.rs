@@ -19,10 +19,7 @@ impl Mddev {
         match ctx {
             IoCtx::BypassRead { req, array_sector, len_sectors, dest_off } => match result {
                 Ok(data) => {
-                    if let Some(r) = led.reqs.get_mut(&req) {
-                        r.deliver(dest_off, data, (len_sectors * SECTOR_BYTES) as usize);
-                    }
-                    self.part_done(led, req, None);
+                    self.read_part_done(led, req, dest_off, len_sectors, data);
                 }
                 Err(e) => {
                     // md retries a failed aligned read through the stripe cache.
