@@ -30,7 +30,7 @@ impl Array {
         }
         if (aligned && !is_write) || (self.read_only && is_write) {
             // Reads and flushes; the engine refuses writes to a read-only array itself.
-            return self.engine.submit(req, self.now_ns);
+            return self.engine_submit(req);
         }
         if !self.has_room() {
             return Err(SubmitError::Busy(req));
@@ -72,7 +72,7 @@ impl Array {
             return Some(RequestError::Invalid);
         }
         match req.offset_bytes.checked_add(req.len_bytes) {
-            Some(end) if end <= self.engine.size_bytes() => None,
+            Some(end) if end <= self.size_bytes() => None,
             _ => Some(RequestError::OutOfRange),
         }
     }
@@ -119,7 +119,7 @@ impl Array {
     fn pass(&mut self, h: Held) {
         self.writes.insert(h.req.id, WriteInFlight { span: h.span, sync_range: h.sync_range });
         if self.to_engine.is_empty() {
-            if let Err(SubmitError::Busy(req)) = self.engine.submit(h.req, self.now_ns) {
+            if let Err(SubmitError::Busy(req)) = self.engine_submit(h.req) {
                 self.to_engine.push_back(req);
             }
         } else {

@@ -232,6 +232,9 @@ impl Array {
     /// caller writes anything to the new device).
     pub fn may_replace(&self, slot: usize) -> Result<(), String> {
         self.may_add("replaced")?;
+        if self.reshaping.is_some() {
+            return Err("a reshape is running: replace the member once it is done".into());
+        }
         let states = self.engine.member_states();
         if states.iter().any(|s| *s != MemberState::InSync) {
             return Err(format!(
@@ -340,6 +343,9 @@ impl Array {
             return Err("the array is served read-only: `repair` would write; use `check`".into());
         }
         let stopped = match kind {
+            Some(_) if self.reshaping.is_some() => {
+                return Err("a reshape is running: md checks an array once its reshape is done".into())
+            }
             Some(k) => {
                 self.engine.start_scrub(k, self.now_ns)?;
                 false

@@ -475,30 +475,29 @@ impl Array {
     }
 
     /// THE hook where a reshape (data moving to a new geometry) starts, with the new
-    /// members already spares. Refused until the reshape process is built; nothing has
-    /// changed when it answers an error.
+    /// members already spares. Nothing has changed when it answers an error.
     pub fn start_reshape(&mut self, target: &ReshapeTarget) -> Result<(), String> {
-        self.may_start_reshape(target)
+        self.may_start_reshape(target)?;
+        self.start_online_grow(target.raid_disks)
     }
 
     /// Why the reshape to `target` cannot start now (asked before the `--add`ed devices
-    /// are written): today, always, as it is not built.
+    /// are written). A raid4/5/6 grow by members runs while serving (`reshape_ops`);
+    /// level, chunk and layout changes are not built.
     pub fn may_start_reshape(&self, target: &ReshapeTarget) -> Result<(), String> {
         let geo = self.engine.geometry();
-        // The one reshape uraid runs today runs offline: say so where it applies.
-        let offline = geo.level.has_parity()
+        let grow_by_members = geo.level.has_parity()
             && target.level == geo.level
             && target.chunk_sectors == geo.chunk_sectors
             && target.layout == geo.layout
             && target.raid_disks > geo.raid_disks;
-        let how = if offline {
-            "stop the array and run `uraid grow --raid-devices N --add NEW... MEMBERS...` on its members \
-             (offline), or `mdadm --grow` it under Linux md"
-        } else {
-            "stop the array and `mdadm --grow` it under Linux md (uraid assembles the result once md finished)"
-        };
+        if grow_by_members {
+            // The spares it takes may be `--add`ed after this check (the plan counted them).
+            return self.may_start_online_grow(target.raid_disks, false);
+        }
         Err(format!(
-            "the reshape of {} (to {} of {} members, {}K chunk, layout {}) while serving is not built yet: {how}",
+            "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built in uraid yet: stop the \
+             array and `mdadm --grow` it under Linux md (uraid assembles the result once md finished)",
             name(geo.level),
             name(target.level),
             target.raid_disks,

@@ -11,6 +11,8 @@
 mod admission;
 mod control;
 mod grow;
+mod reshape_ops;
+mod reshaping;
 mod rounds;
 mod start;
 mod state;

@@ -71,16 +71,28 @@ impl Array {
         tunables.hold_completions_on_member_failure = !opts.read_only;
         let config =
             ArrayConfig { geometry, members: plan.member_configs(), tunables, read_only: opts.read_only };
-        if plan.reshape.is_some() && !opts.read_only {
-            // Writes, and the superblock rounds they bring, would have to keep md's reshape
-            // fields and continue the reshape; uraid serves such an array read-only so far.
-            return Err("the array is mid-reshape, which uraid does not yet continue while serving: finish it \
-                        offline with `uraid grow --continue MEMBERS...` (or let Linux md finish it), or serve \
-                        it --read-only to read it meanwhile; nothing was written"
-                .into());
-        }
-        let mut engine = Engine::new(config).map_err(|e| format!("the engine refused the array: {e}"))?;
-        if let Some(r) = &plan.reshape {
+        // Mid-reshape and writable: the reshape goes on while the array serves (see
+        // `reshape_ops`); read-only, reads are mapped across the checkpoint by the engine.
+        let mut reshaping = None;
+        let mut engine = match &plan.reshape {
+            Some(r) if !opts.read_only => {
+                let io: Vec<Option<usize>> = plan
+                    .slots
+                    .iter()
+                    .map(|s| s.as_ref().and_then(|s| offered.get(s.member)).map(|m| m.key as usize))
+                    .collect();
+                let any_bad_blocks =
+                    offered.iter().any(|m| m.bad_blocks.as_ref().is_some_and(|b| !b.is_empty()));
+                let dirty = plan.resync.engine_ranges().is_some();
+                let (engine, r) = Array::resume_reshape(&config, r, &io, any_bad_blocks, dirty).map_err(|e| {
+                    format!("{e} (serve it --read-only to read it, or finish it with `uraid grow --continue`)")
+                })?;
+                reshaping = Some(r);
+                engine
+            }
+            _ => Engine::new(config).map_err(|e| format!("the engine refused the array: {e}"))?,
+        };
+        if let (Some(r), None) = (&plan.reshape, &reshaping) {
             engine.set_reshape(r.clone())?;
         }
         let mut members = Vec::new();
@@ -93,7 +105,9 @@ impl Array {
             if s.write_mostly {
                 engine.set_write_mostly(slot, true)?;
             }
-            engine.set_bad_blocks(slot, m.bad_blocks.clone());
+            if reshaping.is_none() {
+                engine.set_bad_blocks(slot, m.bad_blocks.clone());
+            }
             let recovering = s.recovery_offset_sectors.is_some();
             members.push(ArrayMember {
                 key: m.key,
@@ -134,7 +148,7 @@ impl Array {
             return Err("no member to start the array with".into());
         }
         let resync_pending = plan.resync.engine_ranges().is_some();
-        if !opts.read_only {
+        if !opts.read_only && reshaping.is_none() {
             if let Some(ranges) = plan.resync.engine_ranges() {
                 engine.start_resync(ranges, opts.now_ns);
             }
@@ -191,6 +205,7 @@ impl Array {
             names,
             sync_samples: VecDeque::new(),
             last_sample_ns: opts.now_ns,
+            reshaping,
         };
         if !array.read_only {
             array.empty_ppl_logs();

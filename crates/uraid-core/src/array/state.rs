@@ -29,6 +29,8 @@ pub(super) enum AfterRound {
     Promote { slot: usize },
     /// The closing superblocks are written.
     Closed,
+    /// A superblock round of the reshape (its start, a checkpoint, its end).
+    Reshape,
 }
 
 /// What a flush the array issued itself is for.
@@ -118,6 +120,8 @@ pub struct Array {
     /// (time, done sectors) of the running sync, for its speed.
     pub(super) sync_samples: VecDeque<(TimeNs, u64)>,
     pub(super) last_sample_ns: TimeNs,
+    /// A reshape while serving (see `reshape_ops`). Boxed and None otherwise.
+    pub(super) reshaping: Option<Box<super::reshaping::Reshaping>>,
 }
 
 /// How often the running sync's position is sampled for its speed.
@@ -192,7 +196,7 @@ impl Array {
     /// Requests of the array's own, and released writes, into the engine while it has room.
     pub(super) fn feed_engine(&mut self) {
         while let Some(req) = self.to_engine.pop_front() {
-            if let Err(SubmitError::Busy(req)) = self.engine.submit(req, self.now_ns) {
+            if let Err(SubmitError::Busy(req)) = self.engine_submit(req) {
                 self.to_engine.push_front(req);
                 break;
             }
@@ -202,7 +206,7 @@ impl Array {
     /// The engine's completions: the callers' to `out_done`, the array's own handled.
     fn drain_completions(&mut self) -> bool {
         let mut any = false;
-        while let Some(c) = self.engine.pop_completion() {
+        while let Some(c) = self.pop_engine_completion() {
             any = true;
             if c.id & (WRITE_TAG | INTERNAL_TAG) == 0 {
                 self.out_done.push_back(c);
@@ -227,8 +231,10 @@ impl Array {
     pub(super) fn settle(&mut self) {
         loop {
             let mut progress = self.drain_completions();
+            progress |= self.service_prev_events();
             progress |= self.service_events();
             progress |= self.pump_rounds();
+            progress |= self.pump_reshape();
             progress |= self.release_held();
             self.feed_engine();
             if !progress {
@@ -256,7 +262,7 @@ impl ArrayEngine for Array {
         if let Some(io) = self.rounds.pop_io() {
             return Some(io);
         }
-        self.engine.pop_member_io()
+        self.engine.pop_member_io().or_else(|| self.pop_prev_member_io())
     }
 
     fn complete_member_io(&mut self, completion: MemberIoCompletion, now_ns: TimeNs) {
@@ -267,7 +273,10 @@ impl ArrayEngine for Array {
             }
             return;
         }
-        self.engine.complete_member_io(completion, now_ns);
+        let mut completion = Some(completion);
+        if !self.complete_prev_member_io(&mut completion, now_ns) {
+            self.engine.complete_member_io(completion.expect("a completion"), now_ns);
+        }
         self.settle();
     }
 
@@ -276,10 +285,10 @@ impl ArrayEngine for Array {
     }
 
     fn next_deadline_ns(&self) -> Option<TimeNs> {
-        match (self.engine.next_deadline_ns(), self.upkeep_deadline_ns()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.engine.next_deadline_ns(), self.upkeep_deadline_ns(), self.reshape_deadline_ns()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn tick(&mut self, now_ns: TimeNs) {
@@ -287,6 +296,7 @@ impl ArrayEngine for Array {
         if self.engine.next_deadline_ns().is_some_and(|d| d <= now_ns) {
             self.engine.tick(now_ns);
         }
+        self.reshape_tick(now_ns);
         self.upkeep_tick();
         self.settle();
     }
@@ -294,6 +304,7 @@ impl ArrayEngine for Array {
     fn fail_member(&mut self, member: usize, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         self.engine.fail_member(member, now_ns);
+        self.reshape_member_failed(member);
         self.settle();
     }
 
@@ -305,6 +316,7 @@ impl ArrayEngine for Array {
             && self.rmws.is_empty()
             && self.internal.is_empty()
             && self.out_done.is_empty()
+            && self.reshape_idle()
     }
 
     fn outstanding(&self) -> String {

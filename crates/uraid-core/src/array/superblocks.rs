@@ -661,6 +661,40 @@ impl ArraySuperblocks {
         }
     }
 
+    /// A reshape starts (`reshape::start`'s superblocks, which record it): each member's
+    /// superblock replaced, members given a slot become active in it, in sync (md's
+    /// raid5_start_reshape marks devices past the old raid_disks In_sync).
+    pub fn reshape_started(&mut self, updates: Vec<(MemberKey, Superblock, Option<usize>)>, raid_disks: u32) {
+        self.raid_disks = raid_disks;
+        for (key, sb, slot) in updates {
+            if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
+                m.sb = sb;
+                if let Some(slot) = slot {
+                    m.role = DevRole::Active { slot, recovering: false };
+                }
+            }
+        }
+    }
+
+    /// The reshape moved everything below `position_sectors` (md's reshape_position,
+    /// written by the next round).
+    pub fn set_reshape_position(&mut self, position_sectors: u64) {
+        for m in &mut self.members {
+            m.sb.reshape_position = position_sectors;
+        }
+    }
+
+    /// The reshape is done: every superblock as `finished` makes it (the next layout is
+    /// the layout, data at the new offset).
+    pub fn reshape_finished(&mut self, finished: impl Fn(&Superblock) -> Superblock) {
+        for m in &mut self.members {
+            m.sb = finished(&m.sb);
+        }
+        if let Some(m) = self.members.first() {
+            (self.level, self.raid_disks, self.chunk_sectors) = (m.sb.level, m.sb.raid_disks, m.sb.chunksize);
+        }
+    }
+
     /// A new member joins (as a spare until [`ArraySuperblocks::spare_activated`]).
     pub fn member_added(&mut self, member: ArrayMember) {
         assert!(self.member(member.key).is_none(), "member keys are unique");

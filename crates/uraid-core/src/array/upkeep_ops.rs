@@ -46,6 +46,7 @@ impl Array {
         match ev {
             EngineEvent::MemberFaulty(slot) => {
                 self.notice(format!("member in slot {slot} failed; the array runs degraded"));
+                self.reshape_member_failed(slot);
                 // Its metadata I/O in flight holds no round (the engine released its data I/O).
                 self.rounds.member_gone(self.engine.io_member(slot) as MemberKey);
                 if self.read_only {
@@ -139,6 +140,10 @@ impl Array {
 
     /// A hot spare takes each failed slot once the failed member's I/O has drained.
     fn try_spares(&mut self) {
+        // md recovers only after a reshape ends (`reshape_done` asks again then).
+        if self.reshaping.is_some() {
+            return;
+        }
         let wanted = std::mem::take(&mut self.spare_wanted);
         for slot in wanted {
             if self.engine.is_failed()
@@ -284,6 +289,7 @@ impl Array {
 
     fn after_round(&mut self, after: AfterRound) {
         match after {
+            AfterRound::Reshape => self.reshape_round_done(),
             AfterRound::FailureRecorded => {
                 self.records_pending -= 1;
                 if self.records_pending == 0 {
@@ -408,6 +414,9 @@ impl Array {
 
     /// The driver's closing, once its final flush is answered (see `ArrayEngine::finish_close`).
     pub(super) fn close_step(&mut self, flush: Result<(), RequestError>) -> Option<Result<(), RequestError>> {
+        if self.closing.is_none() && self.reshape_holds_close() {
+            return None;
+        }
         if self.closing.is_none() {
             if self.read_only || flush.is_err() {
                 // A failed flush leaves the superblocks dirty: the next start resyncs.

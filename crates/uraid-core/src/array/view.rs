@@ -43,6 +43,8 @@ pub struct ArrayView {
     pub behind_writes_in_flight: usize,
     /// Writes so far that were allowed to complete before their write-mostly copies.
     pub write_behind_requests: u64,
+    /// A reshape while serving: its checkpoint and its end, array sectors of the new layout.
+    pub reshape: Option<(u64, u64)>,
 }
 
 impl ArrayView {
@@ -90,10 +92,11 @@ impl Array {
             sync_action: self.engine.sync_action().to_string(),
             last_sync_action: self.engine.last_sync_action().to_string(),
             mismatch_cnt: self.engine.mismatch_cnt(),
-            array_sectors: self.engine.size_bytes() / 512,
+            array_sectors: self.size_bytes() / 512,
             write_behind: self.engine.write_behind(),
             behind_writes_in_flight: self.engine.behind_writes_in_flight(),
             write_behind_requests: self.engine.stats().write_behind_requests,
+            reshape: self.reshape_progress(),
         }
     }
 
@@ -105,6 +108,6 @@ impl Array {
     /// Whether nothing is left to write: no request, no metadata round, no upkeep owed
     /// soon (a test waits for this before reading the members).
     pub fn quiet(&self) -> bool {
-        crate::api::ArrayEngine::is_idle(self) && !self.engine.sync_active()
+        crate::api::ArrayEngine::is_idle(self) && !self.engine.sync_active() && !self.reshape_running()
     }
 }

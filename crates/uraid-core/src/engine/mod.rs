@@ -245,6 +245,11 @@ impl Engine {
         self.md.reset_stats()
     }
 
+    /// The counters go on in the engine that takes over from `other` (a reshape's).
+    pub(crate) fn carry_stats_from(&mut self, other: &Engine) {
+        self.md.stats = other.md.stats.clone();
+    }
+
     /// No request, member I/O or queued work outstanding (background sync aside).
     pub fn is_idle(&self) -> bool {
         self.md.is_idle(&self.led)

@@ -1,0 +1,718 @@
+//! A reshape while the array serves (md's reshape_request under make_request; see
+//! docs/operations.md "Grow and reshape"). Two engines run side by side: the array's own
+//! in the next geometry at `new_data_offset`, and one in the previous geometry at
+//! `data_offset`. A request goes to the engine whose layout holds its sectors, split at
+//! the checkpoint when it spans it (md's `ahead_of_reshape`). One window of whole new
+//! stripes at a time is moved: requests in it wait, those already in the previous engine
+//! finish, the window is read through the previous engine (degraded reads included),
+//! written through the next one as full stripes, flushed, and only then is its end
+//! written to every superblock as `reshape_position`; requests that waited go on after
+//! that round, so none lands in the next layout before a crash would keep it there.
+//! Windows obey md's `reshape_safe` rule (`ReshapeRun::next_window`).
+
+use super::reshaping::{
+    Parts, Reshaping, Step, PART_TAG, PREV_IO_TAG, RESHAPE_IO_MAX_BYTES, RESHAPE_TAG, WINDOW_MAX_SECTORS,
+};
+use super::state::{AfterRound, Array};
+use super::superblocks::{DevRole, MemberKey};
+use crate::api::*;
+use crate::config::{ArrayConfig, MemberConfig, MemberState, Tunables};
+use crate::engine::Engine;
+use crate::geometry::Geometry;
+use crate::meta::Superblock;
+use crate::reshape::run::ReshapeRun;
+use crate::reshape::start::{start_grow_with_spares, GrowMember};
+use crate::reshape::ReshapeGeometry;
+
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+fn span_of(req: &Request) -> (u64, u64) {
+    (req.offset_bytes / SECTOR_BYTES, (req.offset_bytes + req.len_bytes).div_ceil(SECTOR_BYTES))
+}
+
+/// An engine for one side of a reshape: `geo` at `offsets_sectors` (per slot), each slot's
+/// state and device as given. No bad-block log: a write error fails the member, since a
+/// log entry's sectors would mean different data on the two sides.
+fn side_engine(
+    geo: Geometry,
+    offsets_sectors: &[u64],
+    states: &[MemberState],
+    io_members: &[Option<usize>],
+    tunables: Tunables,
+) -> Result<Engine, String> {
+    let members = (0..geo.raid_disks)
+        .map(|slot| MemberConfig {
+            data_offset_bytes: offsets_sectors[slot] * SECTOR_BYTES,
+            state: states[slot],
+        })
+        .collect();
+    let config = ArrayConfig { geometry: geo, members, tunables, read_only: false };
+    let mut engine =
+        Engine::new(config).map_err(|e| format!("the engine refused the reshape's layout: {e}"))?;
+    for (slot, io) in io_members.iter().enumerate().take(engine.geometry().raid_disks) {
+        if let Some(io) = io {
+            engine.set_io_member(slot, *io)?;
+        }
+    }
+    Ok(engine)
+}
+
+/// What keeps uraid from running a reshape of this array while it serves, if anything.
+fn may_run(geo: &ReshapeGeometry, any_bad_blocks: bool) -> Result<(), String> {
+    use crate::reshape::unsupported;
+    if any_bad_blocks {
+        return Err(unsupported("a reshape of members with bad-block log entries"));
+    }
+    ReshapeRun::new(geo.clone()).map(|_| ())
+}
+
+impl Array {
+    /// The array's size while it serves: mid-reshape, the smaller of the two layouts' (md
+    /// shows a grow's new size once it is done).
+    pub(super) fn size_bytes(&self) -> u64 {
+        match &self.reshaping {
+            Some(r) => r.run.geometry().array_sectors() * SECTOR_BYTES,
+            None => self.engine.size_bytes(),
+        }
+    }
+
+    pub fn is_reshaping(&self) -> bool {
+        self.reshaping.is_some()
+    }
+
+    /// A reshape has windows left to move (not stopped).
+    pub fn reshape_running(&self) -> bool {
+        self.reshaping.as_deref().is_some_and(|r| r.step != Step::Stopped)
+    }
+
+    /// The reshape's checkpoint and end, in array sectors of the next layout, while one runs.
+    pub fn reshape_progress(&self) -> Option<(u64, u64)> {
+        self.reshaping.as_ref().map(|r| (r.run.position_sectors(), r.run.end_sectors()))
+    }
+
+    // ---- routing ------------------------------------------------------------------------
+
+    /// A request into the engine whose layout holds its sectors.
+    pub(super) fn engine_submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        let Some(r) = self.reshaping.as_deref_mut() else {
+            return self.engine.submit(req, self.now_ns);
+        };
+        let now = self.now_ns;
+        let engine = &mut self.engine;
+        if r.prev.is_none() {
+            r.waiting.push_back(req);
+            return Ok(());
+        }
+        if req.op == RequestOp::Flush {
+            // The next engine flushes every member: the previous engine's completed writes too.
+            return engine.submit(req, now);
+        }
+        let span = span_of(&req);
+        if r.blocked().is_some_and(|b| overlaps(b, span)) {
+            r.waiting.push_back(req);
+            return Ok(());
+        }
+        let pos = r.run.position_sectors();
+        if span.1 <= pos {
+            return engine.submit(req, now);
+        }
+        if span.0 >= pos {
+            let id = req.id;
+            r.prev.as_deref_mut().expect("the previous engine").submit(req, now)?;
+            r.prev_spans.insert(id, span);
+            return Ok(());
+        }
+        let max = engine.tunables().max_inflight_requests;
+        let prev_full = r.prev.as_deref().is_some_and(|p| p.inflight_requests() >= max);
+        if engine.inflight_requests() >= max || prev_full {
+            return Err(SubmitError::Busy(req));
+        }
+        // Across the checkpoint: a piece for each side.
+        let cut = ((pos - span.0) * SECTOR_BYTES) as usize;
+        let mut pieces = Vec::new();
+        for (at, len) in [(0, cut), (cut, req.len_bytes as usize - cut)] {
+            let mut p = Request {
+                id: r.part_id(),
+                op: req.op,
+                offset_bytes: req.offset_bytes + at as u64,
+                len_bytes: len as u64,
+                fua: req.fua,
+                data: Vec::new(),
+            };
+            if req.op == RequestOp::Write {
+                p.data = req.data[at..at + len].to_vec();
+            }
+            r.piece_of.insert(p.id, (req.id, at));
+            pieces.push(p);
+        }
+        let data = if req.op == RequestOp::Read { vec![0u8; req.len_bytes as usize] } else { Vec::new() };
+        r.parts.insert(req.id, Parts { parent: req.id, left: 2, error: None, data });
+        let above = pieces.pop().expect("two pieces");
+        let below = pieces.pop().expect("two pieces");
+        if let Err(SubmitError::Busy(p)) = engine.submit(below, now) {
+            r.waiting.push_back(p);
+        }
+        let (id, above_span) = (above.id, span_of(&above));
+        match r.prev.as_deref_mut().expect("the previous engine").submit(above, now) {
+            Ok(()) => {
+                r.prev_spans.insert(id, above_span);
+            }
+            Err(SubmitError::Busy(p)) => r.waiting.push_back(p),
+        }
+        Ok(())
+    }
+
+    /// The engines' next completion for the array: pieces gathered into their request,
+    /// the reshape's own requests handled here.
+    pub(super) fn pop_engine_completion(&mut self) -> Option<RequestCompletion> {
+        loop {
+            let c = match self.engine.pop_completion() {
+                Some(c) if self.reshaping.is_none() => return Some(c),
+                Some(c) => c,
+                None => {
+                    let r = self.reshaping.as_deref_mut()?;
+                    let c = r.prev.as_deref_mut()?.pop_completion()?;
+                    r.prev_spans.remove(&c.id);
+                    c
+                }
+            };
+            if c.id & RESHAPE_TAG != 0 {
+                self.reshape_io_done(c);
+                continue;
+            }
+            if c.id & PART_TAG != 0 {
+                if let Some(done) = self.piece_done(c) {
+                    return Some(done);
+                }
+                continue;
+            }
+            return Some(c);
+        }
+    }
+
+    fn piece_done(&mut self, c: RequestCompletion) -> Option<RequestCompletion> {
+        let r = self.reshaping.as_deref_mut()?;
+        let (parent, at) = r.piece_of.remove(&c.id)?;
+        let p = r.parts.get_mut(&parent)?;
+        match c.result {
+            Ok(data) if !data.is_empty() => p.data[at..at + data.len()].copy_from_slice(&data),
+            Ok(_) => {}
+            Err(e) => p.error = Some(e),
+        }
+        p.left -= 1;
+        if p.left > 0 {
+            return None;
+        }
+        let p = r.parts.remove(&parent)?;
+        Some(RequestCompletion { id: p.parent, result: p.error.map_or(Ok(p.data), Err) })
+    }
+
+    /// The member I/O of the previous engine, tagged so its completion finds it.
+    pub(super) fn pop_prev_member_io(&mut self) -> Option<MemberIo> {
+        let mut io = self.reshaping.as_deref_mut()?.prev.as_deref_mut()?.pop_member_io()?;
+        io.id |= PREV_IO_TAG;
+        Some(io)
+    }
+
+    /// Routes a member I/O's completion of the previous engine; false if it is not one.
+    pub(super) fn complete_prev_member_io(
+        &mut self,
+        c: &mut Option<MemberIoCompletion>,
+        now_ns: TimeNs,
+    ) -> bool {
+        let Some(comp) = c.as_ref() else { return false };
+        if comp.id & PREV_IO_TAG == 0 || self.reshaping.is_none() {
+            return false;
+        }
+        let mut comp = c.take().expect("a completion");
+        comp.id &= !PREV_IO_TAG;
+        // Once the reshape is done its engine is gone; a late answer finds nothing.
+        if let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) {
+            prev.complete_member_io(comp, now_ns);
+        }
+        true
+    }
+
+    /// The previous engine's deadline (its member-I/O timeouts) and the next window's.
+    pub(super) fn reshape_deadline_ns(&self) -> Option<TimeNs> {
+        let r = self.reshaping.as_deref()?;
+        let prev = r.prev.as_deref().and_then(|p| p.next_deadline_ns());
+        let window = (r.step == Step::Ready && !r.stopping).then_some(r.not_before_ns);
+        match (prev, window) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(super) fn reshape_tick(&mut self, now_ns: TimeNs) {
+        if let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) {
+            if prev.next_deadline_ns().is_some_and(|d| d <= now_ns) {
+                prev.tick(now_ns);
+            }
+        }
+    }
+
+    /// Nothing of the reshape is under way (its next window may still be due).
+    pub(super) fn reshape_idle(&self) -> bool {
+        self.reshaping.as_deref().is_none_or(|r| {
+            !r.busy()
+                && r.waiting.is_empty()
+                && r.to_issue.is_empty()
+                && r.out == 0
+                && r.parts.is_empty()
+                && r.prev.as_deref().is_none_or(|p| p.is_idle())
+        })
+    }
+
+    /// A member failed in one engine: the other stops using it too (md has one rdev for
+    /// both layouts). The next engine's failure is what the array records.
+    pub(super) fn reshape_member_failed(&mut self, slot: usize) {
+        let now = self.now_ns;
+        if let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) {
+            if slot < prev.geometry().raid_disks && prev.member_states()[slot] != MemberState::Faulty {
+                prev.fail_member(slot, now);
+            }
+        }
+    }
+
+    /// Failures the previous engine saw, passed to the array's engine; the previous
+    /// engine's held completions go when the array's do.
+    pub(super) fn service_prev_events(&mut self) -> bool {
+        let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) else {
+            return false;
+        };
+        let mut failed = Vec::new();
+        while let Some(ev) = prev.pop_event() {
+            if let crate::sync::EngineEvent::MemberFaulty(slot) = ev {
+                failed.push(slot);
+            }
+        }
+        let any = !failed.is_empty();
+        for slot in failed {
+            if self.engine.member_states().get(slot).is_some_and(|s| *s != MemberState::Faulty) {
+                self.engine.fail_member(slot, self.now_ns);
+            }
+        }
+        if !self.engine.metadata_pending() {
+            if let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) {
+                if prev.metadata_pending() {
+                    prev.metadata_committed();
+                }
+            }
+        }
+        any
+    }
+
+    // ---- starting -----------------------------------------------------------------------
+
+    /// Why a grow of this running raid4/5/6 by members cannot start now.
+    /// `count_spares`: whether the spares it takes must be there already.
+    pub(super) fn may_start_online_grow(&self, to_disks: usize, count_spares: bool) -> Result<(), String> {
+        let geo = self.engine.geometry();
+        let refuse = |why: &str| Err(format!("cannot start the reshape: {why}; nothing was written"));
+        if self.read_only {
+            return refuse("the array is read-only");
+        }
+        if self.reshaping.is_some() {
+            return refuse("a reshape is already running");
+        }
+        if self.engine.is_degraded() || self.engine.is_failed() {
+            return refuse("the array is degraded: rebuild it first (md refuses too)");
+        }
+        if self.engine.sync_active() || self.engine.resync_owed() || self.sbs.resync_pending() {
+            return refuse("a resync, recovery or check is running or owed: let it finish first");
+        }
+        if !self.engine.replacements().is_empty() {
+            return refuse("a replacement is running: let it finish first");
+        }
+        if self.sbs.bitmap().is_some() {
+            return refuse(
+                "the array has a write-intent bitmap, which uraid does not yet reshape: remove it first \
+                 (mdadm --grow --bitmap=none)",
+            );
+        }
+        if self.engine.ppl_enabled() {
+            return refuse("the array keeps a partial parity log: switch to resync first");
+        }
+        if self.sbs.members().iter().any(|m| self.sbs.bad_blocks(m.key).is_some_and(|b| !b.is_empty())) {
+            return refuse("a member has bad-block log entries");
+        }
+        let spares = self.sbs.members().iter().filter(|m| m.role == DevRole::Spare).count();
+        let need = to_disks.saturating_sub(geo.raid_disks);
+        if count_spares && spares < need {
+            return refuse(&format!(
+                "{need} new member(s) are needed and the array has {spares} spare(s): give them with --add"
+            ));
+        }
+        Ok(())
+    }
+
+    /// md's raid5_start_reshape for a grow by members: spares take the new slots, every
+    /// superblock records the reshape at position 0 with the data offset moved down
+    /// (mdadm's way without a backup file); once that round is durable and the engine is
+    /// idle, the engines are swapped and windows move.
+    pub(super) fn start_online_grow(&mut self, to_disks: usize) -> Result<(), String> {
+        self.may_start_online_grow(to_disks, true)?;
+        let from = self.engine.geometry().raid_disks;
+        let events = self.sbs.events();
+        let as_clean = |sb: &Superblock| {
+            let mut sb = sb.clone();
+            sb.resync_offset = crate::meta::MAX_SECTOR;
+            sb.events = events;
+            sb
+        };
+        let mut slot_keys = vec![None; from];
+        for m in self.sbs.members() {
+            if let DevRole::Active { slot, .. } = m.role {
+                slot_keys[slot] = Some(m.key);
+            }
+        }
+        let slot_keys: Vec<MemberKey> =
+            slot_keys.into_iter().collect::<Option<_>>().ok_or("a slot has no member: rebuild it first")?;
+        let slot_sbs: Vec<Superblock> =
+            slot_keys.iter().map(|k| as_clean(&self.sbs.member(*k).expect("member").sb)).collect();
+        let spares: Vec<(MemberKey, Superblock)> = self
+            .sbs
+            .members()
+            .iter()
+            .filter(|m| m.role == DevRole::Spare)
+            .map(|m| (m.key, as_clean(&m.sb)))
+            .collect();
+        let (taking, staying) = spares.split_at(to_disks - from);
+        let new_members: Vec<GrowMember> = taking
+            .iter()
+            .map(|(_, sb)| GrowMember {
+                dev_sectors: sb.data_offset + sb.data_size,
+                device_uuid: sb.device_uuid,
+            })
+            .collect();
+        let staying_sbs: Vec<Superblock> = staying.iter().map(|(_, sb)| sb.clone()).collect();
+        let (all, spare_sbs, geo) =
+            start_grow_with_spares(&slot_sbs, &staying_sbs, &new_members, self.now_seconds())?;
+        let run = ReshapeRun::new(geo)?;
+        let mut updates: Vec<(MemberKey, Superblock, Option<usize>)> = Vec::new();
+        for (slot, key) in slot_keys.iter().enumerate() {
+            updates.push((*key, all[slot].clone(), None));
+        }
+        for (i, (key, _)) in taking.iter().enumerate() {
+            updates.push((*key, all[from + i].clone(), Some(from + i)));
+        }
+        for ((key, _), sb) in staying.iter().zip(spare_sbs) {
+            updates.push((*key, sb, None));
+        }
+        self.sbs.reshape_started(updates, to_disks as u32);
+        self.reshaping = Some(Box::new(Reshaping::new(None, run, Step::Starting)));
+        self.write_superblocks_then(Some(AfterRound::Reshape));
+        self.notice(format!("reshape to {to_disks} members started"));
+        Ok(())
+    }
+
+    /// The start's superblocks are durable and the engine idle: the engine becomes the
+    /// previous layout's, a new one takes the next layout.
+    fn swap_engines(&mut self) -> Result<(), String> {
+        let r = self.reshaping.as_deref().expect("a reshape");
+        let geo = r.run.geometry().clone();
+        let n = geo.next.raid_disks;
+        let old = self.engine.geometry().raid_disks;
+        let mut states = self.engine.member_states();
+        states.resize(n, MemberState::InSync);
+        let mut io: Vec<Option<usize>> = (0..old).map(|s| Some(self.engine.io_member(s))).collect();
+        io.resize(n, None);
+        for m in self.sbs.members() {
+            if let DevRole::Active { slot, .. } = m.role {
+                if slot >= old {
+                    io[slot] = Some(m.key as usize);
+                }
+            }
+        }
+        let mut next = side_engine(
+            geo.next.clone(),
+            &geo.new_data_offset_sectors,
+            &states,
+            &io,
+            self.engine.tunables().clone(),
+        )?;
+        next.carry_stats_from(&self.engine);
+        let mut prev = std::mem::replace(&mut self.engine, next);
+        for slot in 0..old {
+            prev.set_bad_blocks(slot, None);
+        }
+        let r = self.reshaping.as_deref_mut().expect("a reshape");
+        r.prev = Some(Box::new(prev));
+        r.step = Step::Ready;
+        r.not_before_ns = self.now_ns;
+        Ok(())
+    }
+
+    /// An array assembled mid-reshape, served writable: the engine of the next layout
+    /// (the array's) and the previous one's, and the windows go on from the checkpoint.
+    /// `dirty`: resynced once the reshape is done.
+    pub(super) fn resume_reshape(
+        engine_config: &ArrayConfig,
+        geo: &ReshapeGeometry,
+        io_members: &[Option<usize>],
+        any_bad_blocks: bool,
+        dirty: bool,
+    ) -> Result<(Engine, Box<Reshaping>), String> {
+        may_run(geo, any_bad_blocks)?;
+        let states: Vec<MemberState> = engine_config.members.iter().map(|m| m.state).collect();
+        let t = engine_config.tunables.clone();
+        let next =
+            side_engine(geo.next.clone(), &geo.new_data_offset_sectors, &states, io_members, t.clone())?;
+        let prev = side_engine(geo.previous.clone(), &geo.data_offset_sectors, &states, io_members, t)?;
+        let run = ReshapeRun::new(geo.clone())?;
+        let mut r = Reshaping::new(Some(Box::new(prev)), run, Step::Ready);
+        r.resync_after = dirty;
+        Ok((next, Box::new(r)))
+    }
+
+    // ---- windows ------------------------------------------------------------------------
+
+    /// Moves the reshape along: the reshape's own requests into the engines, requests
+    /// that waited back in, and the window's next step. Returns whether anything moved.
+    pub(super) fn pump_reshape(&mut self) -> bool {
+        if self.reshaping.is_none() {
+            return false;
+        }
+        let mut progress = self.issue_reshape_io();
+        progress |= self.release_waiting();
+        progress |= self.step_reshape();
+        progress
+    }
+
+    fn issue_reshape_io(&mut self) -> bool {
+        let now = self.now_ns;
+        let Some(r) = self.reshaping.as_deref_mut() else { return false };
+        let mut progress = false;
+        while let Some(req) = r.to_issue.pop_front() {
+            let to = match (req.op, r.prev.as_deref_mut()) {
+                (RequestOp::Read, Some(prev)) => prev,
+                _ => &mut self.engine,
+            };
+            if let Err(SubmitError::Busy(req)) = to.submit(req, now) {
+                r.to_issue.push_front(req);
+                break;
+            }
+            r.out += 1;
+            progress = true;
+        }
+        progress
+    }
+
+    fn release_waiting(&mut self) -> bool {
+        let Some(r) = self.reshaping.as_deref_mut() else { return false };
+        if r.waiting.is_empty() || r.prev.is_none() {
+            return false;
+        }
+        if let Some(b) = r.blocked() {
+            if r.waiting.iter().all(|q| q.op != RequestOp::Flush && overlaps(span_of(q), b)) {
+                return false;
+            }
+        }
+        let waiting = std::mem::take(&mut r.waiting);
+        let before = waiting.len();
+        let mut rest = waiting.into_iter();
+        while let Some(req) = rest.next() {
+            if let Err(SubmitError::Busy(req)) = self.engine_submit(req) {
+                let r = self.reshaping.as_deref_mut().expect("a reshape");
+                r.waiting.push_back(req);
+                r.waiting.extend(rest);
+                break;
+            }
+        }
+        self.reshaping.as_deref().is_some_and(|r| r.waiting.len() != before)
+    }
+
+    fn step_reshape(&mut self) -> bool {
+        let now = self.now_ns;
+        let closing = self.closing.is_some();
+        let Some(r) = self.reshaping.as_deref_mut() else { return false };
+        match r.step.clone() {
+            Step::Starting => {
+                if r.start_recorded && self.engine.is_idle() {
+                    if let Err(e) = self.swap_engines() {
+                        // The superblocks say reshape: a restart continues it; stop here.
+                        self.notice(format!("reshape could not start its engines: {e}"));
+                        self.stop_reshape("its engines could not start");
+                    }
+                    return true;
+                }
+                false
+            }
+            Step::Ready => {
+                if r.stopping || closing || r.failed || now < r.not_before_ns {
+                    return false;
+                }
+                if r.run.is_done() {
+                    r.step = Step::Finishing;
+                    return true;
+                }
+                let Some(w) = r.run.next_window(WINDOW_MAX_SECTORS) else {
+                    self.stop_reshape("no room to write the next stripe");
+                    return true;
+                };
+                r.window_started_ns = now;
+                r.step = Step::Draining(w);
+                true
+            }
+            Step::Draining(w) => {
+                let span = (w.start_sectors, w.end_sectors);
+                if r.prev_spans.values().any(|s| overlaps(*s, span)) {
+                    return false;
+                }
+                let old_end = r.run.geometry().previous.array_sectors().min(w.end_sectors);
+                r.data = vec![0u8; ((w.end_sectors - w.start_sectors) * SECTOR_BYTES) as usize];
+                let mut at = w.start_sectors;
+                while at < old_end {
+                    let len = (old_end - at).min(RESHAPE_IO_MAX_BYTES / SECTOR_BYTES);
+                    let off = at - w.start_sectors;
+                    r.to_issue.push_back(Request::read(
+                        RESHAPE_TAG | off,
+                        at * SECTOR_BYTES,
+                        len * SECTOR_BYTES,
+                    ));
+                    at += len;
+                }
+                r.step = Step::Reading(w);
+                true
+            }
+            Step::Reading(w) => {
+                if r.out > 0 || !r.to_issue.is_empty() {
+                    return false;
+                }
+                if r.failed {
+                    self.stop_reshape("the window could not be read");
+                    return true;
+                }
+                let next = &r.run.geometry().next;
+                let stripe = next.chunk_sectors * next.data_disks() as u64;
+                let per = (RESHAPE_IO_MAX_BYTES / SECTOR_BYTES / stripe).max(1) * stripe;
+                let data = std::mem::take(&mut r.data);
+                let mut at = w.start_sectors;
+                while at < w.end_sectors {
+                    let len = (w.end_sectors - at).min(per);
+                    let off = ((at - w.start_sectors) * SECTOR_BYTES) as usize;
+                    let bytes = data[off..off + (len * SECTOR_BYTES) as usize].to_vec();
+                    r.to_issue.push_back(Request::write(
+                        RESHAPE_TAG | (at - w.start_sectors),
+                        at * SECTOR_BYTES,
+                        bytes,
+                    ));
+                    at += len;
+                }
+                r.step = Step::Writing(w);
+                true
+            }
+            Step::Writing(w) => {
+                if r.out > 0 || !r.to_issue.is_empty() {
+                    return false;
+                }
+                if r.failed {
+                    self.stop_reshape("the window could not be written");
+                    return true;
+                }
+                r.to_issue.push_back(Request::flush(RESHAPE_TAG | (1 << 40)));
+                r.step = Step::Flushing(w);
+                true
+            }
+            Step::Flushing(w) => {
+                if r.out > 0 || !r.to_issue.is_empty() {
+                    return false;
+                }
+                if r.failed {
+                    self.stop_reshape("the window could not be flushed");
+                    return true;
+                }
+                r.step = Step::Checkpointing(w);
+                self.sbs.set_reshape_position(w.end_sectors);
+                self.write_superblocks_then(Some(AfterRound::Reshape));
+                true
+            }
+            Step::Checkpointing(_) | Step::Completing | Step::Stopped => false,
+            Step::Finishing => {
+                let prev_idle = r.prev.as_deref().is_none_or(|p| p.is_idle());
+                if !r.prev_spans.is_empty() || !prev_idle || !r.parts.is_empty() {
+                    return false;
+                }
+                let run = r.run.clone();
+                r.step = Step::Completing;
+                self.sbs.reshape_finished(|sb| run.finished_superblock(sb, sb.events, sb.utime));
+                self.write_superblocks_then(Some(AfterRound::Reshape));
+                true
+            }
+        }
+    }
+
+    /// A superblock round the reshape asked for is done.
+    pub(super) fn reshape_round_done(&mut self) {
+        let Some(r) = self.reshaping.as_deref_mut() else { return };
+        match r.step.clone() {
+            Step::Starting => r.start_recorded = true,
+            Step::Checkpointing(w) => {
+                r.run.advance(w);
+                // md's sync_speed_max bounds the reshape as it bounds a resync.
+                let kib = (w.end_sectors - w.start_sectors) / 2;
+                let max_kib = self.engine.tunables().sync_speed_max_kib.max(1);
+                r.not_before_ns = r.window_started_ns + kib * 1_000_000_000 / max_kib;
+                r.step = if r.stopping { Step::Stopped } else { Step::Ready };
+            }
+            Step::Completing => self.reshape_done(),
+            _ => {}
+        }
+    }
+
+    fn reshape_done(&mut self) {
+        let Some(r) = self.reshaping.take() else { return };
+        let geo = r.run.geometry();
+        self.notice(format!(
+            "reshape done: {} members, array size {} KiB (NBD clients see it on their next connection)",
+            geo.next.raid_disks,
+            self.engine.size_bytes() / 1024
+        ));
+        if r.resync_after {
+            self.engine.start_resync(None, self.now_ns);
+        }
+        let states = self.engine.member_states();
+        for (slot, s) in states.iter().enumerate() {
+            if matches!(s, MemberState::Missing | MemberState::Faulty) && !self.spare_wanted.contains(&slot) {
+                self.spare_wanted.push(slot);
+            }
+        }
+    }
+
+    /// The reshape's own request ended.
+    fn reshape_io_done(&mut self, c: RequestCompletion) {
+        let Some(r) = self.reshaping.as_deref_mut() else { return };
+        r.out = r.out.saturating_sub(1);
+        match c.result {
+            Ok(data) => {
+                if let Step::Reading(_) = r.step {
+                    let at = ((c.id & !RESHAPE_TAG) * SECTOR_BYTES) as usize;
+                    r.data[at..at + data.len()].copy_from_slice(&data);
+                }
+            }
+            Err(_) => r.failed = true,
+        }
+    }
+
+    /// No window moves any more (the array keeps serving; the superblocks hold the last
+    /// checkpoint, from which a restart goes on).
+    fn stop_reshape(&mut self, why: &str) {
+        let Some(r) = self.reshaping.as_deref_mut() else { return };
+        let at = r.run.position_sectors();
+        r.step = Step::Stopped;
+        r.to_issue.clear();
+        self.notice(format!(
+            "reshape stopped at sector {at}: {why}; the array serves on and a restart continues from there"
+        ));
+    }
+
+    /// A close waits for the window under way to be checkpointed; no new one starts.
+    pub(super) fn reshape_holds_close(&mut self) -> bool {
+        let Some(r) = self.reshaping.as_deref_mut() else { return false };
+        r.stopping = true;
+        r.busy()
+    }
+}

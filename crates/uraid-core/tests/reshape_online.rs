@@ -1,0 +1,285 @@
+//! A grow by members while the array serves: reads and writes go on throughout (each
+//! checked against a model of what was acknowledged), the reshape ends with the new size,
+//! md's `check` finds every stripe consistent, and a fresh assembly reads the same bytes.
+//! A power cut at any point of the reshape (member I/O in flight dropped) followed by a
+//! restart resumes it from the checkpoint and loses no acknowledged write.
+
+mod common;
+
+use common::*;
+use uraid_core::api::*;
+use uraid_core::array::{grow_plan, Array, GrowRequest};
+use uraid_core::ScrubKind;
+
+const MEMBER_BYTES: u64 = 8 << 20;
+
+/// A raid of `level` on `n` members with `data` written through it, and one spare added.
+fn array_with_spare(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>) {
+    let mm = create_level(level, n, MEMBER_BYTES, false);
+    let keys: Vec<usize> = (0..n).collect();
+    let mut d = start_array(mm, &keys, seed);
+    let size = d.engine.engine().size_bytes() as usize;
+    let mut model = vec![0u8; size];
+    Rng(seed ^ 0x5eed).fill(&mut model);
+    for (i, chunk) in model.chunks(1 << 20).enumerate() {
+        let r = d.run_one(Request::write(1000 + i as u64, (i << 20) as u64, chunk.to_vec()));
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
+    d.engine.add_member(new, d.now_ns).unwrap();
+    d.run_until_idle();
+    (d, model)
+}
+
+fn grow_to(d: &mut Driver<Array>, raid_disks: usize) {
+    let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+    let plan = grow_plan(&cur, &GrowRequest { raid_disks: Some(raid_disks), ..Default::default() }).unwrap();
+    d.engine.may_grow(&plan).unwrap();
+    d.engine.grow(&plan, d.now_ns).unwrap();
+    assert!(d.engine.is_reshaping());
+}
+
+/// Client requests while the reshape runs: up to eight at once on spans that do not
+/// overlap, writes of new random bytes and reads checked against the model at their end.
+/// Returns the writes still in flight when it stopped (span start, bytes).
+struct Clients {
+    rng: Rng,
+    next_id: u64,
+    out: Vec<(u64, u64, u64, Option<Vec<u8>>)>,
+}
+
+impl Clients {
+    fn new(seed: u64) -> Clients {
+        Clients { rng: Rng(seed), next_id: 1, out: Vec::new() }
+    }
+
+    /// Half of them near the reshape's checkpoint, where the layouts meet.
+    fn issue(&mut self, d: &mut Driver<Array>, size: u64) {
+        let hot = d.engine.reshape_progress().map(|(p, _)| (p * 512).min(size));
+        while self.out.len() < 8 {
+            let len = (1 + self.rng.below(32)) * 4096;
+            let at = match hot {
+                Some(h) if self.rng.below(2) == 0 => {
+                    let lo = h.saturating_sub(2 << 20).min(size - len);
+                    let hi = (h + (4 << 20)).min(size - len);
+                    (lo + self.rng.below(hi - lo + 1)) / 4096 * 4096
+                }
+                _ => self.rng.below((size - len) / 4096) * 4096,
+            };
+            if self.out.iter().any(|&(_, a, l, _)| overlaps((a, a + l), (at, at + len))) {
+                return;
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            let req = if self.rng.below(2) == 0 {
+                let mut data = vec![0u8; len as usize];
+                self.rng.fill(&mut data);
+                self.out.push((id, at, len, Some(data.clone())));
+                Request::write(id, at, data)
+            } else {
+                self.out.push((id, at, len, None));
+                Request::read(id, at, len)
+            };
+            if let Err(SubmitError::Busy(_)) = d.engine.submit(req, d.now_ns) {
+                self.out.pop();
+                return;
+            }
+        }
+    }
+
+    /// Takes the requests that ended; returns the spans of the writes among them.
+    fn collect(&mut self, d: &mut Driver<Array>, model: &mut [u8]) -> Vec<(u64, u64)> {
+        let mut written = Vec::new();
+        let mut i = 0;
+        while i < self.out.len() {
+            let (id, at, len, ref data) = self.out[i];
+            let Some(c) = d.take_done(id) else {
+                i += 1;
+                continue;
+            };
+            let got = c.result.unwrap_or_else(|e| panic!("request {id} at {at}+{len} failed: {e:?}"));
+            let span = at as usize..(at + len) as usize;
+            match data {
+                Some(data) => {
+                    model[span].copy_from_slice(data);
+                    written.push((at, at + len));
+                }
+                None => assert!(got == model[span], "read {id} at {at}+{len} returned other bytes"),
+            }
+            self.out.swap_remove(i);
+        }
+        written
+    }
+}
+
+/// The driver's step with the array's metadata I/O slow: it completes only every 16th
+/// step, so a superblock round takes long against the data I/O around it (a client write
+/// that lands while a checkpoint is still being written is then often cut).
+fn step_slow_metadata(d: &mut Driver<Array>, tick: u64) {
+    struct SlowMeta<'a> {
+        members: &'a mut MemMembers,
+        rng: &'a mut Rng,
+        pending: &'a mut Vec<MemberIo>,
+        meta_due: bool,
+    }
+    impl uraid_core::drive::MemberExecutor for SlowMeta<'_> {
+        fn issue(&mut self, io: MemberIo) {
+            self.pending.push(io);
+        }
+        fn poll(&mut self, out: &mut Vec<MemberIoCompletion>) {
+            let ready: Vec<usize> =
+                (0..self.pending.len()).filter(|&i| self.meta_due || !is_meta(&self.pending[i])).collect();
+            if ready.is_empty() {
+                return;
+            }
+            let i = ready[self.rng.below(ready.len() as u64) as usize];
+            out.push(self.members.perform(self.pending.swap_remove(i)));
+        }
+    }
+    d.now_ns += 10_000;
+    let now = d.now_ns;
+    let mut ex = SlowMeta {
+        members: &mut d.members,
+        rng: &mut d.rng,
+        pending: &mut d.pending,
+        meta_due: tick.is_multiple_of(16),
+    };
+    let done = &mut d.done;
+    let pumped =
+        uraid_core::drive::pump(&mut d.engine, &mut ex, &mut || now, &mut Vec::new(), |c| done.push(c));
+    if !pumped.any() {
+        if let Some(at) = d.engine.next_deadline_ns() {
+            d.now_ns = d.now_ns.max(at);
+            d.engine.tick(d.now_ns);
+        }
+    }
+}
+
+fn read_all(d: &mut Driver<Array>, len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, at) in (0..len).step_by(1 << 20).enumerate() {
+        out.extend(d.run_one(Request::read(9000 + i as u64, at, (len - at).min(1 << 20))).unwrap());
+    }
+    out
+}
+
+fn check_finished(d: &mut Driver<Array>, model: &[u8], raid_disks: usize) {
+    assert_eq!(d.engine.engine().geometry().raid_disks, raid_disks);
+    assert!(d.engine.engine().size_bytes() > model.len() as u64, "the new size is served");
+    assert!(read_all(d, model.len() as u64) == model, "data after the reshape");
+    d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+    d.run_until_idle();
+    assert_eq!(d.engine.engine().mismatch_cnt(), 0, "md's check after the reshape");
+}
+
+#[test]
+fn a_raid5_and_a_raid6_grow_while_serving_reads_and_writes() {
+    for (level, n, seed) in [(5, 4, 1u64), (6, 5, 2), (5, 3, 3), (4, 4, 4)] {
+        let (mut d, mut model) = array_with_spare(level, n, seed);
+        let size = model.len() as u64;
+        grow_to(&mut d, n + 1);
+        let mut clients = Clients::new(seed * 77);
+        let mut steps = 0u64;
+        while d.engine.is_reshaping() {
+            clients.issue(&mut d, size);
+            d.engine.unplug(d.now_ns);
+            assert!(d.step() || d.engine.is_reshaping(), "the driver stalled");
+            let _ = clients.collect(&mut d, &mut model);
+            steps += 1;
+            assert!(steps < 20_000_000, "the reshape never ended");
+        }
+        while !clients.out.is_empty() {
+            d.run_until_idle();
+            let _ = clients.collect(&mut d, &mut model);
+        }
+        check_finished(&mut d, &model, n + 1);
+        // The members assembled afresh: the new layout, the same bytes.
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut again = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 100);
+        assert!(!again.engine.is_reshaping());
+        assert!(read_all(&mut again, size) == model, "raid{level} {n}->{}: after assembly", n + 1);
+    }
+}
+
+#[test]
+fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
+    for (level, n) in [(5, 4), (6, 5)] {
+        for cut in 0..8u64 {
+            let seed = 40 + cut;
+            let (mut d, mut model) = array_with_spare(level, n, seed);
+            let size = model.len() as u64;
+            grow_to(&mut d, n + 1);
+            let mut clients = Clients::new(seed);
+            let mut rng = Rng(seed * 3);
+            // Spread over the reshape: past a tenth more of it each time, then just after a
+            // write near the checkpoint was acknowledged (where a write in a window moved
+            // but not yet checkpointed would be lost).
+            let mut steps = 0;
+            let mut armed = false;
+            while d.engine.is_reshaping() {
+                armed |= d.engine.reshape_progress().is_some_and(|(p, e)| p * 10 >= e * cut);
+                clients.issue(&mut d, size);
+                d.engine.unplug(d.now_ns);
+                step_slow_metadata(&mut d, steps);
+                let pos = d.engine.reshape_progress().map_or(0, |(p, _)| p * 512);
+                let near = (pos.saturating_sub(4 << 20), pos + (4 << 20));
+                let written = clients.collect(&mut d, &mut model);
+                // A write acknowledged below the checkpoint went to the new layout: the
+                // superblocks on the members must already say so (else a restart would
+                // copy the window again from the old layout, over it).
+                if let Some((p, _)) = d.engine.reshape_progress() {
+                    let durable = (0..=n).map(|m| d.members.superblock(m).reshape_position).max().unwrap();
+                    for w in written.iter().filter(|w| w.1 <= p * 512) {
+                        assert!(w.1 <= durable * 512, "raid{level}: write {w:?} acknowledged in the new layout past the durable checkpoint {durable}");
+                    }
+                }
+                steps += 1;
+                if armed && written.iter().any(|w| overlaps(*w, near)) && rng.below(3) == 0 {
+                    break;
+                }
+            }
+            // The cut: member I/O not yet performed never happens.
+            let at = d.engine.reshape_progress().map(|(p, e)| p * 100 / e);
+            eprintln!(
+                "raid{level} cut {cut}: step {steps}, reshape at {at:?}%, {} I/Os dropped",
+                d.pending.len()
+            );
+            assert!(at.is_some(), "the cut falls inside the reshape");
+            d.pending.clear();
+            let in_flight: Vec<(u64, Vec<u8>)> =
+                clients.out.iter().filter_map(|(_, at, _, data)| data.clone().map(|b| (*at, b))).collect();
+            let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+            let mut d = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 1000);
+            let mut guard = 0;
+            while d.engine.is_reshaping() {
+                d.run_until_idle();
+                guard += 1;
+                assert!(guard < 1000, "the resumed reshape never ended");
+            }
+            d.run_until_idle();
+            let got = read_all(&mut d, size);
+            for s in 0..size / 512 {
+                let r = (s * 512) as usize..(s * 512 + 512) as usize;
+                if got[r.clone()] == model[r.clone()] {
+                    continue;
+                }
+                let written = in_flight.iter().any(|(at, b)| {
+                    let at = *at as usize;
+                    r.start >= at && r.end <= at + b.len() && got[r.clone()] == b[r.start - at..r.end - at]
+                });
+                assert!(
+                    written,
+                    "raid{level} cut {cut} (step {steps}): sector {s} lost an acknowledged write"
+                );
+            }
+            assert_eq!(d.engine.engine().geometry().raid_disks, n + 1);
+            d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+            d.run_until_idle();
+            assert_eq!(
+                d.engine.engine().mismatch_cnt(),
+                0,
+                "raid{level} cut {cut}: check after the resumed reshape"
+            );
+        }
+    }
+}
