@@ -174,8 +174,15 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
         &files,
     );
     refused(&s, &["--level", "10"], "md cannot turn a raid5 into raid10", &files);
-    // What md does by moving data goes to the reshape, which refuses until it is built.
-    refused(&s, &["--raid-devices", "4", "--add", new.to_str().unwrap()], "the reshape of raid5", &files);
+    // A grow by members moves the data offset down: 8 MiB members with 512 KiB chunks have
+    // no room for it (mdadm would want a backup file); refused before the device is added.
+    refused(
+        &s,
+        &["--raid-devices", "4", "--add", new.to_str().unwrap()],
+        "to move the data offset down",
+        &files,
+    );
+    // A chunk change is a reshape uraid does not run.
     refused(&s, &["--chunk", "128"], "the reshape of raid5", &files);
     s.stop();
 

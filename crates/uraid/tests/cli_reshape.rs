@@ -110,15 +110,6 @@ fn uraid_reads_an_array_md_left_mid_grow_as_md_held_it_before() {
     );
     let sums: Vec<String> = md.images.iter().map(|p| sha256_file(p)).collect();
 
-    // Writable: refused, saying why and what to do, and nothing written.
-    let o = bounded(
-        URAID,
-        &[&["serve", "--unix", dir.path("w.sock").to_str().unwrap()][..], &paths(&md.images)].concat(),
-        std::time::Duration::from_secs(20),
-    );
-    let t = text(&o);
-    assert!(!o.status.success() && t.contains("reshape") && t.contains("--read-only"), "{t}");
-
     let served = Served::start(&dir, &md.images, &["--read-only"]);
     assert!(served.log_text().contains("reshape from 4 to 5 members"), "{}", served.log_text());
     let data = read_array(&dir, &served.url);
@@ -127,6 +118,61 @@ fn uraid_reads_an_array_md_left_mid_grow_as_md_held_it_before() {
     assert_eq!(sha256_bytes(&data), md.sha_before, "the array reads back as md held it before the grow");
     let after: Vec<String> = md.images.iter().map(|p| sha256_file(p)).collect();
     assert_eq!(sums, after, "a read-only start writes nothing");
+
+    // Writable: uraid goes on with md's reshape while it serves, and md's check agrees.
+    let served = Served::start(&dir, &md.images, &[]);
+    wait_reshaped(&served);
+    let data = read_array(&dir, &served.url);
+    served.stop();
+    assert_eq!(data.len(), md.size_before / 3 * 4, "the new size once the reshape is done");
+    assert_eq!(sha256_bytes(&data[..md.size_before]), md.sha_before, "the original extent is unchanged");
+    let (sha, size, mismatch, out) = md_after(&dir, &md.images, md.size_before);
+    assert_eq!(sha, md.sha_before, "md reads what uraid served:\n{out}");
+    assert_eq!(size as usize, md.size_before / 3 * 4, "{out}");
+    assert_eq!(mismatch, 0, "md's check after uraid finished md's reshape online:\n{out}");
+}
+
+/// Waits (at most 120 s) until `status` shows no reshape; returns that status.
+fn wait_reshaped(s: &Served) -> String {
+    let t0 = std::time::Instant::now();
+    loop {
+        let st = s.ctl("status", None);
+        if !st.contains("reshape") {
+            return st;
+        }
+        assert!(t0.elapsed().as_secs() < 120, "the reshape did not finish:\n{st}\n{}", s.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// (a) of the issue, online: uraid starts a grow while it serves (`uraid grow --control`)
+/// and is stopped mid-way; md assembles the members, finishes the reshape, and the data
+/// and md's check agree.
+#[test]
+fn md_finishes_a_grow_uraid_started_while_serving() {
+    let dir = TempDir::new("uraidgrow-online");
+    let images = member_files(&dir, 5);
+    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+
+    let served = Served::start(&dir, &images[..4], &["--sync-speed-max", "1000"]);
+    let c = served.control.display().to_string();
+    ok(
+        uraid(&["grow", "--control", &c, "--raid-devices", "5", "--add", images[4].to_str().unwrap()]),
+        "uraid grow",
+    );
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let st = served.ctl("status", None);
+    assert!(st.contains("reshape ="), "the reshape runs:\n{st}");
+    served.stop();
+    let sb = read_sb(&images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE), "stopped mid-way: {sb:?}");
+    assert!(sb.reshape_position > 0, "windows were checkpointed: {sb:?}");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "md finished the grow uraid started while serving:\n{out}");
+    assert_eq!(size as usize, size_before / 3 * 4, "{out}");
+    assert_eq!(mismatch, 0, "{out}");
 }
 
 /// The member files as `continue_reshape` reaches them: sector-addressed, fsync'ed.

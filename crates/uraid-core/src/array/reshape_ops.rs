@@ -311,7 +311,8 @@ impl Array {
     /// `count_spares`: whether the spares it takes must be there already.
     pub(super) fn may_start_online_grow(&self, to_disks: usize, count_spares: bool) -> Result<(), String> {
         let geo = self.engine.geometry();
-        let refuse = |why: &str| Err(format!("cannot start the reshape: {why}; nothing was written"));
+        // The caller says that nothing was written.
+        let refuse = |why: &str| Err(format!("cannot start the reshape: {why}"));
         if self.read_only {
             return refuse("the array is read-only");
         }
@@ -346,15 +347,21 @@ impl Array {
                 "{need} new member(s) are needed and the array has {spares} spare(s): give them with --add"
             ));
         }
-        Ok(())
+        // What the members allow (room to move the data offset): asked of the start itself
+        // with stand-ins for the new members, before any of them is written.
+        let (slot_sbs, _, _) = self.grow_superblocks()?;
+        let standin = GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16] };
+        start_grow_with_spares(&slot_sbs, &[], &vec![standin; need], self.now_seconds())
+            .map(|_| ())
+            .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
     }
 
-    /// md's raid5_start_reshape for a grow by members: spares take the new slots, every
-    /// superblock records the reshape at position 0 with the data offset moved down
-    /// (mdadm's way without a backup file); once that round is durable and the engine is
-    /// idle, the engines are swapped and windows move.
-    pub(super) fn start_online_grow(&mut self, to_disks: usize) -> Result<(), String> {
-        self.may_start_online_grow(to_disks, true)?;
+    /// The superblocks a grow starts from: the slots' in slot order (with their keys), and
+    /// the spares' (keys with them), as of a clean array at this event count.
+    #[allow(clippy::type_complexity)]
+    fn grow_superblocks(
+        &self,
+    ) -> Result<(Vec<Superblock>, Vec<MemberKey>, Vec<(MemberKey, Superblock)>), String> {
         let from = self.engine.geometry().raid_disks;
         let events = self.sbs.events();
         let as_clean = |sb: &Superblock| {
@@ -371,15 +378,25 @@ impl Array {
         }
         let slot_keys: Vec<MemberKey> =
             slot_keys.into_iter().collect::<Option<_>>().ok_or("a slot has no member: rebuild it first")?;
-        let slot_sbs: Vec<Superblock> =
-            slot_keys.iter().map(|k| as_clean(&self.sbs.member(*k).expect("member").sb)).collect();
-        let spares: Vec<(MemberKey, Superblock)> = self
+        let slot_sbs = slot_keys.iter().map(|k| as_clean(&self.sbs.member(*k).expect("member").sb)).collect();
+        let spares = self
             .sbs
             .members()
             .iter()
             .filter(|m| m.role == DevRole::Spare)
             .map(|m| (m.key, as_clean(&m.sb)))
             .collect();
+        Ok((slot_sbs, slot_keys, spares))
+    }
+
+    /// md's raid5_start_reshape for a grow by members: spares take the new slots, every
+    /// superblock records the reshape at position 0 with the data offset moved down
+    /// (mdadm's way without a backup file); once that round is durable and the engine is
+    /// idle, the engines are swapped and windows move.
+    pub(super) fn start_online_grow(&mut self, to_disks: usize) -> Result<(), String> {
+        self.may_start_online_grow(to_disks, true)?;
+        let from = self.engine.geometry().raid_disks;
+        let (slot_sbs, slot_keys, spares) = self.grow_superblocks()?;
         let (taking, staying) = spares.split_at(to_disks - from);
         let new_members: Vec<GrowMember> = taking
             .iter()

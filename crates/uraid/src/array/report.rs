@@ -186,6 +186,9 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
         line("Used Dev Size", format!("{} sectors ({})", sb.size, human_bytes(sb.size * 512)));
     }
     line("Data Offset", format!("{} sectors", sb.data_offset));
+    if sb.has(feature::NEW_OFFSET) {
+        line("New Offset", format!("{} sectors", sb.new_data_offset()));
+    }
     line("Super Offset", format!("{} sectors", sb.super_offset));
     if sb.has(feature::RECOVERY_OFFSET) {
         line("Recovery Offset", format!("{} sectors", sb.recovery_offset));
@@ -227,6 +230,17 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
     }
     line("Checksum", format!("{:08x} - correct", sb.sb_csum));
     line("Events", sb.events.to_string());
+    // mdadm's examine_super1: where a reshape stands (KiB) and what it changes.
+    if sb.has(feature::RESHAPE_ACTIVE) {
+        line(
+            "Reshape pos'n",
+            format!("{} ({})", sb.reshape_position / 2, human_bytes(sb.reshape_position * 512)),
+        );
+        if sb.delta_disks != 0 {
+            let to = sb.raid_disks as i64;
+            line("Delta Devices", format!("{} ({}->{to})", sb.delta_disks, to - i64::from(sb.delta_disks)));
+        }
+    }
     s.push('\n');
     let mut line = |k: &str, v: String| {
         let _ = writeln!(s, "{k:>15} : {v}");

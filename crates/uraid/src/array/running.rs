@@ -240,6 +240,12 @@ impl RunningArray {
             (notices, released, a.view(), a.stats_snapshot())
         })?;
         self.note(&mut view, &stats);
+        // A reshape that ended gives the array its new size: new NBD connections see it.
+        let size_bytes = view.array_sectors * 512;
+        if !view.read_only && size_bytes != uraid_nbd::BlockDevice::size_bytes(&*self.device) {
+            self.used_dev_sectors.store(view.sb.size, Ordering::SeqCst);
+            self.device.set_size_bytes(size_bytes);
+        }
         for n in notices {
             eprintln!("uraid: {}: {n}", self.name);
         }
@@ -500,6 +506,17 @@ impl RunningArray {
                 sync.total_sectors / 2
             ));
         }
+        if let Some((done, total)) = view.reshape {
+            let filled = ((done as f64 / total.max(1) as f64 * 20.0) as usize).min(20);
+            s.push_str(&format!(
+                "      [{}>{}]  reshape = {} ({}/{}) finish=- speed=-\n",
+                "=".repeat(filled),
+                ".".repeat(20 - filled),
+                percent(done, total),
+                done / 2,
+                total / 2
+            ));
+        }
         if view.has_bitmap {
             s.push_str("      bitmap: internal\n");
         }
@@ -509,7 +526,11 @@ impl RunningArray {
 
     /// `done total` of the running sync, or `idle`: what the CLI's progress bar polls.
     pub fn progress(&self) -> anyhow::Result<String> {
-        Ok(match self.view()?.sync {
+        let view = self.view()?;
+        if let Some((done, total)) = view.reshape {
+            return Ok(format!("reshape {done} {total}\n"));
+        }
+        Ok(match view.sync {
             Some(s) => {
                 format!("{} {} {}\n", super::detail::sync_word(s.kind), s.done_sectors, s.total_sectors)
             }

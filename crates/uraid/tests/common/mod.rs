@@ -214,6 +214,16 @@ impl Served {
     }
 }
 
+impl Served {
+    /// SIGKILL, as a crash: nothing of the server's own shutdown runs.
+    pub fn kill9(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {

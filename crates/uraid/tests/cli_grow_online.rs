@@ -1,0 +1,155 @@
+//! `uraid grow --control S --raid-devices N+1 --add NEW` on a served raid5/raid6: fio with
+//! crc32c verification writes and reads throughout the reshape without an error, `status`
+//! shows its progress, and once it is done a new NBD connection sees the new size and the
+//! new space takes writes. `kill -9` of the server at several points of a reshape, each
+//! followed by a restart, resumes it from the checkpoint, and the original extent keeps
+//! its sha256. (md finishing a grow uraid started while serving: `cli_reshape`.)
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const MEMBER: &str = "40M";
+
+fn blank(dir: &TempDir, name: &str) -> PathBuf {
+    let p = dir.path(name);
+    let o = tool("truncate", &["-s", MEMBER, p.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    p
+}
+
+fn grow(s: &Served, n: usize, new: &std::path::Path) -> String {
+    let c = s.control.display().to_string();
+    let args = ["grow", "--control", &c, "--raid-devices", &n.to_string(), "--add", new.to_str().unwrap()];
+    ok(uraid(&args), "uraid grow")
+}
+
+/// Waits (at most 180 s) until `status` shows no reshape.
+fn wait_reshaped(s: &Served) -> String {
+    let t0 = Instant::now();
+    loop {
+        let st = s.ctl("status", None);
+        if !st.contains("reshape") {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "the reshape did not finish:\n{st}\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn export_size(url: &str) -> u64 {
+    let o = tool("nbdinfo", &["--size", url]);
+    assert!(o.status.success(), "nbdinfo: {}", text(&o));
+    text(&o).trim().parse().unwrap()
+}
+
+#[test]
+fn raid5_and_raid6_grow_under_fio_verify_and_serve_the_new_size() {
+    for (level, n) in [("5", 4usize), ("6", 5)] {
+        let dir = TempDir::new(&format!("grow-online-{level}"));
+        let members = create_clean(&dir, level, n, MEMBER, &["--chunk", "64"]);
+        let new = blank(&dir, "new");
+        // Slow enough that fio runs inside the reshape.
+        let s = Served::start(&dir, &members, &["--sync-speed-max", "8000"]);
+        let before = export_size(&s.url);
+        let region = format!("{}", before / 2);
+        let first = fio_verify_job("first", &s.url, &region, 7, &[]);
+        check_fio_run(&spawn_fio(&first).wait(), "write before the grow", before / 2 / 8192, &s.log_text());
+
+        let said = grow(&s, n + 1, &new);
+        assert!(said.contains("reshape to raid") && said.contains("started"), "{said}");
+        // Writes and reads with verification while windows move: the second half fresh,
+        // the first half read back.
+        let second = fio_verify_job("second", &s.url, &region, 8, &[&format!("--offset={region}")]);
+        let mut writer = spawn_fio(&second);
+        let reread = [&first[..], &["--verify_only".to_string(), "--rw=randread".to_string()]].concat();
+        let reader = spawn_fio(&reread).wait();
+        let st = s.ctl("status", None);
+        assert!(st.contains("reshape ="), "fio ran inside the reshape:\n{st}");
+        check_fio_run(&reader, "verify during the grow", before / 2 / 8192, &s.log_text());
+        let t0 = Instant::now();
+        while !writer.try_done() {
+            assert!(t0.elapsed() < Duration::from_secs(120), "fio hung");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        check_fio_run(&writer.wait(), "write and verify during the grow", before / 2 / 8192, &s.log_text());
+
+        wait_reshaped(&s);
+        // The server's monitor gives the export its new size within a look or two.
+        let t0 = Instant::now();
+        let mut after = export_size(&s.url);
+        while after == before && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(200));
+            after = export_size(&s.url);
+        }
+        let data = n as u64 - if level == "6" { 2 } else { 1 };
+        assert_eq!(after, before / data * (data + 1), "raid{level}: a member's worth more");
+        // Both halves read back at the new layout, and the new space takes writes.
+        let again = [&first[..], &["--verify_only".to_string(), "--rw=randread".to_string()]].concat();
+        check_fio_run(&spawn_fio(&again).wait(), "verify after the grow", before / 2 / 8192, &s.log_text());
+        let tail = fio_verify_job(
+            "tail",
+            &s.url,
+            &format!("{}", after - before),
+            9,
+            &[&format!("--offset={before}")],
+        );
+        check_fio_run(&spawn_fio(&tail).wait(), "the new space", (after - before) / 8192, &s.log_text());
+        assert!(s.log_text().contains("reshape done"), "{}", s.log_text());
+        s.stop();
+    }
+}
+
+#[test]
+fn a_reshape_killed_at_several_points_resumes_and_keeps_the_data() {
+    let dir = TempDir::new("grow-online-kill");
+    let mut members = create_clean(&dir, "5", 4, MEMBER, &["--chunk", "64"]);
+    let new = blank(&dir, "new");
+    let s = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
+    let size = export_size(&s.url) as usize;
+    let job = fio_verify_job("fill", &s.url, &size.to_string(), 3, &["--rw=write", "--bs=1m"]);
+    let o = spawn_fio(&job).wait();
+    assert!(o.status.success(), "{}", text(&o));
+    let before = sha256_bytes(&read_array(&dir, &s.url));
+    grow(&s, 5, &new);
+    members.push(new);
+    let mut s = Some(s);
+    let mut last = 0;
+    for wait_ms in [300u64, 1500, 2500] {
+        std::thread::sleep(Duration::from_millis(wait_ms));
+        let served = s.take().unwrap();
+        served.kill9();
+        let sb = uraid(&["examine", members[0].to_str().unwrap()]);
+        let pos: u64 = text(&sb)
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Reshape pos'n : "))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("killed mid-reshape, examine shows its position:\n{}", text(&sb)));
+        assert!(pos >= last, "the checkpoint never goes back: {last} -> {pos}");
+        last = pos;
+        let again = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
+        assert_eq!(export_size(&again.url) as usize, size, "mid-reshape: the old size");
+        let got = read_array(&dir, &again.url);
+        assert_eq!(
+            sha256_bytes(&got),
+            before,
+            "after kill -9 at {wait_ms} ms, mid-reshape, the data reads back"
+        );
+        s = Some(again);
+    }
+    let s = s.unwrap();
+    let c = s.control.display().to_string();
+    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "uraid set");
+    wait_reshaped(&s);
+    let got = read_array(&dir, &s.url);
+    assert!(got.len() > size, "the new size");
+    assert_eq!(sha256_bytes(&got[..size]), before, "after the resumed reshape, the original extent");
+    s.stop();
+}
