@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use uraid_core::api::*;
 use uraid_core::array::{grow_plan, Array, GrowRequest};
-use uraid_core::ScrubKind;
+use uraid_core::{MemberState, ScrubKind};
 
 const MEMBER_BYTES: u64 = 8 << 20;
 
@@ -282,4 +282,79 @@ fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
             );
         }
     }
+}
+
+#[test]
+fn a_member_lost_mid_reshape_is_failed_in_both_layouts_and_the_reshape_ends_degraded() {
+    for (level, n, lost) in [(5, 4, 1usize), (6, 5, 4), (5, 4, 4)] {
+        let (mut d, mut model) = array_with_spare(level, n, 60 + lost as u64);
+        let size = model.len() as u64;
+        grow_to(&mut d, n + 1);
+        let mut clients = Clients::new(61);
+        let mut steps = 0u64;
+        while d.engine.is_reshaping() {
+            if steps == 300 {
+                // The device goes away (fail-stop): member `lost`, an old slot or the new one.
+                d.members.gone[lost] = true;
+            }
+            clients.issue(&mut d, size);
+            d.engine.unplug(d.now_ns);
+            d.step();
+            let _ = clients.collect(&mut d, &mut model);
+            steps += 1;
+            assert!(steps < 5_000_000, "the reshape never ended");
+        }
+        assert!(steps > 300, "raid{level}: the member was lost mid-reshape");
+        while !clients.out.is_empty() {
+            d.run_until_idle();
+            let _ = clients.collect(&mut d, &mut model);
+        }
+        let states = d.engine.engine().member_states();
+        assert_eq!(states.len(), n + 1);
+        assert_eq!(
+            states.iter().filter(|s| **s != MemberState::InSync).count(),
+            1,
+            "raid{level}: {states:?}"
+        );
+        assert!(read_all(&mut d, size) == model, "raid{level} lost {lost}: data after a degraded reshape");
+        // Assembled afresh without the lost member: the new layout, degraded, the same bytes.
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let keys: Vec<usize> = (0..=n).filter(|&k| k != lost).collect();
+        let mut again = start_array(members, &keys, 62);
+        assert!(!again.engine.is_reshaping());
+        assert_eq!(again.engine.engine().geometry().raid_disks, n + 1);
+        assert!(read_all(&mut again, size) == model, "raid{level} lost {lost}: after assembly");
+    }
+}
+
+#[test]
+fn a_write_error_in_the_old_layout_fails_the_member_in_the_new_one_too() {
+    let (mut d, _) = array_with_spare(5, 4, 70);
+    grow_to(&mut d, 5);
+    while d.engine.reshape_progress().is_some_and(|(p, _)| p == 0) {
+        d.step();
+    }
+    // Writes to member 1 fail far ahead of the checkpoint, where only the old layout writes.
+    d.members.write_errors.push((1, MEMBER_BYTES * 3 / 4, MEMBER_BYTES));
+    let size = d.engine.size_bytes();
+    let at = size - (1 << 20);
+    d.engine.set_tunable("sync_speed_max", "1000").unwrap();
+    d.submit(Request::write(5, at, vec![0x77; 1 << 20]));
+    let mut steps = 0;
+    let r = loop {
+        d.step();
+        if let Some(c) = d.take_done(5) {
+            break c.result;
+        }
+        steps += 1;
+        assert!(steps < 100_000, "the write never completed");
+    };
+    assert!(r.is_ok(), "the write completes degraded: {r:?}");
+    for _ in 0..50 {
+        d.step();
+    }
+    assert!(d.engine.is_reshaping(), "the write landed while the reshape runs");
+    assert_eq!(d.engine.engine().member_states()[1], MemberState::Faulty, "the array's engine failed it too");
+    let sb = d.members.superblock(0);
+    assert_eq!(sb.dev_roles[d.members.superblock(1).dev_number as usize], 0xfffe, "recorded faulty on disk");
 }

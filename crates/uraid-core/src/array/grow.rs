@@ -496,7 +496,7 @@ impl Array {
             return self.may_start_online_grow(target.raid_disks, false);
         }
         Err(format!(
-            "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built in uraid yet: stop the \
+            "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built yet in uraid: stop the \
              array and `mdadm --grow` it under Linux md (uraid assembles the result once md finished)",
             name(geo.level),
             name(target.level),

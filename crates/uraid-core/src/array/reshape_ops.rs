@@ -71,7 +71,7 @@ fn may_run(geo: &ReshapeGeometry, any_bad_blocks: bool) -> Result<(), String> {
 impl Array {
     /// The array's size while it serves: mid-reshape, the smaller of the two layouts' (md
     /// shows a grow's new size once it is done).
-    pub(super) fn size_bytes(&self) -> u64 {
+    pub fn size_bytes(&self) -> u64 {
         match &self.reshaping {
             Some(r) => r.run.geometry().array_sectors() * SECTOR_BYTES,
             None => self.engine.size_bytes(),
