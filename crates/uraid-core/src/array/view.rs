@@ -89,7 +89,9 @@ impl Array {
             dirty: self.sbs.is_dirty(),
             read_only: self.read_only,
             has_bitmap: self.sbs.bitmap().is_some(),
-            sync_action: self.engine.sync_action().to_string(),
+            // md's sync_action reads `reshape` while one runs.
+            sync_action: if self.reshape_running() { "reshape" } else { self.engine.sync_action() }
+                .to_string(),
             last_sync_action: self.engine.last_sync_action().to_string(),
             mismatch_cnt: self.engine.mismatch_cnt(),
             array_sectors: self.size_bytes() / 512,

@@ -21,7 +21,7 @@ use uraid_io::runtime::{ArrayRuntime, RuntimeHandle, RuntimeOptions};
 
 use super::assembly::Assembled;
 use super::detail::{self, DetailInput, SlotView};
-use super::detail_info::{DetailInfo, DeviceRow, ScrubView};
+use super::detail_info::{DetailInfo, DeviceRow, ScrubView, SyncProgress};
 use super::device::ArrayDevice;
 use super::events::slot_holder;
 use super::member::MemberDev;
@@ -363,6 +363,18 @@ impl RunningArray {
                 mismatch_cnt: view.mismatch_cnt,
             }),
         });
+        // md's detail mid-reshape: "clean, reshaping" and "Reshape Status : N% complete".
+        if let Some((done, total)) = view.reshape {
+            info.state.push_str(", reshaping");
+            info.progress = Some(format!("Reshape Status : {} complete", percent(done, total)));
+            info.sync = Some(SyncProgress {
+                action: "reshape",
+                done_sectors: done,
+                total_sectors: total,
+                speed_kib_per_s: None,
+                eta_s: None,
+            });
+        }
         for m in &view.members {
             if let DevRole::Replacement { slot } = m.role {
                 info.rows.push(DeviceRow {
