@@ -16,7 +16,9 @@ use common::run;
 use uraid_core::{MemberIo, MemberIoError, MemberIoOp};
 use uraid_io::loopdev::LoopDevice;
 use uraid_io::real::fault::{FaultRule, Faults};
-use uraid_io::real::{Executor, ExecutorOptions, MemberKind, MemberSet, OpenOptions};
+use uraid_io::real::{
+    Executor, ExecutorOptions, MemberKind, MemberSet, OpenOptions, RegisteredChoice, RegisteredIo,
+};
 
 /// A folder under target/ (on the work disk, not tmpfs), removed on drop.
 struct WorkDir(PathBuf);
@@ -133,4 +135,74 @@ fn a_member_io_that_never_completes_fails_the_member_after_its_timeout() {
     assert_eq!(ex.member_stats()[0].timed_out_ios, 1);
     // The executor can be dropped: nothing real is outstanding.
     drop(ex);
+}
+
+fn executor_registered(dev: &LoopDevice, registered: RegisteredChoice) -> Executor {
+    let set = MemberSet::open(&[dev.path()], &OpenOptions { log: false, ..Default::default() }).unwrap();
+    Executor::new(set, &ExecutorOptions { log: false, registered, ..Default::default() }).unwrap()
+}
+
+#[test]
+fn registered_files_and_buffers_carry_a_block_devices_io_by_default() {
+    let (dev, _dir) = loop_device("blk-registered", 4 << 20);
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 1) as u8).collect();
+    let both = |on| RegisteredChoice { files: Some(on), buffers: Some(on) };
+    // Both, the default (buffers only: O_DIRECT to a disk) and neither: the same bytes.
+    for (choice, registered) in [
+        (both(true), RegisteredIo { files: true, buffers: true }),
+        (RegisteredChoice::default(), RegisteredIo { files: false, buffers: true }),
+        (both(false), RegisteredIo { files: false, buffers: false }),
+    ] {
+        let mut ex = executor_registered(&dev, choice);
+        assert_eq!(ex.registered(), registered);
+        let done = run(&mut ex, vec![write(1, 8192, block.clone()), write(2, 65536, vec![0x3c; 512])]);
+        assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+        let done = run(&mut ex, vec![read(3, 8192, 4096), read(4, 65536, 512), read(5, 1 << 20, 8192)]);
+        assert_eq!(done[0].result.as_deref(), Ok(&block[..]));
+        assert_eq!(done[1].result.as_deref(), Ok(&[0x3c; 512][..]));
+        assert_eq!(done[2].result.as_deref(), Ok(&[0; 8192][..]));
+        // With files, all five went with a fixed file; with buffers, at least the two small
+        // reads (their bounce buffers are registered; a write's own buffer may suit O_DIRECT).
+        let expected = match registered {
+            RegisteredIo { files: true, .. } => 5..=5,
+            RegisteredIo { buffers: true, .. } => 2..=4,
+            _ => 0..=0,
+        };
+        assert!(expected.contains(&ex.registered_ios()), "{} registered I/Os", ex.registered_ios());
+    }
+}
+
+#[test]
+fn registered_files_follow_a_replaced_member() {
+    let (old, _d1) = loop_device("blk-registered-old", 4 << 20);
+    let (new, _d2) = loop_device("blk-registered-new", 4 << 20);
+    let mut ex = executor_registered(&old, RegisteredChoice { files: Some(true), buffers: Some(false) });
+    assert!(run(&mut ex, vec![write(1, 0, vec![0x11; 4096])])[0].result.is_ok());
+    let member =
+        uraid_io::real::Member::open(new.path(), &OpenOptions { log: false, ..Default::default() }).unwrap();
+    ex.replace_member(0, member).unwrap();
+    assert!(run(&mut ex, vec![write(2, 0, vec![0x22; 4096])])[0].result.is_ok());
+    assert_eq!(run(&mut ex, vec![read(3, 0, 4096)])[0].result.as_deref(), Ok(&[0x22; 4096][..]));
+    // The write after the replacement went to the new device through the ring's updated
+    // table, not to the old device through the slot it had before.
+    assert_eq!(ex.registered_ios(), 3);
+    let old_bytes = std::fs::read(old.backing()).unwrap();
+    assert_eq!(&old_bytes[..4096], &[0x11; 4096][..], "the old member was written after it was replaced");
+}
+
+#[test]
+fn io_poll_is_refused_for_a_loop_device_and_a_file() {
+    let (dev, dir) = loop_device("blk-io-poll", 4 << 20);
+    let opts = OpenOptions { log: false, ..Default::default() };
+    let m = uraid_io::real::Member::open(dev.path(), &opts).unwrap();
+    // Loop devices have no poll queues (queue/io_poll is 0).
+    let e = m.io_poll_queue().unwrap_err();
+    assert!(e.contains("no poll queues") && e.contains("io_poll is 0"), "{e}");
+    let file = dir.0.join("plain.img");
+    std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
+    let f = uraid_io::real::Member::open(&file, &opts).unwrap();
+    let e = f.io_poll_queue().unwrap_err();
+    assert!(e.contains("not a block device"), "{e}");
+    let e = uraid_io::real::check_io_poll([m.io_poll_queue(), f.io_poll_queue()]).unwrap_err();
+    assert!(e.contains(&dev.path().display().to_string()), "the refusal names the member: {e}");
 }

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use common::run;
 use uraid_core::{MemberIo, MemberIoError, MemberIoOp};
-use uraid_io::real::{BackendChoice, BackendKind, Executor, ExecutorOptions, MemberSet, OpenOptions};
+use uraid_io::real::{
+    BackendChoice, BackendKind, Executor, ExecutorOptions, MemberSet, OpenOptions, RegisteredIo,
+};
 
 fn temp_file(dir: &Path, name: &str, len: u64) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
@@ -265,4 +267,22 @@ fn a_ring_built_on_one_thread_is_driven_by_another_with_deferred_completions() {
     .expect("the driving thread");
     assert_eq!(&read_back[..], &expect[..]);
     let _ = std::fs::remove_file(&paths[0]);
+}
+
+#[test]
+fn registered_buffers_only_where_members_go_direct_to_a_disk() {
+    let disk = temp_file(Path::new(env!("CARGO_TARGET_TMPDIR")), "registered-auto", 1 << 16);
+    let ex = executor(std::slice::from_ref(&disk), BackendChoice::IoUring, 4);
+    assert_eq!(ex.registered(), RegisteredIo { files: false, buffers: true });
+    // A pool worker may outlive the executor on a hung device: never registered memory.
+    let ex = executor(std::slice::from_ref(&disk), BackendChoice::ThreadPool, 4);
+    assert!(!ex.registered().buffers);
+    if Path::new("/dev/shm").is_dir() {
+        // Memory members' small I/O runs inline: nothing would use the pinned region.
+        let shm = temp_file(Path::new("/dev/shm"), "registered-auto", 1 << 16);
+        let ex = executor(std::slice::from_ref(&shm), BackendChoice::IoUring, 4);
+        assert_eq!(ex.registered(), RegisteredIo::default());
+        let _ = std::fs::remove_file(&shm);
+    }
+    let _ = std::fs::remove_file(&disk);
 }

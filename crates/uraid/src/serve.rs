@@ -83,6 +83,20 @@ pub struct ServeArgs {
     /// elsewhere, and with `off`, that I/O goes to the array thread's ring).
     #[arg(long = "connection-rings", default_value = "on", value_parser = ["on", "off"])]
     pub connection_rings: String,
+    /// io_uring registered files (`IORING_REGISTER_FILES`): members' descriptors in each
+    /// ring's fixed-file table (a removed member's file then stays open until each ring's
+    /// thread next issues I/O). `auto` is off.
+    #[arg(long = "registered-files", default_value = "auto", value_parser = ["auto", "on", "off"])]
+    pub registered_files: String,
+    /// io_uring registered buffers (`IORING_REGISTER_BUFFERS`): small O_DIRECT bounce
+    /// buffers from one pinned region, read and written with READ_FIXED/WRITE_FIXED.
+    /// `auto`: on where a member's I/O goes O_DIRECT to a disk or a file on one.
+    #[arg(long = "registered-buffers", default_value = "auto", value_parser = ["auto", "on", "off"])]
+    pub registered_buffers: String,
+    /// Polled completions (`IORING_SETUP_IOPOLL`) for NVMe members with poll queues; refused
+    /// when a member is not a block device with `queue/io_poll` set.
+    #[arg(long = "io-poll")]
+    pub io_poll: bool,
     /// A member I/O not completed within this fails the member (its reads are served from
     /// the other copies), as the block layer's command timeout does for md: seconds, or
     /// with an `ms`/`s` suffix. md's failfast members get at most 2 s.
@@ -252,6 +266,15 @@ fn tls_options(args: &ServeArgs) -> anyhow::Result<(TlsPolicy, Option<Arc<TlsCre
     Ok((policy, Some(Arc::new(credentials))))
 }
 
+/// `on`/`off`/`auto` (`None`) as parsed by clap.
+fn on_off_auto(v: &str) -> Option<bool> {
+    match v {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     serve(from_config(args)?, None)
 }
@@ -338,6 +361,11 @@ pub fn serve(args: ServeArgs, banner: Option<&Banner>) -> anyhow::Result<()> {
         read_only: args.read_only,
         inline_request_max_bytes: args.inline_request_max_bytes,
         connection_rings: args.connection_rings == "on",
+        registered: uraid_io::real::RegisteredChoice {
+            files: on_off_auto(&args.registered_files),
+            buffers: on_off_auto(&args.registered_buffers),
+        },
+        io_poll: args.io_poll,
         faults,
         tunables,
         member_timeout: args.member_timeout,

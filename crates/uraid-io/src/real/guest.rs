@@ -55,7 +55,8 @@ impl Executor {
         }
         let depth = self.queues.iter().map(|q| q.depth).sum::<usize>().max(self.queue_depth);
         let entries = (depth + 2).next_power_of_two().clamp(8, 4096) as u32;
-        let ring = UringBackend::new(entries, depth)?;
+        let region = self.arena.as_ref().map(|a| a.region.clone());
+        let ring = UringBackend::new(entries, depth, self.registered, region)?;
         if ring.completion_mode() != CompletionMode::Deferred {
             return Ok(None);
         }

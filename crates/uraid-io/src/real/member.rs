@@ -121,20 +121,32 @@ fn logical_block_bytes(f: &File) -> Option<u64> {
     (rc == 0 && size > 0 && (size as u64).is_power_of_two()).then_some(size as u64)
 }
 
-/// A block device's `queue/nr_requests` and `queue/rotational` from sysfs (a partition's
-/// are its disk's, one folder up).
-fn device_queue(f: &File) -> Option<(usize, bool)> {
+/// A block device's request-queue attribute `name` from sysfs (a partition's are its
+/// disk's, one folder up): the file read and its value.
+fn queue_attr(f: &File, name: &str) -> Option<(PathBuf, usize)> {
     use std::os::unix::fs::MetadataExt;
     let rdev = f.metadata().ok()?.rdev();
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
     let base = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
-    let read = |name: &str| {
-        [base.join("queue").join(name), base.join("../queue").join(name)]
-            .iter()
-            .find_map(|p| std::fs::read_to_string(p).ok())
-            .and_then(|s| s.trim().parse::<usize>().ok())
-    };
-    Some((read("nr_requests")?, read("rotational").unwrap_or(0) == 1))
+    [base.join("queue").join(name), base.join("../queue").join(name)].into_iter().find_map(|p| {
+        let v = std::fs::read_to_string(&p).ok()?.trim().parse::<usize>().ok()?;
+        Some((p, v))
+    })
+}
+
+/// A block device's `queue/nr_requests` and `queue/rotational`.
+fn device_queue(f: &File) -> Option<(usize, bool)> {
+    let nr = queue_attr(f, "nr_requests")?.1;
+    Some((nr, queue_attr(f, "rotational").is_some_and(|(_, r)| r == 1)))
+}
+
+/// Whether every member can take polled I/O (`serve --io-poll`), from each member's
+/// [`Member::io_poll_queue`]; the first that cannot is the error.
+pub fn check_io_poll(members: impl IntoIterator<Item = Result<(), String>>) -> Result<(), String> {
+    members.into_iter().collect::<Result<Vec<()>, String>>()?;
+    // Every member has poll queues, but the polled ring (a second ring for O_DIRECT
+    // reads and writes, reaped by spinning) is not built: refused rather than ignored.
+    Err("polled completions (IORING_SETUP_IOPOLL) are not built yet; serve without --io-poll".into())
 }
 
 /// `stx_dio_mem_align` of an open file, if the kernel and file system report it.
@@ -292,6 +304,34 @@ impl Member {
     /// Whether `other` is the same device or file as this member.
     pub fn same_device(&self, other: &Member) -> bool {
         self.kind != MemberKind::Other && self.device_id == other.device_id
+    }
+    /// Whether this member's I/O could be polled (`IORING_SETUP_IOPOLL`): a block device
+    /// opened O_DIRECT whose request queue has poll queues (`queue/io_poll` is 1; an NVMe
+    /// disk has them with the `nvme.poll_queues` module parameter). The error says why not.
+    pub fn io_poll_queue(&self) -> Result<(), String> {
+        let name = self.path.display();
+        if self.kind != MemberKind::BlockDevice {
+            return Err(format!(
+                "{name} is a {}, not a block device: only O_DIRECT block-device I/O can be polled",
+                self.kind.name()
+            ));
+        }
+        if self.direct.is_none() {
+            return Err(format!("{name} is not opened O_DIRECT: only O_DIRECT I/O can be polled"));
+        }
+        match queue_attr(&self.buffered, "io_poll") {
+            Some((_, 1)) => Ok(()),
+            Some((file, _)) => Err(format!(
+                "{name} has no poll queues ({} is 0; an NVMe disk gets them from the nvme.poll_queues module parameter)",
+                file.display()
+            )),
+            None => Err(format!("{name}: its request queue has no io_poll attribute in sysfs")),
+        }
+    }
+
+    /// The O_DIRECT descriptor, if the member has one.
+    pub(super) fn direct_fd(&self) -> Option<RawFd> {
+        self.direct.as_ref().map(File::as_raw_fd)
     }
     /// The unit of this member's O_DIRECT offsets and lengths.
     pub fn dio_offset_align(&self) -> u64 {

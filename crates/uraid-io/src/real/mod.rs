@@ -28,6 +28,7 @@ pub mod fault;
 mod guest;
 mod member;
 mod pool;
+mod registered;
 mod remote;
 mod timeout;
 mod uring;
@@ -42,7 +43,8 @@ use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
 
 pub use buf::AlignedBuf;
 pub use guest::GuestRingState;
-pub use member::{Member, MemberKind, MemberSet, OpenOptions};
+pub use member::{check_io_poll, Member, MemberKind, MemberSet, OpenOptions};
+pub use registered::{RegisteredChoice, RegisteredIo, REGISTERED_BUFFERS, REGISTERED_BUFFER_BYTES};
 pub use remote::{RemoteDevice, RemoteDone, RemoteResult};
 pub use timeout::{DEFAULT_FAILFAST_TIMEOUT, DEFAULT_MEMBER_TIMEOUT};
 pub use uring::{wait_for_completion, CompletionMode};
@@ -96,6 +98,8 @@ pub struct ExecutorOptions {
     /// A member I/O not completed within this is failed (the SCSI layer's default
     /// command timeout; see `timeout.rs`). Per member: [`Executor::set_member_timeout`].
     pub member_timeout: Duration,
+    /// io_uring registered files and buffers (`registered.rs`); by default where they pay.
+    pub registered: RegisteredChoice,
 }
 
 impl Default for ExecutorOptions {
@@ -108,6 +112,7 @@ impl Default for ExecutorOptions {
             inline_memory_io_max_bytes: DEFAULT_INLINE_MEMORY_IO_MAX_BYTES,
             faults: None,
             member_timeout: DEFAULT_MEMBER_TIMEOUT,
+            registered: RegisteredChoice::default(),
         }
     }
 }
@@ -164,6 +169,11 @@ enum IoBuf {
     /// Writes straight from the engine's buffer (the kernel only reads it).
     Shared(uraid_core::IoBytes),
     Aligned(AlignedBuf),
+    /// A chunk of the registered bounce buffers (`registered.rs`): its address and index.
+    Registered {
+        addr: usize,
+        chunk: u32,
+    },
 }
 
 impl IoBuf {
@@ -173,6 +183,7 @@ impl IoBuf {
             IoBuf::Plain(v) => v.as_mut_ptr(),
             IoBuf::Shared(b) => b.as_ptr() as *mut u8,
             IoBuf::Aligned(a) => a.as_mut_ptr(),
+            IoBuf::Registered { addr, .. } => *addr as *mut u8,
         }
     }
 }
@@ -225,7 +236,22 @@ fn finish_slot(
     mut slot: Slot,
     result: Result<(), MemberIoError>,
     aligned_pool: &mut Vec<AlignedBuf>,
+    arena: &mut Option<registered::BufferArena>,
 ) -> MemberIoCompletion {
+    if let IoBuf::Registered { chunk, .. } = slot.buf {
+        slot.buf = IoBuf::None;
+        // Only an executor with an arena makes these.
+        let Some(arena) = arena else {
+            return MemberIoCompletion { id: slot.id, result: Err(MemberIoError::Io) };
+        };
+        let result = match (result, slot.op) {
+            (Ok(()), MemberIoOp::Read) => Ok(arena.region.chunk(chunk, slot.len_bytes).to_vec()),
+            (Ok(()), _) => Ok(Vec::new()),
+            (Err(e), _) => Err(e),
+        };
+        arena.give_back(chunk);
+        return MemberIoCompletion { id: slot.id, result };
+    }
     let result = match result {
         Err(e) => Err(e),
         Ok(()) => match (slot.op, std::mem::replace(&mut slot.buf, IoBuf::None)) {
@@ -258,6 +284,17 @@ fn recycle(pool: &mut Vec<AlignedBuf>, a: AlignedBuf) {
     if pool.len() < ALIGNED_POOL_MAX {
         pool.push(a);
     }
+}
+
+/// An O_DIRECT bounce buffer of `len` bytes: a registered one where it fits and one is
+/// free, else from the pool.
+fn bounce(arena: &mut Option<registered::BufferArena>, pool: &mut Vec<AlignedBuf>, len: usize) -> IoBuf {
+    if let Some(arena) = arena {
+        if let Some(chunk) = arena.take(len) {
+            return IoBuf::Registered { addr: arena.region.chunk_addr(chunk), chunk };
+        }
+    }
+    IoBuf::Aligned(take_aligned(pool, len))
 }
 
 fn take_aligned(pool: &mut Vec<AlignedBuf>, len: usize) -> AlignedBuf {
@@ -333,6 +370,10 @@ pub struct Executor {
     /// Completions decided without the kernel (bad member index, malformed I/O).
     ready: Vec<MemberIoCompletion>,
     aligned_pool: Vec<AlignedBuf>,
+    /// Registered bounce buffers for small O_DIRECT I/O (`registered.rs`; io_uring only).
+    arena: Option<registered::BufferArena>,
+    /// What the rings register.
+    registered: RegisteredIo,
     in_flight: usize,
     inline_max_bytes: usize,
     /// Scratch list of finished slots for `collect`.
@@ -383,28 +424,40 @@ impl Executor {
             members.iter().map(|m| MemberQueue::new(m, queue_depth, opts.member_timeout)).collect();
         let array_queue_depth = queues.iter().map(|q| q.depth).sum::<usize>().max(queue_depth);
         let entries = (array_queue_depth + 1).next_power_of_two().clamp(8, 4096) as u32;
+        let registered = opts.registered.resolve(&members);
+        let mut arena = registered.buffers.then(registered::BufferArena::new);
+        let region = arena.as_ref().map(|a| a.region.clone());
         let backend = match opts.backend {
             BackendChoice::ThreadPool => {
                 Backend::Pool(pool::PoolBackend::new(members.clone(), opts.pool_threads))
             }
-            BackendChoice::IoUring => {
-                Backend::Uring(Box::new(uring::UringBackend::new(entries, array_queue_depth)?))
-            }
-            BackendChoice::Auto => match uring::UringBackend::new(entries, array_queue_depth) {
-                Ok(u) => Backend::Uring(Box::new(u)),
-                Err(e) => {
-                    if opts.log {
-                        URING_FALLBACK_LOGGED.call_once(|| {
-                            eprintln!(
-                                "uraid-io: io_uring unavailable ({e}); using a pread/pwrite thread pool"
-                            )
-                        });
+            BackendChoice::IoUring => Backend::Uring(Box::new(uring::UringBackend::new(
+                entries,
+                array_queue_depth,
+                registered,
+                region,
+            )?)),
+            BackendChoice::Auto => {
+                match uring::UringBackend::new(entries, array_queue_depth, registered, region) {
+                    Ok(u) => Backend::Uring(Box::new(u)),
+                    Err(e) => {
+                        if opts.log {
+                            URING_FALLBACK_LOGGED.call_once(|| {
+                                eprintln!(
+                                    "uraid-io: io_uring unavailable ({e}); using a pread/pwrite thread pool"
+                                )
+                            });
+                        }
+                        Backend::Pool(pool::PoolBackend::new(members.clone(), opts.pool_threads))
                     }
-                    Backend::Pool(pool::PoolBackend::new(members.clone(), opts.pool_threads))
                 }
-            },
+            }
         };
 
+        if !matches!(backend, Backend::Uring(_)) {
+            // A pool worker stuck on a hung device could outlive the arena: plain buffers.
+            arena = None;
+        }
         Ok(Executor {
             members,
             queues,
@@ -412,6 +465,8 @@ impl Executor {
             backend,
             ready: Vec::new(),
             aligned_pool: Vec::new(),
+            arena,
+            registered,
             in_flight: 0,
             inline_max_bytes: opts.inline_memory_io_max_bytes,
             finished: Vec::new(),
@@ -440,6 +495,20 @@ impl Executor {
             Backend::Uring(u) => Some(u.completion_mode()),
             Backend::Pool(_) => None,
         }
+    }
+
+    /// What the rings register (see `registered.rs`).
+    pub fn registered(&self) -> RegisteredIo {
+        RegisteredIo { files: self.registered.files, buffers: self.arena.is_some() }
+    }
+
+    /// I/Os handed to the kernel with a registered file or buffer, on every ring so far.
+    pub fn registered_ios(&self) -> u64 {
+        let own = match &self.backend {
+            Backend::Uring(u) => u.registered_ios(),
+            Backend::Pool(_) => 0,
+        };
+        own + self.guests.iter().flatten().map(|g| g.registered_ios()).sum::<u64>()
     }
 
     pub fn backend(&self) -> BackendKind {
@@ -676,7 +745,7 @@ impl Executor {
                     Some(v) if (v.as_ptr() as usize as u64).is_multiple_of(member.dio_mem_align) => {
                         IoBuf::Plain(v)
                     }
-                    _ => IoBuf::Aligned(take_aligned(&mut self.aligned_pool, len)),
+                    _ => bounce(&mut self.arena, &mut self.aligned_pool, len),
                 }
             }
             (MemberIoOp::Write, false) => IoBuf::Shared(io.data),
@@ -688,9 +757,16 @@ impl Executor {
                 IoBuf::Shared(io.data)
             }
             (MemberIoOp::Write, true) => {
-                let mut a = take_aligned(&mut self.aligned_pool, len);
-                a.as_mut_slice()[..len].copy_from_slice(&io.data);
-                IoBuf::Aligned(a)
+                let mut b = bounce(&mut self.arena, &mut self.aligned_pool, len);
+                match &mut b {
+                    IoBuf::Aligned(a) => a.as_mut_slice()[..len].copy_from_slice(&io.data),
+                    IoBuf::Registered { addr, .. } => {
+                        // SAFETY: the chunk is this I/O's alone and holds `len` bytes (`bounce`).
+                        unsafe { std::ptr::copy_nonoverlapping(io.data.as_ptr(), *addr as *mut u8, len) }
+                    }
+                    _ => {}
+                }
+                b
             }
         };
         let slot = Slot {
@@ -712,9 +788,20 @@ impl Executor {
             Some(g) if self.guest && self.guest_issues => self.guests[g].as_mut(),
             _ => None,
         };
+        let registers = self.registered != RegisteredIo::default();
         match (guest_ring, &mut self.backend) {
-            (Some(ring), _) => ring.push(slot),
-            (None, Backend::Uring(u)) => u.push(slot),
+            (Some(ring), _) => {
+                if registers {
+                    ring.prepare_registered(self.set_gen, &self.members);
+                }
+                ring.push(slot)
+            }
+            (None, Backend::Uring(u)) => {
+                if registers {
+                    u.prepare_registered(self.set_gen, &self.members);
+                }
+                u.push(slot)
+            }
             (None, Backend::Pool(p)) => p.push(slot),
         }
     }
@@ -770,9 +857,9 @@ impl Executor {
             if slot.abandoned {
                 // Answered when it timed out; the kernel is done with its buffer only now.
                 self.queues[member].abandoned -= 1;
-                drop(finish_slot(slot, result, &mut self.aligned_pool));
+                drop(finish_slot(slot, result, &mut self.aligned_pool, &mut self.arena));
             } else {
-                out.push(finish_slot(slot, result, &mut self.aligned_pool));
+                out.push(finish_slot(slot, result, &mut self.aligned_pool, &mut self.arena));
             }
             self.queues[member].in_flight -= 1;
             self.start_waiting(member);

@@ -88,6 +88,19 @@ impl Executor {
         }
         if let Backend::Uring(u) = &self.backend {
             eprintln!("uraid-io: io_uring: {}", u.completion_mode());
+            let on = |b: bool| if b { "on" } else { "off" };
+            eprintln!(
+                "uraid-io: io_uring: registered files {}, registered buffers {}",
+                on(self.registered.files),
+                match &self.arena {
+                    Some(_) => format!(
+                        "on ({} x {} KiB for O_DIRECT bounce buffers)",
+                        super::REGISTERED_BUFFERS,
+                        super::REGISTERED_BUFFER_BYTES / 1024
+                    ),
+                    None => on(false).to_string(),
+                }
+            );
         }
     }
 

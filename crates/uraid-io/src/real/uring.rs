@@ -8,7 +8,8 @@ use std::time::Duration;
 use io_uring::{opcode, squeue, types, IoUring};
 use uraid_core::{MemberIoError, MemberIoOp};
 
-use super::{errno_to_error, Slot};
+use super::registered::{BufferRegion, RegisteredIo, RingRegistration};
+use super::{errno_to_error, IoBuf, MemberSet, Slot};
 
 const WAKE_TOKEN: u64 = u64::MAX;
 /// A client thread's own ring (see `guest.rs`) polls that thread's socket with it.
@@ -104,11 +105,21 @@ pub struct UringBackend {
     poll_armed: bool,
     /// That poll completed since it was last armed.
     poll_fired: bool,
+    /// Registered files and buffers (`registered.rs`).
+    reg: RingRegistration,
+    /// Entries pushed with a registered file or buffer.
+    registered_ios: u64,
 }
 
 impl UringBackend {
-    /// `queue_depth`: the most I/Os the executor keeps in flight.
-    pub fn new(entries: u32, queue_depth: usize) -> io::Result<Self> {
+    /// `queue_depth`: the most I/Os the executor keeps in flight. `region`: the executor's
+    /// registered bounce buffers, if it has them (kept alive as long as the ring).
+    pub fn new(
+        entries: u32,
+        queue_depth: usize,
+        registered: RegisteredIo,
+        region: Option<Arc<BufferRegion>>,
+    ) -> io::Result<Self> {
         let (ring, completions) = build_ring(entries)?;
         if !ring.params().is_feature_ext_arg() {
             return Err(io::Error::new(
@@ -130,6 +141,8 @@ impl UringBackend {
             cqes: Vec::new(),
             poll_armed: false,
             poll_fired: false,
+            reg: RingRegistration::new(registered, region),
+            registered_ios: 0,
         })
     }
 
@@ -159,22 +172,58 @@ impl UringBackend {
 
     fn push_sqe(&mut self, idx: usize) {
         let Some(s) = self.slots[idx].as_mut() else { return };
-        let fd = types::Fd(s.fd);
         let remaining = (s.len_bytes - s.done_bytes) as u32;
         let offset = s.offset_bytes + s.done_bytes as u64;
         // SAFETY (for the pointer arithmetic): done_bytes <= len_bytes <= buffer capacity.
         let ptr = unsafe { s.buf.ptr().add(s.done_bytes) };
-        let entry = match s.op {
-            MemberIoOp::Read => opcode::Read::new(fd, ptr, remaining).offset(offset).build(),
-            MemberIoOp::Write => {
-                let rw_flags = if s.sync_write { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(fd, ptr, remaining).offset(offset).rw_flags(rw_flags).build()
-            }
-            MemberIoOp::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+        // Registered buffer 0 is the executor's region (`registered.rs`).
+        let fixed_buf = matches!(s.buf, IoBuf::Registered { .. }) && self.reg.buffers_registered();
+        let rw_flags = if s.sync_write { libc::RWF_DSYNC } else { 0 };
+        // The same entry on a fixed-file slot or a plain descriptor (distinct types).
+        macro_rules! entry {
+            ($fd:expr) => {
+                match (s.op, fixed_buf) {
+                    (MemberIoOp::Read, false) => {
+                        opcode::Read::new($fd, ptr, remaining).offset(offset).build()
+                    }
+                    (MemberIoOp::Read, true) => {
+                        opcode::ReadFixed::new($fd, ptr, remaining, 0).offset(offset).build()
+                    }
+                    (MemberIoOp::Write, false) => {
+                        opcode::Write::new($fd, ptr, remaining).offset(offset).rw_flags(rw_flags).build()
+                    }
+                    (MemberIoOp::Write, true) => opcode::WriteFixed::new($fd, ptr, remaining, 0)
+                        .offset(offset)
+                        .rw_flags(rw_flags)
+                        .build(),
+                    (MemberIoOp::Flush, _) => {
+                        opcode::Fsync::new($fd).flags(types::FsyncFlags::DATASYNC).build()
+                    }
+                }
+            };
+        }
+        let file_slot = self.reg.file_slot(s.set_gen, s.fd);
+        if file_slot.is_some() || fixed_buf {
+            self.registered_ios += 1;
+        }
+        let entry = match file_slot {
+            Some(slot) => entry!(types::Fixed(slot)),
+            None => entry!(types::Fd(s.fd)),
         }
         .user_data(idx as u64);
         let entry = if s.force_async { entry.flags(squeue::Flags::ASYNC) } else { entry };
         self.push_entry(&entry);
+    }
+
+    /// Registers what this ring uses of member set `gen` and the bounce buffers, where not
+    /// done yet: the issuing thread's call, before it pushes an I/O of that set.
+    pub fn prepare_registered(&mut self, gen: u64, members: &MemberSet) {
+        self.enable();
+        self.reg.prepare(&self.ring, gen, members);
+    }
+
+    pub fn registered_ios(&self) -> u64 {
+        self.registered_ios
     }
 
     pub fn completion_mode(&self) -> CompletionMode {
@@ -361,6 +410,7 @@ impl UringBackend {
         std::mem::forget(ring);
         std::mem::forget(std::mem::take(&mut self.slots));
         std::mem::forget(std::mem::replace(&mut self.eventfd_buf, Box::new(0)));
+        self.reg.leak();
     }
 
     /// Wait until the kernel holds no pointer into our buffers.
@@ -431,7 +481,7 @@ mod tests {
         std::fs::write(&path, vec![7u8; 64 << 10]).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         // Queue depth 4: each I/O goes over at once while fewer than 3 are in the kernel.
-        let mut u = UringBackend::new(8, 4).unwrap();
+        let mut u = UringBackend::new(8, 4, RegisteredIo::default(), None).unwrap();
         let mut held = Vec::new();
         for i in 0..5 {
             u.push(Slot {

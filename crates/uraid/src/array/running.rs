@@ -43,6 +43,10 @@ pub struct StartOptions {
     pub inline_request_max_bytes: u64,
     /// See `RuntimeOptions::submitter_rings`.
     pub connection_rings: bool,
+    /// See `ExecutorOptions::registered`.
+    pub registered: uraid_io::real::RegisteredChoice,
+    /// `serve --io-poll`: see `uraid_io::real::check_io_poll`.
+    pub io_poll: bool,
     /// Injected member faults (tests of real runs).
     pub faults: Option<Arc<Faults>>,
     pub tunables: Tunables,
@@ -106,8 +110,13 @@ impl RunningArray {
                     .with_context(|| format!("{}: opening for I/O", m.name))?,
             );
         }
+        if opts.io_poll {
+            let members = exec_members.iter().map(|m: &uraid_io::real::Member| m.io_poll_queue());
+            uraid_io::real::check_io_poll(members).map_err(|e| anyhow!("--io-poll: {e}"))?;
+        }
         let exec_opts = ExecutorOptions {
             faults: opts.faults,
+            registered: opts.registered,
             member_timeout: opts.member_timeout,
             ..ExecutorOptions::default()
         };
