@@ -127,7 +127,10 @@ impl Mddev {
     pub(super) fn cover(&mut self, slot: &mut Option<Buf>, rg: std::ops::Range<usize>) {
         match slot {
             Some(b) if b.covers(rg) => {}
-            Some(b) => b.widen_into(self.cache.buf()),
+            Some(b) => {
+                let former = b.widen_into(self.cache.buf());
+                self.recycle_buf(former);
+            }
             None => *slot = Some(Block::window(0, self.cache.buf())),
         }
     }
