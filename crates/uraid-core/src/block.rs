@@ -66,10 +66,11 @@ impl Block {
         self.bytes.make_mut();
     }
 
-    /// Copy the bytes into `whole` (a buffer of the full head height) and hold that instead.
-    pub(crate) fn widen_into(&mut self, mut whole: IoBytes) {
+    /// Copy the bytes into `whole` (a buffer of the full head height) and hold that instead;
+    /// the block's former bytes come back, so their buffer can be reused.
+    pub(crate) fn widen_into(&mut self, mut whole: IoBytes) -> Block {
         let span = self.span();
         whole.make_mut()[span].copy_from_slice(&self.bytes);
-        *self = Block { start: 0, bytes: whole };
+        std::mem::replace(self, Block { start: 0, bytes: whole })
     }
 }

@@ -65,7 +65,15 @@ impl RamMembers {
         let img = &mut self.images[io.member];
         let (a, b) = (io.offset_bytes as usize, (io.offset_bytes + io.len_bytes) as usize);
         let result = match io.op {
-            MemberIoOp::Read => Ok(img[a..b].to_vec()),
+            // Into the spare buffer the engine hands over, as the real executor reads.
+            MemberIoOp::Read => Ok(match io.data.try_into_unique_vec() {
+                Ok(mut v) if v.capacity() >= b - a => {
+                    v.clear();
+                    v.extend_from_slice(&img[a..b]);
+                    v
+                }
+                _ => img[a..b].to_vec(),
+            }),
             MemberIoOp::Write => {
                 img[a..b].copy_from_slice(&io.data);
                 Ok(Vec::new())

@@ -251,7 +251,8 @@ impl Mddev {
             st.dev[member].reading |= rows(r0, r0 + n);
             st.inflight += 1;
             let ctx = IoCtx::Fill { key, rows: rows(r0, r0 + n) };
-            self.issue_io(led, member, MemberIoOp::Read, st.base_sector + r0, n, IoBytes::new(), ctx);
+            let spare = self.cache.fill_buf(n);
+            self.issue_io(led, member, MemberIoOp::Read, st.base_sector + r0, n, spare, ctx);
         }
     }
 

@@ -101,10 +101,24 @@ impl Mddev {
     /// worth (`stripe_cache_size` heads of every member), so memory stays bounded.
     pub(super) fn recycle_buf(&mut self, b: Buf) {
         let cap = self.tun.stripe_cache_size * self.geo.raid_disks;
-        if let Some(b) = b.into_sole_buffer() {
-            if b.len() == self.cache.zero.len() && self.cache.pool.len() < cap {
+        let Some(b) = b.into_sole_buffer() else { return };
+        let head_bytes = self.cache.zero.len();
+        if b.len() == head_bytes {
+            if self.cache.pool.len() < cap {
                 self.cache.pool.push(b);
             }
+            return;
+        }
+        // Shorter buffers (partial fills, small write payloads) feed later partial fills,
+        // within md's own stripe-cache memory: a 4 KiB page per member per head.
+        let rows = b.len() / SECTOR_BYTES as usize;
+        let fits = self.cache.fill_pool_bytes + b.len() <= cap * 4096;
+        if b.len() % SECTOR_BYTES as usize == 0 && rows > 0 && fits {
+            if self.cache.fill_pool.len() <= rows {
+                self.cache.fill_pool.resize_with(rows + 1, Vec::new);
+            }
+            self.cache.fill_pool_bytes += b.len();
+            self.cache.fill_pool[rows].push(b);
         }
     }
 
@@ -113,7 +127,10 @@ impl Mddev {
     pub(super) fn cover(&mut self, slot: &mut Option<Buf>, rg: std::ops::Range<usize>) {
         match slot {
             Some(b) if b.covers(rg) => {}
-            Some(b) => b.widen_into(self.cache.buf()),
+            Some(b) => {
+                let former = b.widen_into(self.cache.buf());
+                self.recycle_buf(former);
+            }
             None => *slot = Some(Block::window(0, self.cache.buf())),
         }
     }

@@ -64,6 +64,7 @@ impl Mddev {
                         let st = self.cache.heads.get_mut(&key).expect("head");
                         st.dev[member].block = slot;
                         st.dev[member].valid |= fresh;
+                        self.recycle_buf(Block::window(0, IoBytes::from(data)));
                     }
                     // Only the failing sectors may be rebuilt (from parity a resync may not
                     // have reached yet): the halves are read again until they are found.

@@ -179,6 +179,11 @@ pub(crate) struct StripeCache {
     preread_active: usize,
     bypass_count: u32,
     pool: Vec<IoBytes>,
+    /// Buffers shorter than a head, by their rows (index = rows): a partial fill reads into
+    /// one instead of the executor allocating, so a small read-modify-write allocates
+    /// nothing for its reads. Bounded by `fill_pool_bytes` (see `recycle_buf`).
+    fill_pool: Vec<Vec<IoBytes>>,
+    fill_pool_bytes: usize,
     /// Scratch for `advance_batch` (kept to avoid allocating per call).
     scratch_mask: Vec<SectorMask>,
     scratch_needs: Vec<(usize, SectorMask)>,
@@ -226,6 +231,8 @@ impl StripeCache {
             preread_active: 0,
             bypass_count: 0,
             pool: Vec::new(),
+            fill_pool: Vec::new(),
+            fill_pool_bytes: 0,
             scratch_mask: Vec::new(),
             scratch_needs: Vec::new(),
             spare_batches: Vec::new(),
@@ -242,6 +249,18 @@ impl StripeCache {
     /// A buffer of the full head height (contents unspecified).
     fn buf(&mut self) -> IoBytes {
         self.pool.pop().unwrap_or_else(|| IoBytes::from(vec![0u8; self.zero.len()]))
+    }
+
+    /// A buffer of `n_rows` rows for a member read to fill, when one is pooled; else
+    /// empty, and the executor allocates.
+    fn fill_buf(&mut self, n_rows: u64) -> IoBytes {
+        match self.fill_pool.get_mut(n_rows as usize).and_then(Vec::pop) {
+            Some(b) => {
+                self.fill_pool_bytes -= b.len();
+                b
+            }
+            None => IoBytes::new(),
+        }
     }
 
     fn mark(&mut self, key: u64) {
