@@ -52,7 +52,8 @@ impl ReshapeRun {
                 geo.previous.level, geo.next.level
             )));
         }
-        if geo.next.data_disks() < geo.previous.data_disks() || geo.next.raid_disks < geo.previous.raid_disks {
+        if geo.next.data_disks() < geo.previous.data_disks() || geo.next.raid_disks < geo.previous.raid_disks
+        {
             return Err(unsupported("continuing a reshape that removes members"));
         }
         if geo.previous == geo.next {
@@ -267,6 +268,7 @@ pub fn continue_reshape(
 ) -> std::io::Result<ReshapeProgress> {
     let n = run.geometry().next.raid_disks;
     assert!(superblocks.len() >= n, "one superblock per slot, then the spares'");
+    adopt_the_reshape(superblocks);
     let mut windows = 0;
     while let Some(w) = run.next_window(window_max_sectors) {
         if max_windows.is_some_and(|max| windows >= max) {
@@ -291,6 +293,38 @@ pub fn continue_reshape(
         record(run, superblocks, members, utime)?;
     }
     Ok(ReshapeProgress::Finished)
+}
+
+/// Members that missed the round starting the reshape (a cut inside it; assembly takes
+/// them back at position 0) get the array's reshape fields from the freshest superblock
+/// that has them, so the next round does not write their old geometry again.
+fn adopt_the_reshape(superblocks: &mut [Superblock]) {
+    let Some(fresh) =
+        superblocks.iter().filter(|sb| sb.has(feature::RESHAPE_ACTIVE)).max_by_key(|sb| sb.events)
+    else {
+        return;
+    };
+    let fresh = fresh.clone();
+    let reshape_bits = feature::RESHAPE_ACTIVE | feature::NEW_OFFSET | feature::RESHAPE_BACKWARDS;
+    if fresh.reshape_position != 0 {
+        return;
+    }
+    let missed = |sb: &Superblock| !sb.has(feature::RESHAPE_ACTIVE) && sb.events < fresh.events;
+    for sb in superblocks.iter_mut().filter(|sb| missed(sb)) {
+        sb.feature_map = (sb.feature_map & !reshape_bits) | (fresh.feature_map & reshape_bits);
+        sb.level = fresh.level;
+        sb.layout = fresh.layout;
+        sb.chunksize = fresh.chunksize;
+        sb.raid_disks = fresh.raid_disks;
+        sb.delta_disks = fresh.delta_disks;
+        sb.new_level = fresh.new_level;
+        sb.new_layout = fresh.new_layout;
+        sb.new_chunk = fresh.new_chunk;
+        sb.new_offset = fresh.new_offset;
+        sb.reshape_position = fresh.reshape_position;
+        sb.max_dev = fresh.max_dev;
+        sb.dev_roles = fresh.dev_roles.clone();
+    }
 }
 
 /// One superblock round: the checkpoint (or, once done, the finished geometry) on every
