@@ -163,6 +163,8 @@ fn resume(devs: &mut Devs) -> std::io::Result<ReshapeProgress> {
 fn read_back(devs: &Devs, len: usize) -> Vec<u8> {
     let plan = plan_assembly(&superblocks(devs), &AssembleOptions::default()).unwrap();
     assert!(plan.reshape.is_none(), "the reshape finished");
+    // A slot the reshape rebuilt (raid5 to raid6's Q) is whole once it ended.
+    assert!(plan.degraded_slots.is_empty(), "degraded after the reshape: {:?}", plan.degraded_slots);
     let g = plan.geometry().unwrap();
     (0..len as u64 / 512)
         .flat_map(|s| {
