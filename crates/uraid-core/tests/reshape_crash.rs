@@ -4,12 +4,13 @@
 //! found, and the array reads back every byte it held before the grow. Under test: the
 //! order `continue_reshape` keeps (window writes flushed before the checkpoint round, that
 //! round flushed before the next window), md's `reshape_safe` rule for the window size,
-//! and assembly after a cut inside a superblock round (the round ending the reshape too).
+//! and assembly after a cut inside a superblock round (the rounds starting and ending the
+//! reshape too), for grows by a member, raid5 to raid6 and chunk changes.
 
 use uraid_core::geometry::Geometry;
 use uraid_core::meta::*;
 use uraid_core::reshape::run::{continue_reshape, ReshapeMembers, ReshapeProgress, ReshapeRun};
-use uraid_core::reshape::start::{start_grow, GrowMember};
+use uraid_core::reshape::start::{start_grow, start_restripe, GrowMember, Restripe};
 
 const DEV_SECTORS: u64 = 4096;
 
@@ -70,6 +71,8 @@ impl ReshapeMembers for Devs {
     }
 }
 
+/// The members with a superblock, in slot order: a new member the cut left without one
+/// (before anything else was written) is left out, as its user would.
 fn superblocks(devs: &Devs) -> Vec<OfferedMember> {
     devs.durable
         .iter()
@@ -80,12 +83,20 @@ fn superblocks(devs: &Devs) -> Vec<OfferedMember> {
             superblock: Superblock::parse(&d[4096..8192], 8),
             bitmap: None,
         })
+        .filter(|o| o.superblock.is_ok())
         .collect()
 }
 
-/// A raid`level` of `n` members holding a pattern, with uraid's grow to n + 1 started
-/// (superblocks durable), and the array's bytes.
-fn grown(level: i32, n: usize) -> (Devs, Vec<u8>) {
+/// What uraid starts on the array: a grow by one member, or a restripe.
+#[derive(Clone, Copy)]
+enum Start {
+    Grow,
+    Restripe(Restripe),
+}
+
+/// A raid`level` of `n` members holding a pattern, with uraid's grow to n + 1 (or the
+/// restripe) started (superblocks durable), and the array's bytes.
+fn grown(level: i32, n: usize, start: Start) -> (Starting, Vec<u8>) {
     let mut p = CreateParams::new(level, vec![Some(DEV_SECTORS); n]);
     p.name = "t".into();
     p.set_uuid = [7; 16];
@@ -95,8 +106,16 @@ fn grown(level: i32, n: usize) -> (Devs, Vec<u8>) {
     let old: Vec<Superblock> =
         create_array(&p).unwrap().superblocks.into_iter().map(Option::unwrap).collect();
     let new = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16] };
-    let (sbs, geo) = start_grow(&old, &[new], 1).unwrap();
-    let mut durable = vec![vec![0u8; (DEV_SECTORS * 512) as usize]; n + 1];
+    let (sbs, geo) = match start {
+        Start::Grow => start_grow(&old, &[new], 1).unwrap(),
+        Start::Restripe(change) => {
+            let (sbs, _, geo) = start_restripe(&old, &[], change, 1).unwrap();
+            (sbs, geo)
+        }
+    };
+    let slots = sbs.len();
+    // A new member starts as garbage: nothing of the previous layout may be read from it.
+    let mut durable = vec![vec![0xEEu8; (DEV_SECTORS * 512) as usize]; slots];
     let prev: &Geometry = &geo.previous;
     let data: Vec<u8> = (0..prev.array_sectors() * 512).map(|i| (i * 31 % 253) as u8).collect();
     for s in 0..prev.array_sectors() {
@@ -104,10 +123,30 @@ fn grown(level: i32, n: usize) -> (Devs, Vec<u8>) {
         let at = ((geo.data_offset_sectors[e.member] + e.member_sector) * 512) as usize;
         durable[e.member][at..at + 512].copy_from_slice(&data[(s * 512) as usize..][..512]);
     }
-    for (m, sb) in sbs.iter().enumerate() {
+    for (m, sb) in old.iter().enumerate() {
         durable[m][4096..8192].copy_from_slice(&sb.clone().update_csum());
     }
-    (Devs { durable, pending: vec![Vec::new(); n + 1], ios: 0, crash_at: None }, data)
+    let devs = Devs { durable, pending: vec![Vec::new(); slots], ios: 0, crash_at: None };
+    (Starting { devs, sbs }, data)
+}
+
+/// The array before the grow, and the superblocks that start it.
+struct Starting {
+    devs: Devs,
+    sbs: Vec<Superblock>,
+}
+
+impl Starting {
+    /// The round that starts the reshape, as the CLI writes it: the new member's
+    /// superblock first and flushed, then the others', each flushed.
+    fn start(&mut self) -> std::io::Result<()> {
+        for m in (0..self.sbs.len()).rev() {
+            let sb = self.sbs[m].clone().update_csum();
+            self.devs.write(m, 8, &sb)?;
+            self.devs.flush(m)?;
+        }
+        Ok(())
+    }
 }
 
 /// Assemble from what the devices hold and continue the reshape there is, if any.
@@ -124,6 +163,8 @@ fn resume(devs: &mut Devs) -> std::io::Result<ReshapeProgress> {
 fn read_back(devs: &Devs, len: usize) -> Vec<u8> {
     let plan = plan_assembly(&superblocks(devs), &AssembleOptions::default()).unwrap();
     assert!(plan.reshape.is_none(), "the reshape finished");
+    // A slot the reshape rebuilt (raid5 to raid6's Q) is whole once it ended.
+    assert!(plan.degraded_slots.is_empty(), "degraded after the reshape: {:?}", plan.degraded_slots);
     let g = plan.geometry().unwrap();
     (0..len as u64 / 512)
         .flat_map(|s| {
@@ -135,8 +176,10 @@ fn read_back(devs: &Devs, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn cut_everywhere(level: i32, n: usize) {
-    let (mut clean, data) = grown(level, n);
+fn cut_everywhere(level: i32, n: usize, start: Start) {
+    let (mut starting, data) = grown(level, n, start);
+    starting.start().unwrap();
+    let mut clean = starting.devs;
     assert_eq!(resume(&mut clean).unwrap(), ReshapeProgress::Finished);
     let total = clean.ios;
     assert_eq!(read_back(&clean, data.len()), data);
@@ -144,9 +187,13 @@ fn cut_everywhere(level: i32, n: usize) {
     // last ones (the round that ends the reshape); a sample (every 7th) of the rest: each
     // cut reruns the whole reshape.
     for crash_at in (0..total).filter(|c| *c < 400 || c % 7 == 0 || c + 64 > total) {
-        let (mut devs, _) = grown(level, n);
-        devs.crash_at = Some(crash_at);
-        assert!(resume(&mut devs).is_err(), "cut at I/O {crash_at}");
+        let (mut starting, _) = grown(level, n, start);
+        starting.devs.crash_at = Some(crash_at);
+        let started = starting.start();
+        let mut devs = starting.devs;
+        if started.is_ok() {
+            assert!(resume(&mut devs).is_err(), "cut at I/O {crash_at}");
+        }
         devs.cut(crash_at);
         devs.crash_at = None;
         assert_eq!(resume(&mut devs).unwrap(), ReshapeProgress::Finished, "cut at I/O {crash_at}");
@@ -159,10 +206,22 @@ fn cut_everywhere(level: i32, n: usize) {
 
 #[test]
 fn a_power_cut_at_any_io_of_a_raid5_grow_loses_nothing() {
-    cut_everywhere(5, 4);
+    cut_everywhere(5, 4, Start::Grow);
 }
 
 #[test]
 fn a_power_cut_at_any_io_of_a_raid6_grow_loses_nothing() {
-    cut_everywhere(6, 5);
+    cut_everywhere(6, 5, Start::Grow);
+}
+
+#[test]
+fn a_power_cut_at_any_io_of_a_raid5_to_raid6_loses_nothing() {
+    let member = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16] };
+    cut_everywhere(5, 4, Start::Restripe(Restripe::Raid6 { member }));
+}
+
+#[test]
+fn a_power_cut_at_any_io_of_a_chunk_change_loses_nothing() {
+    cut_everywhere(5, 4, Start::Restripe(Restripe::Chunk { chunk_sectors: 32 }));
+    cut_everywhere(6, 5, Start::Restripe(Restripe::Chunk { chunk_sectors: 4 * 8 }));
 }

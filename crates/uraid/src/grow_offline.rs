@@ -1,4 +1,5 @@
-//! `uraid grow` without `--control`: a raid4/5/6 grow by members on a stopped array's
+//! `uraid grow` without `--control`: a raid4/5/6 grow by members, raid5 to raid6 with one
+//! new member (`--level 6 --add NEW`) or a chunk change (`--chunk`) on a stopped array's
 //! members, and `--continue` of a reshape md or uraid left mid-way. The reshape does not
 //! yet run in the background of a served, writable array, so it runs here, offline, with
 //! the members claimed as `uraid serve` claims them: window after window, each made
@@ -13,7 +14,7 @@ use uraid_core::geometry::Level;
 use uraid_core::meta::superblock::MAX_SECTOR;
 use uraid_core::meta::{plan_assembly, AssembleOptions, AssemblyPlan, Superblock};
 use uraid_core::reshape::run::{continue_reshape, ReshapeMembers, ReshapeProgress, ReshapeRun};
-use uraid_core::reshape::start::{start_grow_with_spares, GrowMember};
+use uraid_core::reshape::start::{start_grow_with_spares, start_restripe, GrowMember, Restripe};
 
 use crate::array::assembly::{assemble, Assembled};
 use crate::array::member::{open_members, DevIo, MemberDev};
@@ -114,7 +115,11 @@ fn claimed(paths: &[PathBuf]) -> anyhow::Result<Assembled> {
              `uraid grow --continue` every member, the added ones too; nothing was written)"
         )
     })?;
-    if !a.plan.degraded_slots.is_empty() {
+    // A slot the reshape itself rebuilds (raid5 to raid6's Q) is not a lost member:
+    // assembly took the reshape on only if every other slot is in sync.
+    let rebuilt_by_reshape =
+        a.plan.reshape.is_some() && a.plan.degraded_slots.iter().all(|&s| a.plan.slots[s as usize].is_some());
+    if !a.plan.degraded_slots.is_empty() && !rebuilt_by_reshape {
         bail!(
             "the array is degraded (slots {:?} missing): rebuild it before a grow (nothing was written)",
             a.plan.degraded_slots
@@ -203,14 +208,26 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
              (nothing was written)"
         ),
     };
-    if !level.has_parity()
-        || target.level != level
-        || target.chunk_sectors != cur.chunk_sectors
-        || target.layout != cur.layout
-    {
+    let grows = level.has_parity()
+        && target.level == level
+        && target.chunk_sectors == cur.chunk_sectors
+        && target.layout == cur.layout
+        && target.raid_disks > cur.raid_disks;
+    let to_raid6 = level == Level::Raid5
+        && target.level == Level::Raid6
+        && target.chunk_sectors == cur.chunk_sectors
+        && target.layout == cur.layout
+        && target.raid_disks == cur.raid_disks + 1;
+    let rechunks = level.has_parity()
+        && target.level == level
+        && target.layout == cur.layout
+        && target.raid_disks == cur.raid_disks
+        && target.chunk_sectors != cur.chunk_sectors;
+    if !(grows || to_raid6 || rechunks) {
         bail!(
-            "uraid reshapes only a raid4/5/6 grow by members so far (no level, chunk or layout change): use \
-             mdadm --grow under Linux md (nothing was written)"
+            "uraid reshapes offline a raid4/5/6 grow by members, raid5 to raid6 with one new member \
+             (`--level 6 --add NEW`) and a raid4/5/6 chunk change, one at a time: use mdadm --grow under \
+             Linux md for the rest (nothing was written)"
         );
     }
     if target.raid_disks != cur.raid_disks + new_devs.len() {
@@ -226,8 +243,16 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
         .iter()
         .map(|d| Ok(GrowMember { dev_sectors: d.dev_sectors(), device_uuid: random_uuid()? }))
         .collect::<anyhow::Result<_>>()?;
-    let (all, spares, _) = start_grow_with_spares(&slot_sbs, &spare_sbs, &new_members, now_seconds())
-        .map_err(|e| anyhow!("{e}"))?;
+    let (all, spares, _) = if grows {
+        start_grow_with_spares(&slot_sbs, &spare_sbs, &new_members, now_seconds())
+    } else {
+        let change = match new_members.first() {
+            Some(&member) => Restripe::Raid6 { member },
+            None => Restripe::Chunk { chunk_sectors: target.chunk_sectors },
+        };
+        start_restripe(&slot_sbs, &spare_sbs, change, now_seconds())
+    }
+    .map_err(|e| anyhow!("{e}"))?;
 
     // New members first (start_grow's order): a cut before the old members' round leaves
     // the array as it was, the new devices holding superblocks one event ahead.
@@ -246,9 +271,9 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
             .io_context(|| format!("{}: writing its superblock", d.name))?;
     }
     println!(
-        "uraid: reshape of raid{} from {old} to {} members started (reshape_position 0 in every superblock)",
+        "uraid: reshape of raid{} to {} started (reshape_position 0 in every superblock)",
         level.md_level(),
-        target.raid_disks
+        shape(target.level, target.raid_disks, target.layout, target.chunk_sectors)
     );
     // Planned again from what is now on disk, the claims kept (a second claim of the
     // same device by this process would be refused, and releasing it lets a serve in).
@@ -262,6 +287,16 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
         .map(|o| o.superblock.map_err(|e| anyhow!("{e}")))
         .collect::<anyhow::Result<_>>()?;
     finish(devs, superblocks, plan, off)
+}
+
+/// "raid6 of 5 members, layout left-symmetric, 64K chunk".
+fn shape(level: Level, raid_disks: usize, layout: u32, chunk_sectors: u64) -> String {
+    format!(
+        "raid{} of {raid_disks} members, layout {}, {}K chunk",
+        level.md_level(),
+        uraid_core::geometry::layout_name(level, layout),
+        chunk_sectors / 2
+    )
 }
 
 /// Runs the reshape recorded in the members' superblocks to its end, printing progress.
@@ -319,8 +354,14 @@ fn finish(
         println!();
     }
     // The reshape covers every stripe of the new layout: its end is the new array size.
+    let next = &run.geometry().next;
+    let what = if from == to {
+        format!("reshape to {}", shape(next.level, to, next.layout, next.chunk_sectors))
+    } else {
+        format!("reshape from {from} to {to} members")
+    };
     println!(
-        "uraid: reshape from {from} to {to} members done: the array is now {} ({} sectors)",
+        "uraid: {what} done: the array is now {} ({} sectors)",
         crate::array::report::binary_bytes(run.end_sectors() * 512),
         run.end_sectors()
     );

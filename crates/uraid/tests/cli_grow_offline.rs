@@ -265,13 +265,10 @@ fn refused_offline_grows_change_nothing() {
     refused(&["--raid-devices", "5", "--add", members[1].to_str().unwrap()], &members, "same device", &files);
     // Not all the members: a degraded array is not grown.
     refused(&["--raid-devices", "5", "--add", add], &members[..3], "every member", &files);
-    // A level change is not run offline.
-    refused(
-        &["--raid-devices", "5", "--level", "6", "--add", add],
-        &members,
-        "grow by members so far",
-        &files,
-    );
+    // A layout change alone is not run offline (raid5 to raid6 and --chunk are).
+    refused(&["--layout", "right-symmetric"], &members, "one at a time", &files);
+    // Level and chunk together: mdadm refuses it too.
+    refused(&["--level", "6", "--chunk", "128", "--add", add], &members, "same operation", &files);
 
     // An array with an internal bitmap: start_grow refuses it.
     let dir2 = TempDir::new("grow-refused-bitmap");

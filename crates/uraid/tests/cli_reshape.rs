@@ -2,7 +2,8 @@
 //! --raid-devices=5` with no backup file: mdadm moves the data offset down, md records
 //! `reshape_position`, `delta_disks`, `new_offset` and RESHAPE_ACTIVE). uraid assembles it,
 //! maps each sector by its side of the reshape position, and reads back what md held
-//! before the grow.
+//! before the grow. The same both ways for raid5 to raid6 with a new member and for a
+//! chunk change (md: forwards, the data offset moved down, the old chunk until the end).
 
 mod common;
 
@@ -325,4 +326,172 @@ fn uraid_finishes_a_raid6_grow_md_started() {
     assert_eq!(sha, md.sha_before, "the original extent is unchanged:\n{out}");
     assert_eq!(size as usize, md.size_before / 3 * 4, "{out}");
     assert_eq!(mismatch, 0, "md's check finds P and Q consistent:\n{out}");
+}
+
+/// md in the VM: a raid5 of 4 made by `md_make` on the first 4 of `images`, then
+/// `mdadm --grow` with `grow` (e.g. `--level=6 --raid-devices=5 --add /dev/vde`), held at
+/// `sync_max` (3072 member sectors: 9216 array sectors) and stopped once md checkpointed
+/// there. Not `frozen` mid-way: md 6.1 then leaves a same-member restripe with new rows
+/// written over old ones above the recorded `reshape_position`, which md itself (and
+/// uraid, which follows it) restarts from with that stretch lost.
+fn md_mid_restripe(dir: &TempDir, images: &[PathBuf], grow: &str) -> (String, usize) {
+    let script = format!(
+        "{}echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
+         echo 100 > /proc/sys/dev/raid/speed_limit_max\n\
+         echo 3072 > /sys/block/md0/md/sync_max\n\
+         mdadm --grow /dev/md0 {grow}\n\
+         echo 3072 > /sys/block/md0/md/sync_max || true\n\
+         cat /sys/block/md0/md/sync_max\n\
+         i=0\n\
+         while [ $i -lt 240 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
+         [ \"$p\" != none ] && [ \"$p\" -ge 9216 ] && break; sleep 1; i=$((i+1)); done\n\
+         echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
+         mdadm --stop /dev/md0\n",
+        md_make(5, 4)
+    );
+    let (_, field) = md_run(dir, &script, images);
+    (field("sha").split_whitespace().next().unwrap().to_string(), field("size").parse().unwrap())
+}
+
+fn copies(images: &[PathBuf], into: &TempDir) -> Vec<PathBuf> {
+    images
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let c = into.path(&format!("m{i}"));
+            std::fs::copy(p, &c).unwrap();
+            c
+        })
+        .collect()
+}
+
+#[test]
+fn md_raid5_to_raid6_is_continued_by_uraid_both_ways() {
+    let dir = TempDir::new("md5to6");
+    let images = member_files(&dir, 5);
+    let (sha_before, size_before) =
+        md_mid_restripe(&dir, &images, "--level=6 --raid-devices=5 --add /dev/vde");
+    // What md left: raid5's takeover as raid6 left-symmetric-6, reshaping to left-symmetric
+    // with the same 5 slots, the new member recovered by the reshape.
+    let sb = read_sb(&images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.has(feature::NEW_OFFSET), "{sb:?}");
+    assert_eq!((sb.level, sb.layout, sb.new_level, sb.new_layout), (6, 18, 6, 2), "{sb:?}");
+    assert_eq!((sb.raid_disks, sb.delta_disks, sb.new_offset), (5, 0, -1024), "{sb:?}");
+    let q = read_sb(&images[4]);
+    assert!(q.has(feature::RECOVERY_OFFSET), "{q:?}");
+    assert_eq!(q.recovery_offset, sb.reshape_position / 3, "md recovers the Q member with the reshape");
+
+    // (a) uraid moves a few windows from md's checkpoint and stops; md finishes.
+    let partial = TempDir::new("md5to6-partial");
+    let part = copies(&images, &partial);
+    let got = uraid_continue(&part, Some(3));
+    let ReshapeProgress::Checkpointed { position_sectors } = got else { panic!("{got:?}") };
+    assert!(position_sectors > sb.reshape_position, "{position_sectors}");
+    assert_eq!(read_sb(&part[4]).recovery_offset, position_sectors / 3, "uraid moves it as md does");
+    let (sha, size, mismatch, out) = md_after(&partial, &part, size_before);
+    assert_eq!(sha, sha_before, "md finished uraid's checkpoint with the data intact:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("raid6") && out.contains("left-symmetric"), "{out}");
+
+    // (b) `uraid grow --continue` finishes what md started; md checks P and Q.
+    let o = uraid(&[&["grow", "--continue"][..], &paths(&images)].concat());
+    assert!(text(&o).contains("reshape to raid6 of 5 members"), "{}", ok(o, "uraid grow --continue"));
+    let sb = read_sb(&images[4]);
+    assert!(!sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::RECOVERY_OFFSET), "{sb:?}");
+    assert_eq!((sb.level, sb.layout, sb.data_offset), (6, 2, 1024), "{sb:?}");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "md's check finds P and Q consistent:\n{out}");
+}
+
+#[test]
+fn uraid_raid5_to_raid6_is_finished_by_md_or_by_uraid() {
+    let dir = TempDir::new("uraid5to6");
+    let images = member_files(&dir, 5);
+    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let grow = |extra: &[&str]| {
+        let add = ["--level", "6", "--add", images[4].to_str().unwrap()];
+        uraid(&[&["grow"][..], &add, extra, &paths(&images[..4])].concat())
+    };
+    // Stopped after 3 windows as a kill -9 would leave it.
+    let o = grow(&["--debug-stop-after-windows", "3"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let sb = read_sb(&images[0]);
+    // The superblocks md writes for the same grow (md_raid5_to_raid6_is_continued_by_uraid_both_ways).
+    assert_eq!((sb.level, sb.layout, sb.new_level, sb.new_layout), (6, 18, 6, 2), "{sb:?}");
+    assert_eq!((sb.raid_disks, sb.delta_disks, sb.new_offset), (5, 0, -1024), "{sb:?}");
+    assert!(sb.reshape_position > 0, "{sb:?}");
+    assert_eq!(read_sb(&images[4]).recovery_offset, sb.reshape_position / 3);
+
+    // md finishes a copy of what uraid left.
+    let partial = TempDir::new("uraid5to6-partial");
+    let part = copies(&images, &partial);
+    let (sha, size, mismatch, out) = md_after(&partial, &part, size_before);
+    assert_eq!(sha, sha_before, "md finished uraid's raid5 to raid6 with the data intact:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+
+    // uraid finishes the original; md assembles the raid6 and checks it.
+    ok(uraid(&[&["grow", "--continue"][..], &paths(&images)].concat()), "uraid grow --continue");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("raid6"), "{out}");
+}
+
+#[test]
+fn md_chunk_change_is_continued_by_uraid_both_ways() {
+    let dir = TempDir::new("mdchunk");
+    let images = member_files(&dir, 4);
+    let (sha_before, size_before) = md_mid_restripe(&dir, &images, "--chunk=128");
+    // What md left: forwards (the data offset moves down), the old chunk until the end.
+    let sb = read_sb(&images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::RESHAPE_BACKWARDS), "{sb:?}");
+    assert_eq!((sb.chunksize, sb.new_chunk, sb.delta_disks, sb.new_offset), (128, 256, 0, -1024), "{sb:?}");
+
+    // (a) uraid moves a few windows from md's checkpoint and stops; md finishes.
+    let partial = TempDir::new("mdchunk-partial");
+    let part = copies(&images, &partial);
+    let got = uraid_continue(&part, Some(3));
+    let ReshapeProgress::Checkpointed { position_sectors } = got else { panic!("{got:?}") };
+    assert!(position_sectors > sb.reshape_position, "{position_sectors}");
+    let (sha, size, mismatch, out) = md_after(&partial, &part, size_before);
+    assert_eq!(sha, sha_before, "md finished uraid's checkpoint with the data intact:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+
+    // (b) `uraid grow --continue` finishes what md started.
+    let o = uraid(&[&["grow", "--continue"][..], &paths(&images)].concat());
+    assert!(text(&o).contains("128K chunk"), "{}", ok(o, "uraid grow --continue"));
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Chunk Size : 128K"), "{out}");
+}
+
+#[test]
+fn uraid_chunk_change_is_finished_by_md_or_by_uraid() {
+    let dir = TempDir::new("uraidchunk");
+    let images = member_files(&dir, 4);
+    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let grow = |extra: &[&str]| uraid(&[&["grow", "--chunk", "32"][..], extra, &paths(&images)].concat());
+    let o = grow(&["--debug-stop-after-windows", "3"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let sb = read_sb(&images[0]);
+    assert_eq!((sb.chunksize, sb.new_chunk, sb.delta_disks), (128, 64, 0), "{sb:?}");
+    assert!(sb.reshape_position > 0 && sb.new_offset < 0, "{sb:?}");
+
+    let partial = TempDir::new("uraidchunk-partial");
+    let part = copies(&images, &partial);
+    let (sha, size, mismatch, out) = md_after(&partial, &part, size_before);
+    assert_eq!(sha, sha_before, "md finished uraid's chunk change with the data intact:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+
+    ok(uraid(&[&["grow", "--continue"][..], &paths(&images)].concat()), "uraid grow --continue");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Chunk Size : 32K"), "{out}");
 }

@@ -65,6 +65,15 @@ fn may_run(geo: &ReshapeGeometry, any_bad_blocks: bool) -> Result<(), String> {
     if any_bad_blocks {
         return Err(unsupported("a reshape of members with bad-block log entries"));
     }
+    // The two engines hold the same members in their slots; a restripe (raid5 to raid6,
+    // a chunk change) rebuilds a slot or changes the unit and runs offline.
+    let (p, n) = (&geo.previous, &geo.next);
+    if p.level != n.level || p.chunk_sectors != n.chunk_sectors || p.layout != n.layout {
+        return Err(unsupported("continuing a level, layout or chunk change while serving"));
+    }
+    if n.raid_disks <= p.raid_disks {
+        return Err(unsupported("continuing a reshape that does not add members while serving"));
+    }
     ReshapeRun::new(geo.clone()).map(|_| ())
 }
 

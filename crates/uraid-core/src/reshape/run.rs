@@ -37,18 +37,27 @@ pub struct ReshapeRun {
 
 impl ReshapeRun {
     /// Continue `geo` from its position. Refused, with nothing started, for what the
-    /// window rule does not cover: a backwards reshape, a level or chunk change, a
-    /// shrink, or a checkpoint from which the next stripe cannot be written safely.
+    /// window rule does not cover: a backwards reshape, one that loses data members, a
+    /// level change other than between raid6 layouts (raid5 to raid6 goes through md's
+    /// takeover first), or a checkpoint from which the next stripe cannot be written
+    /// safely.
     pub fn new(geo: ReshapeGeometry) -> Result<ReshapeRun, String> {
         use super::unsupported;
         if geo.backwards {
             return Err(unsupported("continuing a backwards reshape"));
         }
-        if geo.previous.level != geo.next.level || geo.previous.chunk_sectors != geo.next.chunk_sectors {
-            return Err(unsupported("continuing a level or chunk change"));
+        if geo.previous.level != geo.next.level {
+            return Err(unsupported(&format!(
+                "continuing a change from {:?} to {:?}",
+                geo.previous.level, geo.next.level
+            )));
         }
-        if geo.next.raid_disks <= geo.previous.raid_disks {
-            return Err(unsupported("continuing a reshape that does not add members"));
+        if geo.next.data_disks() < geo.previous.data_disks() || geo.next.raid_disks < geo.previous.raid_disks
+        {
+            return Err(unsupported("continuing a reshape that removes members"));
+        }
+        if geo.previous == geo.next {
+            return Err(unsupported("a reshape that changes nothing"));
         }
         let run = ReshapeRun { geo };
         if !run.is_done() && run.next_window(u64::MAX).is_none() {
@@ -77,8 +86,12 @@ impl ReshapeRun {
         self.geo.position_sectors >= self.end_sectors()
     }
 
+    /// The unit windows are made of: a stripe of the next layout in chunks of the larger
+    /// of the two chunk sizes (md's reshape_sectors), so each window holds whole stripes of
+    /// both layouts' rows and `reshape_position` stays where md's `run` accepts it.
     fn stripe_data_sectors(&self) -> u64 {
-        self.geo.next.chunk_sectors * self.geo.next.data_disks() as u64
+        let chunk = self.geo.previous.chunk_sectors.max(self.geo.next.chunk_sectors);
+        chunk * self.geo.next.data_disks() as u64
     }
 
     /// The next window: whole stripes of the next layout from the checkpoint, as many as
@@ -133,7 +146,8 @@ impl ReshapeRun {
         let next: &Geometry = &self.geo.next;
         let chunk = next.chunk_sectors;
         let chunk_bytes = (chunk * 512) as usize;
-        let stripe = self.stripe_data_sectors();
+        // The next layout's own stripes: a window is a whole number of them.
+        let stripe = next.stripe_data_sectors();
         let first = w.start_sectors / stripe;
         let stripes = (w.end_sectors - w.start_sectors).div_ceil(stripe);
         let rows_bytes = stripes as usize * chunk_bytes;
@@ -176,10 +190,16 @@ impl ReshapeRun {
     }
 
     /// A member's superblock recording the checkpoint (md's super_1_sync during a
-    /// reshape): `reshape_position`, with the array's new event count.
+    /// reshape): `reshape_position`, with the array's new event count. A slot the reshape
+    /// rebuilds (raid5 to raid6: the new Q member) is recovered up to the checkpoint's
+    /// member sector, as md's reshape_request moves its `recovery_offset`.
     pub fn checkpoint_superblock(&self, sb: &Superblock, events: u64, utime: u64) -> Superblock {
         let mut sb = sb.clone();
         sb.reshape_position = self.geo.position_sectors;
+        if sb.has(feature::RECOVERY_OFFSET) {
+            let rows = self.geo.position_sectors / self.geo.next.data_disks() as u64;
+            sb.recovery_offset = sb.recovery_offset.max(rows);
+        }
         sb.events = events;
         sb.utime = utime;
         sb
@@ -196,7 +216,12 @@ impl ReshapeRun {
         let size = i128::from(sb.data_size) + old_offset - new_offset;
         sb.data_offset = new_offset as u64;
         sb.data_size = size as u64;
-        sb.feature_map &= !(feature::RESHAPE_ACTIVE | feature::NEW_OFFSET | feature::RESHAPE_BACKWARDS);
+        // The slot the reshape rebuilt holds every row of the next layout: in sync.
+        sb.feature_map &= !(feature::RESHAPE_ACTIVE
+            | feature::NEW_OFFSET
+            | feature::RESHAPE_BACKWARDS
+            | feature::RECOVERY_OFFSET);
+        sb.recovery_offset = 0;
         sb.level = sb.new_level as i32;
         sb.layout = sb.new_layout;
         sb.chunksize = sb.new_chunk;
@@ -243,6 +268,7 @@ pub fn continue_reshape(
 ) -> std::io::Result<ReshapeProgress> {
     let n = run.geometry().next.raid_disks;
     assert!(superblocks.len() >= n, "one superblock per slot, then the spares'");
+    adopt_the_reshape(superblocks);
     let mut windows = 0;
     while let Some(w) = run.next_window(window_max_sectors) {
         if max_windows.is_some_and(|max| windows >= max) {
@@ -267,6 +293,38 @@ pub fn continue_reshape(
         record(run, superblocks, members, utime)?;
     }
     Ok(ReshapeProgress::Finished)
+}
+
+/// Members that missed the round starting the reshape (a cut inside it; assembly takes
+/// them back at position 0) get the array's reshape fields from the freshest superblock
+/// that has them, so the next round does not write their old geometry again.
+fn adopt_the_reshape(superblocks: &mut [Superblock]) {
+    let Some(fresh) =
+        superblocks.iter().filter(|sb| sb.has(feature::RESHAPE_ACTIVE)).max_by_key(|sb| sb.events)
+    else {
+        return;
+    };
+    let fresh = fresh.clone();
+    let reshape_bits = feature::RESHAPE_ACTIVE | feature::NEW_OFFSET | feature::RESHAPE_BACKWARDS;
+    if fresh.reshape_position != 0 {
+        return;
+    }
+    let missed = |sb: &Superblock| !sb.has(feature::RESHAPE_ACTIVE) && sb.events < fresh.events;
+    for sb in superblocks.iter_mut().filter(|sb| missed(sb)) {
+        sb.feature_map = (sb.feature_map & !reshape_bits) | (fresh.feature_map & reshape_bits);
+        sb.level = fresh.level;
+        sb.layout = fresh.layout;
+        sb.chunksize = fresh.chunksize;
+        sb.raid_disks = fresh.raid_disks;
+        sb.delta_disks = fresh.delta_disks;
+        sb.new_level = fresh.new_level;
+        sb.new_layout = fresh.new_layout;
+        sb.new_chunk = fresh.new_chunk;
+        sb.new_offset = fresh.new_offset;
+        sb.reshape_position = fresh.reshape_position;
+        sb.max_dev = fresh.max_dev;
+        sb.dev_roles = fresh.dev_roles.clone();
+    }
 }
 
 /// One superblock round: the checkpoint (or, once done, the finished geometry) on every
@@ -308,9 +366,23 @@ mod tests {
     /// middle of its writes leaves them) and then done again from the same checkpoint, as
     /// a restart does.
     fn reshape_in_memory(level: Level, from: usize, room: u64, crash: bool) {
-        let mut r = run(level, from, 0, room);
+        let r = run(level, from, 0, room);
+        reshape_run_in_memory(r, room, crash);
+    }
+
+    /// A reshape between `previous` and `next` (256-sector members, data at 1024, moved
+    /// down by `room`), run to the end in memory as `reshape_in_memory` does.
+    fn reshape_between(previous: Geometry, next: Geometry, room: u64, crash: bool) {
+        let n = next.raid_disks;
+        let geo = ReshapeGeometry::new(previous, next, 0, false, vec![1024; n], vec![1024 - room; n]);
+        reshape_run_in_memory(ReshapeRun::new(geo.unwrap()).unwrap(), room, crash);
+    }
+
+    fn reshape_run_in_memory(mut r: ReshapeRun, room: u64, crash: bool) {
+        let level = r.geometry().next.level;
         let old = r.geometry().previous.clone();
         let n = r.geometry().next.raid_disks;
+        // 0xEE where the previous layout has no data: a new member, a missing Q.
         let mut devs = vec![vec![0xEEu8; 2048 * 512]; n];
         let data: Vec<u8> = (0..old.array_sectors() * 512).map(|i| (i * 7 % 251) as u8).collect();
         for s in 0..old.array_sectors() {
@@ -350,17 +422,19 @@ mod tests {
             assert_eq!(&devs[e.member][at..at + 512], want, "{level:?} sector {s}");
         }
         // Every new stripe's parity agrees with its data.
-        for stripe in 0..next.member_sectors[0] / 8 {
+        let chunk = next.chunk_sectors;
+        let chunk_bytes = (chunk * 512) as usize;
+        for stripe in 0..next.member_sectors[0] / chunk {
             let map = next.stripe_map(stripe);
-            let rg = 0..8 * 512;
+            let rg = 0..chunk_bytes;
             let bufs: Vec<Vec<u8>> = (0..n)
                 .map(|m| {
-                    let at = ((1024 - room + stripe * 8) * 512) as usize;
-                    devs[m][at..at + 8 * 512].to_vec()
+                    let at = ((1024 - room + stripe * chunk) * 512) as usize;
+                    devs[m][at..at + chunk_bytes].to_vec()
                 })
                 .collect();
-            let (mut p, mut q) = (vec![0u8; 4096], vec![0u8; 4096]);
-            map.gen_parity(&bufs, rg, &[0u8; 4096], &mut p, &mut q);
+            let (mut p, mut q) = (vec![0u8; chunk_bytes], vec![0u8; chunk_bytes]);
+            map.gen_parity(&bufs, rg, &vec![0u8; chunk_bytes], &mut p, &mut q);
             assert_eq!(p, bufs[map.pd_idx], "{level:?} stripe {stripe} P");
             if let Some(qd) = map.qd_idx {
                 assert_eq!(q, bufs[qd], "{level:?} stripe {stripe} Q");
@@ -382,6 +456,78 @@ mod tests {
     #[test]
     fn a_raid6_grow_run_to_the_end_reads_back_and_has_consistent_parity() {
         reshape_in_memory(Level::Raid6, 5, 32, false);
+    }
+
+    /// md's takeover of a raid5 of `n` into a raid6 of `n + 1` (the Q of the `-6` layout on
+    /// the new, blank member), then the reshape to the plain raid6 layout.
+    fn raid5_to_raid6(n: usize) -> (Geometry, Geometry) {
+        let g = |layout| Geometry::new(Level::Raid6, n + 1, layout, 8, &vec![256; n + 1]).unwrap();
+        (g(algorithm::LEFT_SYMMETRIC_6), g(algorithm::LEFT_SYMMETRIC))
+    }
+
+    #[test]
+    fn a_raid5_to_raid6_run_reads_back_and_fills_the_new_member() {
+        let (previous, next) = raid5_to_raid6(4);
+        // The raid5's data lies where the -6 layout says: the takeover moves nothing.
+        let raid5 = Geometry::new(Level::Raid5, 4, algorithm::LEFT_SYMMETRIC, 8, &[256; 4]).unwrap();
+        assert!((0..raid5.array_sectors()).all(|s| raid5.map_sector(s) == previous.map_sector(s)));
+        // mdadm's smallest move for the same data members: one chunk.
+        reshape_between(previous.clone(), next.clone(), 8, false);
+        reshape_between(previous, next, 32, false);
+    }
+
+    #[test]
+    fn a_raid5_to_raid6_run_torn_in_any_window_loses_nothing_once_done_again() {
+        let (previous, next) = raid5_to_raid6(4);
+        reshape_between(previous, next, 16, true);
+        let (previous, next) = raid5_to_raid6(3);
+        reshape_between(previous, next, 8, true);
+    }
+
+    #[test]
+    fn a_chunk_change_run_reads_back_with_consistent_parity_torn_or_not() {
+        let g = |chunk| Geometry::new(Level::Raid5, 4, algorithm::LEFT_SYMMETRIC, chunk, &[256; 4]).unwrap();
+        // Larger, then smaller chunks; mdadm's move: lcm of the two stripes over 3 members.
+        for crash in [false, true] {
+            reshape_between(g(8), g(16), 16, crash);
+            reshape_between(g(16), g(8), 16, crash);
+            reshape_between(g(8), g(32), 64, crash);
+        }
+        let g6 = |chunk| Geometry::new(Level::Raid6, 5, algorithm::LEFT_SYMMETRIC, chunk, &[256; 5]).unwrap();
+        reshape_between(g6(16), g6(8), 16, true);
+    }
+
+    #[test]
+    fn chunk_change_windows_are_whole_stripes_of_the_larger_chunk() {
+        let g = |chunk| Geometry::new(Level::Raid5, 4, algorithm::LEFT_SYMMETRIC, chunk, &[256; 4]).unwrap();
+        // To smaller chunks: a stripe of the next layout (24 sectors) would end inside one
+        // of the previous layout's (48), where md's run refuses the position.
+        let geo = ReshapeGeometry::new(g(16), g(8), 0, false, vec![1024; 4], vec![1024 - 64; 4]).unwrap();
+        let r = ReshapeRun::new(geo).unwrap();
+        let w = r.next_window(u64::MAX).unwrap();
+        assert_eq!(w.end_sectors % 48, 0, "{w:?}");
+        assert_eq!(r.next_window(1).unwrap().end_sectors, 48, "at least one stripe of 16-sector chunks");
+    }
+
+    #[test]
+    fn the_rebuilt_slot_is_recovered_up_to_each_checkpoint_and_in_sync_at_the_end() {
+        let (previous, next) = raid5_to_raid6(4);
+        let geo = ReshapeGeometry::new(previous, next, 0, false, vec![1024; 5], vec![1016; 5]).unwrap();
+        let mut r = ReshapeRun::new(geo).unwrap();
+        let p = crate::meta::CreateParams::new(6, vec![Some(1 << 20); 5]);
+        let mut sb: Superblock = crate::meta::create_array(&p).unwrap().superblocks[4].clone().unwrap();
+        sb.feature_map |= feature::RECOVERY_OFFSET | feature::RESHAPE_ACTIVE;
+        let w = r.next_window(u64::MAX).unwrap();
+        r.advance(w);
+        let cp = r.checkpoint_superblock(&sb, 2, 0);
+        // md: recovery_offset is the checkpoint in member sectors of the next layout.
+        assert_eq!(cp.recovery_offset, w.end_sectors / 3);
+        assert!(cp.has(feature::RECOVERY_OFFSET));
+        while let Some(w) = r.next_window(u64::MAX) {
+            r.advance(w);
+        }
+        let done = r.finished_superblock(&cp, 3, 0);
+        assert!(!done.has(feature::RECOVERY_OFFSET) && !done.has(feature::RESHAPE_ACTIVE), "{done:?}");
     }
 
     #[test]

@@ -47,39 +47,20 @@ fn earliest_data_sector(sb: &Superblock) -> u64 {
     earliest
 }
 
-/// The superblocks of a grow of the array `superblocks` (its members in slot order, all
-/// present and in sync) by `new_members` (returned last, in slot order), and the reshape
-/// they describe. Write the new members' superblocks first and flush them, then the
-/// others: a cut inside that round then leaves members one event behind that assembly
-/// takes back at position 0, never a slot without a superblock. Refused, with nothing to
-/// write, where mdadm would need a backup file or uraid cannot follow.
-pub fn start_grow(
-    superblocks: &[Superblock],
-    new_members: &[GrowMember],
-    utime: u64,
-) -> Result<(Vec<Superblock>, ReshapeGeometry), String> {
-    start_grow_with_spares(superblocks, &[], new_members, utime).map(|(all, _, geo)| (all, geo))
-}
-
-/// [`start_grow`] of an array that also has `spares`: they stay spares, and their
-/// superblocks (returned second, in the order given) record the reshape too, as md writes
-/// every member's superblock; else assembly would later take them for another array's.
-pub fn start_grow_with_spares(
-    superblocks: &[Superblock],
+/// The members (slot order) and spares of a whole, clean raid4/5/6 with no reshape, bitmap
+/// or log that uraid does not yet move: its freshest superblock and level, or what mdadm
+/// or uraid needs first.
+fn whole_clean_array<'a>(
+    superblocks: &'a [Superblock],
     spares: &[Superblock],
-    new_members: &[GrowMember],
-    utime: u64,
-) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
+) -> Result<(&'a Superblock, Level), String> {
     let reference = superblocks.first().ok_or_else(|| refuse("no members given", "give every member"))?;
     let level = Level::from_md_level(reference.level).filter(|l| l.has_parity()).ok_or_else(|| {
         refuse(
-            &format!("growing a raid{} by members is not handled", reference.level),
-            "uraid grows raid4/5/6",
+            &format!("reshaping a raid{} offline is not handled", reference.level),
+            "uraid reshapes raid4/5/6",
         )
     })?;
-    if new_members.is_empty() {
-        return Err(refuse("no new member given", "give the devices to add"));
-    }
     if reference.has(feature::RESHAPE_ACTIVE) {
         return Err(refuse("a reshape is already in progress", "let it finish first"));
     }
@@ -130,6 +111,37 @@ pub fn start_grow_with_spares(
             ));
         }
     }
+    Ok((reference, level))
+}
+
+/// The superblocks of a grow of the array `superblocks` (its members in slot order, all
+/// present and in sync) by `new_members` (returned last, in slot order), and the reshape
+/// they describe. Write the new members' superblocks first and flush them, then the
+/// others: a cut inside that round then leaves members one event behind that assembly
+/// takes back at position 0, never a slot without a superblock. Refused, with nothing to
+/// write, where mdadm would need a backup file or uraid cannot follow.
+pub fn start_grow(
+    superblocks: &[Superblock],
+    new_members: &[GrowMember],
+    utime: u64,
+) -> Result<(Vec<Superblock>, ReshapeGeometry), String> {
+    start_grow_with_spares(superblocks, &[], new_members, utime).map(|(all, _, geo)| (all, geo))
+}
+
+/// [`start_grow`] of an array that also has `spares`: they stay spares, and their
+/// superblocks (returned second, in the order given) record the reshape too, as md writes
+/// every member's superblock; else assembly would later take them for another array's.
+pub fn start_grow_with_spares(
+    superblocks: &[Superblock],
+    spares: &[Superblock],
+    new_members: &[GrowMember],
+    utime: u64,
+) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
+    let (reference, level) = whole_clean_array(superblocks, spares)?;
+    if new_members.is_empty() {
+        return Err(refuse("no new member given", "give the devices to add"));
+    }
+    let raid_disks = reference.raid_disks as usize;
     let chunk = u64::from(reference.chunksize);
     let new_disks = raid_disks + new_members.len();
     let parity = level.parity_disks() as u64;
@@ -220,9 +232,220 @@ pub fn start_grow_with_spares(
     Ok((all, spares, geo))
 }
 
+/// What a restripe with the same data members changes (mdadm `--grow --level 6 --add NEW`
+/// of a raid5, or `--grow --chunk`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restripe {
+    /// raid5 to raid6: md's takeover keeps the raid5's rows as a raid6 of the `-6` layout
+    /// with its Q on `member`, a new last slot recovered by the reshape to the raid5's
+    /// layout in raid6 (mdadm's `analyse_change`).
+    Raid6 { member: GrowMember },
+    /// The chunk becomes `chunk_sectors`.
+    Chunk { chunk_sectors: u64 },
+}
+
+/// mdadm's `choose_offset`: a new data offset in [min, max], near the middle of [lo, hi]
+/// and on the largest power of two up to 1 MiB the range allows.
+pub fn choose_offset_sectors(lo: u64, hi: u64, min: u64, max: u64) -> u64 {
+    let mut choice = (lo + hi) / 2;
+    let mut bit = 1u64;
+    while bit < 2048 {
+        if choice & bit != 0 {
+            let (up, down) = (choice + bit, choice.wrapping_sub(bit));
+            let up_ok = up <= max;
+            let down_ok = choice >= bit && down >= min;
+            match (up_ok, down_ok) {
+                (false, false) => break,
+                (false, true) => choice = down,
+                (true, false) => choice = up,
+                // Both fit: the one further from the edge of [lo, hi].
+                (true, true) => choice = if hi.saturating_sub(up) > down - lo { up } else { down },
+            }
+        }
+        bit <<= 1;
+    }
+    choice
+}
+
+/// The superblocks of a restripe of the array `superblocks` (slot order, whole, clean),
+/// its `spares` (returned second) and, for raid6, the new member (last of the first list),
+/// and the reshape they describe, as md records it once mdadm started it without a backup
+/// file: the data offset moves down by mdadm's choice (`set_new_data_offset` with no
+/// change in data members: the side with more room, here always before the data), every
+/// member at `reshape_position` 0. Write the new member's superblock first and flush it,
+/// then the others'.
+pub fn start_restripe(
+    superblocks: &[Superblock],
+    spares: &[Superblock],
+    change: Restripe,
+    utime: u64,
+) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
+    use crate::geometry::algorithm;
+    let (reference, level) = whole_clean_array(superblocks, spares)?;
+    let raid_disks = reference.raid_disks as usize;
+    let chunk = u64::from(reference.chunksize);
+    let (prev_level, prev_layout, next_layout, new_chunk, new_member) = match change {
+        Restripe::Raid6 { member } => {
+            if level != Level::Raid5 {
+                return Err(refuse(
+                    &format!("--level 6 with a new member is md's raid5 to raid6; this array is {level:?}"),
+                    "give a raid5",
+                ));
+            }
+            let takeover = match reference.layout {
+                algorithm::LEFT_ASYMMETRIC => algorithm::LEFT_ASYMMETRIC_6,
+                algorithm::RIGHT_ASYMMETRIC => algorithm::RIGHT_ASYMMETRIC_6,
+                algorithm::LEFT_SYMMETRIC => algorithm::LEFT_SYMMETRIC_6,
+                algorithm::RIGHT_SYMMETRIC => algorithm::RIGHT_SYMMETRIC_6,
+                other => {
+                    return Err(refuse(
+                        &format!(
+                            "uraid turns only the rotating raid5 layouts into raid6, not layout {other}"
+                        ),
+                        "use mdadm --grow --level=6 under Linux md",
+                    ))
+                }
+            };
+            (Level::Raid6, takeover, reference.layout, chunk, Some(member))
+        }
+        Restripe::Chunk { chunk_sectors } => {
+            if chunk_sectors == chunk {
+                return Err(refuse("the chunk is already that size", "give another --chunk"));
+            }
+            if chunk_sectors < 8 || !chunk_sectors.is_power_of_two() || u32::try_from(chunk_sectors).is_err()
+            {
+                return Err(refuse(
+                    &format!("--chunk of {chunk_sectors} sectors: md needs a power of two of at least 4K"),
+                    "give another --chunk",
+                ));
+            }
+            (level, reference.layout, reference.layout, chunk_sectors, None)
+        }
+    };
+    let new_disks = raid_disks + usize::from(new_member.is_some());
+    let data = (new_disks - prev_level.parity_disks()) as u64;
+    // mdadm: both chunks must divide the component size (analyse_change).
+    if !reference.size.is_multiple_of(new_chunk) {
+        return Err(refuse(
+            &format!(
+                "the component size ({} sectors) is not a whole number of {new_chunk}-sector chunks",
+                reference.size
+            ),
+            "shrink the component size first (mdadm --grow --size)",
+        ));
+    }
+    let min = lcm(chunk * data, new_chunk * data) / data;
+    let data_offset = reference.data_offset;
+    let mut all: Vec<Superblock> = superblocks.to_vec();
+    let mut used: Vec<u32> = superblocks.iter().chain(spares).map(|sb| sb.dev_number).collect();
+    if let Some(m) = new_member {
+        let dev_number = (0u32..).find(|n| !used.contains(n)).unwrap_or(0);
+        used.push(dev_number);
+        let data_size = m.dev_sectors.checked_sub(data_offset).filter(|&s| s >= reference.size).ok_or_else(|| {
+            refuse(
+                &format!(
+                    "the new member has {} sectors, the array needs {} after the {data_offset}-sector data offset",
+                    m.dev_sectors, reference.size
+                ),
+                "give a larger device",
+            )
+        })?;
+        let mut sb = reference.clone();
+        sb.device_uuid = m.device_uuid;
+        sb.dev_number = dev_number;
+        sb.feature_map &= !(feature::REPLACEMENT | feature::BAD_BLOCKS);
+        // md's raid5_start_reshape: a device below previous_raid_disks is recovered by the
+        // reshape, from recovery_offset 0.
+        sb.feature_map |= feature::RECOVERY_OFFSET;
+        sb.recovery_offset = 0;
+        (sb.bblog_offset, sb.bblog_size, sb.bblog_shift) = (0, 0, 0);
+        sb.cnt_corrected_read = 0;
+        sb.devflags = 0;
+        sb.data_size = data_size;
+        all.push(sb);
+    }
+    let before =
+        all.iter().chain(spares).map(|sb| sb.data_offset.saturating_sub(earliest_data_sector(sb))).min();
+    let before = before.unwrap_or(0);
+    if before < min {
+        return Err(refuse(
+            &format!(
+                "a member has {before} sectors before its data, the restripe needs {min} to move the data offset \
+                 down (mdadm would need a backup file)"
+            ),
+            "use mdadm --grow with --backup-file",
+        ));
+    }
+    let new_data_offset =
+        choose_offset_sectors(data_offset - before, data_offset, data_offset - before, data_offset - min);
+    let new_offset = i32::try_from(data_offset - new_data_offset)
+        .map(|m| -m)
+        .map_err(|_| refuse("the offset change is too large", "use mdadm"))?;
+    let max_dev = all
+        .iter()
+        .chain(spares)
+        .map(|sb| sb.max_dev)
+        .max()
+        .unwrap_or(0)
+        .max(used.iter().max().map_or(0, |m| m + 1));
+    let events = reference.events + 1;
+    let mut spares = spares.to_vec();
+    let new_dev = new_member.map(|_| all[raid_disks].dev_number);
+    for sb in all.iter_mut().chain(spares.iter_mut()) {
+        sb.max_dev = max_dev;
+        sb.dev_roles.resize(max_dev as usize, role::SPARE);
+        if let Some(dev) = new_dev {
+            sb.dev_roles[dev as usize] = raid_disks as u16;
+        }
+        sb.level = prev_level.md_level();
+        sb.layout = prev_layout;
+        sb.raid_disks = new_disks as u32;
+        sb.delta_disks = 0;
+        sb.new_level = prev_level.md_level() as u32;
+        sb.new_layout = next_layout;
+        sb.new_chunk = new_chunk as u32;
+        sb.new_offset = new_offset;
+        sb.reshape_position = 0;
+        sb.feature_map |= feature::RESHAPE_ACTIVE | feature::NEW_OFFSET;
+        sb.events = events;
+        sb.utime = utime;
+    }
+    let g =
+        |layout, chunk| Geometry::new(prev_level, new_disks, layout, chunk, &vec![reference.size; new_disks]);
+    let geo = ReshapeGeometry::new(
+        g(prev_layout, chunk)?,
+        g(next_layout, new_chunk)?,
+        0,
+        false,
+        vec![data_offset; new_disks],
+        vec![new_data_offset; new_disks],
+    )?;
+    Ok((all, spares, geo))
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_new_offset_of_a_restripe_is_mdadms() {
+        // What mdadm chose in the VM for raid5 to raid6 (min one chunk) and for a 64K to
+        // 128K chunk change (min two chunks) of 4 members, data at 2048, 1968 sectors free
+        // before it: 1024 both times.
+        assert_eq!(choose_offset_sectors(80, 2048, 80, 2048 - 128), 1024);
+        assert_eq!(choose_offset_sectors(80, 2048, 80, 2048 - 256), 1024);
+        // Little room: the highest the range allows, still at least `min` below.
+        let o = choose_offset_sectors(1800, 2048, 1800, 2048 - 128);
+        assert!((1800..=1920).contains(&o), "{o}");
+    }
 
     #[test]
     fn the_offset_change_is_mdadms() {

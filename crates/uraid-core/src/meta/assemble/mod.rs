@@ -329,18 +329,45 @@ pub fn plan_assembly(
     // A member that missed only the round that started a grow (a crash inside it): at
     // position 0 nothing has moved, so its data is where its older superblock says; it
     // does not know the new members yet.
+    // md's raid5-to-raid6 takes the raid5 over as the `-6` layout with one more slot.
+    let takeover = |sb: &Superblock| {
+        use crate::geometry::algorithm::{LEFT_ASYMMETRIC_6, RIGHT_SYMMETRIC_6};
+        sb.level == level::RAID5
+            && fresh.level == level::RAID6
+            && fresh.delta_disks == 0
+            && (LEFT_ASYMMETRIC_6..=RIGHT_SYMMETRIC_6).contains(&fresh.layout)
+            && sb.layout + LEFT_ASYMMETRIC_6 == fresh.layout
+            && sb.raid_disks + 1 == fresh.raid_disks
+    };
     let missed_reshape_start = |sb: &Superblock| {
+        let same_shape = sb.level == fresh.level
+            && sb.layout == fresh.layout
+            && i64::from(sb.raid_disks) == i64::from(fresh.raid_disks) - i64::from(fresh.delta_disks);
         fresh.has(feature::RESHAPE_ACTIVE)
             && !sb.has(feature::RESHAPE_ACTIVE)
             && fresh.reshape_position == 0
             && sb.events.saturating_add(1) == fresh.events
-            && i64::from(sb.raid_disks) == i64::from(fresh.raid_disks) - i64::from(fresh.delta_disks)
+            && sb.chunksize == fresh.chunksize
+            && (same_shape || takeover(sb))
+    };
+    // A member that missed only the round ending a reshape: its next geometry is the
+    // freshest's geometry (a level, layout or chunk change included).
+    let missed_reshape_end_round = |sb: &Superblock| {
+        !fresh.has(feature::RESHAPE_ACTIVE)
+            && sb.has(feature::RESHAPE_ACTIVE)
+            && sb.events.saturating_add(1) == fresh.events
+            && sb.new_level as i32 == fresh.level
+            && sb.new_layout == fresh.layout
+            && sb.new_chunk == fresh.chunksize
+            && sb.raid_disks == fresh.raid_disks
     };
     group.retain(|&(i, sb)| {
-        let same = sb.level == fresh.level
+        let same = (sb.level == fresh.level
             && sb.layout == fresh.layout
             && sb.chunksize == fresh.chunksize
-            && (sb.raid_disks == fresh.raid_disks || missed_reshape_start(sb));
+            && sb.raid_disks == fresh.raid_disks)
+            || missed_reshape_start(sb)
+            || missed_reshape_end_round(sb);
         if !same {
             refused.push(RefusedMember {
                 index: i,
@@ -434,7 +461,11 @@ pub fn plan_assembly(
         let dropped_by_freshest = i != fresh_idx
             && sb.events < events
             && fresh.dev_roles.get(sb.dev_number as usize).copied() != Some(r);
-        let recovery = sb.has(feature::RECOVERY_OFFSET).then_some(sb.recovery_offset);
+        // The Q slot a raid5-to-raid6 rebuilds holds every row once the reshape ended.
+        let rebuilt_and_ended = !fresh.has(feature::RESHAPE_ACTIVE)
+            && sb.has(feature::RESHAPE_ACTIVE)
+            && rebuilt_by_reshape(sb, slot as usize);
+        let recovery = (sb.has(feature::RECOVERY_OFFSET) && !rebuilt_and_ended).then_some(sb.recovery_offset);
         let new_data_offset: u64 = if missed_reshape_start(sb) && fresh.has(feature::NEW_OFFSET) {
             sb.data_offset.checked_add_signed(i64::from(fresh.new_offset)).unwrap_or(sb.data_offset)
         } else {
@@ -792,7 +823,8 @@ pub fn plan_assembly(
 }
 
 /// The reshape the freshest superblock records, over the slots assembly chose. A degraded
-/// reshape, or one with a member still recovering, is refused: uraid does not continue it.
+/// reshape, or one with a member still recovering, is refused: uraid does not continue it;
+/// except the Q member md's raid5-to-raid6 rebuilds by the reshape itself.
 fn plan_reshape(
     fresh: &Superblock,
     slots: &[Option<SlotMember>],
@@ -803,7 +835,7 @@ fn plan_reshape(
     let mut new_data_offsets = Vec::with_capacity(slots.len());
     for (slot, s) in slots.iter().enumerate() {
         match s {
-            Some(m) if m.recovery_offset_sectors.is_none() => {
+            Some(m) if m.recovery_offset_sectors.is_none() || rebuilt_by_reshape(fresh, slot) => {
                 data_offsets.push(m.data_offset_sectors);
                 new_data_offsets.push(m.new_data_offset_sectors);
             }
@@ -820,6 +852,21 @@ fn plan_reshape(
         return Err(refuse(crate::reshape::unsupported("a reshape of an array with an internal bitmap")));
     }
     reshape::from_superblock(fresh, size_sectors, data_offsets, new_data_offsets).map_err(refuse)
+}
+
+/// md's raid5-to-raid6 (raid5's takeover into a `-6` layout, its Q member added empty,
+/// then the reshape to the plain raid6 layout) recorded in `sb`: the previous layout keeps
+/// nothing on the Q slot, and the reshape writes every row of it below
+/// `reshape_position` (md's reshape_request moves its `recovery_offset` along, a round
+/// behind when a cut ended a checkpoint round early; the rows are there either way).
+fn rebuilt_by_reshape(sb: &Superblock, slot: usize) -> bool {
+    use crate::geometry::algorithm::{LEFT_ASYMMETRIC_6, PARITY_0_6};
+    sb.has(feature::RESHAPE_ACTIVE)
+        && sb.level == level::RAID6
+        && sb.delta_disks == 0
+        && (LEFT_ASYMMETRIC_6..=PARITY_0_6).contains(&sb.layout)
+        && sb.new_layout != sb.layout
+        && slot + 1 == sb.raid_disks as usize
 }
 
 #[cfg(test)]

@@ -8,8 +8,9 @@ use crate::reshape::{unsupported, ReshapeGeometry};
 
 /// The reshape the freshest superblock records, for an array of `member_sectors` per
 /// member whose slots have `data_offsets`/`new_data_offsets` (device sectors, per slot of
-/// the new count). Only what uraid handles is accepted: a raid4/5/6 growing by members,
-/// forwards, same level, layout and chunk, with a moved data offset (no backup file).
+/// the new count). Only what uraid handles is accepted: a raid4/5/6 growing by members or
+/// changing its chunk or (raid6, as md's raid5-to-raid6 leaves it after the takeover) its
+/// layout, forwards, same level, with a moved data offset (no backup file).
 pub(crate) fn from_superblock(
     sb: &Superblock,
     member_sectors: u64,
@@ -26,15 +27,18 @@ pub(crate) fn from_superblock(
     if sb.new_level as i32 != sb.level {
         return Err(unsupported(&format!("a level change (raid{} to raid{})", sb.level, sb.new_level)));
     }
-    if sb.new_layout != sb.layout {
-        return Err(unsupported(&format!("a layout change ({} to {})", sb.layout, sb.new_layout)));
-    }
-    if sb.new_chunk != sb.chunksize {
-        return Err(unsupported(&format!("a chunk change ({} to {} sectors)", sb.chunksize, sb.new_chunk)));
+    if sb.new_layout != sb.layout && level != Level::Raid6 {
+        return Err(unsupported(&format!(
+            "a raid{} layout change ({} to {})",
+            sb.level, sb.layout, sb.new_layout
+        )));
     }
     let delta = sb.delta_disks;
-    if delta <= 0 {
+    if delta < 0 {
         return Err(unsupported(&format!("a reshape by {delta} members (only growing is handled)")));
+    }
+    if delta == 0 && sb.new_layout == sb.layout && sb.new_chunk == sb.chunksize {
+        return Err(unsupported("a reshape that changes neither members, layout nor chunk"));
     }
     if sb.has(feature::RESHAPE_BACKWARDS) {
         return Err(unsupported("a backwards reshape (RESHAPE_BACKWARDS)"));
@@ -50,13 +54,15 @@ pub(crate) fn from_superblock(
         .checked_sub(delta as usize)
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("delta_disks {delta} is more than raid_disks {next_disks}"))?;
-    let chunk = u64::from(sb.chunksize);
+    let (chunk, new_chunk) = (u64::from(sb.chunksize), u64::from(sb.new_chunk));
+    // md's raid5 run(): the size is a whole number of both chunks.
+    let member_sectors = member_sectors & !(chunk.max(new_chunk).max(1) - 1);
     let prev = Geometry::new(level, previous_disks, sb.layout, chunk, &vec![member_sectors; previous_disks])?;
-    let next = Geometry::new(level, next_disks, sb.new_layout, chunk, &vec![member_sectors; next_disks])?;
+    let next = Geometry::new(level, next_disks, sb.new_layout, new_chunk, &vec![member_sectors; next_disks])?;
     let r = ReshapeGeometry::new(prev, next, sb.reshape_position, false, data_offsets, new_data_offsets)?;
     // raid5.c run(): "reshape_position too early for auto-recovery": the next stripe of
     // the new layout must be writable without touching what the previous layout holds.
-    let next_stripe = r.next.chunk_sectors * r.next.data_disks() as u64;
+    let next_stripe = r.next.chunk_sectors.max(r.previous.chunk_sectors) * r.next.data_disks() as u64;
     if !r.forwards_write_is_safe(r.position_sectors, r.position_sectors + next_stripe) {
         return Err(unsupported(
             "the reshape's new layout overlaps data not yet copied (md would need mdadm's backup \
