@@ -94,6 +94,7 @@ pub mod meta;
 pub mod model;
 pub mod profile;
 pub mod rebuild;
+pub mod rebuild_load;
 
 pub mod store;
 pub mod trace;

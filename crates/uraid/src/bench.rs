@@ -1,6 +1,7 @@
 //! `uraid bench ...`: benchmarks that print the peer they are compared against.
 
 mod core;
+mod devices;
 mod disk;
 mod nbd;
 mod parity;

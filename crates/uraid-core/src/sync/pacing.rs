@@ -182,6 +182,14 @@ impl Pacer {
         } else if now_ns >= self.next_probe_ns {
             self.probe_left = PROBE_PERIODS;
             self.next_probe_ns = now_ns + PROBE_EVERY_NS;
+        } else if let (Some(c), true) = (clients, self.rate_kib <= min) {
+            // A period at the floor measures what a probe measures: it becomes the baseline.
+            // Else a device that slowed down after the probe (a shared disk, a neighbour)
+            // would look like the job's doing and hold the job at the floor until the next
+            // probe.
+            self.baseline = Some(c);
+            self.last = None;
+            self.rate_kib = (min * 2).min(max);
         } else {
             // Judged on the mean of this period and the last: one period's hiccup on a
             // shared machine does not halve the rate.
@@ -298,6 +306,23 @@ mod tests {
         let capacity = 150_000;
         let mean = tail_mean(&run(&tun, capacity, 4.0, Model::Fixed, 60));
         assert!(mean > capacity / 10 && mean < capacity * 45 / 100, "mean {mean}");
+    }
+
+    #[test]
+    fn a_period_at_the_floor_is_a_new_baseline() {
+        // The probe saw 4000 completions a second; the device then slowed to 2000 whatever
+        // the job does. At the floor that is the clients' pace without the job: the rate
+        // rises again instead of waiting for the next probe.
+        let base = Clients { lat_ns: 1_000_000, per_s: 4000 };
+        let mut p = Pacer { rate_kib: 5000, baseline: Some(base), ..Pacer::default() };
+        p.next_probe_ns = u64::MAX;
+        for i in 0..200 {
+            p.admitted(i, 4096, 0);
+            p.completed(i, 2_000_000);
+        }
+        p.end_period(5000, 20_000, 130, PERIOD_NS);
+        assert_eq!(p.baseline, Some(Clients { lat_ns: 2_000_000, per_s: 2000 }));
+        assert_eq!(p.rate_kib, 10_000);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! CPU time the process spent in it (all threads, io_uring workers included): on a machine
 //! the benchmark does not have to itself, that says more about the work done than the clock.
 
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -22,9 +22,21 @@ use crate::size_arg::parse_size_bytes;
 
 #[derive(Args)]
 pub struct RebuildArgs {
-    /// Where the member files go (tmpfs by default).
+    /// Where the member files go (tmpfs by default); with --loop-devices, the files under
+    /// the loop devices (on a disk, not tmpfs).
     #[arg(long, default_value = "/dev/shm")]
     dir: PathBuf,
+    /// Members are loop devices (direct I/O) over files in --dir, detached and removed at
+    /// the end: block devices on a disk instead of files in memory.
+    #[arg(long = "loop-devices", conflicts_with = "devices")]
+    loop_devices: bool,
+    /// Six block devices to use as members, comma-separated. THEIR CONTENTS ARE DESTROYED
+    /// (needs --yes-destroy).
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<PathBuf>,
+    /// Confirms that the --devices may be overwritten.
+    #[arg(long)]
+    yes_destroy: bool,
     /// Size of each of the six members.
     #[arg(long = "member-size", default_value = "1G")]
     member_size: String,
@@ -37,11 +49,20 @@ pub struct RebuildArgs {
     /// pacing and the adaptive one, against each alone (docs/performance.md).
     #[arg(long = "under-load")]
     under_load: bool,
-    /// --under-load: seconds each phase runs.
+    /// --under-load on simulated disks of these profiles (comma-separated, e.g.
+    /// hdd-7200-2014,ssd-sata) instead of real members: deterministic, in virtual time.
+    #[arg(long, value_delimiter = ',', requires = "under_load", conflicts_with_all = ["devices", "loop_devices"])]
+    sim: Vec<String>,
+    /// --sim: each simulated member's size (the clients spread over all of it).
+    #[arg(long = "sim-member-size", default_value = "256G")]
+    sim_member_size: String,
+    /// --under-load: seconds each phase runs (with --sim, virtual seconds measured).
     #[arg(long, default_value_t = 4.0)]
     seconds: f64,
 }
 
+use super::devices::{drop_caches, Devices};
+use super::disk::cpu_model;
 use super::rebuild_load::{raid6_engine, CHUNK_BYTES, MEMBERS};
 
 struct TempMembers(Vec<PathBuf>);
@@ -53,8 +74,63 @@ impl Drop for TempMembers {
     }
 }
 
+/// The bench's members: files it makes (and removes), or block devices (loop devices it
+/// attaches and detaches, or the user's).
+enum Members {
+    Files { dir: PathBuf, files: TempMembers },
+    Devices(Devices),
+}
+
+impl Members {
+    fn make(args: &RebuildArgs, member_bytes: u64) -> anyhow::Result<Members> {
+        if !args.devices.is_empty() {
+            anyhow::ensure!(args.devices.len() == MEMBERS, "--devices: give {MEMBERS} block devices");
+            let d = Devices::user(&args.devices, args.yes_destroy)?;
+            for p in &d.paths {
+                let f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
+                let bytes = (&f).seek(std::io::SeekFrom::End(0))?;
+                anyhow::ensure!(bytes >= member_bytes, "{} is smaller than --member-size", p.display());
+            }
+            return Ok(Members::Devices(d));
+        }
+        if args.loop_devices {
+            // Loop devices need root, as losetup does; say so before anything is made.
+            // SAFETY: geteuid has no arguments and cannot fail.
+            anyhow::ensure!(unsafe { libc::geteuid() } == 0, "--loop-devices needs root (losetup)");
+            return Ok(Members::Devices(Devices::loops(&args.dir, "rebuild", MEMBERS, member_bytes)?));
+        }
+        let files = (0..MEMBERS)
+            .map(|m| args.dir.join(format!("uraid-bench-rebuild-{}-{m}.img", std::process::id())))
+            .collect();
+        Ok(Members::Files { dir: args.dir.clone(), files: TempMembers(files) })
+    }
+
+    fn paths(&self) -> &[PathBuf] {
+        match self {
+            Members::Files { files, .. } => &files.0,
+            Members::Devices(d) => &d.paths,
+        }
+    }
+
+    /// What the members are, for the report.
+    fn kind(&self) -> String {
+        match self {
+            Members::Files { dir, .. } => format!("files in {}", dir.display()),
+            Members::Devices(d) => d.kind.clone(),
+        }
+    }
+}
+
+/// Writes `bytes` of a pattern at the start of a member, so that its reads read blocks the
+/// medium holds (a hole in a loop device's file costs nothing to read).
 fn fill(path: &Path, bytes: u64, seed: u8) -> anyhow::Result<()> {
-    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    // No truncation: a block device keeps its size.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
     let mut block = vec![0u8; 1 << 20];
     for (i, b) in block.iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
@@ -63,7 +139,7 @@ fn fill(path: &Path, bytes: u64, seed: u8) -> anyhow::Result<()> {
     for _ in 0..bytes >> 20 {
         w.write_all(&block).context("filling a member")?;
     }
-    w.flush()?;
+    w.into_inner().map_err(|e| e.into_error()).context("filling a member")?.sync_all()?;
     Ok(())
 }
 
@@ -127,27 +203,40 @@ pub fn run(args: RebuildArgs) -> anyhow::Result<()> {
     let member_bytes = parse_size_bytes(&args.member_size).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(member_bytes >= 64 << 20, "--member-size must be at least 64M");
     let member_bytes = member_bytes / CHUNK_BYTES * CHUNK_BYTES;
-    let tmp = TempMembers(
-        (0..MEMBERS)
-            .map(|m| args.dir.join(format!("uraid-bench-rebuild-{}-{m}.img", std::process::id())))
-            .collect(),
-    );
-    eprintln!("writing {MEMBERS} members of {} MiB under {} ...", member_bytes >> 20, args.dir.display());
-    for (m, p) in tmp.0.iter().enumerate() {
+    if !args.sim.is_empty() {
+        anyhow::ensure!((0.5..=600.0).contains(&args.seconds), "--seconds: give 0.5 to 600");
+        let sim_bytes = parse_size_bytes(&args.sim_member_size).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(sim_bytes >= 16 << 30, "--sim-member-size must be at least 16G");
+        let sim_bytes = sim_bytes / CHUNK_BYTES * CHUNK_BYTES;
+        return super::rebuild_load::run_sim(&args.sim, sim_bytes, args.seconds, args.json);
+    }
+    let members = Members::make(&args, member_bytes)?;
+    let paths = members.paths();
+    eprintln!("writing {MEMBERS} members of {} MiB ({}) ...", member_bytes >> 20, members.kind());
+    for (m, p) in paths.iter().enumerate() {
         fill(p, member_bytes, m as u8)?;
+    }
+    let on_block_devices = matches!(members, Members::Devices(_));
+    if on_block_devices {
+        // The fill went through the page cache: give its memory back before measuring.
+        drop_caches()?;
     }
     if args.under_load {
         anyhow::ensure!((0.5..=600.0).contains(&args.seconds), "--seconds: give 0.5 to 600");
-        return super::rebuild_load::run(&tmp.0, member_bytes, args.seconds, args.json, &args.dir);
+        return super::rebuild_load::run(paths, member_bytes, args.seconds, args.json, &members.kind());
     }
     // Make the parity consistent is not needed for speed: the rebuild reads and writes the
     // same bytes whatever they hold. Slot 5 is the one rebuilt.
-    let survivors: Vec<PathBuf> = tmp.0[..MEMBERS - 1].to_vec();
+    let survivors: Vec<PathBuf> = paths[..MEMBERS - 1].to_vec();
     let mut peer = Vec::new();
     let mut rebuild = Vec::new();
     for _ in 0..args.runs.max(1) {
+        if on_block_devices {
+            // The peer reads buffered: from the devices, not from what the last run cached.
+            drop_caches()?;
+        }
         peer.push(timed(|| read_all_sequentially(&survivors))?);
-        rebuild.push(timed(|| rebuild_once(&tmp.0, member_bytes))?);
+        rebuild.push(timed(|| rebuild_once(paths, member_bytes))?);
     }
     let ratios: Vec<f64> = peer.iter().zip(&rebuild).map(|(p, r)| p.seconds / r.seconds).collect();
     let per_run: Vec<serde_json::Value> = peer
@@ -174,10 +263,11 @@ pub fn run(args: RebuildArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "RAID6, {MEMBERS} members of {} MiB on {}, chunk {} KiB",
+            "RAID6, {MEMBERS} members of {} MiB ({}), chunk {} KiB; CPU: {}",
             member_bytes >> 20,
-            args.dir.display(),
-            CHUNK_BYTES >> 10
+            members.kind(),
+            CHUNK_BYTES >> 10,
+            cpu_model()
         );
         println!("median of {} runs, peer and rebuild taking turns", ratios.len());
         println!("{:<44} {:>9} {:>14} {:>12}", "", "seconds", "MB/s per member", "CPU seconds");

@@ -15,19 +15,11 @@ use uraid_core::geometry::algorithm;
 use uraid_core::*;
 use uraid_io::real::{Executor, ExecutorOptions, MemberSet, OpenOptions};
 use uraid_io::runtime::{ArrayRuntime, RuntimeOptions};
+// One shape of results for real members and simulated ones.
+use uraid_sim::rebuild_load::{LoadReport, Phase};
 
-pub(super) const MEMBERS: usize = 6;
-pub(super) const CHUNK_BYTES: u64 = 512 << 10;
-const BLOCK_BYTES: u64 = 4096;
-const QUEUE_DEPTH: usize = 32;
-
-/// What one phase measured.
-#[derive(Clone, Copy, Debug, Default)]
-struct Phase {
-    client_iops: f64,
-    client_p99_us: f64,
-    rebuild_mbps: f64,
-}
+// The same array and clients as the simulated experiment.
+pub(super) use uraid_sim::rebuild_load::{BLOCK_BYTES, CHUNK_BYTES, MEMBERS, QUEUE_DEPTH};
 
 /// Starts the array: all in sync, or slot 5 rebuilt from its start under `policy`.
 fn start(
@@ -48,11 +40,20 @@ fn rebuilt_sectors(rt: &ArrayRuntime<Engine>) -> anyhow::Result<u64> {
     Ok(s.map_or(u64::MAX, |s| s.done_sectors))
 }
 
-/// Clients for `seconds` (none when `clients` is false); the rebuild's progress over the
-/// same time.
-fn phase(rt: &ArrayRuntime<Engine>, array_bytes: u64, clients: bool, seconds: f64) -> anyhow::Result<Phase> {
-    let before = rebuilt_sectors(rt)?;
+/// Clients for `warmup` then `seconds` (none when `clients` is false); the clients and the
+/// rebuild's progress measured over the `seconds` (the adaptive pacer finds its rate in the
+/// warm-up, as in the simulated experiment).
+fn phase(
+    rt: &ArrayRuntime<Engine>,
+    array_bytes: u64,
+    clients: bool,
+    warmup: Duration,
+    seconds: f64,
+) -> anyhow::Result<Phase> {
     let t0 = Instant::now();
+    let total = warmup + Duration::from_secs_f64(seconds);
+    // When the measured window began, and the rebuild's progress then.
+    let mut window: Option<(Instant, u64)> = None;
     let mut lat_us = Vec::new();
     if clients {
         let h = rt.handle();
@@ -87,11 +88,16 @@ fn phase(rt: &ArrayRuntime<Engine>, array_bytes: u64, clients: bool, seconds: f6
             submit(&mut round, &mut started)?;
         }
         round.end();
-        while t0.elapsed().as_secs_f64() < seconds {
+        while t0.elapsed() < total {
             let (id, result) = rx.recv_timeout(Duration::from_secs(30)).context("a client request hung")?;
             result.with_context(|| format!("client request {id}"))?;
             let t = started.remove(&id).context("an unknown completion")?;
-            lat_us.push(t.elapsed().as_secs_f64() * 1e6);
+            if window.is_none() && t0.elapsed() >= warmup {
+                window = Some((Instant::now(), rebuilt_sectors(rt)?));
+            }
+            if window.is_some() {
+                lat_us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
             submit(&mut round, &mut started)?;
             round.end();
         }
@@ -100,15 +106,20 @@ fn phase(rt: &ArrayRuntime<Engine>, array_bytes: u64, clients: bool, seconds: f6
             result.with_context(|| format!("client request {id}"))?;
         }
     } else {
+        std::thread::sleep(warmup);
+        window = Some((Instant::now(), rebuilt_sectors(rt)?));
         std::thread::sleep(Duration::from_secs_f64(seconds));
     }
-    let elapsed = t0.elapsed().as_secs_f64();
+    let (from, before) = window.context("no client request completed within the phase")?;
+    let elapsed = from.elapsed().as_secs_f64();
     let after = rebuilt_sectors(rt)?;
     lat_us.sort_by(f64::total_cmp);
     let p99 = lat_us.get(lat_us.len() * 99 / 100).copied().unwrap_or(0.0);
     let rebuilt = if before == u64::MAX { 0 } else { after.min(u64::MAX - 1).saturating_sub(before) };
+    let mean = if lat_us.is_empty() { 0.0 } else { lat_us.iter().sum::<f64>() / lat_us.len() as f64 };
     Ok(Phase {
         client_iops: lat_us.len() as f64 / elapsed,
+        client_mean_us: mean,
         client_p99_us: p99,
         rebuild_mbps: rebuilt as f64 * 512.0 / elapsed / 1e6,
     })
@@ -129,7 +140,8 @@ fn run_phase(
         std::thread::sleep(Duration::from_millis(1));
     }
     let array_bytes = (MEMBERS as u64 - 2) * member_bytes;
-    let p = phase(&rt, array_bytes, clients, seconds)?;
+    let warmup = Duration::from_nanos(uraid_sim::rebuild_load::WARMUP_NS);
+    let p = phase(&rt, array_bytes, clients, warmup, seconds)?;
     if rebuild.is_some() {
         anyhow::ensure!(
             rebuilt_sectors(&rt)? != u64::MAX,
@@ -145,14 +157,79 @@ pub fn run(
     member_bytes: u64,
     seconds: f64,
     json: bool,
-    dir: &std::path::Path,
+    members: &str,
 ) -> anyhow::Result<()> {
-    let alone = run_phase(paths, member_bytes, None, true, seconds)?;
+    // The clients alone first and last: a disk still writing back the fill, or a neighbour's
+    // burst, tilts one of them; the peer is their mean and both are printed.
+    let first = run_phase(paths, member_bytes, None, true, seconds)?;
     let idle = run_phase(paths, member_bytes, Some(SyncPolicy::Md), false, seconds)?;
-    let mut rows = Vec::new();
-    for policy in [SyncPolicy::Md, SyncPolicy::Adaptive] {
-        rows.push((policy, run_phase(paths, member_bytes, Some(policy), true, seconds)?));
+    let md = run_phase(paths, member_bytes, Some(SyncPolicy::Md), true, seconds)?;
+    let adaptive = run_phase(paths, member_bytes, Some(SyncPolicy::Adaptive), true, seconds)?;
+    let last = run_phase(paths, member_bytes, None, true, seconds)?;
+    let alone = Phase {
+        client_iops: (first.client_iops + last.client_iops) / 2.0,
+        client_mean_us: (first.client_mean_us + last.client_mean_us) / 2.0,
+        client_p99_us: (first.client_p99_us + last.client_p99_us) / 2.0,
+        rebuild_mbps: 0.0,
+    };
+    let report = LoadReport { alone, idle, md, adaptive };
+    let title = format!(
+        "RAID6, {MEMBERS} members of {} MiB ({members}), chunk {} KiB; clients in-process: random 4 KiB, \
+         half reads, {QUEUE_DEPTH} in flight; {seconds} s measured after {} s, each phase on a fresh \
+         start; CPU: {}",
+        member_bytes >> 20,
+        CHUNK_BYTES >> 10,
+        uraid_sim::rebuild_load::WARMUP_NS / 1_000_000_000,
+        super::disk::cpu_model()
+    );
+    let alone_note = format!(
+        "clients alone: mean of the first and the last phase ({:.0} and {:.0} IOPS)",
+        first.client_iops, last.client_iops
+    );
+    let meta = serde_json::json!({"members": members, "cpu": super::disk::cpu_model(),
+        "member_bytes": member_bytes, "seconds": seconds,
+        "clients_alone_first_iops": first.client_iops, "clients_alone_last_iops": last.client_iops});
+    print_report(&report, json, &title, &alone_note, meta)
+}
+
+/// The same phases on simulated disks of each profile (`uraid_sim::rebuild_load`):
+/// virtual time, deterministic, the disks' figures with a free CPU.
+pub fn run_sim(profiles: &[String], member_bytes: u64, seconds: f64, json: bool) -> anyhow::Result<()> {
+    for profile in profiles {
+        let spec = uraid_sim::rebuild_load::LoadSpec {
+            profile: profile.clone(),
+            member_bytes,
+            warmup_ns: uraid_sim::rebuild_load::WARMUP_NS,
+            measure_ns: (seconds * 1e9) as u64,
+            seed: 1,
+        };
+        let report = uraid_sim::rebuild_load::run(&spec).map_err(anyhow::Error::msg)?;
+        let title = format!(
+            "simulated {profile}: RAID6, {MEMBERS} members of {} GiB, chunk {} KiB; clients: random 4 KiB, \
+             half reads, {QUEUE_DEPTH} in flight; {} s of virtual time measured after {} s, each phase \
+             on fresh disks",
+            member_bytes >> 30,
+            CHUNK_BYTES >> 10,
+            seconds,
+            uraid_sim::rebuild_load::WARMUP_NS / 1_000_000_000
+        );
+        let meta = serde_json::json!({"simulated": profile, "member_bytes": member_bytes, "seconds": seconds,
+            "warmup_seconds": spec.warmup_ns as f64 / 1e9});
+        print_report(&report, json, &title, "", meta)?;
     }
+    Ok(())
+}
+
+/// The rows against the targets, as a table or one JSON object (`meta` and the figures).
+fn print_report(
+    r: &LoadReport,
+    json: bool,
+    title: &str,
+    alone_note: &str,
+    mut meta: serde_json::Value,
+) -> anyhow::Result<()> {
+    let (alone, idle) = (r.alone, r.idle);
+    let rows = [(SyncPolicy::Md, r.md), (SyncPolicy::Adaptive, r.adaptive)];
     if json {
         let rows: Vec<serde_json::Value> = rows
             .iter()
@@ -160,29 +237,36 @@ pub fn run(
                 serde_json::json!({"policy": policy.name(), "rebuild_mbps": p.rebuild_mbps,
                     "rebuild_share_of_idle": p.rebuild_mbps / idle.rebuild_mbps,
                     "client_iops": p.client_iops, "client_iops_share": p.client_iops / alone.client_iops,
+                    "client_mean_us": p.client_mean_us,
                     "client_p99_us": p.client_p99_us, "client_p99_ratio": p.client_p99_us / alone.client_p99_us})
             })
             .collect();
-        let v = serde_json::json!({"bench": "rebuild-under-load", "level": 6, "raid_devices": MEMBERS,
-            "member_bytes": member_bytes, "seconds": seconds, "idle_rebuild_mbps": idle.rebuild_mbps,
-            "clients_alone_iops": alone.client_iops, "clients_alone_p99_us": alone.client_p99_us, "rows": rows});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        let fields = serde_json::json!({"bench": "rebuild-under-load", "level": 6, "raid_devices": MEMBERS,
+            "idle_rebuild_mbps": idle.rebuild_mbps, "clients_alone_iops": alone.client_iops,
+            "clients_alone_mean_us": alone.client_mean_us, "clients_alone_p99_us": alone.client_p99_us,
+            "rows": rows});
+        if let (Some(m), serde_json::Value::Object(f)) = (meta.as_object_mut(), fields) {
+            m.extend(f);
+        }
+        println!("{}", serde_json::to_string_pretty(&meta)?);
         return Ok(());
     }
+    println!("{title}");
     println!(
-        "RAID6, {MEMBERS} members of {} MiB on {}, chunk {} KiB; clients: random 4 KiB, half reads, {QUEUE_DEPTH} in flight; {seconds} s a phase",
-        member_bytes >> 20,
-        dir.display(),
-        CHUNK_BYTES >> 10
+        "peers, same run: the rebuild with no clients {:.1} MB/s; the clients with no rebuild {:.0} IOPS, \
+         mean {:.0} us, p99 {:.0} us",
+        idle.rebuild_mbps, alone.client_iops, alone.client_mean_us, alone.client_p99_us
     );
-    println!("peers, same run: the rebuild with no clients {:.1} MB/s; the clients with no rebuild {:.0} IOPS, p99 {:.0} us", idle.rebuild_mbps, alone.client_iops, alone.client_p99_us);
+    if !alone_note.is_empty() {
+        println!("{alone_note}");
+    }
     println!(
-        "{:<10} {:>12} {:>14} {:>12} {:>12} {:>10} {:>10}",
+        "{:<10} {:>12} {:>14} {:>12} {:>15} {:>10} {:>10}",
         "policy", "rebuild MB/s", "x idle (>=0.3)", "client IOPS", "x alone (>=0.7)", "p99 us", "x alone"
     );
     for (policy, p) in &rows {
         println!(
-            "{:<10} {:>12.1} {:>14.2} {:>12.0} {:>12.2} {:>10.0} {:>10.2}",
+            "{:<10} {:>12.1} {:>14.2} {:>12.0} {:>15.2} {:>10.0} {:>10.2}",
             policy.name(),
             p.rebuild_mbps,
             p.rebuild_mbps / idle.rebuild_mbps,
