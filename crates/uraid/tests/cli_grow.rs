@@ -174,16 +174,34 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
         &files,
     );
     refused(&s, &["--level", "10"], "md cannot turn a raid5 into raid10", &files);
-    // A grow by members moves the data offset down: 8 MiB members with 512 KiB chunks have
-    // no room for it (mdadm would want a backup file); refused before the device is added.
+    // A chunk change is a reshape uraid does not run while serving.
+    refused(&s, &["--chunk", "128"], "the reshape of raid5", &files);
+    s.stop();
+
+    // A grow by members while serving (cli_grow_online) is refused, before the device is
+    // added, with a write-intent bitmap (md's reshape keeps it; uraid's does not yet)...
+    let dir = TempDir::new("grow-refusals-raid5-bitmap");
+    let r5 = create_clean(&dir, "5", 3, "16M", &["--bitmap", "internal", "--chunk", "64"]);
+    let new = blank(&dir, "m3", &r5[0]);
+    let mut files = r5.clone();
+    files.push(new.clone());
+    let s = Served::start(&dir, &r5, &[]);
+    refused(&s, &["--raid-devices", "4", "--add", new.to_str().unwrap()], "write-intent bitmap", &files);
+    s.stop();
+    // ...and with too little room below the data to move its offset down (mdadm would want
+    // a backup file): 8 MiB members with 512 KiB chunks growing from 4 to 5.
+    let dir = TempDir::new("grow-refusals-raid5-room");
+    let r5 = create_clean(&dir, "5", 4, "8M", &[]);
+    let new = blank(&dir, "m4", &r5[0]);
+    let mut files = r5.clone();
+    files.push(new.clone());
+    let s = Served::start(&dir, &r5, &[]);
     refused(
         &s,
-        &["--raid-devices", "4", "--add", new.to_str().unwrap()],
+        &["--raid-devices", "5", "--add", new.to_str().unwrap()],
         "to move the data offset down",
         &files,
     );
-    // A chunk change is a reshape uraid does not run.
-    refused(&s, &["--chunk", "128"], "the reshape of raid5", &files);
     s.stop();
 
     let dir = TempDir::new("grow-refusals-raid10");
