@@ -157,12 +157,14 @@ fn the_power_cycle_resyncs_what_the_superblocks_and_bitmap_say() {
 /// 5000091 (raid5): the checker's own, the re-add draw's listed ranges were not counted as
 /// a loss when another member was failed after the power cut. 6008236 (raid10): cut in the
 /// round that gave a member re-added in full its slot; a member that missed it, one event
-/// behind and listing it as a spare, was taken to record it as failed and left out.
+/// behind and listing it as a spare, was taken to record it as failed and left out. 70017
+/// (raid4): the same with a member failed and re-added from the bitmap, listed as faulty by
+/// the slow member that missed the round.
 #[test]
 fn seeds_found_failing_pass() {
     for seed in [
         7, 76, 1265, 1313, 1622, 9936, 2000574, 2000741, 2006006, 2006120, 2001088, 2007869, 3002292,
-        3006310, 3009888, 3004493, 4001414, 4002398, 4004933, 5000091, 6008236,
+        3006310, 3009888, 3004493, 4001414, 4002398, 4004933, 5000091, 6008236, 70017,
     ] {
         // As `uraid sim --seed N` draws it: the level from the seed.
         let spec = SimSpec { level: None, ops: 2000, ..spec(seed, Level::Raid0) };

@@ -452,8 +452,19 @@ pub fn plan_assembly(
         let missed_its_activation = fresh.has(feature::RECOVERY_OFFSET)
             && fresh_slot_in_its_view == Some(role::SPARE)
             && sb.events < events;
+        // Or the round that re-added it to its own slot (md's --re-add, bitmap-guided): the
+        // members that missed it still list it as the faulty member it was. Not when a member
+        // of the same event count lists it otherwise: their views of one round differ.
+        let missed_its_readd = fresh.has(feature::RECOVERY_OFFSET)
+            && fresh_slot_in_its_view == Some(role::FAULTY)
+            && sb.events.saturating_add(1) == events
+            && group.iter().all(|(_, other)| {
+                other.events != sb.events
+                    || other.dev_roles.get(fresh.dev_number as usize).copied() == Some(role::FAULTY)
+            });
         let disowns_freshest = i != fresh_idx
             && !missed_its_activation
+            && !missed_its_readd
             && !missed_reshape_start(sb)
             && fresh.slot().is_some_and(|s| fresh_slot_in_its_view != Some(s as u16));
         // The freshest superblock no longer lists it in its slot: it was failed or
