@@ -91,6 +91,14 @@ impl Array {
         self.reshaping.is_some()
     }
 
+    /// Sectors a second moved since this run of the reshape began (None before a second).
+    pub fn reshape_speed_sectors(&self) -> Option<f64> {
+        let r = self.reshaping.as_deref()?;
+        let (t0, p0) = r.began?;
+        let secs = self.now_ns.saturating_sub(t0) as f64 / 1e9;
+        (secs >= 1.0).then(|| r.run.position_sectors().saturating_sub(p0) as f64 / secs)
+    }
+
     /// A reshape has windows left to move (not stopped).
     pub fn reshape_running(&self) -> bool {
         self.reshaping.as_deref().is_some_and(|r| r.step != Step::Stopped)
@@ -580,6 +588,7 @@ impl Array {
                     return true;
                 };
                 r.window_started_ns = now;
+                r.began.get_or_insert((now, w.start_sectors));
                 r.step = Step::Draining(w);
                 true
             }

@@ -80,6 +80,8 @@ pub(super) struct Reshaping {
     pub data: Vec<u8>,
     pub not_before_ns: TimeNs,
     pub window_started_ns: TimeNs,
+    /// When the first window of this run started, and the checkpoint then (its speed).
+    pub began: Option<(TimeNs, u64)>,
     /// The start's superblock round is done (`Starting`).
     pub start_recorded: bool,
     /// The array was unclean when the reshape resumed: resync it once done (md resyncs
@@ -106,6 +108,7 @@ impl Reshaping {
             data: Vec::new(),
             not_before_ns: 0,
             window_started_ns: 0,
+            began: None,
             start_recorded: false,
             resync_after: false,
             stopping: false,

@@ -45,6 +45,8 @@ pub struct ArrayView {
     pub write_behind_requests: u64,
     /// A reshape while serving: its checkpoint and its end, array sectors of the new layout.
     pub reshape: Option<(u64, u64)>,
+    /// Its speed since this server started it or took it on, sectors per second.
+    pub reshape_speed_sectors: Option<f64>,
 }
 
 impl ArrayView {
@@ -99,6 +101,7 @@ impl Array {
             behind_writes_in_flight: self.engine.behind_writes_in_flight(),
             write_behind_requests: self.engine.stats().write_behind_requests,
             reshape: self.reshape_progress(),
+            reshape_speed_sectors: self.reshape_speed_sectors(),
         }
     }
 

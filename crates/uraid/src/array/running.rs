@@ -376,12 +376,13 @@ impl RunningArray {
         if let Some((done, total)) = view.reshape {
             info.state.push_str(", reshaping");
             info.progress = Some(format!("Reshape Status : {} complete", percent(done, total)));
+            let speed = view.reshape_speed_sectors.filter(|v| *v > 0.0);
             info.sync = Some(SyncProgress {
                 action: "reshape",
                 done_sectors: done,
                 total_sectors: total,
-                speed_kib_per_s: None,
-                eta_s: None,
+                speed_kib_per_s: speed.map(|v| v / 2.0),
+                eta_s: speed.map(|v| total.saturating_sub(done) as f64 / v),
             });
         }
         for m in &view.members {
@@ -529,8 +530,16 @@ impl RunningArray {
         }
         if let Some((done, total)) = view.reshape {
             let filled = ((done as f64 / total.max(1) as f64 * 20.0) as usize).min(20);
+            let (speed, finish, words) = match view.reshape_speed_sectors {
+                Some(v) if v > 0.0 => {
+                    let left = total.saturating_sub(done) as f64 / v;
+                    let words = time_left_words(left).map(|w| format!(" ({w})")).unwrap_or_default();
+                    (format!("{:.0}K/sec", v / 2.0), format!("{:.1}min", left / 60.0), words)
+                }
+                _ => ("-".to_string(), "-".to_string(), String::new()),
+            };
             s.push_str(&format!(
-                "      [{}>{}]  reshape = {} ({}/{}) finish=- speed=-\n",
+                "      [{}>{}]  reshape = {} ({}/{}) finish={finish} speed={speed}{words}\n",
                 "=".repeat(filled),
                 ".".repeat(20 - filled),
                 percent(done, total),
