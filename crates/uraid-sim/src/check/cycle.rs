@@ -134,7 +134,12 @@ pub(super) fn power_cycle(
     let grown_run;
     let run = match &run.grown {
         Some(g) if plan.raid_disks as usize == g.geo.raid_disks => {
-            grown_run = Run { n: g.geo.raid_disks, geo: g.geo.clone(), data_offset_bytes: g.data_offset_bytes, ..run.clone() };
+            grown_run = Run {
+                n: g.geo.raid_disks,
+                geo: g.geo.clone(),
+                data_offset_bytes: g.data_offset_bytes,
+                ..run.clone()
+            };
             &grown_run
         }
         _ => run,
@@ -142,7 +147,9 @@ pub(super) fn power_cycle(
     let (n, geo) = (run.n, &run.geo);
     let sectors = geo.array_sectors();
     let old_sectors = run.grown.as_ref().map(|_| model.sectors());
-    if (plan.array_sectors != sectors && Some(plan.array_sectors) != old_sectors) || plan.raid_disks as usize != n {
+    if (plan.array_sectors != sectors && Some(plan.array_sectors) != old_sectors)
+        || plan.raid_disks as usize != n
+    {
         return Err(format!(
             "re-assembly: the superblocks give {} sectors on {}",
             plan.array_sectors, plan.raid_disks
@@ -179,7 +186,10 @@ pub(super) fn power_cycle(
     let mut array2 = SimArray::new(second, disks);
     grown_run_resumes(&mut array2, model, report)?;
     if array2.engine().engine().geometry() != geo {
-        return Err(format!("the array has {:?} after the power cycle, not {geo:?}", array2.engine().engine().geometry()));
+        return Err(format!(
+            "the array has {:?} after the power cycle, not {geo:?}",
+            array2.engine().engine().geometry()
+        ));
     }
     // The grow may have ended in the superblocks only as the power went (its last round
     // durable, not yet acknowledged): the new space reads zeroes either way.
@@ -466,7 +476,11 @@ fn meta_trap_hit(array: &SimArray<Array>) -> Option<String> {
 
 /// A reshape the re-assembly resumed runs to its end before the recovery (md recovers no
 /// member while it reshapes); the model then takes the new size. Returns whether one ran.
-fn grown_run_resumes(array: &mut SimArray<Array>, model: &mut Model, report: &mut SimReport) -> Result<bool, String> {
+fn grown_run_resumes(
+    array: &mut SimArray<Array>,
+    model: &mut Model,
+    report: &mut SimReport,
+) -> Result<bool, String> {
     if !array.engine().is_reshaping() {
         return Ok(false);
     }

@@ -109,7 +109,10 @@ pub(super) fn try_start(
 /// What the run had from the reshape: a power cut while it ran, and the members that
 /// failed while it ran.
 pub(super) fn note_at_cut(array: &SimArray<Array>, report: &mut SimReport) {
-    if array.engine().is_reshaping() && report.draws.contains(&DRAWS[10]) && !report.draws.contains(&DRAWS[12]) {
+    if array.engine().is_reshaping()
+        && report.draws.contains(&DRAWS[10])
+        && !report.draws.contains(&DRAWS[12])
+    {
         report.draws.push(DRAWS[12]);
         let at = array.engine().reshape_progress().map_or(0, |(p, e)| p * 100 / e.max(1));
         report.faults.push(format!("power cut mid-reshape ({at}% moved)"));
@@ -118,7 +121,11 @@ pub(super) fn note_at_cut(array: &SimArray<Array>, report: &mut SimReport) {
 
 /// After each step of the workload: a member lost while the reshape runs is noted, and
 /// once it is done the model takes the new size.
-pub(super) fn note_progress(array: &SimArray<Array>, model: &mut super::model::Model, report: &mut SimReport) {
+pub(super) fn note_progress(
+    array: &SimArray<Array>,
+    model: &mut super::model::Model,
+    report: &mut SimReport,
+) {
     let engine = array.engine();
     if engine.is_reshaping() {
         if engine.engine().is_degraded() && !report.draws.contains(&DRAWS[13]) {

@@ -160,7 +160,8 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         )
     });
     // Its own disk, after the replacement's.
-    let grow = grow::draw(spec, level, bitmap_chunk.is_some(), ppl, n + spares + usize::from(replace.is_some()));
+    let grow =
+        grow::draw(spec, level, bitmap_chunk.is_some(), ppl, n + spares + usize::from(replace.is_some()));
     let disk_count = n + spares + usize::from(replace.is_some()) + usize::from(grow.is_some());
     let sims: Vec<SimMemberConfig> = (0..disk_count)
         .map(|_| SimMemberConfig::builtin(&spec.profile, spec.member_bytes))
