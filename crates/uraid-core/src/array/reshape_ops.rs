@@ -99,6 +99,12 @@ impl Array {
         (secs >= 1.0).then(|| r.run.position_sectors().saturating_sub(p0) as f64 / secs)
     }
 
+    /// A resync is owed: the engine's, or one a reshape holds until it is done (md
+    /// resyncs after the reshape).
+    pub fn resync_owed(&self) -> bool {
+        self.engine.resync_owed() || self.reshaping.as_deref().is_some_and(|r| r.resync_after)
+    }
+
     /// A reshape has windows left to move (not stopped).
     pub fn reshape_running(&self) -> bool {
         self.reshaping.as_deref().is_some_and(|r| r.step != Step::Stopped)

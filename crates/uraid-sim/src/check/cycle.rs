@@ -176,10 +176,7 @@ pub(super) fn power_cycle(
         .map_err(|e| format!("re-assembly: {e}"))?;
     // md's start_dirty_degraded: a dirty raid4/5/6 started degraded owes its resync until
     // it is whole again; nothing may drop it.
-    if plan.resync.engine_ranges().is_some()
-        && level.has_parity()
-        && degraded_start
-        && !second.engine().resync_owed()
+    if plan.resync.engine_ranges().is_some() && level.has_parity() && degraded_start && !second.resync_owed()
     {
         return Err("a dirty degraded start dropped the resync it owes".into());
     }

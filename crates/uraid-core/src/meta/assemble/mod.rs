@@ -722,8 +722,9 @@ pub fn plan_assembly(
     let reshape = if fresh.has(feature::RESHAPE_ACTIVE) {
         let r = plan_reshape(fresh, &slots, size_sectors)?;
         warnings.push(format!(
-            "a reshape from {} to {} members is in progress at array sector {} of {}: served read-only; \
-             stop the array and run `uraid grow --continue` on its members to finish it",
+            "a reshape from {} to {} members is in progress at array sector {} of {}: served writable, \
+             uraid goes on with a grow by members; otherwise (or --read-only) it is served read-only and \
+             `uraid grow --continue` on the stopped members finishes it",
             r.previous.raid_disks,
             r.next.raid_disks,
             r.position_sectors,
@@ -833,9 +834,10 @@ pub fn plan_assembly(
     })
 }
 
-/// The reshape the freshest superblock records, over the slots assembly chose. A degraded
-/// reshape, or one with a member still recovering, is refused: uraid does not continue it;
-/// except the Q member md's raid5-to-raid6 rebuilds by the reshape itself.
+/// The reshape the freshest superblock records, over the slots assembly chose. One with a
+/// member still recovering is refused: uraid does not continue it; except the Q member
+/// md's raid5-to-raid6 rebuilds by the reshape itself. A missing member is not: the reshape
+/// goes on degraded, as md's does.
 fn plan_reshape(
     fresh: &Superblock,
     slots: &[Option<SlotMember>],
@@ -850,12 +852,24 @@ fn plan_reshape(
                 data_offsets.push(m.data_offset_sectors);
                 new_data_offsets.push(m.new_data_offset_sectors);
             }
+            // A member lost mid-reshape: md goes on degraded (the engines reconstruct
+            // it); the slot's offsets are the array's, as mdadm sets them on every member.
+            None => {
+                data_offsets.push(fresh.data_offset);
+                new_data_offsets.push(u64::try_from(fresh.new_data_offset()).unwrap_or(fresh.data_offset));
+            }
             _ => {
                 return Err(refuse(crate::reshape::unsupported(&format!(
-                    "slot {slot} is missing or not in sync (a degraded reshape)"
+                    "slot {slot} is still recovering (a reshape with a member being rebuilt)"
                 ))))
             }
         }
+    }
+    if fresh.new_chunk != fresh.chunksize && fresh.delta_disks != 0 {
+        // What uraid restripes keeps the member count (mdadm changes one at a time too).
+        return Err(refuse(crate::reshape::unsupported(
+            "a chunk change together with a change of member count",
+        )));
     }
     if fresh.bitmap_sector().is_some() {
         // md keeps the bitmap of the previous layout's sync space during a grow; uraid
