@@ -322,7 +322,7 @@ impl ArrayEngine for Array {
     fn outstanding(&self) -> String {
         format!(
             "engine idle {}, rounds {} (done {}), held {}, to_engine {}, rmws {}, internal {}, out_done {}, \
-             records {}, closing {:?}",
+             records {}, closing {:?}, reshape {:?}",
             self.engine.is_idle(),
             self.rounds.describe(),
             self.rounds.done_seq(),
@@ -332,7 +332,8 @@ impl ArrayEngine for Array {
             self.internal.len(),
             self.out_done.len(),
             self.records_pending,
-            self.closing
+            self.closing,
+            self.reshaping.as_deref().map(|r| (&r.step, r.out, r.failed, r.waiting.len()))
         )
     }
 

@@ -834,10 +834,10 @@ pub fn plan_assembly(
     })
 }
 
-/// The reshape the freshest superblock records, over the slots assembly chose. One with a
-/// member still recovering is refused: uraid does not continue it; except the Q member
-/// md's raid5-to-raid6 rebuilds by the reshape itself. A missing member is not: the reshape
-/// goes on degraded, as md's does.
+/// The reshape the freshest superblock records, over the slots assembly chose. A degraded
+/// reshape, or one with a member still recovering, is refused: uraid does not continue it
+/// after a restart yet (md does); except the Q member md's raid5-to-raid6 rebuilds by the
+/// reshape itself.
 fn plan_reshape(
     fresh: &Superblock,
     slots: &[Option<SlotMember>],
@@ -852,15 +852,9 @@ fn plan_reshape(
                 data_offsets.push(m.data_offset_sectors);
                 new_data_offsets.push(m.new_data_offset_sectors);
             }
-            // A member lost mid-reshape: md goes on degraded (the engines reconstruct
-            // it); the slot's offsets are the array's, as mdadm sets them on every member.
-            None => {
-                data_offsets.push(fresh.data_offset);
-                new_data_offsets.push(u64::try_from(fresh.new_data_offset()).unwrap_or(fresh.data_offset));
-            }
             _ => {
                 return Err(refuse(crate::reshape::unsupported(&format!(
-                    "slot {slot} is still recovering (a reshape with a member being rebuilt)"
+                    "slot {slot} is missing or not in sync (a degraded reshape)"
                 ))))
             }
         }
