@@ -312,7 +312,7 @@ impl Array {
                 failed.push(slot);
             }
         }
-        let any = !failed.is_empty();
+        let mut any = !failed.is_empty();
         for slot in failed {
             if self.engine.member_states().get(slot).is_some_and(|s| *s != MemberState::Faulty) {
                 self.engine.fail_member(slot, self.now_ns);
@@ -321,7 +321,9 @@ impl Array {
         if !self.engine.metadata_pending() {
             if let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) {
                 if prev.metadata_pending() {
+                    // Its held completions may go now: the array must drain them.
                     prev.metadata_committed();
+                    any = true;
                 }
             }
         }
