@@ -27,23 +27,6 @@ fn grow(s: &Served, n: usize, new: &std::path::Path) -> String {
     ok(uraid(&args), "uraid grow")
 }
 
-/// Waits (at most 180 s) until `status` shows no reshape.
-fn wait_reshaped(s: &Served) -> String {
-    let t0 = Instant::now();
-    loop {
-        let st = s.ctl("status", None);
-        if !st.contains("reshape") {
-            return st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(180),
-            "the reshape did not finish:\n{st}\n{}",
-            s.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 fn export_size(url: &str) -> u64 {
     let o = tool("nbdinfo", &["--size", url]);
     assert!(o.status.success(), "nbdinfo: {}", text(&o));

@@ -133,19 +133,6 @@ fn uraid_reads_an_array_md_left_mid_grow_as_md_held_it_before() {
     assert_eq!(mismatch, 0, "md's check after uraid finished md's reshape online:\n{out}");
 }
 
-/// Waits (at most 120 s) until `status` shows no reshape; returns that status.
-fn wait_reshaped(s: &Served) -> String {
-    let t0 = std::time::Instant::now();
-    loop {
-        let st = s.ctl("status", None);
-        if !st.contains("reshape") {
-            return st;
-        }
-        assert!(t0.elapsed().as_secs() < 120, "the reshape did not finish:\n{st}\n{}", s.log_text());
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-}
-
 /// (a) of the issue, online: uraid starts a grow while it serves (`uraid grow --control`)
 /// and is stopped mid-way; md assembles the members, finishes the reshape, and the data
 /// and md's check agree.

@@ -10,11 +10,11 @@ use super::rounds::Work;
 use super::state::{AfterFlush, Array, Held, Internal, Rmw, Split, WriteInFlight, WRITE_TAG};
 use crate::api::*;
 
-fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+pub(super) fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
-fn sector_span(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
+pub(super) fn sector_span(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
     (offset_bytes / SECTOR_BYTES, (offset_bytes + len_bytes).div_ceil(SECTOR_BYTES))
 }
 

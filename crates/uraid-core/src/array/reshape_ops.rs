@@ -1,5 +1,5 @@
 //! A reshape while the array serves (md's reshape_request under make_request; see
-//! docs/operations.md "Grow and reshape"). Two engines run side by side: the array's own
+//! docs/operations.md "Grow and reshape while serving"). Two engines run side by side: the array's own
 //! in the next geometry at `new_data_offset`, and one in the previous geometry at
 //! `data_offset`. A request goes to the engine whose layout holds its sectors, split at
 //! the checkpoint when it spans it (md's `ahead_of_reshape`). One window of whole new
@@ -10,6 +10,7 @@
 //! that round, so none lands in the next layout before a crash would keep it there.
 //! Windows obey md's `reshape_safe` rule (`ReshapeRun::next_window`).
 
+use super::admission::{overlaps, sector_span};
 use super::reshaping::{
     Parts, Reshaping, Step, PART_TAG, PREV_IO_TAG, RESHAPE_IO_MAX_BYTES, RESHAPE_TAG, WINDOW_MAX_SECTORS,
 };
@@ -24,12 +25,8 @@ use crate::reshape::run::ReshapeRun;
 use crate::reshape::start::{start_grow_with_spares, GrowMember};
 use crate::reshape::ReshapeGeometry;
 
-fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
-    a.0 < b.1 && b.0 < a.1
-}
-
 fn span_of(req: &Request) -> (u64, u64) {
-    (req.offset_bytes / SECTOR_BYTES, (req.offset_bytes + req.len_bytes).div_ceil(SECTOR_BYTES))
+    sector_span(req.offset_bytes, req.len_bytes)
 }
 
 /// An engine for one side of a reshape: `geo` at `offsets_sectors` (per slot), each slot's
@@ -59,8 +56,8 @@ fn side_engine(
     Ok(engine)
 }
 
-/// What keeps uraid from running a reshape of this array while it serves, if anything.
-fn may_run(geo: &ReshapeGeometry, any_bad_blocks: bool) -> Result<(), String> {
+/// The reshape of this array to run while it serves, or what keeps uraid from it.
+fn may_run(geo: &ReshapeGeometry, any_bad_blocks: bool) -> Result<ReshapeRun, String> {
     use crate::reshape::unsupported;
     if any_bad_blocks {
         return Err(unsupported("a reshape of members with bad-block log entries"));
@@ -74,7 +71,7 @@ fn may_run(geo: &ReshapeGeometry, any_bad_blocks: bool) -> Result<(), String> {
     if n.raid_disks <= p.raid_disks {
         return Err(unsupported("continuing a reshape that does not add members while serving"));
     }
-    ReshapeRun::new(geo.clone()).map(|_| ())
+    ReshapeRun::new(geo.clone())
 }
 
 impl Array {
@@ -239,23 +236,18 @@ impl Array {
         Some(io)
     }
 
-    /// Routes a member I/O's completion of the previous engine; false if it is not one.
-    pub(super) fn complete_prev_member_io(
-        &mut self,
-        c: &mut Option<MemberIoCompletion>,
-        now_ns: TimeNs,
-    ) -> bool {
-        let Some(comp) = c.as_ref() else { return false };
-        if comp.id & PREV_IO_TAG == 0 || self.reshaping.is_none() {
-            return false;
-        }
-        let mut comp = c.take().expect("a completion");
-        comp.id &= !PREV_IO_TAG;
-        // Once the reshape is done its engine is gone; a late answer finds nothing.
+    /// Is this member I/O completion the previous engine's (tagged by `pop_prev_member_io`)?
+    pub(super) fn is_prev_member_io(id: MemberIoId) -> bool {
+        id & PREV_IO_TAG != 0
+    }
+
+    /// A completion of the previous engine's member I/O; once the reshape is done its
+    /// engine is gone and a late answer finds nothing.
+    pub(super) fn complete_prev_member_io(&mut self, mut c: MemberIoCompletion, now_ns: TimeNs) {
+        c.id &= !PREV_IO_TAG;
         if let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) {
-            prev.complete_member_io(comp, now_ns);
+            prev.complete_member_io(c, now_ns);
         }
-        true
     }
 
     /// The previous engine's deadline (its member-I/O timeouts) and the next window's.
@@ -498,13 +490,12 @@ impl Array {
         any_bad_blocks: bool,
         dirty: bool,
     ) -> Result<(Engine, Box<Reshaping>), String> {
-        may_run(geo, any_bad_blocks)?;
+        let run = may_run(geo, any_bad_blocks)?;
         let states: Vec<MemberState> = engine_config.members.iter().map(|m| m.state).collect();
         let t = engine_config.tunables.clone();
         let next =
             side_engine(geo.next.clone(), &geo.new_data_offset_sectors, &states, io_members, t.clone())?;
         let prev = side_engine(geo.previous.clone(), &geo.data_offset_sectors, &states, io_members, t)?;
-        let run = ReshapeRun::new(geo.clone())?;
         let mut r = Reshaping::new(Some(Box::new(prev)), run, Step::Ready);
         r.resync_after = dirty;
         Ok((next, Box::new(r)))
@@ -571,6 +562,16 @@ impl Array {
         let now = self.now_ns;
         let closing = self.closing.is_some();
         let Some(r) = self.reshaping.as_deref_mut() else { return false };
+        // A window's reads, writes or flush: the next step once all are back.
+        if let Some(what) = r.step.window_io() {
+            if r.out > 0 || !r.to_issue.is_empty() {
+                return false;
+            }
+            if r.failed {
+                self.stop_reshape(&format!("the window could not be {what}"));
+                return true;
+            }
+        }
         match r.step.clone() {
             Step::Starting => {
                 if r.start_recorded && self.engine.is_idle() {
@@ -622,13 +623,6 @@ impl Array {
                 true
             }
             Step::Reading(w) => {
-                if r.out > 0 || !r.to_issue.is_empty() {
-                    return false;
-                }
-                if r.failed {
-                    self.stop_reshape("the window could not be read");
-                    return true;
-                }
                 let next = &r.run.geometry().next;
                 let stripe = next.chunk_sectors * next.data_disks() as u64;
                 let per = (RESHAPE_IO_MAX_BYTES / SECTOR_BYTES / stripe).max(1) * stripe;
@@ -649,25 +643,11 @@ impl Array {
                 true
             }
             Step::Writing(w) => {
-                if r.out > 0 || !r.to_issue.is_empty() {
-                    return false;
-                }
-                if r.failed {
-                    self.stop_reshape("the window could not be written");
-                    return true;
-                }
                 r.to_issue.push_back(Request::flush(RESHAPE_TAG | (1 << 40)));
                 r.step = Step::Flushing(w);
                 true
             }
             Step::Flushing(w) => {
-                if r.out > 0 || !r.to_issue.is_empty() {
-                    return false;
-                }
-                if r.failed {
-                    self.stop_reshape("the window could not be flushed");
-                    return true;
-                }
                 r.step = Step::Checkpointing(w);
                 self.sbs.set_reshape_position(w.end_sectors);
                 self.write_superblocks_then(Some(AfterRound::Reshape));

@@ -91,6 +91,18 @@ pub(super) struct Reshaping {
     pub stopping: bool,
 }
 
+impl Step {
+    /// The window's own I/O under way in this step, by what it does ("read", ...).
+    pub fn window_io(&self) -> Option<&'static str> {
+        match self {
+            Step::Reading(_) => Some("read"),
+            Step::Writing(_) => Some("written"),
+            Step::Flushing(_) => Some("flushed"),
+            _ => None,
+        }
+    }
+}
+
 impl Reshaping {
     pub fn new(prev: Option<Box<Engine>>, run: ReshapeRun, step: Step) -> Reshaping {
         Reshaping {

@@ -273,9 +273,10 @@ impl ArrayEngine for Array {
             }
             return;
         }
-        let mut completion = Some(completion);
-        if !self.complete_prev_member_io(&mut completion, now_ns) {
-            self.engine.complete_member_io(completion.expect("a completion"), now_ns);
+        if Array::is_prev_member_io(completion.id) {
+            self.complete_prev_member_io(completion, now_ns);
+        } else {
+            self.engine.complete_member_io(completion, now_ns);
         }
         self.settle();
     }

@@ -21,18 +21,44 @@ fn refuse(what: &str, todo: &str) -> String {
     format!("cannot grow the array: {what}; {todo}; nothing was written")
 }
 
+/// A device joining the array by a grow or restripe: the array's fields (`reference`'s),
+/// its own identity, the next dev_number `used` leaves free (taken), no bad-block log (none
+/// was read from it), data at the array's data offset. `who` names it in a refusal.
+fn joining_superblock(
+    reference: &Superblock,
+    m: &GrowMember,
+    used: &mut Vec<u32>,
+    who: &str,
+) -> Result<Superblock, String> {
+    let data_offset = reference.data_offset;
+    let dev_number = (0u32..).find(|n| !used.contains(n)).unwrap_or(0);
+    used.push(dev_number);
+    let data_size =
+        m.dev_sectors.checked_sub(data_offset).filter(|&s| s >= reference.size).ok_or_else(|| {
+            refuse(
+                &format!(
+                    "{who} has {} sectors, the array needs {} after the {data_offset}-sector data offset",
+                    m.dev_sectors, reference.size
+                ),
+                "give a larger device",
+            )
+        })?;
+    let mut sb = reference.clone();
+    sb.device_uuid = m.device_uuid;
+    sb.dev_number = dev_number;
+    sb.feature_map &= !(feature::RECOVERY_OFFSET | feature::REPLACEMENT | feature::BAD_BLOCKS);
+    (sb.bblog_offset, sb.bblog_size, sb.bblog_shift) = (0, 0, 0);
+    sb.recovery_offset = 0;
+    sb.cnt_corrected_read = 0;
+    sb.devflags = 0;
+    sb.data_size = data_size;
+    Ok(sb)
+}
+
 /// mdadm's `min_offset_change` for a grow from `old_data` to `new_data` data members:
 /// `compute_backup_blocks` (a whole number of stripes of both layouts) over `old_data`.
 pub fn min_offset_change_sectors(chunk_sectors: u64, old_data: u64, new_data: u64) -> u64 {
-    let (a, b) = (chunk_sectors * old_data, chunk_sectors * new_data);
-    let gcd = {
-        let (mut x, mut y) = (a, b);
-        while y != 0 {
-            (x, y) = (y, x % y);
-        }
-        x
-    };
-    a / gcd * b / old_data
+    lcm(chunk_sectors * old_data, chunk_sectors * new_data) / old_data
 }
 
 /// The lowest sector data may start at on a member (mdadm's getinfo_super1 `earliest`):
@@ -167,29 +193,7 @@ pub fn start_grow_with_spares(
     let mut used: Vec<u32> = superblocks.iter().chain(spares).map(|sb| sb.dev_number).collect();
     let mut all: Vec<Superblock> = superblocks.to_vec();
     for (i, m) in new_members.iter().enumerate() {
-        let dev_number = (0u32..).find(|n| !used.contains(n)).unwrap_or(0);
-        used.push(dev_number);
-        let data_size = m.dev_sectors.checked_sub(data_offset).filter(|&s| s >= reference.size).ok_or_else(|| {
-            refuse(
-                &format!(
-                    "new member {i} has {} sectors, the array needs {} after the {data_offset}-sector data offset",
-                    m.dev_sectors, reference.size
-                ),
-                "give a larger device",
-            )
-        })?;
-        let mut sb = reference.clone();
-        sb.device_uuid = m.device_uuid;
-        sb.dev_number = dev_number;
-        sb.feature_map &= !(feature::RECOVERY_OFFSET | feature::REPLACEMENT | feature::BAD_BLOCKS);
-        sb.bblog_offset = 0;
-        sb.bblog_size = 0;
-        sb.bblog_shift = 0;
-        sb.recovery_offset = 0;
-        sb.cnt_corrected_read = 0;
-        sb.devflags = 0;
-        sb.data_size = data_size;
-        all.push(sb);
+        all.push(joining_superblock(reference, m, &mut used, &format!("new member {i}"))?);
     }
     let max_dev = all
         .iter()
@@ -339,29 +343,10 @@ pub fn start_restripe(
     let mut all: Vec<Superblock> = superblocks.to_vec();
     let mut used: Vec<u32> = superblocks.iter().chain(spares).map(|sb| sb.dev_number).collect();
     if let Some(m) = new_member {
-        let dev_number = (0u32..).find(|n| !used.contains(n)).unwrap_or(0);
-        used.push(dev_number);
-        let data_size = m.dev_sectors.checked_sub(data_offset).filter(|&s| s >= reference.size).ok_or_else(|| {
-            refuse(
-                &format!(
-                    "the new member has {} sectors, the array needs {} after the {data_offset}-sector data offset",
-                    m.dev_sectors, reference.size
-                ),
-                "give a larger device",
-            )
-        })?;
-        let mut sb = reference.clone();
-        sb.device_uuid = m.device_uuid;
-        sb.dev_number = dev_number;
-        sb.feature_map &= !(feature::REPLACEMENT | feature::BAD_BLOCKS);
+        let mut sb = joining_superblock(reference, &m, &mut used, "the new member")?;
         // md's raid5_start_reshape: a device below previous_raid_disks is recovered by the
         // reshape, from recovery_offset 0.
         sb.feature_map |= feature::RECOVERY_OFFSET;
-        sb.recovery_offset = 0;
-        (sb.bblog_offset, sb.bblog_size, sb.bblog_shift) = (0, 0, 0);
-        sb.cnt_corrected_read = 0;
-        sb.devflags = 0;
-        sb.data_size = data_size;
         all.push(sb);
     }
     let before =

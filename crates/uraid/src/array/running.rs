@@ -501,51 +501,14 @@ impl RunningArray {
             view.states.len()
         ));
         if let Some(sync) = &view.sync {
-            let frac = if sync.total_sectors == 0 {
-                1.0
-            } else {
-                sync.done_sectors as f64 / sync.total_sectors as f64
-            };
-            let filled = ((frac * 20.0) as usize).min(20);
-            let bar = format!("[{}>{}]", "=".repeat(filled), ".".repeat(20 - filled));
-            // md's fields as mdstat prints them (finish in minutes, however many), then
-            // the time left in words when minutes say little.
-            let (speed, finish, words) = match view.sync_speed_sectors {
-                Some(v) if v > 0.0 => {
-                    let left = sync.total_sectors.saturating_sub(sync.done_sectors) as f64 / v;
-                    let words = time_left_words(left).map(|w| format!(" ({w})")).unwrap_or_default();
-                    (format!("{:.0}K/sec", v / 2.0), format!("{:.1}min", left / 60.0), words)
-                }
-                _ => ("-".to_string(), "-".to_string(), String::new()),
-            };
             // The adaptive policy's share of the I/O, after md's fields so their parsers hold.
             let share = sync.share_pct.map(|p| format!(" share={p}%")).unwrap_or_default();
-            s.push_str(&format!(
-                "      {bar}  {} = {} ({}/{}) finish={finish} speed={speed}{share}{words}\n",
-                super::detail::sync_word(sync.kind),
-                percent(sync.done_sectors, sync.total_sectors),
-                sync.done_sectors / 2,
-                sync.total_sectors / 2
-            ));
+            let word = super::detail::sync_word(sync.kind);
+            let (done, total) = (sync.done_sectors, sync.total_sectors);
+            s.push_str(&progress_line(word, done, total, view.sync_speed_sectors, &share));
         }
         if let Some((done, total)) = view.reshape {
-            let filled = ((done as f64 / total.max(1) as f64 * 20.0) as usize).min(20);
-            let (speed, finish, words) = match view.reshape_speed_sectors {
-                Some(v) if v > 0.0 => {
-                    let left = total.saturating_sub(done) as f64 / v;
-                    let words = time_left_words(left).map(|w| format!(" ({w})")).unwrap_or_default();
-                    (format!("{:.0}K/sec", v / 2.0), format!("{:.1}min", left / 60.0), words)
-                }
-                _ => ("-".to_string(), "-".to_string(), String::new()),
-            };
-            s.push_str(&format!(
-                "      [{}>{}]  reshape = {} ({}/{}) finish={finish} speed={speed}{words}\n",
-                "=".repeat(filled),
-                ".".repeat(20 - filled),
-                percent(done, total),
-                done / 2,
-                total / 2
-            ));
+            s.push_str(&progress_line("reshape", done, total, view.reshape_speed_sectors, ""));
         }
         if view.has_bitmap {
             s.push_str("      bitmap: internal\n");
@@ -625,6 +588,29 @@ fn failed_out_of_slot(view: &ArrayView) -> impl Iterator<Item = &MemberView> {
         DevRole::Faulty { slot } => slot_holder(view, slot).map(|h| h.key) != Some(m.key),
         _ => false,
     })
+}
+
+/// One of mdstat's progress lines: the bar, `WORD = N% (done/total)` in KiB, then md's
+/// finish (minutes, however many) and speed, `extra`, and the time left in words when
+/// minutes say little.
+fn progress_line(word: &str, done: u64, total: u64, speed_sectors: Option<f64>, extra: &str) -> String {
+    let frac = if total == 0 { 1.0 } else { done as f64 / total as f64 };
+    let filled = ((frac * 20.0) as usize).min(20);
+    let bar = format!("[{}>{}]", "=".repeat(filled), ".".repeat(20 - filled));
+    let (speed, finish, words) = match speed_sectors {
+        Some(v) if v > 0.0 => {
+            let left = total.saturating_sub(done) as f64 / v;
+            let words = time_left_words(left).map(|w| format!(" ({w})")).unwrap_or_default();
+            (format!("{:.0}K/sec", v / 2.0), format!("{:.1}min", left / 60.0), words)
+        }
+        _ => ("-".to_string(), "-".to_string(), String::new()),
+    };
+    format!(
+        "      {bar}  {word} = {} ({}/{}) finish={finish} speed={speed}{extra}{words}\n",
+        percent(done, total),
+        done / 2,
+        total / 2
+    )
 }
 
 #[cfg(test)]

@@ -467,3 +467,20 @@ pub fn wait_in_sync(s: &Served) -> String {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Waits (at most 180 s) until `status` shows no reshape; returns that status.
+pub fn wait_reshaped(s: &Served) -> String {
+    let t0 = Instant::now();
+    loop {
+        let st = s.ctl("status", None);
+        if !st.contains("reshape") {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "the reshape did not finish:\n{st}\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
