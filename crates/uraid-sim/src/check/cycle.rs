@@ -14,7 +14,7 @@ use uraid_core::*;
 
 use super::model::{failed_array_serves_nothing_wrong, read_all_split, settle, Inflight, Model, SECTOR};
 use super::spec::{seed_pick, Run, SimReport, BITMAP_AREA_BYTES, DRAWS, SUPERBLOCK_OFFSET_BYTES};
-use crate::array::SimArray;
+use crate::array::{RunOutcome, SimArray};
 use crate::corruption::corrupt_and_repair;
 use crate::meta::{assemble_members, failure_recorded, member_metadata, replay_ppl, slot_disks, start_array};
 use crate::rebuild::{rebuild, survives_second_failure, RebuildPlan, RebuildReport, Rebuilt};
@@ -41,14 +41,15 @@ pub(super) fn power_cycle(
     report: &mut SimReport,
     mut next_id: u64,
 ) -> Result<(), String> {
-    let (spec, level, n, geo) = (run.spec, run.level, run.n, &run.geo);
-    let sectors = geo.array_sectors();
+    let (spec, level) = (run.spec, run.level);
     let mut buf = vec![0u8; SECTOR as usize];
     if let Some(said) = meta_trap_hit(&array) {
         report.draws.push(DRAWS[8]);
         report.faults.push(said);
     }
     let states = array.engine().engine().member_states();
+    // Slots at the cut: one more than `run.n` once a grow's engines were swapped.
+    let n_crash = states.len();
     // The disk in each slot at the cut (a hot spare may have taken one).
     let at_crash = slot_disks(array.engine());
     for (slot, &d) in at_crash.iter().enumerate().filter(|(slot, &d)| d != *slot) {
@@ -82,7 +83,7 @@ pub(super) fn power_cycle(
     // Data sectors unreadable at the cut (latent, or listed in a bad-block log because a
     // write failed there): a resync must rebuild them from parity, which is stale where
     // writes were in flight (md's write hole, with no member lost).
-    let latent_at_crash: BTreeSet<(usize, u64)> = (0..n)
+    let latent_at_crash: BTreeSet<(usize, u64)> = (0..n_crash)
         .flat_map(|m| {
             let d = at_crash[m];
             let mut ranges: Vec<(u64, u64)> = disks.store(d).latent_error_ranges().collect();
@@ -93,8 +94,8 @@ pub(super) fn power_cycle(
         .filter_map(|(m, s)| Some((m, s.checked_sub(run.data_offset_bytes / SECTOR)?)))
         .collect();
     let mut lost = 0;
-    let mut lost_at_crash = vec![false; n];
-    for m in 0..n {
+    let mut lost_at_crash = vec![false; n_crash.max(run.n + usize::from(run.grown.is_some()))];
+    for m in 0..n_crash {
         let d = at_crash[m];
         if states[m] != MemberState::InSync || disks.is_failed(d) || revived[d] {
             lost += 1;
@@ -112,7 +113,7 @@ pub(super) fn power_cycle(
         && level.has_parity()
         && rng.below(2) == 0
     {
-        let m = (0..n).find(|&m| !lost_at_crash[m]).expect("a member");
+        let m = (0..n_crash).find(|&m| !lost_at_crash[m]).expect("a member");
         disks.fail_member(at_crash[m]);
         lost_at_crash[m] = true;
         lost_after_crash = true;
@@ -128,7 +129,27 @@ pub(super) fn power_cycle(
     if let Some(said) = replay_ppl(&mut disks, &mut plan, &offered)? {
         report.faults.push(said);
     }
-    if plan.array_sectors != geo.array_sectors() || plan.raid_disks as usize != n {
+    // A grow whose start the superblocks recorded goes on from their checkpoint; one they
+    // did not record never happened (the disk is a spare).
+    let grown_run;
+    let run = match &run.grown {
+        Some(g) if plan.raid_disks as usize == g.geo.raid_disks => {
+            grown_run = Run {
+                n: g.geo.raid_disks,
+                geo: g.geo.clone(),
+                data_offset_bytes: g.data_offset_bytes,
+                ..run.clone()
+            };
+            &grown_run
+        }
+        _ => run,
+    };
+    let (n, geo) = (run.n, &run.geo);
+    let sectors = geo.array_sectors();
+    let old_sectors = run.grown.as_ref().map(|_| model.sectors());
+    if (plan.array_sectors != sectors && Some(plan.array_sectors) != old_sectors)
+        || plan.raid_disks as usize != n
+    {
         return Err(format!(
             "re-assembly: the superblocks give {} sectors on {}",
             plan.array_sectors, plan.raid_disks
@@ -143,7 +164,7 @@ pub(super) fn power_cycle(
     };
     let members2 = plan.member_configs();
     for (m, st) in members2.iter().enumerate() {
-        let same_disk = plan.slots[m].as_ref().is_some_and(|s| offered[s.member] == at_crash[m]);
+        let same_disk = plan.slots[m].as_ref().is_some_and(|s| Some(&offered[s.member]) == at_crash.get(m));
         if st.state == MemberState::InSync && same_disk && lost_at_crash[m] && !unrecorded[at_crash[m]] {
             return Err(format!("re-assembly took member {m} back in sync although its loss is recorded"));
         }
@@ -160,6 +181,16 @@ pub(super) fn power_cycle(
         return Err("a dirty degraded start dropped the resync it owes".into());
     }
     let mut array2 = SimArray::new(second, disks);
+    grown_run_resumes(&mut array2, model, report)?;
+    if array2.engine().engine().geometry() != geo {
+        return Err(format!(
+            "the array has {:?} after the power cycle, not {geo:?}",
+            array2.engine().engine().geometry()
+        ));
+    }
+    // The grow may have ended in the superblocks only as the power went (its last round
+    // durable, not yet acknowledged): the new space reads zeroes either way.
+    model.grow_to(sectors);
     let started_with = slot_disks(array2.engine());
     // Every slot left out comes back (re-added or replaced, then recovered); maybe a second
     // member fails while that runs. Not raid10 (whether it survives depends on which copies
@@ -438,4 +469,38 @@ fn meta_trap_hit(array: &SimArray<Array>) -> Option<String> {
         (_, o) => format!("a metadata write at byte {o} (bad-block log or PPL area)"),
     };
     Some(format!("member {} failed on {what} of a metadata round at {} ns", hit.member, hit.at_ns))
+}
+
+/// A reshape the re-assembly resumed runs to its end before the recovery (md recovers no
+/// member while it reshapes); the model then takes the new size. Returns whether one ran.
+fn grown_run_resumes(
+    array: &mut SimArray<Array>,
+    model: &mut Model,
+    report: &mut SimReport,
+) -> Result<bool, String> {
+    if !array.engine().is_reshaping() {
+        return Ok(false);
+    }
+    let from = array.engine().reshape_progress().map_or(0, |(p, _)| p);
+    let mut rounds = 0;
+    while array.engine().is_reshaping() {
+        match array.run_until_idle() {
+            RunOutcome::Idle | RunOutcome::Stalled => {}
+            other => return Err(format!("the resumed reshape ended {other:?}")),
+        }
+        rounds += 1;
+        if array.engine().is_reshaping() && (rounds > 1000 || !array.engine().reshape_running()) {
+            return Err(format!(
+                "the reshape resumed at sector {from} did not finish (at {:?})",
+                array.engine().reshape_progress()
+            ));
+        }
+    }
+    let sectors = array.engine().engine().size_bytes() / SECTOR;
+    model.grow_to(sectors);
+    report.faults.push(format!("the reshape resumed at sector {from} after the power cycle and finished"));
+    if !report.draws.contains(&DRAWS[11]) {
+        report.draws.push(DRAWS[11]);
+    }
+    Ok(true)
 }

@@ -25,6 +25,7 @@ use super::store::PowerLossPolicy;
 use model::{pattern, settle, verify_all, Inflight, Model, SECTOR};
 
 mod cycle;
+mod grow;
 mod members;
 mod model;
 mod spec;
@@ -158,7 +159,10 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
             seed_pick(spec.seed, 0x7e93, n as u64) as usize,
         )
     });
-    let disk_count = n + spares + usize::from(replace.is_some());
+    // Its own disk, after the replacement's.
+    let grow =
+        grow::draw(spec, level, bitmap_chunk.is_some(), ppl, n + spares + usize::from(replace.is_some()));
+    let disk_count = n + spares + usize::from(replace.is_some()) + usize::from(grow.is_some());
     let sims: Vec<SimMemberConfig> = (0..disk_count)
         .map(|_| SimMemberConfig::builtin(&spec.profile, spec.member_bytes))
         .collect::<Result<_, _>>()
@@ -214,6 +218,8 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         }),
         readd_bad_blocks: None,
         meta_trap: None,
+        grow,
+        grown: None,
     };
     if run.unaligned {
         report.draws.push(DRAWS[0]);
@@ -259,7 +265,7 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     array.set_member_merging(true);
     let mut next_id = 1u64;
     let (crashed, inflight) =
-        workload(&run, &mut array, &mut model, rng, power_loss_at_request, &mut next_id, report)?;
+        workload(&mut run, &mut array, &mut model, rng, power_loss_at_request, &mut next_id, report)?;
     report.requests = next_id - 1;
     if array.engine().engine().is_failed() {
         return Err("the array failed although faults stayed within its redundancy".into());
@@ -277,6 +283,7 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         let mut buf = vec![0u8; SECTOR as usize];
         verify_all(&mut array, &model, &mut next_id, &mut buf)?;
     }
+    grow::note_at_cut(&array, report);
     cycle::power_cycle(&run, array, &mut model, inflight, rng, report, next_id)
 }
 
@@ -441,7 +448,7 @@ fn scrub_judged(array: &SimArray<Array>, report: &mut SimReport) -> Result<(), S
 /// every read checked against the model. Returns whether the power was cut, and the
 /// requests still in flight (their completions may come out of the crash).
 fn workload(
-    run: &Run,
+    run: &mut Run,
     array: &mut SimArray<Array>,
     model: &mut Model,
     rng: &mut Rng,
@@ -450,7 +457,6 @@ fn workload(
     report: &mut SimReport,
 ) -> Result<(bool, Inflight), String> {
     let (spec, qd) = (run.spec, run.queue_depth);
-    let sectors = model.sectors();
     let stripe_sectors = run.chunk_sectors * run.n as u64;
     let mut inflight: Inflight = Vec::new();
     let mut issued = 0usize;
@@ -469,7 +475,22 @@ fn workload(
     let mut scrubbing = false;
     let mut replace = run.replace;
     let mut readd = run.readd_bad_blocks.map(|r| (r, members::ReaddStep::Planned));
+    let mut grow = run.grow;
+    let mut grow_added = false;
     loop {
+        if let Some(g) = grow.filter(|g| issued >= g.at_request) {
+            // Asked for again while md would refuse it (degraded, a sync or a replacement
+            // running), up to three quarters of the workload; the spare joins a whole array.
+            if issued >= spec.ops * 3 / 4 {
+                grow = None;
+                report.faults.push("the grow never started".into());
+            } else if !array.engine().engine().is_degraded()
+                && grow::try_start(run, &g, &mut grow_added, array, report)?
+            {
+                grow = None;
+                run.grown = Some(grow::grown_shape(run));
+            }
+        }
         if let Some((plan, step)) = &mut readd {
             members::readd_step(plan, step, array, issued, report)?;
         }
@@ -510,6 +531,7 @@ fn workload(
                 issued += 1;
                 break;
             }
+            let sectors = model.sectors();
             let len = match rng.below(4) {
                 0 => 1 + rng.below(8),
                 1 => 8,
@@ -585,6 +607,9 @@ fn workload(
         let outcome = array.run_until(array.now_ns() + 200_000);
         for c in array.take_completions() {
             settle(model, &mut inflight, c.completion, &mut buf)?;
+        }
+        if run.grown.is_some() {
+            grow::note_progress(array, model, report);
         }
         match outcome {
             RunOutcome::PowerLost { .. } => return Ok((true, inflight)),

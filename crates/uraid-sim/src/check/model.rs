@@ -102,6 +102,15 @@ impl Model {
         Ok(())
     }
 
+    /// The array grew to `sectors` (a reshape ended): the new space reads zeroes, as the
+    /// reshape writes it, durable as the windows it moved.
+    pub fn grow_to(&mut self, sectors: u64) {
+        let n = sectors.max(self.sectors()) as usize;
+        self.cur.resize(n, 0);
+        self.durable.resize(n, 0);
+        self.since.resize(n, Vec::new());
+    }
+
     pub fn sectors(&self) -> u64 {
         self.cur.len() as u64
     }
@@ -205,7 +214,8 @@ pub(super) fn read_all_split(
     split_errors: bool,
     mut each: impl FnMut(u64, Result<Vec<u8>, uraid_core::RequestError>) -> Result<(), String>,
 ) -> Result<bool, String> {
-    let sectors = array.engine().engine().geometry().array_sectors();
+    // The size served: mid-reshape the engine's geometry is the next, larger one.
+    let sectors = array.engine().view().array_sectors;
     let mut off = 0;
     while off < sectors {
         let len = 256.min(sectors - off);

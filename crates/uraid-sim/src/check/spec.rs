@@ -84,6 +84,10 @@ pub const DRAWS: &[&str] = &[
     "re-add with a bad-block log",
     "member failures during metadata rounds",
     "write-behind to a write-mostly member (RAID1)",
+    "grow by a member while serving (reshape)",
+    "reshape finished",
+    "power cut mid-reshape",
+    "member failure mid-reshape",
 ];
 
 /// A member whose writes fail on a data range for a while (its bad-block log lists what
@@ -105,6 +109,7 @@ pub(super) struct ReaddBadBlocks {
 pub(super) const MEMBER_TIMEOUT_NS: u64 = 30_000_000;
 
 /// One run's shape and fault plan, shared by its phases.
+#[derive(Clone)]
 pub(super) struct Run<'a> {
     pub(super) spec: &'a SimSpec,
     pub(super) level: Level,
@@ -145,4 +150,8 @@ pub(super) struct Run<'a> {
     pub(super) readd_bad_blocks: Option<ReaddBadBlocks>,
     /// A planned failure that falls on a metadata I/O, a round in flight.
     pub(super) meta_trap: Option<crate::array::MetaTrap>,
+    /// An online grow by one member while the workload runs.
+    pub(super) grow: Option<super::grow::GrowDraw>,
+    /// The shape the grow ends in, once it started.
+    pub(super) grown: Option<super::grow::Grown>,
 }

@@ -1,0 +1,145 @@
+//! An online grow by one member while the workload runs (`mdadm --add` then `mdadm --grow
+//! --raid-devices N+1`): a blank disk joins as a spare and the raid4/5/6 reshapes onto it
+//! while requests go on, member failures, latent sectors and power cuts falling where they
+//! fall. Drawn by the seed alone, so the workload of every other seed stays as it was.
+
+use uraid_core::array::{grow_plan, Added, Array, GrowRequest};
+use uraid_core::*;
+
+use super::spec::{seed_pick, Run, SimReport, DRAWS};
+use crate::array::SimArray;
+use crate::disks::{Fault, FaultKind, FaultTrigger};
+use crate::rebuild::add_disk;
+use crate::store::PowerLossPolicy;
+
+/// The grow a seed drew: asked for once this many requests were issued, onto its own disk.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GrowDraw {
+    pub(super) at_request: usize,
+    pub(super) disk: usize,
+}
+
+/// The shape once the grow is done: one member more, the data offset moved down by
+/// mdadm's `min_offset_change` (how uraid grows without a backup file).
+#[derive(Clone, Debug)]
+pub(super) struct Grown {
+    pub(super) geo: Geometry,
+    pub(super) data_offset_bytes: u64,
+}
+
+/// Half the raid4/5/6 seeds without a bitmap or a partial parity log (which the online
+/// grow refuses) grow by a member, early enough that much of the workload meets it.
+pub(super) fn draw(
+    spec: &super::SimSpec,
+    level: Level,
+    bitmap: bool,
+    ppl: bool,
+    disk: usize,
+) -> Option<GrowDraw> {
+    let seed = spec.seed;
+    (level.has_parity() && !bitmap && !ppl && seed_pick(seed, 0x960e, 2) == 0).then(|| GrowDraw {
+        at_request: spec.ops / 16 + seed_pick(seed, 0x960f, spec.ops as u64 / 4) as usize,
+        disk,
+    })
+}
+
+/// The geometry the grow ends in (the engine's geometry once it is done must be this).
+pub(super) fn grown_shape(run: &Run) -> Grown {
+    let geo = &run.geo;
+    let parity = geo.level.parity_disks() as u64;
+    let d = geo.raid_disks as u64 - parity;
+    let moved = uraid_core::reshape::start::min_offset_change_sectors(geo.chunk_sectors, d, d + 1);
+    let next = Geometry::new(
+        geo.level,
+        geo.raid_disks + 1,
+        geo.layout,
+        geo.chunk_sectors,
+        &vec![geo.member_sectors[0]; geo.raid_disks + 1],
+    )
+    .expect("the grown geometry of a valid one");
+    Grown { geo: next, data_offset_bytes: run.data_offset_bytes - moved * 512 }
+}
+
+/// Tries the grow: the disk added as a spare (once), then the grow asked for. md refuses it
+/// on a degraded array, while a sync or a replacement runs: then it is asked for again
+/// later. Returns whether it started. Half the grows that start get a power cut a little
+/// later, counted in member I/Os, most often while windows move.
+pub(super) fn try_start(
+    run: &Run,
+    g: &GrowDraw,
+    added: &mut bool,
+    array: &mut SimArray<Array>,
+    report: &mut SimReport,
+) -> Result<bool, String> {
+    if !*added {
+        match add_disk(array, g.disk, false)? {
+            Added::Spare => {}
+            other => return Err(format!("the disk for the grow was not kept spare: {other:?}")),
+        }
+        *added = true;
+    }
+    let n = run.n;
+    let array_engine = array.engine_mut();
+    let cur = array_engine.grow_current(run.geo.member_sectors[0]);
+    let plan = grow_plan(&cur, &GrowRequest { raid_disks: Some(n + 1), ..Default::default() })
+        .map_err(|e| format!("the grow by a member was not planned: {}", e.0))?;
+    if let Err(e) = array_engine.may_grow(&plan) {
+        if report.faults.last().is_none_or(|f| !f.ends_with(&e.0)) {
+            report.faults.push(format!("grow refused for now: {}", e.0));
+        }
+        return Ok(false);
+    }
+    let now = array.now_ns();
+    array.engine_mut().grow(&plan, now)?;
+    report.draws.push(DRAWS[10]);
+    report.faults.push(format!("grow {n} -> {} members started (disk {})", n + 1, g.disk));
+    let seed = run.spec.seed;
+    if run.spec.faults && seed_pick(seed, 0x9610, 2) == 0 {
+        let at = array.disks().completed_ios() + 1 + seed_pick(seed, 0x9611, 1500);
+        array.disks_mut().schedule(Fault {
+            trigger: FaultTrigger::AfterMemberIos(at),
+            member: 0,
+            kind: FaultKind::PowerLoss(PowerLossPolicy::default()),
+        });
+        report.faults.push(format!("power loss after {at} member I/Os (during the grow)"));
+    }
+    Ok(true)
+}
+
+/// What the run had from the reshape: a power cut while it ran, and the members that
+/// failed while it ran.
+pub(super) fn note_at_cut(array: &SimArray<Array>, report: &mut SimReport) {
+    if array.engine().is_reshaping()
+        && report.draws.contains(&DRAWS[10])
+        && !report.draws.contains(&DRAWS[12])
+    {
+        report.draws.push(DRAWS[12]);
+        let at = array.engine().reshape_progress().map_or(0, |(p, e)| p * 100 / e.max(1));
+        report.faults.push(format!("power cut mid-reshape ({at}% moved)"));
+    }
+}
+
+/// After each step of the workload: a member lost while the reshape runs is noted, and
+/// once it is done the model takes the new size.
+pub(super) fn note_progress(
+    array: &SimArray<Array>,
+    model: &mut super::model::Model,
+    report: &mut SimReport,
+) {
+    let engine = array.engine();
+    if engine.is_reshaping() {
+        if engine.engine().is_degraded() && !report.draws.contains(&DRAWS[13]) {
+            report.draws.push(DRAWS[13]);
+            report.faults.push("a member failed while the reshape ran".into());
+        }
+        return;
+    }
+    let sectors = engine.engine().size_bytes() / super::model::SECTOR;
+    if sectors > model.sectors() {
+        model.grow_to(sectors);
+        if !report.draws.contains(&DRAWS[11]) {
+            report.draws.push(DRAWS[11]);
+            report.faults.push(format!("reshape finished: {sectors} sectors"));
+        }
+    }
+}
