@@ -98,11 +98,18 @@ fn every_reshape_uraid_does_not_handle_is_refused_saying_what_to_do() {
 }
 
 #[test]
-fn a_degraded_reshape_is_refused() {
+fn a_degraded_reshape_is_assembled_degraded() {
+    // md goes on with a reshape that lost a member (served writable, uraid does too:
+    // tests/reshape_online.rs); the missing slot takes the array's offsets.
     let sbs = mid_grow(512 * 10);
-    let e =
-        plan_assembly(&offer(&sbs[..4]), &AssembleOptions { run: true, ..Default::default() }).unwrap_err();
-    assert!(e.to_string().contains("degraded reshape"), "{e}");
+    let plan =
+        plan_assembly(&offer(&sbs[..4]), &AssembleOptions { run: true, ..Default::default() }).unwrap();
+    let r = plan.reshape.as_ref().expect("the reshape");
+    assert!(plan.slots[4].is_none(), "slot 4 missing");
+    assert_eq!(r.data_offset_sectors[4], r.data_offset_sectors[0]);
+    assert_eq!(r.new_data_offset_sectors[4], r.new_data_offset_sectors[0]);
+    // Without --run it is refused as any degraded start is.
+    assert!(plan_assembly(&offer(&sbs[..4]), &AssembleOptions::default()).is_err());
 }
 
 /// `sb` as the round that ends the reshape writes it (md_finish_reshape).
@@ -141,4 +148,32 @@ fn a_member_that_missed_the_round_ending_the_reshape_is_read_at_its_new_offset()
     }));
     let e = plan_assembly(&offer(&sbs), &AssembleOptions::default()).unwrap_err();
     assert!(e.to_string().contains("disagree"), "{e}");
+}
+
+#[test]
+fn a_member_that_dropped_out_before_the_reshape_is_left_out_not_a_refusal_of_the_array() {
+    // Member 3 failed before the grow's start round: its superblock is older and has the
+    // shape from before. md kicks it and assembles the rest (degraded); it must not stop
+    // the array from starting.
+    let mut sbs = mid_grow(512 * 10);
+    let old = &mut sbs[3];
+    old.feature_map &= !(feature::RESHAPE_ACTIVE | feature::NEW_OFFSET);
+    old.raid_disks = 4;
+    old.delta_disks = 0;
+    old.new_offset = 0;
+    old.reshape_position = 0;
+    old.events = 30;
+    let plan =
+        plan_assembly(&offer(&sbs), &AssembleOptions { run: true, ..Default::default() }).expect("assembles");
+    assert!(plan.slots[3].is_none(), "the older member is left out");
+    assert!(plan.stale.iter().any(|s| s.member == 3 && !s.re_addable), "{:?}", plan.stale);
+    assert!(
+        plan.warnings.iter().any(|w| w.contains("m3") && w.contains("before a reshape")),
+        "{:?}",
+        plan.warnings
+    );
+    // The same superblock as fresh as the others contradicts them: still refused.
+    sbs[3].events = 40;
+    let e = plan_assembly(&offer(&sbs), &AssembleOptions { run: true, ..Default::default() }).unwrap_err();
+    assert!(e.to_string().contains("refusing to mix"), "{e}");
 }

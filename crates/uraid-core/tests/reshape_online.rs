@@ -381,3 +381,35 @@ fn a_member_lost_between_windows_leaves_no_window_stalled() {
     assert_eq!(d.engine.engine().member_states()[2], MemberState::Faulty);
     assert!(read_all(&mut d, size) == model, "the data after the degraded reshape");
 }
+
+#[test]
+fn a_small_write_to_the_old_layout_goes_at_the_unplug_not_at_a_deadline() {
+    // md unplugs every queue at once; the previous layout's engine holds small writes for
+    // the unplug as the array's does, and must get it (else they wait for the delay timer).
+    let (mut d, model) = array_with_spare(5, 4, 81);
+    let size = model.len() as u64;
+    grow_to(&mut d, 5);
+    d.engine.set_tunable("sync_speed_max", "2000").unwrap();
+    while d.engine.reshape_progress().is_some_and(|(p, _)| p == 0) || !d.engine.is_idle() {
+        d.step();
+    }
+    let (p, _) = d.engine.reshape_progress().unwrap();
+    assert!(p * 512 < size - 4096, "the write lands in the old layout");
+    // A first write marks the array dirty (its superblock round holds it), so the one
+    // measured goes straight to the engines.
+    d.submit(Request::write(8999, size - 8192, vec![6u8; 4096]));
+    while d.take_done(8999).is_none() {
+        d.step();
+    }
+    d.submit(Request::write(9000, size - 4096, vec![7u8; 4096]));
+    d.engine.unplug(d.now_ns);
+    let ios: Vec<MemberIo> = std::iter::from_fn(|| d.engine.pop_member_io()).collect();
+    assert!(
+        ios.iter().any(|io| !is_meta(io)),
+        "no member I/O for the write at the unplug: {}",
+        d.engine.outstanding()
+    );
+    d.pending.extend(ios);
+    d.run_until_idle();
+    assert!(d.take_done(9000).is_some_and(|c| c.result.is_ok()));
+}

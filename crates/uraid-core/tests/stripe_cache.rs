@@ -167,3 +167,37 @@ fn small_writes_read_into_recycled_buffers_and_keep_the_data() {
     let got = d.run_one(Request::read(9, 0, array_bytes)).unwrap();
     assert!(got == model, "the array reads back what was written");
 }
+
+/// Small writes md would hold for the next unplug, then a flush with no unplug after it
+/// (the reshape's window flush is one): the flush forces the writes out and ends, with the
+/// clock stopped (no delay deadline to rescue it).
+#[test]
+fn a_flush_with_no_unplug_after_it_runs_the_writes_it_waits_for() {
+    let mut d = raid6_driver(6);
+    for (id, at) in [(1u64, 0u64), (2, 3 * CHUNK_SECTORS * 512)] {
+        d.submit(Request::write(id, at, pattern(4096, id)));
+    }
+    d.submit(Request::flush(3));
+    let mut ex = Vec::new();
+    for _ in 0..1000 {
+        let mut moved = false;
+        while let Some(io) = d.engine.pop_member_io() {
+            ex.push(io);
+        }
+        for io in ex.drain(..) {
+            let c = d.members.perform(io);
+            d.engine.complete_member_io(c, d.now_ns);
+            moved = true;
+        }
+        while let Some(c) = d.engine.pop_completion() {
+            d.done.push(c);
+            moved = true;
+        }
+        if !moved {
+            break;
+        }
+    }
+    for id in [1, 2, 3] {
+        assert!(d.take_done(id).is_some_and(|c| c.result.is_ok()), "request {id} done without an unplug");
+    }
+}

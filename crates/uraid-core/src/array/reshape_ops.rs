@@ -261,6 +261,14 @@ impl Array {
         }
     }
 
+    /// The previous engine's held small writes go at the array's unplug (md unplugs one
+    /// queue for both layouts), not at its delay deadline.
+    pub(super) fn reshape_unplug(&mut self, now_ns: TimeNs) {
+        if let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) {
+            prev.unplug(now_ns);
+        }
+    }
+
     pub(super) fn reshape_tick(&mut self, now_ns: TimeNs) {
         if let Some(prev) = self.reshaping.as_deref_mut().and_then(|r| r.prev.as_deref_mut()) {
             if prev.next_deadline_ns().is_some_and(|d| d <= now_ns) {

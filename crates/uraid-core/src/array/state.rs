@@ -255,6 +255,7 @@ impl ArrayEngine for Array {
     fn unplug(&mut self, now_ns: TimeNs) {
         self.now_ns = self.now_ns.max(now_ns);
         self.engine.unplug(now_ns);
+        self.reshape_unplug(now_ns);
         self.settle();
     }
 
@@ -322,9 +323,9 @@ impl ArrayEngine for Array {
 
     fn outstanding(&self) -> String {
         format!(
-            "engine idle {}, rounds {} (done {}), held {}, to_engine {}, rmws {}, internal {}, out_done {}, \
+            "engine {}, rounds {} (done {}), held {}, to_engine {}, rmws {}, internal {}, out_done {}, \
              records {}, closing {:?}, reshape {:?}",
-            self.engine.is_idle(),
+            if self.engine.is_idle() { "idle".to_string() } else { self.engine.describe_outstanding() },
             self.rounds.describe(),
             self.rounds.done_seq(),
             self.held.len(),
@@ -334,7 +335,13 @@ impl ArrayEngine for Array {
             self.out_done.len(),
             self.records_pending,
             self.closing,
-            self.reshaping.as_deref().map(|r| (&r.step, r.out, r.failed, r.waiting.len()))
+            self.reshaping.as_deref().map(|r| (
+                &r.step,
+                r.out,
+                r.failed,
+                r.waiting.len(),
+                r.prev.as_deref().map(|p| p.describe_outstanding())
+            ))
         )
     }
 

@@ -149,6 +149,9 @@ impl Mddev {
         if op == RequestOp::Flush {
             self.cache_force_all();
             self.progress_flushes(led);
+            // The forced heads run now, not at the next unplug: a flush need not have one
+            // after it (the reshape's window flush), and its writes would wait forever.
+            self.after_event(led);
             return Ok(());
         }
         if len_bytes > 0 {

@@ -261,6 +261,23 @@ impl Engine {
         self.md.sync_active()
     }
 
+    /// What holds the engine busy, for a report of a hang.
+    pub fn describe_outstanding(&self) -> String {
+        let led = &self.led;
+        let reqs: Vec<_> = led.reqs.iter().map(|(id, r)| (*id, r.op, r.parts, r.write_seq)).take(8).collect();
+        let flushes: Vec<_> = led.flushes.iter().map(|f| (f.req, f.seq, f.pending)).collect();
+        format!(
+            "requests {} {reqs:?}, member I/Os {} (to issue {}), flushes {flushes:?}, writes in flight {:?}, twins {}, metadata pending {}, {}",
+            led.reqs.len(),
+            led.ios.values().count(),
+            led.out_ios.len(),
+            led.inflight_writes.iter().take(8).collect::<Vec<_>>(),
+            led.twins.len(),
+            self.metadata_pending(),
+            self.md.cache_describe()
+        )
+    }
+
     /// Requests accepted and not yet completed.
     pub fn inflight_requests(&self) -> usize {
         self.led.reqs.len()

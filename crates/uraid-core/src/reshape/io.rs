@@ -1,6 +1,6 @@
 //! Client reads of an array md left mid-reshape: each piece goes to the member and device
 //! sector its side of `reshape_position` gives (md's make_stripe_request with `previous`).
-//! The array is whole (a degraded reshape is refused at assembly), so a read is a member
+//! A degraded reshape is refused here (served writable it goes on: `array::reshape_ops`), so a read is a member
 //! read; a member read error fails the request instead of reconstructing across layouts.
 
 use crate::api::*;

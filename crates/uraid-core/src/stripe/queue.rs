@@ -74,3 +74,35 @@ impl Mddev {
         self.run_stripes(led);
     }
 }
+
+impl Mddev {
+    /// The stripe heads holding work, for a report of a hang.
+    pub(crate) fn cache_describe(&self) -> String {
+        let busy: Vec<String> = self
+            .cache
+            .heads
+            .iter()
+            .filter(|(_, st)| !st.idle())
+            .take(6)
+            .map(|(k, st)| {
+                format!(
+                    "{k}: writes {:?} inflight {} batch {} sync {} readers {} delayed {:?} force {} queued {}",
+                    st.towrite_reqs,
+                    st.inflight,
+                    st.batch.is_some(),
+                    st.sync.is_some(),
+                    st.readers.len(),
+                    st.delayed_until,
+                    st.force,
+                    st.queued
+                )
+            })
+            .collect();
+        format!(
+            "heads {busy:?}, pieces waiting {}, delayed {:?}, preread_active {}",
+            self.cache.waiting.len(),
+            self.cache.delayed,
+            self.cache.preread_active
+        )
+    }
+}

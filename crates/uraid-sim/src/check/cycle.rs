@@ -80,8 +80,8 @@ pub(super) fn power_cycle(
         disks.revive_member(m);
         report.faults.push(format!("member {m} back after the power cycle, stale"));
     }
-    // Data sectors unreadable at the cut (latent, or listed in a bad-block log because a
-    // write failed there): a resync must rebuild them from parity, which is stale where
+    // Sectors unreadable at the cut, by absolute member sector (latent, or listed in a
+    // bad-block log because a write failed there): a resync must rebuild them from parity, which is stale where
     // writes were in flight (md's write hole, with no member lost).
     let latent_at_crash: BTreeSet<(usize, u64)> = (0..n_crash)
         .flat_map(|m| {
@@ -91,7 +91,6 @@ pub(super) fn power_cycle(
             ranges.extend(listed.iter().flat_map(|bb| bb.entries()).map(|(s, l)| (s, s + l)));
             ranges.into_iter().flat_map(move |(a, b)| (a..b).map(move |s| (m, s)))
         })
-        .filter_map(|(m, s)| Some((m, s.checked_sub(run.data_offset_bytes / SECTOR)?)))
         .collect();
     let mut lost = 0;
     let mut lost_at_crash = vec![false; n_crash.max(run.n + usize::from(run.grown.is_some()))];
@@ -131,6 +130,8 @@ pub(super) fn power_cycle(
     }
     // A grow whose start the superblocks recorded goes on from their checkpoint; one they
     // did not record never happened (the disk is a spare).
+    // The layout a resumed reshape had not reached yet at the cut is the one before it.
+    let (geo_before, data_offset_before) = (run.geo.clone(), run.data_offset_bytes);
     let grown_run;
     let run = match &run.grown {
         Some(g) if plan.raid_disks as usize == g.geo.raid_disks => {
@@ -181,7 +182,7 @@ pub(super) fn power_cycle(
         return Err("a dirty degraded start dropped the resync it owes".into());
     }
     let mut array2 = SimArray::new(second, disks);
-    grown_run_resumes(&mut array2, model, report)?;
+    let resumed_from = grown_run_resumes(&mut array2, model, report)?;
     if array2.engine().engine().geometry() != geo {
         return Err(format!(
             "the array has {:?} after the power cycle, not {geo:?}",
@@ -292,9 +293,22 @@ pub(super) fn power_cycle(
         || (0..n).any(|m| now_in[m] != started_with[m] && !lost_at_crash[m]);
     let write_hole_possible =
         level.has_parity() && (degraded_at_crash || lost_after_crash || lost_during_resync);
+    // Where each sector was at the cut: a reshape resumed from `from` moved the sectors
+    // from there on out of the previous layout, reading its stripes as the cut left them
+    // (a stale one, degraded, moves its write hole into the new layout).
+    let before_reshape =
+        |s: u64| resumed_from.is_some_and(|from| (from..geo_before.array_sectors()).contains(&s));
+    let layout_at_cut = |s: u64| {
+        if before_reshape(s) {
+            (&geo_before, data_offset_before)
+        } else {
+            (geo, run.data_offset_bytes)
+        }
+    };
+    let stripe_at_cut = |s: u64| (before_reshape(s), stripe_of(layout_at_cut(s).0, s));
     // Every sector: the durable value or one of the writes since.
-    let stale_stripes: BTreeSet<u64> = if level.has_parity() {
-        (0..sectors).filter(|&s| !model.since[s as usize].is_empty()).map(|s| stripe_of(geo, s)).collect()
+    let stale_stripes: BTreeSet<(bool, u64)> = if level.has_parity() {
+        (0..sectors).filter(|&s| !model.since[s as usize].is_empty()).map(stripe_at_cut).collect()
     } else {
         Default::default()
     };
@@ -307,10 +321,11 @@ pub(super) fn power_cycle(
         Default::default()
     };
     let exposed = |s: u64| {
-        let stale = stale_stripes.contains(&stripe_of(geo, s));
+        let stale = stale_stripes.contains(&stripe_at_cut(s));
         let latent = || {
+            let (geo, data_offset_bytes) = layout_at_cut(s);
             let (at, _) = geo.map_sector(s);
-            latent_at_crash.contains(&(at.member, at.member_sector))
+            latent_at_crash.contains(&(at.member, data_offset_bytes / SECTOR + at.member_sector))
         };
         // md's partial parity log closes the hole but for the rows being written: a sector
         // in a row nothing wrote since the last flush must hold its contents.
@@ -472,14 +487,15 @@ fn meta_trap_hit(array: &SimArray<Array>) -> Option<String> {
 }
 
 /// A reshape the re-assembly resumed runs to its end before the recovery (md recovers no
-/// member while it reshapes); the model then takes the new size. Returns whether one ran.
+/// member while it reshapes); the model then takes the new size. Returns the array sector
+/// it resumed from, if one ran.
 fn grown_run_resumes(
     array: &mut SimArray<Array>,
     model: &mut Model,
     report: &mut SimReport,
-) -> Result<bool, String> {
+) -> Result<Option<u64>, String> {
     if !array.engine().is_reshaping() {
-        return Ok(false);
+        return Ok(None);
     }
     let from = array.engine().reshape_progress().map_or(0, |(p, _)| p);
     let mut rounds = 0;
@@ -502,5 +518,5 @@ fn grown_run_resumes(
     if !report.draws.contains(&DRAWS[11]) {
         report.draws.push(DRAWS[11]);
     }
-    Ok(true)
+    Ok(Some(from))
 }

@@ -6,36 +6,15 @@
 use uraid_core::array::{grow_plan, Added, Array, GrowRequest};
 use uraid_core::*;
 
-use super::spec::{seed_pick, Run, SimReport, DRAWS};
+use super::spec::{seed_pick, GrowDraw, Grown, Run, SimReport, SimSpec, DRAWS};
 use crate::array::SimArray;
 use crate::disks::{Fault, FaultKind, FaultTrigger};
 use crate::rebuild::add_disk;
 use crate::store::PowerLossPolicy;
 
-/// The grow a seed drew: asked for once this many requests were issued, onto its own disk.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct GrowDraw {
-    pub(super) at_request: usize,
-    pub(super) disk: usize,
-}
-
-/// The shape once the grow is done: one member more, the data offset moved down by
-/// mdadm's `min_offset_change` (how uraid grows without a backup file).
-#[derive(Clone, Debug)]
-pub(super) struct Grown {
-    pub(super) geo: Geometry,
-    pub(super) data_offset_bytes: u64,
-}
-
 /// Half the raid4/5/6 seeds without a bitmap or a partial parity log (which the online
 /// grow refuses) grow by a member, early enough that much of the workload meets it.
-pub(super) fn draw(
-    spec: &super::SimSpec,
-    level: Level,
-    bitmap: bool,
-    ppl: bool,
-    disk: usize,
-) -> Option<GrowDraw> {
+pub(super) fn draw(spec: &SimSpec, level: Level, bitmap: bool, ppl: bool, disk: usize) -> Option<GrowDraw> {
     let seed = spec.seed;
     (level.has_parity() && !bitmap && !ppl && seed_pick(seed, 0x960e, 2) == 0).then(|| GrowDraw {
         at_request: spec.ops / 16 + seed_pick(seed, 0x960f, spec.ops as u64 / 4) as usize,

@@ -37,6 +37,10 @@ use spec::{
 };
 pub use spec::{SimReport, SimSpec, DRAWS};
 
+/// No request completing for this long in virtual time is a hang: the member timeout fails
+/// a silent member, and a retry or a round after it, long before.
+const NO_PROGRESS_LIMIT_NS: u64 = 60_000_000_000;
+
 /// Uniform pick from `v`.
 fn pick<T: Copy>(rng: &mut Rng, v: &[T]) -> T {
     v[rng.below(v.len() as u64) as usize]
@@ -476,6 +480,9 @@ fn workload(
     let mut replace = run.replace;
     let mut readd = run.readd_bad_blocks.map(|r| (r, members::ReaddStep::Planned));
     let mut grow = run.grow;
+    // A request that waits this long in virtual time waits forever (the member timeout
+    // fails a silent member long before): a hang is reported, not spun on.
+    let mut last_progress_ns = array.now_ns();
     let mut grow_added = false;
     loop {
         if let Some(g) = grow.filter(|g| issued >= g.at_request) {
@@ -605,7 +612,18 @@ fn workload(
             return Ok((true, inflight));
         }
         let outcome = array.run_until(array.now_ns() + 200_000);
-        for c in array.take_completions() {
+        let done = array.take_completions();
+        if !done.is_empty() || inflight.is_empty() {
+            last_progress_ns = array.now_ns();
+        } else if array.now_ns() - last_progress_ns > NO_PROGRESS_LIMIT_NS {
+            return Err(format!(
+                "requests made no progress for {} s of virtual time: {:?} ({})",
+                NO_PROGRESS_LIMIT_NS / 1_000_000_000,
+                inflight.iter().map(|x| x.0).collect::<Vec<_>>(),
+                array.engine().outstanding()
+            ));
+        }
+        for c in done {
             settle(model, &mut inflight, c.completion, &mut buf)?;
         }
         if run.grown.is_some() {

@@ -151,7 +151,22 @@ pub(super) struct Run<'a> {
     /// A planned failure that falls on a metadata I/O, a round in flight.
     pub(super) meta_trap: Option<crate::array::MetaTrap>,
     /// An online grow by one member while the workload runs.
-    pub(super) grow: Option<super::grow::GrowDraw>,
+    pub(super) grow: Option<GrowDraw>,
     /// The shape the grow ends in, once it started.
-    pub(super) grown: Option<super::grow::Grown>,
+    pub(super) grown: Option<Grown>,
+}
+
+/// The grow a seed drew: asked for once this many requests were issued, onto its own disk.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GrowDraw {
+    pub(super) at_request: usize,
+    pub(super) disk: usize,
+}
+
+/// The shape once the grow is done: one member more, the data offset moved down by
+/// mdadm's `min_offset_change` (how uraid grows without a backup file).
+#[derive(Clone, Debug)]
+pub(super) struct Grown {
+    pub(super) geo: Geometry,
+    pub(super) data_offset_bytes: u64,
 }

@@ -361,6 +361,10 @@ pub fn plan_assembly(
             && sb.new_chunk == fresh.chunksize
             && sb.raid_disks == fresh.raid_disks
     };
+    // A member that dropped out before a reshape its array has since recorded (failed, or
+    // cut off): older, with the shape from before. md kicks such a member ("superblock
+    // inconsistency") and assembles the rest; it comes back only as a new member.
+    let mut older_shape: Vec<(usize, u64)> = Vec::new();
     group.retain(|&(i, sb)| {
         let same = (sb.level == fresh.level
             && sb.layout == fresh.layout
@@ -368,6 +372,10 @@ pub fn plan_assembly(
             && sb.raid_disks == fresh.raid_disks)
             || missed_reshape_start(sb)
             || missed_reshape_end_round(sb);
+        if !same && sb.events < fresh.events {
+            older_shape.push((i, sb.events));
+            return false;
+        }
         if !same {
             refused.push(RefusedMember {
                 index: i,
@@ -409,6 +417,20 @@ pub fn plan_assembly(
     let mut slot_replacement: Vec<bool> = vec![false; n];
     let mut spares = Vec::new();
     let mut stale = Vec::new();
+    for &(i, events) in &older_shape {
+        warnings.push(format!(
+            "{} is stale (events {events} behind the array's {}, with the shape from before a reshape); \
+             left out and not written (`uraid add {} --control SOCKET` makes it a spare, if that is wanted)",
+            members[i].name, fresh.events, members[i].name
+        ));
+        stale.push(StaleMember {
+            member: i,
+            slot: None,
+            events,
+            bitmap_recoverable: false,
+            re_addable: false,
+        });
+    }
     // Stale only by their event count: what `force` may take back, (events, slot, member).
     let mut forcible: Vec<(u64, usize, SlotMember)> = Vec::new();
 
@@ -834,10 +856,10 @@ pub fn plan_assembly(
     })
 }
 
-/// The reshape the freshest superblock records, over the slots assembly chose. A degraded
-/// reshape, or one with a member still recovering, is refused: uraid does not continue it
-/// after a restart yet (md does); except the Q member md's raid5-to-raid6 rebuilds by the
-/// reshape itself.
+/// The reshape the freshest superblock records, over the slots assembly chose. One with a
+/// member still recovering is refused: uraid does not continue it; except the Q member
+/// md's raid5-to-raid6 rebuilds by the reshape itself. A missing member is not: the reshape
+/// goes on degraded, as md's does.
 fn plan_reshape(
     fresh: &Superblock,
     slots: &[Option<SlotMember>],
@@ -852,9 +874,15 @@ fn plan_reshape(
                 data_offsets.push(m.data_offset_sectors);
                 new_data_offsets.push(m.new_data_offset_sectors);
             }
+            // A member lost mid-reshape: md goes on degraded (the engines reconstruct
+            // it); the slot's offsets are the array's, as mdadm sets them on every member.
+            None => {
+                data_offsets.push(fresh.data_offset);
+                new_data_offsets.push(u64::try_from(fresh.new_data_offset()).unwrap_or(fresh.data_offset));
+            }
             _ => {
                 return Err(refuse(crate::reshape::unsupported(&format!(
-                    "slot {slot} is missing or not in sync (a degraded reshape)"
+                    "slot {slot} is still recovering (a reshape with a member being rebuilt)"
                 ))))
             }
         }
