@@ -580,4 +580,62 @@ mod tests {
         let arena = Arena::new(6, 4096, 5, Layout::Member);
         assert_eq!(arena.block(1, 3) as usize - arena.block(0, 3) as usize, 4096);
     }
+
+    /// A peer that computed something else than md's parity would make every ratio
+    /// meaningless; ISA-L's AVX2 routines in particular need tables in their own format.
+    #[cfg(feature = "isal")]
+    #[test]
+    fn every_isal_peer_computes_md_parity() {
+        use uraid_parity::reference;
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let (k, len) = (8, 4096);
+        for routines in [isal::Routines::Dispatch, isal::Routines::Avx2] {
+            let ctx = Ctx {
+                isal: isal::Isal::new(k, routines),
+                isal_decode: isal::Isal::new(k, routines).decode_tables(LOST.0, LOST.1),
+            };
+            for op in Op::ALL {
+                for peer in peers_of(op, routines) {
+                    let arena = Arena::new(k, len, 1, Layout::Member);
+                    // SAFETY: the arena's blocks are distinct, `len` bytes each, and
+                    // outlive every slice taken here; none is used while exec runs.
+                    let block = |i: usize| unsafe { std::slice::from_raw_parts_mut(arena.block(0, i), len) };
+                    let data: Vec<Vec<u8>> = (0..k).map(|i| block(i).to_vec()).collect();
+                    let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+                    let (mut p, mut q) = (vec![0u8; len], vec![0u8; len]);
+                    reference::gen_syndrome(&refs, &mut p, &mut q);
+                    // What each op should leave in the blocks it writes.
+                    let expected: Vec<(usize, Vec<u8>)> = match op {
+                        Op::GenSyndrome => vec![(k, p.clone()), (k + 1, q.clone())],
+                        Op::XorGen => vec![(k, p.clone())],
+                        Op::RmwUpdate => {
+                            block(k).copy_from_slice(&p);
+                            block(k + 1).copy_from_slice(&q);
+                            let (mut pu, mut qu) = (p.clone(), q.clone());
+                            reference::rmw_update(1, &data[1], &data[0], &mut pu, &mut qu);
+                            vec![(k, pu), (k + 1, qu)]
+                        }
+                        Op::Recover2Data => {
+                            block(k).copy_from_slice(&p);
+                            block(k + 1).copy_from_slice(&q);
+                            block(LOST.0).fill(0);
+                            block(LOST.1).fill(0);
+                            vec![(LOST.0, data[LOST.0].clone()), (LOST.1, data[LOST.1].clone())]
+                        }
+                    };
+                    exec(&ctx, peer, op, &arena, 0);
+                    for (i, want) in expected {
+                        assert!(
+                            block(i) == want.as_slice(),
+                            "{} {}: block {i} differs",
+                            peer.name(),
+                            op.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
