@@ -139,9 +139,13 @@ macro_rules! kernel_entries {
                 stream: bool,
             ) {
                 let stream = stream && vector::can_stream::<$V>(&[out_a.as_ptr(), out_b.as_ptr()], 0);
-                let from = vector::recover_2data::<$V, $U>(data, lost_a, lost_b, p, q, out_a, out_b, 0, stream);
-                let from = vector::recover_2data::<$V, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
-                let from = vector::recover_2data::<Swar, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
+                let from = if stream {
+                    vector::recover_2data::<$V, $U, $STREAM_PREFETCH>(data, lost_a, lost_b, p, q, out_a, out_b, 0, true)
+                } else {
+                    vector::recover_2data::<$V, $U, 0>(data, lost_a, lost_b, p, q, out_a, out_b, 0, false)
+                };
+                let from = vector::recover_2data::<$V, 1, 0>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
+                let from = vector::recover_2data::<Swar, 1, 0>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
                 reference::recover_2data_from(data, lost_a, lost_b, p, q, out_a, out_b, from);
             }
         }
@@ -160,8 +164,8 @@ macro_rules! kernel_entries {
 //   no difference between four and eight and keep two-block steps of four.
 // - xor_gen, 64-byte vectors: two in cache (why two beat four is not established), four
 //   when streaming.
-// `$STREAM_PREFETCH`: bytes ahead that gen_syndrome with streaming stores prefetches each
-// block (0: none). The AVX2 loop spends about three times the instructions of the GFNI
+// `$STREAM_PREFETCH`: bytes ahead that gen_syndrome and recover_2data with streaming
+// stores prefetch each block they read (0: none). The AVX2 loop spends about three times the instructions of the GFNI
 // one per byte, so out of order execution reaches fewer lines ahead on its own and the
 // blocks' misses queue up at each page (docs/parity.md, "AVX2 without GFNI").
 kernel_entries!(scalar, [], Swar, 4, 4, 0, 4, 0);

@@ -409,7 +409,7 @@ pub(crate) unsafe fn recover_q<V: Vector, const U: usize>(
 /// Requires lost_a != lost_b. See `reference::recover_2data_from` for the algebra.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(crate) unsafe fn recover_2data<V: Vector, const U: usize>(
+pub(crate) unsafe fn recover_2data<V: Vector, const U: usize, const PREFETCH_BYTES: usize>(
     data: &[&[u8]],
     lost_a: usize,
     lost_b: usize,
@@ -428,6 +428,19 @@ pub(crate) unsafe fn recover_2data<V: Vector, const U: usize>(
     let (ap, bp) = (out_a.as_mut_ptr(), out_b.as_mut_ptr());
     let mut off = from;
     while off < end {
+        // As in gen_syndrome; the lost blocks are not read (they may be empty).
+        if PREFETCH_BYTES > 0 {
+            let ahead = off + PREFETCH_BYTES;
+            for line in (0..V::BYTES * U).step_by(64) {
+                for (z, d) in data.iter().enumerate() {
+                    if z != lost_a && z != lost_b {
+                        V::prefetch(d.as_ptr().wrapping_add(ahead + line));
+                    }
+                }
+                V::prefetch(p.as_ptr().wrapping_add(ahead + line));
+                V::prefetch(q.as_ptr().wrapping_add(ahead + line));
+            }
+        }
         let (pv, qv) = horner_pq::<V, U>(data, 0, data.len() - 1, lost_a, lost_b, off);
         let (mut pxy, mut qxy) = (ld::<V, U>(p.as_ptr(), off), ld::<V, U>(q.as_ptr(), off));
         for u in 0..U {
