@@ -38,7 +38,7 @@ macro_rules! with_fixed_count {
 }
 
 macro_rules! kernel_entries {
-    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal, $HOT_U:literal, $SINGLE_MAX:literal, $XOR_U:literal) => {
+    ($name:ident, [$($attr:meta),*], $V:ty, $U:literal, $HOT_U:literal, $SINGLE_MAX:literal, $XOR_U:literal, $STREAM_PREFETCH:literal) => {
         pub(crate) mod $name {
             use super::*;
 
@@ -47,14 +47,14 @@ macro_rules! kernel_entries {
                 let stream = stream && vector::can_stream::<$V>(&[p.as_ptr(), q.as_ptr()], 0);
                 // `$SINGLE_MAX` is 0 for a kernel with no one-block path: that branch folds away.
                 let from = if stream {
-                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U, true>(data, p, q, 0, true))
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U, true, $STREAM_PREFETCH>(data, p, q, 0, true))
                 } else if $SINGLE_MAX > 0 && data.len() <= $SINGLE_MAX {
-                    with_fixed_count!(data, vector::gen_syndrome::<$V, $HOT_U, false>(data, p, q, 0, false))
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $HOT_U, false, 0>(data, p, q, 0, false))
                 } else {
-                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U, true>(data, p, q, 0, false))
+                    with_fixed_count!(data, vector::gen_syndrome::<$V, $U, true, 0>(data, p, q, 0, false))
                 };
-                let from = vector::gen_syndrome::<$V, 1, true>(data, p, q, from, false);
-                let from = vector::gen_syndrome::<Swar, 1, true>(data, p, q, from, false);
+                let from = vector::gen_syndrome::<$V, 1, true, 0>(data, p, q, from, false);
+                let from = vector::gen_syndrome::<Swar, 1, true, 0>(data, p, q, from, false);
                 reference::gen_syndrome_from(data, p, q, from);
             }
 
@@ -139,9 +139,13 @@ macro_rules! kernel_entries {
                 stream: bool,
             ) {
                 let stream = stream && vector::can_stream::<$V>(&[out_a.as_ptr(), out_b.as_ptr()], 0);
-                let from = vector::recover_2data::<$V, $U>(data, lost_a, lost_b, p, q, out_a, out_b, 0, stream);
-                let from = vector::recover_2data::<$V, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
-                let from = vector::recover_2data::<Swar, 1>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
+                let from = if stream {
+                    vector::recover_2data::<$V, $U, $STREAM_PREFETCH>(data, lost_a, lost_b, p, q, out_a, out_b, 0, true)
+                } else {
+                    vector::recover_2data::<$V, $U, 0>(data, lost_a, lost_b, p, q, out_a, out_b, 0, false)
+                };
+                let from = vector::recover_2data::<$V, 1, 0>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
+                let from = vector::recover_2data::<Swar, 1, 0>(data, lost_a, lost_b, p, q, out_a, out_b, from, false);
                 reference::recover_2data_from(data, lost_a, lost_b, p, q, out_a, out_b, from);
             }
         }
@@ -160,12 +164,16 @@ macro_rules! kernel_entries {
 //   no difference between four and eight and keep two-block steps of four.
 // - xor_gen, 64-byte vectors: two in cache (why two beat four is not established), four
 //   when streaming.
-kernel_entries!(scalar, [], Swar, 4, 4, 0, 4);
+// `$STREAM_PREFETCH`: bytes ahead that gen_syndrome and recover_2data with streaming
+// stores prefetch each block they read (0: none). The AVX2 loop spends about three times the instructions of the GFNI
+// one per byte, so out of order execution reaches fewer lines ahead on its own and the
+// blocks' misses queue up at each page (docs/parity.md, "AVX2 without GFNI").
+kernel_entries!(scalar, [], Swar, 4, 4, 0, 4, 0);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4, 4, 0, 4);
+kernel_entries!(avx2, [target_feature(enable = "avx2")], Avx2, 4, 4, 0, 4, 1024);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4, 8, 11, 2);
+kernel_entries!(avx512bw, [target_feature(enable = "avx512f,avx512bw")], Avx512, 4, 8, 11, 2, 0);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4, 8, 11, 2);
+kernel_entries!(gfni_avx512, [target_feature(enable = "avx512f,avx512bw,gfni")], GfniAvx512, 4, 8, 11, 2, 0);
 #[cfg(target_arch = "x86_64")]
-kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4, 4, 0, 4);
+kernel_entries!(gfni_avx, [target_feature(enable = "avx2,gfni")], GfniAvx, 4, 4, 0, 4, 0);

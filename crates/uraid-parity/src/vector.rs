@@ -41,6 +41,20 @@ pub(crate) trait Vector: Copy {
     unsafe fn mul2_xor(self, d: Self) -> Self {
         self.mul2().xor(d)
     }
+    /// What [`Vector::mul2_xor_biased`] adds to every byte beyond the Horner step.
+    const MUL2_BIAS: u8 = 0;
+    /// `self * g ^ d ^ MUL2_BIAS` in every byte: a kernel whose doubling is cheaper when
+    /// it may be off by a constant uses this, and the loop takes the constant out at the
+    /// end with [`Vector::xor_splat`].
+    #[inline(always)]
+    unsafe fn mul2_xor_biased(self, d: Self) -> Self {
+        self.mul2_xor(d)
+    }
+    /// `self ^ b` in every byte; only called with a nonzero `MUL2_BIAS`.
+    #[inline(always)]
+    unsafe fn xor_splat(self, _b: u8) -> Self {
+        self
+    }
     unsafe fn mul_table(c: u8) -> Self::Mul;
     unsafe fn mul(self, t: Self::Mul) -> Self;
     /// Hint that the cache line at `ptr` is wanted soon; never faults.
@@ -129,8 +143,15 @@ unsafe fn horner_pq<V: Vector, const U: usize>(
 /// vectors, LLVM reordered the loop for some block counts into one vector's whole Horner
 /// chain after another. See kernels.rs for which is used where, and docs/parity.md,
 /// "Loops: how many blocks and vectors per step".
+///
+/// `PREFETCH_BYTES`: how far ahead in every block to prefetch each step (0: not at all).
 #[inline(always)]
-pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize, const PAIRS: bool>(
+pub(crate) unsafe fn gen_syndrome<
+    V: Vector,
+    const U: usize,
+    const PAIRS: bool,
+    const PREFETCH_BYTES: usize,
+>(
     data: &[&[u8]],
     p: &mut [u8],
     q: &mut [u8],
@@ -140,8 +161,18 @@ pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize, const PAIRS: bool>(
     let end = range_end::<V, U>(from, p.len());
     let top = data.len() - 1;
     let (pp, qp) = (p.as_mut_ptr(), q.as_mut_ptr());
+    let bias = horner_bias(V::MUL2_BIAS, top);
     let mut off = from;
     while off < end {
+        // A hint, so it never faults even past a block's end (there it fetches what lies
+        // next: in a resync that reads each member sequentially, the next stripe's block).
+        if PREFETCH_BYTES > 0 {
+            for z in 0..data.len() {
+                for line in (0..V::BYTES * U).step_by(64) {
+                    V::prefetch(block(data, z).wrapping_add(off + PREFETCH_BYTES + line));
+                }
+            }
+        }
         let mut pv = ld::<V, U>(block(data, top), off);
         let mut qv = pv;
         let mut z = top;
@@ -150,7 +181,7 @@ pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize, const PAIRS: bool>(
             let d0 = ld::<V, U>(block(data, z - 2), off);
             for u in 0..U {
                 pv[u] = pv[u].xor3(d1[u], d0[u]);
-                qv[u] = qv[u].mul2_xor(d1[u]).mul2_xor(d0[u]);
+                qv[u] = qv[u].mul2_xor_biased(d1[u]).mul2_xor_biased(d0[u]);
             }
             z -= 2;
         }
@@ -159,7 +190,12 @@ pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize, const PAIRS: bool>(
             let d = ld::<V, U>(block(data, z), off);
             for u in 0..U {
                 pv[u] = pv[u].xor(d[u]);
-                qv[u] = qv[u].mul2_xor(d[u]);
+                qv[u] = qv[u].mul2_xor_biased(d[u]);
+            }
+        }
+        if V::MUL2_BIAS != 0 {
+            for x in qv.iter_mut() {
+                *x = x.xor_splat(bias);
             }
         }
         st(pv, pp, off, stream);
@@ -170,6 +206,16 @@ pub(crate) unsafe fn gen_syndrome<V: Vector, const U: usize, const PAIRS: bool>(
         V::stream_fence();
     }
     end
+}
+
+/// What `steps` biased Horner steps add to every byte of Q: each doubles what came before
+/// and adds `step_bias`.
+#[inline(always)]
+fn horner_bias(step_bias: u8, steps: usize) -> u8 {
+    if step_bias == 0 {
+        return 0;
+    }
+    (0..steps).fold(0, |e, _| crate::gf::mul(e, 2) ^ step_bias)
 }
 
 /// P = XOR of all data blocks; two blocks per round so each P update is one three-way XOR
@@ -363,7 +409,7 @@ pub(crate) unsafe fn recover_q<V: Vector, const U: usize>(
 /// Requires lost_a != lost_b. See `reference::recover_2data_from` for the algebra.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(crate) unsafe fn recover_2data<V: Vector, const U: usize>(
+pub(crate) unsafe fn recover_2data<V: Vector, const U: usize, const PREFETCH_BYTES: usize>(
     data: &[&[u8]],
     lost_a: usize,
     lost_b: usize,
@@ -382,6 +428,19 @@ pub(crate) unsafe fn recover_2data<V: Vector, const U: usize>(
     let (ap, bp) = (out_a.as_mut_ptr(), out_b.as_mut_ptr());
     let mut off = from;
     while off < end {
+        // As in gen_syndrome; the lost blocks are not read (they may be empty).
+        if PREFETCH_BYTES > 0 {
+            let ahead = off + PREFETCH_BYTES;
+            for line in (0..V::BYTES * U).step_by(64) {
+                for (z, d) in data.iter().enumerate() {
+                    if z != lost_a && z != lost_b {
+                        V::prefetch(d.as_ptr().wrapping_add(ahead + line));
+                    }
+                }
+                V::prefetch(p.as_ptr().wrapping_add(ahead + line));
+                V::prefetch(q.as_ptr().wrapping_add(ahead + line));
+            }
+        }
         let (pv, qv) = horner_pq::<V, U>(data, 0, data.len() - 1, lost_a, lost_b, off);
         let (mut pxy, mut qxy) = (ld::<V, U>(p.as_ptr(), off), ld::<V, U>(q.as_ptr(), off));
         for u in 0..U {

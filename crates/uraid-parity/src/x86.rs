@@ -63,6 +63,20 @@ impl Vector for Avx2 {
         let doubled = _mm256_add_epi8(self.0, self.0);
         Avx2(_mm256_xor_si256(doubled, _mm256_and_si256(carry, _mm256_set1_epi8(POLY_LOW as i8))))
     }
+    const MUL2_BIAS: u8 = POLY_LOW;
+    #[inline(always)]
+    unsafe fn mul2_xor_biased(self, d: Self) -> Self {
+        // PSHUFB gives 0 where an index byte has its top bit set, so a table of POLY_LOW
+        // yields the reduction inverted: one instruction instead of compare and AND, and
+        // the POLY_LOW it leaves in every byte is taken out once at the end.
+        let not_carry = _mm256_shuffle_epi8(_mm256_set1_epi8(POLY_LOW as i8), self.0);
+        let doubled = _mm256_add_epi8(self.0, self.0);
+        Avx2(_mm256_xor_si256(_mm256_xor_si256(doubled, not_carry), d.0))
+    }
+    #[inline(always)]
+    unsafe fn xor_splat(self, b: u8) -> Self {
+        Avx2(_mm256_xor_si256(self.0, _mm256_set1_epi8(b as i8)))
+    }
     #[inline(always)]
     unsafe fn mul_table(c: u8) -> Self::Mul {
         let (lo, hi) = nibble_tables(c);
