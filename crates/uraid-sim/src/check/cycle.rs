@@ -182,6 +182,9 @@ pub(super) fn power_cycle(
         return Err("a dirty degraded start dropped the resync it owes".into());
     }
     let mut array2 = SimArray::new(second, disks);
+    // Taken before a resumed reshape runs: a member it loses (and a hot spare that takes
+    // the slot once it ends) is a loss after the start, as one during the resync is.
+    let started_with = slot_disks(array2.engine());
     let resumed_from = grown_run_resumes(&mut array2, model, report)?;
     if array2.engine().engine().geometry() != geo {
         return Err(format!(
@@ -192,7 +195,6 @@ pub(super) fn power_cycle(
     // The grow may have ended in the superblocks only as the power went (its last round
     // durable, not yet acknowledged): the new space reads zeroes either way.
     model.grow_to(sectors);
-    let started_with = slot_disks(array2.engine());
     // Every slot left out comes back (re-added or replaced, then recovered); maybe a second
     // member fails while that runs. Not raid10 (whether it survives depends on which copies
     // the failure takes), and not with a latent sector planted or a bad-block range listed
