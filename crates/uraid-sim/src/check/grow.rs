@@ -60,14 +60,19 @@ pub(super) fn try_start(
     let n = run.n;
     let array_engine = array.engine_mut();
     let cur = array_engine.grow_current(run.geo.member_sectors[0]);
-    let plan = grow_plan(&cur, &GrowRequest { raid_disks: Some(n + 1), ..Default::default() })
-        .map_err(|e| format!("the grow by a member was not planned: {}", e.0))?;
-    if let Err(e) = array_engine.may_grow(&plan) {
+    // Planning refuses too while md would (a check or repair running): asked again later.
+    let planned = grow_plan(&cur, &GrowRequest { raid_disks: Some(n + 1), ..Default::default() });
+    let refusal = match &planned {
+        Ok(plan) => array_engine.may_grow(plan).err(),
+        Err(e) => Some(e.clone()),
+    };
+    if let Some(e) = refusal {
         if report.faults.last().is_none_or(|f| !f.ends_with(&e.0)) {
             report.faults.push(format!("grow refused for now: {}", e.0));
         }
         return Ok(false);
     }
+    let plan = planned.map_err(|e| e.0)?;
     let now = array.now_ns();
     array.engine_mut().grow(&plan, now)?;
     report.draws.push(DRAWS[10]);
