@@ -3,7 +3,8 @@
 //! shows its progress, and once it is done a new NBD connection sees the new size and the
 //! new space takes writes. `kill -9` of the server at several points of a reshape, each
 //! followed by a restart, resumes it from the checkpoint, and the original extent keeps
-//! its sha256. (md finishing a grow uraid started while serving: `cli_reshape`.)
+//! its sha256; restarted without a member, it goes on degraded as md's does. (md
+//! finishing a grow uraid started while serving: `cli_reshape`.)
 
 mod common;
 
@@ -135,4 +136,44 @@ fn a_reshape_killed_at_several_points_resumes_and_keeps_the_data() {
     assert!(got.len() > size, "the new size");
     assert_eq!(sha256_bytes(&got[..size]), before, "after the resumed reshape, the original extent");
     s.stop();
+}
+
+#[test]
+fn a_reshape_killed_then_restarted_without_a_member_goes_on_degraded() {
+    // md continues a reshape that lost a member; after kill -9 the array is dirty, so
+    // the degraded start takes --force as mdadm's does (no write was in flight: nothing
+    // is stale).
+    let dir = TempDir::new("grow-online-degraded");
+    let mut members = create_clean(&dir, "5", 4, MEMBER, &["--chunk", "64"]);
+    let new = blank(&dir, "new");
+    let s = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
+    let size = export_size(&s.url) as usize;
+    let job = fio_verify_job("fill", &s.url, &size.to_string(), 3, &["--rw=write", "--bs=1m"]);
+    let o = spawn_fio(&job).wait();
+    assert!(o.status.success(), "{}", text(&o));
+    let before = sha256_bytes(&read_array(&dir, &s.url));
+    grow(&s, 5, &new);
+    members.push(new);
+    std::thread::sleep(Duration::from_millis(1000));
+    s.kill9();
+    let sb = uraid(&["examine", members[0].to_str().unwrap()]);
+    assert!(text(&sb).contains("Reshape pos'n"), "killed mid-reshape:\n{}", text(&sb));
+    let without: Vec<PathBuf> =
+        members.iter().enumerate().filter(|(i, _)| *i != 1).map(|(_, p)| p.clone()).collect();
+    let again = Served::start(&dir, &without, &["--sync-speed-max", "4000", "--run", "--force"]);
+    assert_eq!(export_size(&again.url) as usize, size, "mid-reshape: the old size");
+    assert_eq!(
+        sha256_bytes(&read_array(&dir, &again.url)),
+        before,
+        "degraded, mid-reshape, the data reads back"
+    );
+    let c = again.control.display().to_string();
+    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "uraid set");
+    wait_reshaped(&again);
+    let status = ok(uraid(&["status", "--control", &c]), "uraid status");
+    assert!(status.contains("[5/4] [U_UUU]"), "the array runs degraded after the reshape:\n{status}");
+    let got = read_array(&dir, &again.url);
+    assert!(got.len() > size, "the new size");
+    assert_eq!(sha256_bytes(&got[..size]), before, "after the degraded reshape, the original extent");
+    again.stop();
 }
