@@ -39,6 +39,15 @@ fn grow_to(d: &mut Driver<Array>, raid_disks: usize) {
     assert!(d.engine.is_reshaping());
 }
 
+fn change_chunk(d: &mut Driver<Array>, chunk_sectors: u64) {
+    let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+    let plan =
+        grow_plan(&cur, &GrowRequest { chunk_sectors: Some(chunk_sectors), ..Default::default() }).unwrap();
+    d.engine.may_grow(&plan).unwrap();
+    d.engine.grow(&plan, d.now_ns).unwrap();
+    assert!(d.engine.is_reshaping());
+}
+
 /// Client requests while the reshape runs: up to eight at once on spans that do not
 /// overlap, writes of new random bytes and reads checked against the model at their end.
 /// `out`: (id, offset, length, a write's bytes) of those in flight.
@@ -203,12 +212,17 @@ fn a_raid5_and_a_raid6_grow_while_serving_reads_and_writes() {
 
 #[test]
 fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
-    for (level, n) in [(5, 4), (6, 5)] {
+    // A grow by a member, and a chunk change (64 KiB to 32 KiB) on the same members.
+    for (level, n, to_chunk) in [(5, 4, None), (6, 5, None), (5, 4, Some(64u64))] {
+        let disks = if to_chunk.is_some() { n } else { n + 1 };
         for cut in 0..8u64 {
             let seed = 40 + cut;
             let (mut d, mut model) = array_with_spare(level, n, seed);
             let size = model.len() as u64;
-            grow_to(&mut d, n + 1);
+            match to_chunk {
+                Some(c) => change_chunk(&mut d, c),
+                None => grow_to(&mut d, n + 1),
+            }
             let mut clients = Clients::new(seed);
             let mut rng = Rng(seed * 3);
             // Spread over the reshape: past a tenth more of it each time, then just after a
@@ -272,7 +286,8 @@ fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
                     "raid{level} cut {cut} (step {steps}): sector {s} lost an acknowledged write"
                 );
             }
-            assert_eq!(d.engine.engine().geometry().raid_disks, n + 1);
+            assert_eq!(d.engine.engine().geometry().raid_disks, disks);
+            assert_eq!(d.engine.engine().geometry().chunk_sectors, to_chunk.unwrap_or(128));
             d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
             d.run_until_idle();
             assert_eq!(
@@ -412,4 +427,43 @@ fn a_small_write_to_the_old_layout_goes_at_the_unplug_not_at_a_deadline() {
     d.pending.extend(ios);
     d.run_until_idle();
     assert!(d.take_done(9000).is_some_and(|c| c.result.is_ok()));
+}
+
+#[test]
+fn a_chunk_change_while_serving_reads_and_writes() {
+    for (level, n, to_chunk, seed) in [(5, 4, 64u64, 5u64), (6, 5, 32, 6), (4, 3, 16, 7)] {
+        let (mut d, mut model) = array_with_spare(level, n, seed);
+        let size = model.len() as u64;
+        let from_chunk = d.engine.engine().geometry().chunk_sectors;
+        change_chunk(&mut d, to_chunk);
+        let mut clients = Clients::new(seed * 77);
+        let mut steps = 0u64;
+        while d.engine.is_reshaping() {
+            clients.issue(&mut d, size);
+            d.engine.unplug(d.now_ns);
+            assert!(d.step() || d.engine.is_reshaping(), "the driver stalled");
+            let _ = clients.collect(&mut d, &mut model);
+            steps += 1;
+            assert!(steps < 20_000_000, "the reshape never ended");
+        }
+        while !clients.out.is_empty() {
+            d.run_until_idle();
+            let _ = clients.collect(&mut d, &mut model);
+        }
+        let geo = d.engine.engine().geometry().clone();
+        assert_eq!((geo.chunk_sectors, geo.raid_disks), (to_chunk, n), "from {from_chunk}");
+        assert_eq!(d.engine.engine().size_bytes(), size, "a chunk change keeps the size");
+        assert!(read_all(&mut d, size) == model, "raid{level} chunk {from_chunk}->{to_chunk}: data");
+        d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+        d.run_until_idle();
+        assert_eq!(d.engine.engine().mismatch_cnt(), 0, "md's check after the chunk change");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut again = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 100);
+        assert!(!again.engine.is_reshaping());
+        assert_eq!(again.engine.engine().geometry().chunk_sectors, to_chunk);
+        assert!(
+            read_all(&mut again, size) == model,
+            "raid{level} chunk {from_chunk}->{to_chunk}: after assembly"
+        );
+    }
 }

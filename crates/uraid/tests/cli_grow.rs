@@ -174,8 +174,9 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
         &files,
     );
     refused(&s, &["--level", "10"], "md cannot turn a raid5 into raid10", &files);
-    // A chunk change is a reshape uraid does not run while serving.
-    refused(&s, &["--chunk", "128"], "the reshape of raid5", &files);
+    // A layout change is a reshape uraid does not run while serving (a chunk change is:
+    // cli_grow_online).
+    refused(&s, &["--layout", "left-asymmetric"], "the reshape of raid5", &files);
     s.stop();
 
     // A grow by members while serving (cli_grow_online) is refused, before the device is

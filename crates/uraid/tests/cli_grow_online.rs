@@ -177,3 +177,31 @@ fn a_reshape_killed_then_restarted_without_a_member_goes_on_degraded() {
     assert_eq!(sha256_bytes(&got[..size]), before, "after the degraded reshape, the original extent");
     again.stop();
 }
+
+#[test]
+fn a_chunk_change_while_serving_survives_kill_9_and_keeps_the_data() {
+    let dir = TempDir::new("grow-online-chunk");
+    let members = create_clean(&dir, "5", 4, MEMBER, &["--chunk", "64"]);
+    let s = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
+    let size = export_size(&s.url) as usize;
+    let job = fio_verify_job("fill", &s.url, &size.to_string(), 3, &["--rw=write", "--bs=1m"]);
+    let o = spawn_fio(&job).wait();
+    assert!(o.status.success(), "{}", text(&o));
+    let before = sha256_bytes(&read_array(&dir, &s.url));
+    let c = s.control.display().to_string();
+    ok(uraid(&["grow", "--control", &c, "--chunk", "32"]), "uraid grow --chunk");
+    std::thread::sleep(Duration::from_millis(1000));
+    s.kill9();
+    let sb = text(&uraid(&["examine", members[0].to_str().unwrap()]));
+    assert!(sb.contains("Reshape pos'n") && sb.contains("New Chunksize : 32K"), "killed mid-reshape:\n{sb}");
+    let again = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
+    assert_eq!(sha256_bytes(&read_array(&dir, &again.url)), before, "mid-reshape, the data reads back");
+    let c = again.control.display().to_string();
+    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "uraid set");
+    wait_reshaped(&again);
+    let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
+    assert!(detail.contains("Chunk Size : 32K"), "{detail}");
+    assert_eq!(export_size(&again.url) as usize, size, "a chunk change keeps the size");
+    assert_eq!(sha256_bytes(&read_array(&dir, &again.url)), before, "after the chunk change");
+    again.stop();
+}

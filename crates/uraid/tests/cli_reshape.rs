@@ -163,6 +163,31 @@ fn md_finishes_a_grow_uraid_started_while_serving() {
     assert_eq!(mismatch, 0, "{out}");
 }
 
+#[test]
+fn md_finishes_a_chunk_change_uraid_started_while_serving() {
+    let dir = TempDir::new("uraidchunk-online");
+    let images = member_files(&dir, 4);
+    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+
+    let served = Served::start(&dir, &images, &["--sync-speed-max", "1000"]);
+    let c = served.control.display().to_string();
+    ok(uraid(&["grow", "--control", &c, "--chunk", "32"]), "uraid grow --chunk");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let st = served.ctl("status", None);
+    assert!(st.contains("reshape ="), "the reshape runs:\n{st}");
+    served.stop();
+    let sb = read_sb(&images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE), "stopped mid-way: {sb:?}");
+    assert_eq!((sb.chunksize, sb.new_chunk, sb.delta_disks), (128, 64, 0), "{sb:?}");
+    assert!(sb.reshape_position > 0, "windows were checkpointed: {sb:?}");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "md finished the chunk change uraid started while serving:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Chunk Size : 32K"), "{out}");
+}
+
 /// The member files as `continue_reshape` reaches them: sector-addressed, fsync'ed.
 struct Files(Vec<std::fs::File>);
 

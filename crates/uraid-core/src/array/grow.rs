@@ -478,12 +478,15 @@ impl Array {
     /// members already spares. Nothing has changed when it answers an error.
     pub fn start_reshape(&mut self, target: &ReshapeTarget) -> Result<(), String> {
         self.may_start_reshape(target)?;
+        if target.raid_disks == self.engine.geometry().raid_disks {
+            return self.start_online_chunk_change(target.chunk_sectors);
+        }
         self.start_online_grow(target.raid_disks)
     }
 
     /// Why the reshape to `target` cannot start now (asked before the `--add`ed devices
-    /// are written). A raid4/5/6 grow by members runs while serving (`reshape_ops`);
-    /// level, chunk and layout changes are not built.
+    /// are written). A raid4/5/6 grow by members or chunk change runs while serving
+    /// (`reshape_ops`); level and layout changes are not built.
     pub fn may_start_reshape(&self, target: &ReshapeTarget) -> Result<(), String> {
         let geo = self.engine.geometry();
         let grow_by_members = geo.level.has_parity()
@@ -494,6 +497,14 @@ impl Array {
         if grow_by_members {
             // The spares it takes may be `--add`ed after this check (the plan counted them).
             return self.may_start_online_grow(target.raid_disks, false);
+        }
+        let chunk_change = geo.level.has_parity()
+            && target.level == geo.level
+            && target.layout == geo.layout
+            && target.raid_disks == geo.raid_disks
+            && target.chunk_sectors != geo.chunk_sectors;
+        if chunk_change {
+            return self.may_start_online_chunk_change(target.chunk_sectors);
         }
         Err(format!(
             "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built yet in uraid: stop the \

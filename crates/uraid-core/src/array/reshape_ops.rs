@@ -22,7 +22,7 @@ use crate::engine::Engine;
 use crate::geometry::Geometry;
 use crate::meta::Superblock;
 use crate::reshape::run::ReshapeRun;
-use crate::reshape::start::{start_grow_with_spares, GrowMember};
+use crate::reshape::start::{start_grow_with_spares, start_restripe, GrowMember, Restripe};
 use crate::reshape::ReshapeGeometry;
 
 fn span_of(req: &Request) -> (u64, u64) {
@@ -62,14 +62,19 @@ fn may_run(geo: &ReshapeGeometry, any_bad_blocks: bool) -> Result<ReshapeRun, St
     if any_bad_blocks {
         return Err(unsupported("a reshape of members with bad-block log entries"));
     }
-    // The two engines hold the same members in their slots; a restripe (raid5 to raid6,
-    // a chunk change) rebuilds a slot or changes the unit and runs offline.
+    // The two engines hold the same members in their slots: a grow by members, or a chunk
+    // change on the same members. raid5 to raid6 rebuilds a slot (the Q member) and runs
+    // offline; a layout change is not built.
     let (p, n) = (&geo.previous, &geo.next);
-    if p.level != n.level || p.chunk_sectors != n.chunk_sectors || p.layout != n.layout {
-        return Err(unsupported("continuing a level, layout or chunk change while serving"));
+    if p.level != n.level || p.layout != n.layout {
+        return Err(unsupported("continuing a level or layout change while serving"));
     }
-    if n.raid_disks <= p.raid_disks {
-        return Err(unsupported("continuing a reshape that does not add members while serving"));
+    let grow = n.raid_disks > p.raid_disks && p.chunk_sectors == n.chunk_sectors;
+    let chunk_change = n.raid_disks == p.raid_disks && p.chunk_sectors != n.chunk_sectors;
+    if !grow && !chunk_change {
+        return Err(unsupported(
+            "continuing a reshape that neither adds members nor only changes the chunk while serving",
+        ));
     }
     ReshapeRun::new(geo.clone())
 }
@@ -335,7 +340,37 @@ impl Array {
     /// Why a grow of this running raid4/5/6 by members cannot start now.
     /// `count_spares`: whether the spares it takes must be there already.
     pub(super) fn may_start_online_grow(&self, to_disks: usize, count_spares: bool) -> Result<(), String> {
+        self.may_reshape_now()?;
         let geo = self.engine.geometry();
+        let refuse = |why: &str| Err(format!("cannot start the reshape: {why}"));
+        let spares = self.sbs.members().iter().filter(|m| m.role == DevRole::Spare).count();
+        let need = to_disks.saturating_sub(geo.raid_disks);
+        if count_spares && spares < need {
+            return refuse(&format!(
+                "{need} new member(s) are needed and the array has {spares} spare(s): give them with --add"
+            ));
+        }
+        // What the members allow (room to move the data offset): asked of the start itself
+        // with stand-ins for the new members, before any of them is written.
+        let (slot_sbs, _, _) = self.grow_superblocks()?;
+        let standin = GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16] };
+        start_grow_with_spares(&slot_sbs, &[], &vec![standin; need], self.now_seconds())
+            .map(|_| ())
+            .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
+    }
+
+    /// Why a chunk change of this running raid4/5/6 cannot start now: the grow's rules, and
+    /// what mdadm asks of the new chunk and of the room to move the data.
+    pub(super) fn may_start_online_chunk_change(&self, chunk_sectors: u64) -> Result<(), String> {
+        self.may_reshape_now()?;
+        let (slot_sbs, _, _) = self.grow_superblocks()?;
+        start_restripe(&slot_sbs, &[], Restripe::Chunk { chunk_sectors }, self.now_seconds())
+            .and_then(|(_, _, geo)| may_run(&geo, false).map(|_| ()))
+            .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
+    }
+
+    /// What keeps any reshape from starting now (md's checks before `start_reshape`).
+    fn may_reshape_now(&self) -> Result<(), String> {
         // The caller says that nothing was written.
         let refuse = |why: &str| Err(format!("cannot start the reshape: {why}"));
         if self.read_only {
@@ -365,20 +400,7 @@ impl Array {
         if self.sbs.members().iter().any(|m| self.sbs.bad_blocks(m.key).is_some_and(|b| !b.is_empty())) {
             return refuse("a member has bad-block log entries");
         }
-        let spares = self.sbs.members().iter().filter(|m| m.role == DevRole::Spare).count();
-        let need = to_disks.saturating_sub(geo.raid_disks);
-        if count_spares && spares < need {
-            return refuse(&format!(
-                "{need} new member(s) are needed and the array has {spares} spare(s): give them with --add"
-            ));
-        }
-        // What the members allow (room to move the data offset): asked of the start itself
-        // with stand-ins for the new members, before any of them is written.
-        let (slot_sbs, _, _) = self.grow_superblocks()?;
-        let standin = GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16] };
-        start_grow_with_spares(&slot_sbs, &[], &vec![standin; need], self.now_seconds())
-            .map(|_| ())
-            .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
+        Ok(())
     }
 
     /// The superblocks a grow starts from: the slots' in slot order (with their keys), and
@@ -448,6 +470,30 @@ impl Array {
         self.reshaping = Some(Box::new(Reshaping::new(None, run, Step::Starting)));
         self.write_superblocks_then(Some(AfterRound::Reshape));
         self.notice(format!("reshape to {to_disks} members started"));
+        Ok(())
+    }
+
+    /// md's raid5_start_reshape for a chunk change (mdadm moved the data offset down): the
+    /// same members, every superblock recording the reshape, then windows as for a grow.
+    pub(super) fn start_online_chunk_change(&mut self, chunk_sectors: u64) -> Result<(), String> {
+        self.may_start_online_chunk_change(chunk_sectors)?;
+        let (slot_sbs, slot_keys, spares) = self.grow_superblocks()?;
+        let spare_sbs: Vec<Superblock> = spares.iter().map(|(_, sb)| sb.clone()).collect();
+        let (all, spare_sbs, geo) =
+            start_restripe(&slot_sbs, &spare_sbs, Restripe::Chunk { chunk_sectors }, self.now_seconds())?;
+        let run = may_run(&geo, false)?;
+        let raid_disks = all.len() as u32;
+        let mut updates: Vec<(MemberKey, Superblock, Option<usize>)> = Vec::new();
+        for (key, sb) in slot_keys.iter().zip(all) {
+            updates.push((*key, sb, None));
+        }
+        for ((key, _), sb) in spares.iter().zip(spare_sbs) {
+            updates.push((*key, sb, None));
+        }
+        self.sbs.reshape_started(updates, raid_disks);
+        self.reshaping = Some(Box::new(Reshaping::new(None, run, Step::Starting)));
+        self.write_superblocks_then(Some(AfterRound::Reshape));
+        self.notice(format!("reshape to a {}K chunk started", chunk_sectors / 2));
         Ok(())
     }
 

@@ -240,6 +240,17 @@ pub fn examine_text(name: &str, sb: &Superblock, bitmap: Option<&[u8]>) -> Strin
             let to = sb.raid_disks as i64;
             line("Delta Devices", format!("{} ({}->{to})", sb.delta_disks, to - i64::from(sb.delta_disks)));
         }
+        if sb.new_level as i32 != sb.level {
+            line("New Level", format!("raid{}", sb.new_level));
+        }
+        if sb.new_layout != sb.layout {
+            if let Some(l) = layout_text(sb.new_level as i32, sb.new_layout) {
+                line("New Layout", l);
+            }
+        }
+        if sb.new_chunk != sb.chunksize {
+            line("New Chunksize", format!("{}K", sb.new_chunk / 2));
+        }
     }
     s.push('\n');
     let mut line = |k: &str, v: String| {
