@@ -167,3 +167,27 @@ fn small_writes_read_into_recycled_buffers_and_keep_the_data() {
     let got = d.run_one(Request::read(9, 0, array_bytes)).unwrap();
     assert!(got == model, "the array reads back what was written");
 }
+
+/// A flush forces the heads its writes were delayed in (md's delayed partial stripes) and
+/// must also run them: no unplug or tick may come, and the flush then waited forever
+/// behind writes never issued (`uraid sim` seeds 962, 31000303, and 31000403 on
+/// ssd-sata hung there).
+#[test]
+fn a_flush_runs_the_delayed_writes_it_waits_for() {
+    let mut d = raid6_driver(6);
+    let data = pattern(4096, 3);
+    d.submit(Request::write(1, 0, data.clone()));
+    assert!(d.engine.pop_member_io().is_none(), "a partial stripe waits for more writes");
+    d.submit(Request::flush(2));
+    // No unplug: only what the flush itself starts, and the clock's deadlines.
+    let mut guard = 0;
+    while d.step() {
+        guard += 1;
+        assert!(guard < 100_000, "the driver never ran dry");
+    }
+    for id in [1, 2] {
+        let done = d.take_done(id).unwrap_or_else(|| panic!("request {id} never completed"));
+        assert!(done.result.is_ok(), "request {id}: {:?}", done.result);
+    }
+    assert_eq!(d.run_one(Request::read(3, 0, 4096)).unwrap(), data);
+}

@@ -147,8 +147,11 @@ impl Mddev {
             self.pacer.admitted(id, len_bytes, self.now_ns);
         }
         if op == RequestOp::Flush {
+            // The writes before it may sit in delayed heads: forced, they must also be run,
+            // or the flush waits on heads no later event may ever handle.
             self.cache_force_all();
             self.progress_flushes(led);
+            self.after_event(led);
             return Ok(());
         }
         if len_bytes > 0 {
