@@ -296,6 +296,10 @@ fn a_failed_daemon_flush_clears_nothing_and_fails_the_member() {
     assert!(a.bitmap().unwrap().is_set(0));
     run_ok(&mut a, retry);
     assert!(a.bitmap().unwrap().is_set(0));
+    // Nor does a later pass: the flush never reached member 1, its copy may be lost.
+    for _ in 0..3 {
+        assert!(a.bitmap_daemon().is_none(), "a daemon pass over a bit member 1 may have lost");
+    }
 
     // A failed bitmap page write before a data write fails that member too; the write
     // may still go (the bit is durable on every member still working).
@@ -309,8 +313,10 @@ fn a_failed_daemon_flush_clears_nothing_and_fails_the_member() {
     assert!(a.start_write(64 << 20, 4096).pages.is_empty());
 }
 
+/// Member 2's copy of the write may sit in its volatile cache only: no flush reached it
+/// before it failed, so the bit stays for its re-add (and events_cleared stays too).
 #[test]
-fn bits_cleared_while_degraded_keep_events_cleared_for_a_re_add() {
+fn bits_stay_set_while_degraded_for_a_re_add() {
     let mut a = raid5(true);
     assert!(a.mark_dirty());
     let r = a.write_superblocks(NOW);
@@ -324,13 +330,10 @@ fn bits_cleared_while_degraded_keep_events_cleared_for_a_re_add() {
     a.member_failed(2);
     let r = a.write_superblocks(NOW);
     run_ok(&mut a, r);
-    assert!(a.bitmap_daemon().is_none());
-    let flush = a.bitmap_daemon().expect("idle for two passes");
-    let out = run(&mut a, flush, &[]);
-    if let Some(clear) = out.next.unwrap() {
-        run_ok(&mut a, clear);
+    for _ in 0..3 {
+        assert!(a.bitmap_daemon().is_none(), "a daemon pass while the bit is needed for the re-add");
     }
-    assert!(!a.bitmap().unwrap().is_set(0), "a bit whose write reached every member clears");
+    assert!(a.bitmap().unwrap().is_set(0), "the bit of a write member 2 may have lost was cleared");
     assert_eq!(
         a.bitmap().unwrap().superblock().events_cleared,
         cleared_before,

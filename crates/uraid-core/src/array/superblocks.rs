@@ -474,6 +474,9 @@ impl ArraySuperblocks {
                 DevRole::Faulty { .. } => true,
             }
         });
+        if let (false, Some(bm)) = (slots.is_empty(), &mut self.bitmap) {
+            bm.member_lost();
+        }
         slots
     }
 
@@ -561,12 +564,18 @@ impl ArraySuperblocks {
         self.superblock_round(now_seconds)
     }
 
-    /// The engine failed the member in `slot` (md_error): recorded as faulty.
+    /// The engine failed the member in `slot` (md_error): recorded as faulty, and the set
+    /// bits are kept for its re-add (see [`WriteIntentBitmap::member_lost`]).
     pub fn member_failed(&mut self, slot: usize) {
+        let mut lost = false;
         for m in &mut self.members {
             if m.role.active_slot() == Some(slot) {
                 m.role = DevRole::Faulty { slot };
+                lost = true;
             }
+        }
+        if let (true, Some(bm)) = (lost, &mut self.bitmap) {
+            bm.member_lost();
         }
     }
 

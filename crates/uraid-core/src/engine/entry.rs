@@ -147,10 +147,10 @@ impl Mddev {
             self.pacer.admitted(id, len_bytes, self.now_ns);
         }
         if op == RequestOp::Flush {
+            // The writes before it may sit in delayed heads: forced, they must also be run,
+            // or the flush waits on heads no later event may ever handle.
             self.cache_force_all();
             self.progress_flushes(led);
-            // The forced heads run now, not at the next unplug: a flush need not have one
-            // after it (the reshape's window flush), and its writes would wait forever.
             self.after_event(led);
             return Ok(());
         }

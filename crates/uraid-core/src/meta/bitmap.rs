@@ -420,7 +420,7 @@ pub struct WriteIntentBitmap {
     /// Writes in flight per chunk.
     pending: Vec<u32>,
     /// Chunks that must stay set until a resync clears them (a write failed or ran
-    /// degraded, or the bit was found set at load).
+    /// degraded, a member left while the bit was set, or the bit was found set at load).
     needed: Vec<bool>,
     /// Daemon passes seen idle, per set chunk; cleared on the second.
     idle_passes: Vec<u8>,
@@ -618,6 +618,17 @@ impl WriteIntentBitmap {
             self.pending[i] = self.pending[i].saturating_sub(1);
             if !reached_all_members {
                 self.needed[i] = true;
+            }
+        }
+    }
+
+    /// A slot's member left: every set bit is needed until a resync or recovery. Its
+    /// writes under those bits may have reached only its volatile cache (the daemon's flush
+    /// did not reach it), so a re-add from the bitmap must still find them set.
+    pub fn member_lost(&mut self) {
+        for c in 0..self.nbits {
+            if self.is_set(c) {
+                self.needed[c as usize] = true;
             }
         }
     }
