@@ -197,7 +197,12 @@ fn reshape_seeds_found_failing_pass() {
         let spec = SimSpec { level: None, ops: 2000, ..spec(seed, Level::Raid0) };
         let r = run_sim(&spec);
         assert!(r.ok, "seed {seed}: {:?}", r.failure);
-        assert!(r.draws.contains(&DRAWS[10]), "seed {seed} no longer grows: {:?}", r.faults);
+        // It still meets the grow: started, or refused for now as md refuses it.
+        assert!(
+            r.faults.iter().any(|f| f.starts_with("grow ")),
+            "seed {seed} no longer grows: {:?}",
+            r.faults
+        );
     }
 }
 
