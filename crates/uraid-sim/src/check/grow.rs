@@ -39,9 +39,9 @@ pub(super) fn grown_shape(run: &Run) -> Grown {
     Grown { geo: next, data_offset_bytes: run.data_offset_bytes - moved * 512 }
 }
 
-/// Tries the grow: the disk added as a spare (once), then the grow asked for. md refuses it
-/// on a degraded array, while a sync or a replacement runs: then it is asked for again
-/// later. Returns whether it started. Half the grows that start get a power cut a little
+/// Tries the grow: asked for, and if md would run it the disk added as a spare (once) and
+/// the grow started. md refuses it on a degraded array, while a sync or a replacement runs:
+/// then it is asked for again later. Returns whether it started. Half the grows that start get a power cut a little
 /// later, counted in member I/Os, most often while windows move.
 pub(super) fn try_start(
     run: &Run,
@@ -50,18 +50,14 @@ pub(super) fn try_start(
     array: &mut SimArray<Array>,
     report: &mut SimReport,
 ) -> Result<bool, String> {
-    if !*added {
-        match add_disk(array, g.disk, false)? {
-            Added::Spare => {}
-            other => return Err(format!("the disk for the grow was not kept spare: {other:?}")),
-        }
-        *added = true;
-    }
     let n = run.n;
     let array_engine = array.engine_mut();
     let cur = array_engine.grow_current(run.geo.member_sectors[0]);
-    // Planning refuses too while md would (a check or repair running): asked again later.
-    let planned = grow_plan(&cur, &GrowRequest { raid_disks: Some(n + 1), ..Default::default() });
+    // Asked before the disk is added (as `uraid grow --add` asks): a spare added for a grow
+    // md refuses would take the slot of the next member to fail. Planning refuses too while
+    // md would (a check or repair running): asked again later.
+    let adding = usize::from(!*added);
+    let planned = grow_plan(&cur, &GrowRequest { raid_disks: Some(n + 1), adding, ..Default::default() });
     let refusal = match &planned {
         Ok(plan) => array_engine.may_grow(plan).err(),
         Err(e) => Some(e.clone()),
@@ -71,6 +67,13 @@ pub(super) fn try_start(
             report.faults.push(format!("grow refused for now: {}", e.0));
         }
         return Ok(false);
+    }
+    if !*added {
+        match add_disk(array, g.disk, false)? {
+            Added::Spare => {}
+            other => return Err(format!("the disk for the grow was not kept spare: {other:?}")),
+        }
+        *added = true;
     }
     let plan = planned.map_err(|e| e.0)?;
     let now = array.now_ns();
