@@ -189,11 +189,13 @@ fn seeds_found_failing_pass() {
 /// resumed reshape (a write error, a fail-stop, a superblock write failing) and a hot spare
 /// took its slot once the reshape ended, which the checker did not count as a loss after the
 /// start (the write hole again). 52001608 (raid4): the grow's planning refused it while a
-/// repair ran (as md does) and the draw took that for a failure. 52000292 (raid6): the window's flush forced the small writes it waited for out of
+/// repair ran (as md does) and the draw took that for a failure. 52002460 (raid4), 52002520
+/// (raid6): the draw added its disk before a grow md refused, and that spare took the slot
+/// of the member the re-add draw failed. 52000292 (raid6): the window's flush forced the small writes it waited for out of
 /// the delay list, and nothing ran them until an unplug that never came.
 #[test]
 fn reshape_seeds_found_failing_pass() {
-    for seed in [52000060, 52000140, 52000292, 52000620, 52000624, 52001608] {
+    for seed in [52000060, 52000140, 52000292, 52000620, 52000624, 52001608, 52002460, 52002520] {
         let spec = SimSpec { level: None, ops: 2000, ..spec(seed, Level::Raid0) };
         let r = run_sim(&spec);
         assert!(r.ok, "seed {seed}: {:?}", r.failure);
