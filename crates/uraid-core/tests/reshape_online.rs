@@ -39,6 +39,26 @@ fn grow_to(d: &mut Driver<Array>, raid_disks: usize) {
     assert!(d.engine.is_reshaping());
 }
 
+/// Client requests (`Clients`, seeded by `seed`) until the reshape is done and every one of
+/// them has ended, `model` kept as they are acknowledged.
+fn serve_until_reshaped(d: &mut Driver<Array>, model: &mut [u8], seed: u64) {
+    let size = model.len() as u64;
+    let mut clients = Clients::new(seed);
+    let mut steps = 0u64;
+    while d.engine.is_reshaping() {
+        clients.issue(d, size);
+        d.engine.unplug(d.now_ns);
+        assert!(d.step() || d.engine.is_reshaping(), "the driver stalled");
+        let _ = clients.collect(d, model);
+        steps += 1;
+        assert!(steps < 20_000_000, "the reshape never ended");
+    }
+    while !clients.out.is_empty() {
+        d.run_until_idle();
+        let _ = clients.collect(d, model);
+    }
+}
+
 fn change_chunk(d: &mut Driver<Array>, chunk_sectors: u64) {
     let cur = d.engine.grow_current(MEMBER_BYTES / 512);
     let plan =
@@ -187,20 +207,7 @@ fn a_raid5_and_a_raid6_grow_while_serving_reads_and_writes() {
         let (mut d, mut model) = array_with_spare(level, n, seed);
         let size = model.len() as u64;
         grow_to(&mut d, n + 1);
-        let mut clients = Clients::new(seed * 77);
-        let mut steps = 0u64;
-        while d.engine.is_reshaping() {
-            clients.issue(&mut d, size);
-            d.engine.unplug(d.now_ns);
-            assert!(d.step() || d.engine.is_reshaping(), "the driver stalled");
-            let _ = clients.collect(&mut d, &mut model);
-            steps += 1;
-            assert!(steps < 20_000_000, "the reshape never ended");
-        }
-        while !clients.out.is_empty() {
-            d.run_until_idle();
-            let _ = clients.collect(&mut d, &mut model);
-        }
+        serve_until_reshaped(&mut d, &mut model, seed * 77);
         check_finished(&mut d, &model, n + 1);
         // The members assembled afresh: the new layout, the same bytes.
         let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
@@ -436,20 +443,7 @@ fn a_chunk_change_while_serving_reads_and_writes() {
         let size = model.len() as u64;
         let from_chunk = d.engine.engine().geometry().chunk_sectors;
         change_chunk(&mut d, to_chunk);
-        let mut clients = Clients::new(seed * 77);
-        let mut steps = 0u64;
-        while d.engine.is_reshaping() {
-            clients.issue(&mut d, size);
-            d.engine.unplug(d.now_ns);
-            assert!(d.step() || d.engine.is_reshaping(), "the driver stalled");
-            let _ = clients.collect(&mut d, &mut model);
-            steps += 1;
-            assert!(steps < 20_000_000, "the reshape never ended");
-        }
-        while !clients.out.is_empty() {
-            d.run_until_idle();
-            let _ = clients.collect(&mut d, &mut model);
-        }
+        serve_until_reshaped(&mut d, &mut model, seed * 77);
         let geo = d.engine.engine().geometry().clone();
         assert_eq!((geo.chunk_sectors, geo.raid_disks), (to_chunk, n), "from {from_chunk}");
         assert_eq!(d.engine.engine().size_bytes(), size, "a chunk change keeps the size");

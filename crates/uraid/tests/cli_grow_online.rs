@@ -28,6 +28,18 @@ fn grow(s: &Served, n: usize, new: &std::path::Path) -> String {
     ok(uraid(&args), "uraid grow")
 }
 
+/// `members` served with a slow reshape, written whole by fio: the server, the export's
+/// size and the sha256 of what it holds.
+fn serve_filled(dir: &TempDir, members: &[PathBuf]) -> (Served, usize, String) {
+    let s = Served::start(dir, members, &["--sync-speed-max", "4000"]);
+    let size = export_size(&s.url) as usize;
+    let job = fio_verify_job("fill", &s.url, &size.to_string(), 3, &["--rw=write", "--bs=1m"]);
+    let o = spawn_fio(&job).wait();
+    assert!(o.status.success(), "{}", text(&o));
+    let before = sha256_bytes(&read_array(dir, &s.url));
+    (s, size, before)
+}
+
 fn export_size(url: &str) -> u64 {
     let o = tool("nbdinfo", &["--size", url]);
     assert!(o.status.success(), "nbdinfo: {}", text(&o));
@@ -96,12 +108,7 @@ fn a_reshape_killed_at_several_points_resumes_and_keeps_the_data() {
     let dir = TempDir::new("grow-online-kill");
     let mut members = create_clean(&dir, "5", 4, MEMBER, &["--chunk", "64"]);
     let new = blank(&dir, "new");
-    let s = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
-    let size = export_size(&s.url) as usize;
-    let job = fio_verify_job("fill", &s.url, &size.to_string(), 3, &["--rw=write", "--bs=1m"]);
-    let o = spawn_fio(&job).wait();
-    assert!(o.status.success(), "{}", text(&o));
-    let before = sha256_bytes(&read_array(&dir, &s.url));
+    let (s, size, before) = serve_filled(&dir, &members);
     grow(&s, 5, &new);
     members.push(new);
     let mut s = Some(s);
@@ -146,12 +153,7 @@ fn a_reshape_killed_then_restarted_without_a_member_goes_on_degraded() {
     let dir = TempDir::new("grow-online-degraded");
     let mut members = create_clean(&dir, "5", 4, MEMBER, &["--chunk", "64"]);
     let new = blank(&dir, "new");
-    let s = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
-    let size = export_size(&s.url) as usize;
-    let job = fio_verify_job("fill", &s.url, &size.to_string(), 3, &["--rw=write", "--bs=1m"]);
-    let o = spawn_fio(&job).wait();
-    assert!(o.status.success(), "{}", text(&o));
-    let before = sha256_bytes(&read_array(&dir, &s.url));
+    let (s, size, before) = serve_filled(&dir, &members);
     grow(&s, 5, &new);
     members.push(new);
     std::thread::sleep(Duration::from_millis(1000));
@@ -182,12 +184,7 @@ fn a_reshape_killed_then_restarted_without_a_member_goes_on_degraded() {
 fn a_chunk_change_while_serving_survives_kill_9_and_keeps_the_data() {
     let dir = TempDir::new("grow-online-chunk");
     let members = create_clean(&dir, "5", 4, MEMBER, &["--chunk", "64"]);
-    let s = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
-    let size = export_size(&s.url) as usize;
-    let job = fio_verify_job("fill", &s.url, &size.to_string(), 3, &["--rw=write", "--bs=1m"]);
-    let o = spawn_fio(&job).wait();
-    assert!(o.status.success(), "{}", text(&o));
-    let before = sha256_bytes(&read_array(&dir, &s.url));
+    let (s, size, before) = serve_filled(&dir, &members);
     let c = s.control.display().to_string();
     ok(uraid(&["grow", "--control", &c, "--chunk", "32"]), "uraid grow --chunk");
     std::thread::sleep(Duration::from_millis(1000));
