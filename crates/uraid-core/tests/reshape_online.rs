@@ -31,12 +31,17 @@ fn array_with_spare(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>)
     (d, model)
 }
 
-fn grow_to(d: &mut Driver<Array>, raid_disks: usize) {
+/// The reshape `req` asks for, started while the array serves.
+fn start_reshape(d: &mut Driver<Array>, req: GrowRequest) {
     let cur = d.engine.grow_current(MEMBER_BYTES / 512);
-    let plan = grow_plan(&cur, &GrowRequest { raid_disks: Some(raid_disks), ..Default::default() }).unwrap();
+    let plan = grow_plan(&cur, &req).unwrap();
     d.engine.may_grow(&plan).unwrap();
     d.engine.grow(&plan, d.now_ns).unwrap();
     assert!(d.engine.is_reshaping());
+}
+
+fn grow_to(d: &mut Driver<Array>, raid_disks: usize) {
+    start_reshape(d, GrowRequest { raid_disks: Some(raid_disks), ..Default::default() });
 }
 
 /// Client requests (`Clients`, seeded by `seed`) until the reshape is done and every one of
@@ -60,12 +65,7 @@ fn serve_until_reshaped(d: &mut Driver<Array>, model: &mut [u8], seed: u64) {
 }
 
 fn change_chunk(d: &mut Driver<Array>, chunk_sectors: u64) {
-    let cur = d.engine.grow_current(MEMBER_BYTES / 512);
-    let plan =
-        grow_plan(&cur, &GrowRequest { chunk_sectors: Some(chunk_sectors), ..Default::default() }).unwrap();
-    d.engine.may_grow(&plan).unwrap();
-    d.engine.grow(&plan, d.now_ns).unwrap();
-    assert!(d.engine.is_reshaping());
+    start_reshape(d, GrowRequest { chunk_sectors: Some(chunk_sectors), ..Default::default() });
 }
 
 /// Client requests while the reshape runs: up to eight at once on spans that do not

@@ -40,6 +40,24 @@ fn serve_filled(dir: &TempDir, members: &[PathBuf]) -> (Served, usize, String) {
     (s, size, before)
 }
 
+/// `wait_ms` into the reshape `s` runs, `kill -9`; the examine text of `member`, which
+/// must show the reshape's checkpoint.
+fn kill_mid_reshape(s: Served, wait_ms: u64, member: &std::path::Path) -> String {
+    std::thread::sleep(Duration::from_millis(wait_ms));
+    s.kill9();
+    let sb = text(&uraid(&["examine", member.to_str().unwrap()]));
+    assert!(sb.contains("Reshape pos'n"), "killed mid-reshape:\n{sb}");
+    sb
+}
+
+/// The reshape `s` runs let go at full speed, and waited for; the control socket's path.
+fn finish_reshape(s: &Served) -> String {
+    let c = s.control.display().to_string();
+    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "uraid set");
+    wait_reshaped(s);
+    c
+}
+
 fn export_size(url: &str) -> u64 {
     let o = tool("nbdinfo", &["--size", url]);
     assert!(o.status.success(), "nbdinfo: {}", text(&o));
@@ -114,15 +132,12 @@ fn a_reshape_killed_at_several_points_resumes_and_keeps_the_data() {
     let mut s = Some(s);
     let mut last = 0;
     for wait_ms in [300u64, 1500, 2500] {
-        std::thread::sleep(Duration::from_millis(wait_ms));
-        let served = s.take().unwrap();
-        served.kill9();
-        let sb = uraid(&["examine", members[0].to_str().unwrap()]);
-        let pos: u64 = text(&sb)
+        let sb = kill_mid_reshape(s.take().unwrap(), wait_ms, &members[0]);
+        let pos: u64 = sb
             .lines()
             .find_map(|l| l.trim().strip_prefix("Reshape pos'n : "))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or_else(|| panic!("killed mid-reshape, examine shows its position:\n{}", text(&sb)));
+            .unwrap_or_else(|| panic!("killed mid-reshape, examine shows its position:\n{sb}"));
         assert!(pos >= last, "the checkpoint never goes back: {last} -> {pos}");
         last = pos;
         let again = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
@@ -136,9 +151,7 @@ fn a_reshape_killed_at_several_points_resumes_and_keeps_the_data() {
         s = Some(again);
     }
     let s = s.unwrap();
-    let c = s.control.display().to_string();
-    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "uraid set");
-    wait_reshaped(&s);
+    finish_reshape(&s);
     let got = read_array(&dir, &s.url);
     assert!(got.len() > size, "the new size");
     assert_eq!(sha256_bytes(&got[..size]), before, "after the resumed reshape, the original extent");
@@ -156,10 +169,7 @@ fn a_reshape_killed_then_restarted_without_a_member_goes_on_degraded() {
     let (s, size, before) = serve_filled(&dir, &members);
     grow(&s, 5, &new);
     members.push(new);
-    std::thread::sleep(Duration::from_millis(1000));
-    s.kill9();
-    let sb = uraid(&["examine", members[0].to_str().unwrap()]);
-    assert!(text(&sb).contains("Reshape pos'n"), "killed mid-reshape:\n{}", text(&sb));
+    kill_mid_reshape(s, 1000, &members[0]);
     let without: Vec<PathBuf> =
         members.iter().enumerate().filter(|(i, _)| *i != 1).map(|(_, p)| p.clone()).collect();
     let again = Served::start(&dir, &without, &["--sync-speed-max", "4000", "--run", "--force"]);
@@ -169,9 +179,7 @@ fn a_reshape_killed_then_restarted_without_a_member_goes_on_degraded() {
         before,
         "degraded, mid-reshape, the data reads back"
     );
-    let c = again.control.display().to_string();
-    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "uraid set");
-    wait_reshaped(&again);
+    let c = finish_reshape(&again);
     let status = ok(uraid(&["status", "--control", &c]), "uraid status");
     assert!(status.contains("[5/4] [U_UUU]"), "the array runs degraded after the reshape:\n{status}");
     let got = read_array(&dir, &again.url);
@@ -187,15 +195,11 @@ fn a_chunk_change_while_serving_survives_kill_9_and_keeps_the_data() {
     let (s, size, before) = serve_filled(&dir, &members);
     let c = s.control.display().to_string();
     ok(uraid(&["grow", "--control", &c, "--chunk", "32"]), "uraid grow --chunk");
-    std::thread::sleep(Duration::from_millis(1000));
-    s.kill9();
-    let sb = text(&uraid(&["examine", members[0].to_str().unwrap()]));
-    assert!(sb.contains("Reshape pos'n") && sb.contains("New Chunksize : 32K"), "killed mid-reshape:\n{sb}");
+    let sb = kill_mid_reshape(s, 1000, &members[0]);
+    assert!(sb.contains("New Chunksize : 32K"), "killed mid-reshape:\n{sb}");
     let again = Served::start(&dir, &members, &["--sync-speed-max", "4000"]);
     assert_eq!(sha256_bytes(&read_array(&dir, &again.url)), before, "mid-reshape, the data reads back");
-    let c = again.control.display().to_string();
-    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "uraid set");
-    wait_reshaped(&again);
+    let c = finish_reshape(&again);
     let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
     assert!(detail.contains("Chunk Size : 32K"), "{detail}");
     assert_eq!(export_size(&again.url) as usize, size, "a chunk change keeps the size");

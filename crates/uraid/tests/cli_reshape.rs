@@ -70,6 +70,13 @@ fn md_run(dir: &TempDir, script: &str, images: &[PathBuf]) -> (String, impl Fn(&
     (out, field)
 }
 
+/// md in the VM: a raid5 of the four `images` made by `md_make` and stopped; its size in
+/// bytes and the sha256 of its contents.
+fn md_made(dir: &TempDir, images: &[PathBuf]) -> (usize, String) {
+    let (_, field) = md_run(dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), images);
+    (field("size").parse().unwrap(), field("sha").split_whitespace().next().unwrap().to_string())
+}
+
 /// md in the VM: a raid`level` of `n` members made by `md_make`, one more member
 /// added, the grow to `n + 1` started throttled and frozen partway.
 fn md_mid_grow(dir: &TempDir, level: u32, n: usize) -> MdGrow {
@@ -133,23 +140,12 @@ fn uraid_reads_an_array_md_left_mid_grow_as_md_held_it_before() {
     assert_eq!(mismatch, 0, "md's check after uraid finished md's reshape online:\n{out}");
 }
 
-/// (a) of the issue, online: uraid starts a grow while it serves (`uraid grow --control`)
-/// and is stopped mid-way; md assembles the members, finishes the reshape, and the data
-/// and md's check agree.
-#[test]
-fn md_finishes_a_grow_uraid_started_while_serving() {
-    let dir = TempDir::new("uraidgrow-online");
-    let images = member_files(&dir, 5);
-    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
-    let size_before: usize = field("size").parse().unwrap();
-    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
-
-    let served = Served::start(&dir, &images[..4], &["--sync-speed-max", "1000"]);
+/// uraid serves `images` (throttled), starts `uraid grow --control S <grow>`, and is stopped
+/// 3 s later: the superblock of the first member, which records a checkpointed reshape.
+fn reshape_while_serving_then_stop(dir: &TempDir, images: &[PathBuf], grow: &[&str]) -> Superblock {
+    let served = Served::start(dir, images, &["--sync-speed-max", "1000"]);
     let c = served.control.display().to_string();
-    ok(
-        uraid(&["grow", "--control", &c, "--raid-devices", "5", "--add", images[4].to_str().unwrap()]),
-        "uraid grow",
-    );
+    ok(uraid(&[&["grow", "--control", &c][..], grow].concat()), "uraid grow");
     std::thread::sleep(std::time::Duration::from_secs(3));
     let st = served.ctl("status", None);
     assert!(st.contains("reshape ="), "the reshape runs:\n{st}");
@@ -157,6 +153,20 @@ fn md_finishes_a_grow_uraid_started_while_serving() {
     let sb = read_sb(&images[0]);
     assert!(sb.has(feature::RESHAPE_ACTIVE), "stopped mid-way: {sb:?}");
     assert!(sb.reshape_position > 0, "windows were checkpointed: {sb:?}");
+    sb
+}
+
+/// (a) of the issue, online: uraid starts a grow while it serves (`uraid grow --control`)
+/// and is stopped mid-way; md assembles the members, finishes the reshape, and the data
+/// and md's check agree.
+#[test]
+fn md_finishes_a_grow_uraid_started_while_serving() {
+    let dir = TempDir::new("uraidgrow-online");
+    let images = member_files(&dir, 5);
+    let (size_before, sha_before) = md_made(&dir, &images[..4]);
+
+    let grow = ["--raid-devices", "5", "--add", images[4].to_str().unwrap()];
+    reshape_while_serving_then_stop(&dir, &images[..4], &grow);
     let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
     assert_eq!(sha, sha_before, "md finished the grow uraid started while serving:\n{out}");
     assert_eq!(size as usize, size_before / 3 * 4, "{out}");
@@ -167,21 +177,10 @@ fn md_finishes_a_grow_uraid_started_while_serving() {
 fn md_finishes_a_chunk_change_uraid_started_while_serving() {
     let dir = TempDir::new("uraidchunk-online");
     let images = member_files(&dir, 4);
-    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images);
-    let size_before: usize = field("size").parse().unwrap();
-    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let (size_before, sha_before) = md_made(&dir, &images);
 
-    let served = Served::start(&dir, &images, &["--sync-speed-max", "1000"]);
-    let c = served.control.display().to_string();
-    ok(uraid(&["grow", "--control", &c, "--chunk", "32"]), "uraid grow --chunk");
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let st = served.ctl("status", None);
-    assert!(st.contains("reshape ="), "the reshape runs:\n{st}");
-    served.stop();
-    let sb = read_sb(&images[0]);
-    assert!(sb.has(feature::RESHAPE_ACTIVE), "stopped mid-way: {sb:?}");
+    let sb = reshape_while_serving_then_stop(&dir, &images, &["--chunk", "32"]);
     assert_eq!((sb.chunksize, sb.new_chunk, sb.delta_disks), (128, 64, 0), "{sb:?}");
-    assert!(sb.reshape_position > 0, "windows were checkpointed: {sb:?}");
     let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
     assert_eq!(sha, sha_before, "md finished the chunk change uraid started while serving:\n{out}");
     assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
@@ -297,9 +296,7 @@ fn uraid_finishes_a_grow_md_started_and_md_finishes_one_uraid_continued() {
 fn uraid_starts_a_grow_as_mdadm_does_and_md_finishes_it() {
     let dir = TempDir::new("uraidgrow");
     let images = member_files(&dir, 5);
-    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
-    let size_before: usize = field("size").parse().unwrap();
-    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let (size_before, sha_before) = md_made(&dir, &images[..4]);
 
     let old: Vec<Superblock> = images[..4].iter().map(|p| read_sb(p)).collect();
     let new = GrowMember { dev_sectors: (32 << 20) / 512, device_uuid: [0x5a; 16] };
@@ -420,9 +417,7 @@ fn md_raid5_to_raid6_is_continued_by_uraid_both_ways() {
 fn uraid_raid5_to_raid6_is_finished_by_md_or_by_uraid() {
     let dir = TempDir::new("uraid5to6");
     let images = member_files(&dir, 5);
-    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
-    let size_before: usize = field("size").parse().unwrap();
-    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let (size_before, sha_before) = md_made(&dir, &images[..4]);
     let grow = |extra: &[&str]| {
         let add = ["--level", "6", "--add", images[4].to_str().unwrap()];
         uraid(&[&["grow"][..], &add, extra, &paths(&images[..4])].concat())
@@ -485,9 +480,7 @@ fn md_chunk_change_is_continued_by_uraid_both_ways() {
 fn uraid_chunk_change_is_finished_by_md_or_by_uraid() {
     let dir = TempDir::new("uraidchunk");
     let images = member_files(&dir, 4);
-    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images);
-    let size_before: usize = field("size").parse().unwrap();
-    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let (size_before, sha_before) = md_made(&dir, &images);
     let grow = |extra: &[&str]| uraid(&[&["grow", "--chunk", "32"][..], extra, &paths(&images)].concat());
     let o = grow(&["--debug-stop-after-windows", "3"]);
     assert!(!o.status.success(), "{}", text(&o));

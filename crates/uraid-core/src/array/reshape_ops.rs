@@ -466,34 +466,45 @@ impl Array {
         for ((key, _), sb) in staying.iter().zip(spare_sbs) {
             updates.push((*key, sb, None));
         }
-        self.sbs.reshape_started(updates, to_disks as u32);
+        self.begin_reshape(updates, to_disks, run, format!("reshape to {to_disks} members started"));
+        Ok(())
+    }
+
+    /// The start's round: every superblock records the reshape (`updates`: key, superblock,
+    /// the slot a spare takes); the engines swap once it is durable (`Step::Starting`).
+    fn begin_reshape(
+        &mut self,
+        updates: Vec<(MemberKey, Superblock, Option<usize>)>,
+        raid_disks: usize,
+        run: ReshapeRun,
+        notice: String,
+    ) {
+        self.sbs.reshape_started(updates, raid_disks as u32);
         self.reshaping = Some(Box::new(Reshaping::new(None, run, Step::Starting)));
         self.write_superblocks_then(Some(AfterRound::Reshape));
-        self.notice(format!("reshape to {to_disks} members started"));
-        Ok(())
+        self.notice(notice);
     }
 
     /// md's raid5_start_reshape for a chunk change (mdadm moved the data offset down): the
     /// same members, every superblock recording the reshape, then windows as for a grow.
     pub(super) fn start_online_chunk_change(&mut self, chunk_sectors: u64) -> Result<(), String> {
-        self.may_start_online_chunk_change(chunk_sectors)?;
+        // start_restripe and may_run check the rest, on the superblocks they start from.
+        self.may_reshape_now()?;
         let (slot_sbs, slot_keys, spares) = self.grow_superblocks()?;
         let spare_sbs: Vec<Superblock> = spares.iter().map(|(_, sb)| sb.clone()).collect();
         let (all, spare_sbs, geo) =
             start_restripe(&slot_sbs, &spare_sbs, Restripe::Chunk { chunk_sectors }, self.now_seconds())?;
         let run = may_run(&geo, false)?;
-        let raid_disks = all.len() as u32;
-        let mut updates: Vec<(MemberKey, Superblock, Option<usize>)> = Vec::new();
-        for (key, sb) in slot_keys.iter().zip(all) {
-            updates.push((*key, sb, None));
-        }
-        for ((key, _), sb) in spares.iter().zip(spare_sbs) {
-            updates.push((*key, sb, None));
-        }
-        self.sbs.reshape_started(updates, raid_disks);
-        self.reshaping = Some(Box::new(Reshaping::new(None, run, Step::Starting)));
-        self.write_superblocks_then(Some(AfterRound::Reshape));
-        self.notice(format!("reshape to a {}K chunk started", chunk_sectors / 2));
+        let raid_disks = all.len();
+        let updates = slot_keys
+            .iter()
+            .copied()
+            .zip(all)
+            .chain(spares.iter().map(|(key, _)| *key).zip(spare_sbs))
+            .map(|(key, sb)| (key, sb, None))
+            .collect();
+        let notice = format!("reshape to a {}K chunk started", chunk_sectors / 2);
+        self.begin_reshape(updates, raid_disks, run, notice);
         Ok(())
     }
 
