@@ -70,7 +70,7 @@ fn every_reshape_uraid_does_not_handle_is_refused_saying_what_to_do() {
         ("backwards", |sb| sb.feature_map |= feature::RESHAPE_BACKWARDS),
         ("level change", |sb| sb.new_level = 6),
         ("chunk change with a grow", |sb| sb.new_chunk *= 2),
-        ("layout change", |sb| sb.new_layout = 3),
+        ("layout change with a grow", |sb| sb.new_layout = 3),
         ("by -1 members", |sb| sb.delta_disks = -1),
         ("backup file", |sb| {
             sb.feature_map &= !feature::NEW_OFFSET;

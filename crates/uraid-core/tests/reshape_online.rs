@@ -68,6 +68,10 @@ fn change_chunk(d: &mut Driver<Array>, chunk_sectors: u64) {
     start_reshape(d, GrowRequest { chunk_sectors: Some(chunk_sectors), ..Default::default() });
 }
 
+fn change_layout(d: &mut Driver<Array>, layout: &str) {
+    start_reshape(d, GrowRequest { layout: Some(layout.into()), ..Default::default() });
+}
+
 /// Client requests while the reshape runs: up to eight at once on spans that do not
 /// overlap, writes of new random bytes and reads checked against the model at their end.
 /// `out`: (id, offset, length, a write's bytes) of those in flight.
@@ -219,16 +223,26 @@ fn a_raid5_and_a_raid6_grow_while_serving_reads_and_writes() {
 
 #[test]
 fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
-    // A grow by a member, and a chunk change (64 KiB to 32 KiB) on the same members.
-    for (level, n, to_chunk) in [(5, 4, None), (6, 5, None), (5, 4, Some(64u64))] {
-        let disks = if to_chunk.is_some() { n } else { n + 1 };
+    // A grow by a member, a chunk change (64 KiB to 32 KiB) and a layout change on the same
+    // members.
+    let cases = [
+        (5, 4, None, None),
+        (6, 5, None, None),
+        (5, 4, Some(64u64), None),
+        (5, 4, None, Some("right-asymmetric")),
+        (6, 5, None, Some("right-symmetric")),
+    ];
+    for (level, n, to_chunk, to_layout) in cases {
+        let restripe = to_chunk.is_some() || to_layout.is_some();
+        let disks = if restripe { n } else { n + 1 };
         for cut in 0..8u64 {
             let seed = 40 + cut;
             let (mut d, mut model) = array_with_spare(level, n, seed);
             let size = model.len() as u64;
-            match to_chunk {
-                Some(c) => change_chunk(&mut d, c),
-                None => grow_to(&mut d, n + 1),
+            match (to_chunk, to_layout) {
+                (Some(c), _) => change_chunk(&mut d, c),
+                (_, Some(l)) => change_layout(&mut d, l),
+                _ => grow_to(&mut d, n + 1),
             }
             let mut clients = Clients::new(seed);
             let mut rng = Rng(seed * 3);
@@ -295,6 +309,10 @@ fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
             }
             assert_eq!(d.engine.engine().geometry().raid_disks, disks);
             assert_eq!(d.engine.engine().geometry().chunk_sectors, to_chunk.unwrap_or(128));
+            if let Some(l) = to_layout {
+                let geo = d.engine.engine().geometry();
+                assert_eq!(geo.layout, uraid_core::geometry::parse_layout(geo.level, l).unwrap());
+            }
             d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
             d.run_until_idle();
             assert_eq!(
@@ -459,5 +477,38 @@ fn a_chunk_change_while_serving_reads_and_writes() {
             read_all(&mut again, size) == model,
             "raid{level} chunk {from_chunk}->{to_chunk}: after assembly"
         );
+    }
+}
+
+#[test]
+fn a_layout_change_while_serving_reads_and_writes() {
+    use uraid_core::geometry::{layout_name, parse_layout};
+    let cases = [
+        (5, 4, "right-asymmetric", 8u64),
+        (5, 3, "parity-last", 9),
+        (6, 5, "left-asymmetric", 10),
+        (6, 4, "ddf-N-continue", 11),
+    ];
+    for (level, n, to, seed) in cases {
+        let (mut d, mut model) = array_with_spare(level, n, seed);
+        let size = model.len() as u64;
+        let from = d.engine.engine().geometry().layout;
+        let lvl = d.engine.engine().geometry().level;
+        let want = parse_layout(lvl, to).unwrap();
+        let what = format!("raid{level} of {n}, {} -> {to}", layout_name(lvl, from));
+        change_layout(&mut d, to);
+        serve_until_reshaped(&mut d, &mut model, seed * 77);
+        let geo = d.engine.engine().geometry().clone();
+        assert_eq!((geo.layout, geo.raid_disks, geo.chunk_sectors), (want, n, 128), "{what}");
+        assert_eq!(d.engine.engine().size_bytes(), size, "{what}: a layout change keeps the size");
+        assert!(read_all(&mut d, size) == model, "{what}: data");
+        d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+        d.run_until_idle();
+        assert_eq!(d.engine.engine().mismatch_cnt(), 0, "{what}: md's check after the layout change");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut again = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 100);
+        assert!(!again.engine.is_reshaping());
+        assert_eq!(again.engine.engine().geometry().layout, want, "{what}");
+        assert!(read_all(&mut again, size) == model, "{what}: after assembly");
     }
 }

@@ -1,8 +1,8 @@
 //! `uraid grow` without `--control`: a raid4/5/6 grow by members, raid5 to raid6 with one
-//! new member (`--level 6 --add NEW`) or a chunk change (`--chunk`) on a stopped array's
-//! members, and `--continue` of a reshape md or uraid left mid-way. The reshape does not
-//! yet run in the background of a served, writable array, so it runs here, offline, with
-//! the members claimed as `uraid serve` claims them: window after window, each made
+//! new member (`--level 6 --add NEW`) or a chunk or layout change (`--chunk`, `--layout`) on
+//! a stopped array's members, and `--continue` of a reshape md or uraid left mid-way (a
+//! served array runs its own, see `uraid_core::array::reshape_ops`). It runs here, offline,
+//! with the members claimed as `uraid serve` claims them: window after window, each made
 //! durable before `reshape_position` moves on in every superblock, so a kill at any
 //! point is finished by `uraid grow --continue` or by md.
 
@@ -218,16 +218,14 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
         && target.chunk_sectors == cur.chunk_sectors
         && target.layout == cur.layout
         && target.raid_disks == cur.raid_disks + 1;
-    let rechunks = level.has_parity()
-        && target.level == level
-        && target.layout == cur.layout
-        && target.raid_disks == cur.raid_disks
-        && target.chunk_sectors != cur.chunk_sectors;
-    if !(grows || to_raid6 || rechunks) {
+    let restripes = level.has_parity() && target.level == level && target.raid_disks == cur.raid_disks;
+    let rechunks = restripes && target.layout == cur.layout && target.chunk_sectors != cur.chunk_sectors;
+    let relayouts = restripes && target.layout != cur.layout && target.chunk_sectors == cur.chunk_sectors;
+    if !(grows || to_raid6 || rechunks || relayouts) {
         bail!(
             "uraid reshapes offline a raid4/5/6 grow by members, raid5 to raid6 with one new member \
-             (`--level 6 --add NEW`) and a raid4/5/6 chunk change, one at a time: use mdadm --grow under \
-             Linux md for the rest (nothing was written)"
+             (`--level 6 --add NEW`), and a raid4/5/6 chunk or layout change, one at a time: use mdadm --grow \
+             under Linux md for the rest (nothing was written)"
         );
     }
     if target.raid_disks != cur.raid_disks + new_devs.len() {
@@ -248,6 +246,7 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
     } else {
         let change = match new_members.first() {
             Some(&member) => Restripe::Raid6 { member },
+            None if relayouts => Restripe::Layout { layout: target.layout },
             None => Restripe::Chunk { chunk_sectors: target.chunk_sectors },
         };
         start_restripe(&slot_sbs, &spare_sbs, change, now_seconds())

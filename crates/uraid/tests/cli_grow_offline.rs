@@ -233,6 +233,28 @@ fn a_grow_killed_after_any_window_is_finished_by_continue() {
     assert!(!o.status.success() && text(&o).contains("no reshape"), "{}", text(&o));
 }
 
+/// A layout change offline (mdadm --grow --layout on a stopped array): killed after a
+/// window, continued, the data the same and the new layout recorded.
+#[test]
+fn an_offline_layout_change_killed_mid_way_is_finished_by_continue() {
+    let dir = TempDir::new("grow-layout");
+    let data = pattern(8);
+    let members = array_with_data(&dir, "l", "6", 5, &data, &[]);
+    let o = grow(&["--layout", "right-asymmetric", "--debug-stop-after-windows", "2"], &members);
+    assert_eq!(o.status.code(), Some(137), "{}", text(&o));
+    let sb = read_sb(&members[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.reshape_position > 0, "{sb:?}");
+    assert_eq!((sb.layout, sb.new_layout, sb.delta_disks), (2, 1, 0), "{sb:?}");
+    let t = ok(grow(&["--continue"], &members), "uraid grow --continue");
+    assert!(t.contains("done") && t.contains("right-asymmetric"), "{t}");
+    let sb = read_sb(&members[0]);
+    assert!(!sb.has(feature::RESHAPE_ACTIVE), "{sb:?}");
+    assert_eq!((sb.layout, sb.raid_disks), (1, 5), "{sb:?}");
+    let got = served_bytes(&dir, &members, &[]);
+    assert_eq!(got.len(), DATA_BYTES, "a layout change keeps the size");
+    assert_eq!(sha256_bytes(&got), sha256_bytes(&data), "the data after the layout change");
+}
+
 /// `uraid grow ARGS MEMBERS` must refuse saying `words`, every file in `files` unchanged.
 fn refused(args: &[&str], members: &[PathBuf], words: &str, files: &[PathBuf]) {
     let before = hashes(files);
@@ -265,8 +287,8 @@ fn refused_offline_grows_change_nothing() {
     refused(&["--raid-devices", "5", "--add", members[1].to_str().unwrap()], &members, "same device", &files);
     // Not all the members: a degraded array is not grown.
     refused(&["--raid-devices", "5", "--add", add], &members[..3], "every member", &files);
-    // A layout change alone is not run offline (raid5 to raid6 and --chunk are).
-    refused(&["--layout", "right-symmetric"], &members, "one at a time", &files);
+    // A chunk and a layout change together: one at a time.
+    refused(&["--chunk", "32", "--layout", "right-symmetric"], &members, "one at a time", &files);
     // Level and chunk together: mdadm refuses it too.
     refused(&["--level", "6", "--chunk", "128", "--add", add], &members, "same operation", &files);
 

@@ -500,3 +500,51 @@ fn uraid_chunk_change_is_finished_by_md_or_by_uraid() {
     assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
     assert!(out.contains("Chunk Size : 32K"), "{out}");
 }
+
+#[test]
+fn md_layout_change_is_continued_by_uraid_both_ways() {
+    let dir = TempDir::new("mdlayout");
+    let images = member_files(&dir, 4);
+    let (sha_before, size_before) = md_mid_restripe(&dir, &images, "--layout=right-asymmetric");
+    // What md left: forwards with the data offset moved down, left-symmetric (2) until the
+    // end, right-asymmetric (1) from the start; chunk and members unchanged.
+    let sb = read_sb(&images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::RESHAPE_BACKWARDS), "{sb:?}");
+    assert_eq!((sb.layout, sb.new_layout, sb.chunksize, sb.new_chunk), (2, 1, 128, 128), "{sb:?}");
+    assert_eq!((sb.delta_disks, sb.new_offset), (0, -1024), "{sb:?}");
+
+    // (a) uraid moves a few windows from md's checkpoint and stops; md finishes.
+    let partial = TempDir::new("mdlayout-partial");
+    let part = copies(&images, &partial);
+    let got = uraid_continue(&part, Some(3));
+    let ReshapeProgress::Checkpointed { position_sectors } = got else { panic!("{got:?}") };
+    assert!(position_sectors > sb.reshape_position, "{position_sectors}");
+    let (sha, size, mismatch, out) = md_after(&partial, &part, size_before);
+    assert_eq!(sha, sha_before, "md finished uraid's checkpoint with the data intact:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+
+    // (b) `uraid grow --continue` finishes what md started.
+    let o = uraid(&[&["grow", "--continue"][..], &paths(&images)].concat());
+    assert!(text(&o).contains("right-asymmetric"), "{}", ok(o, "uraid grow --continue"));
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Layout : right-asymmetric"), "{out}");
+}
+
+/// The same layout change started by uraid while it serves, stopped mid-way: the
+/// superblocks say what md's say for it, and md finishes it.
+#[test]
+fn md_finishes_a_layout_change_uraid_started_while_serving() {
+    let dir = TempDir::new("uraidlayout-online");
+    let images = member_files(&dir, 4);
+    let (size_before, sha_before) = md_made(&dir, &images);
+
+    let sb = reshape_while_serving_then_stop(&dir, &images, &["--layout", "right-asymmetric"]);
+    assert_eq!((sb.layout, sb.new_layout, sb.chunksize, sb.new_chunk), (2, 1, 128, 128), "{sb:?}");
+    assert_eq!((sb.delta_disks, sb.new_offset), (0, -1024), "{sb:?}");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "md finished the layout change uraid started while serving:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Layout : right-asymmetric"), "{out}");
+}

@@ -14,6 +14,7 @@ use super::superblocks::DevRole;
 use crate::api::*;
 use crate::config::MemberState;
 use crate::geometry::{parse_layout, Geometry, Level};
+use crate::reshape::start::Restripe;
 
 /// The component size asked for (mdadm's `--size`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -478,15 +479,15 @@ impl Array {
     /// members already spares. Nothing has changed when it answers an error.
     pub fn start_reshape(&mut self, target: &ReshapeTarget) -> Result<(), String> {
         self.may_start_reshape(target)?;
-        if target.raid_disks == self.engine.geometry().raid_disks {
-            return self.start_online_chunk_change(target.chunk_sectors);
+        match restripe_of(self.engine.geometry(), target) {
+            Some(change) => self.start_online_restripe(change),
+            None => self.start_online_grow(target.raid_disks),
         }
-        self.start_online_grow(target.raid_disks)
     }
 
     /// Why the reshape to `target` cannot start now (asked before the `--add`ed devices
-    /// are written). A raid4/5/6 grow by members or chunk change runs while serving
-    /// (`reshape_ops`); level and layout changes are not built.
+    /// are written). A raid4/5/6 grow by members, chunk or layout change runs while serving
+    /// (`reshape_ops`); level changes are not built.
     pub fn may_start_reshape(&self, target: &ReshapeTarget) -> Result<(), String> {
         let geo = self.engine.geometry();
         let grow_by_members = geo.level.has_parity()
@@ -498,13 +499,13 @@ impl Array {
             // The spares it takes may be `--add`ed after this check (the plan counted them).
             return self.may_start_online_grow(target.raid_disks, false);
         }
-        let chunk_change = geo.level.has_parity()
-            && target.level == geo.level
-            && target.layout == geo.layout
-            && target.raid_disks == geo.raid_disks
-            && target.chunk_sectors != geo.chunk_sectors;
-        if chunk_change {
-            return self.may_start_online_chunk_change(target.chunk_sectors);
+        if let Some(change) = restripe_of(geo, target) {
+            return self.may_start_online_restripe(change);
+        }
+        if geo.level.has_parity() && target.level == geo.level && target.raid_disks == geo.raid_disks {
+            return Err("cannot start the reshape: uraid changes the chunk and the layout one at a time: \
+                        give --chunk, let that reshape finish, then --layout"
+                .into());
         }
         Err(format!(
             "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built yet in uraid: stop the \
@@ -553,6 +554,17 @@ impl Array {
         }
         self.spare_wanted.retain(|&s| s < to);
         Ok(format!("raid_disks set to {to} (was {from})"))
+    }
+}
+
+/// The restripe `target` asks of a raid4/5/6 on the same members: a chunk or a layout
+/// change, one at a time as mdadm makes them (None: not a restripe).
+fn restripe_of(geo: &Geometry, target: &ReshapeTarget) -> Option<Restripe> {
+    let same = geo.level.has_parity() && target.level == geo.level && target.raid_disks == geo.raid_disks;
+    match (target.chunk_sectors != geo.chunk_sectors, target.layout != geo.layout) {
+        (true, false) if same => Some(Restripe::Chunk { chunk_sectors: target.chunk_sectors }),
+        (false, true) if same => Some(Restripe::Layout { layout: target.layout }),
+        _ => None,
     }
 }
 

@@ -57,23 +57,34 @@ fn side_engine(
 }
 
 /// The reshape of this array to run while it serves, or what keeps uraid from it.
-fn may_run(geo: &ReshapeGeometry, any_bad_blocks: bool) -> Result<ReshapeRun, String> {
+/// `states`: each slot's member state as assembled.
+fn may_run(
+    geo: &ReshapeGeometry,
+    any_bad_blocks: bool,
+    states: &[MemberState],
+) -> Result<ReshapeRun, String> {
     use crate::reshape::unsupported;
     if any_bad_blocks {
         return Err(unsupported("a reshape of members with bad-block log entries"));
     }
-    // The two engines hold the same members in their slots: a grow by members, or a chunk
-    // change on the same members. raid5 to raid6 rebuilds a slot (the Q member) and runs
-    // offline; a layout change is not built.
-    let (p, n) = (&geo.previous, &geo.next);
-    if p.level != n.level || p.layout != n.layout {
-        return Err(unsupported("continuing a level or layout change while serving"));
-    }
-    let grow = n.raid_disks > p.raid_disks && p.chunk_sectors == n.chunk_sectors;
-    let chunk_change = n.raid_disks == p.raid_disks && p.chunk_sectors != n.chunk_sectors;
-    if !grow && !chunk_change {
+    // A member the reshape recovers as it goes (raid5 to raid6's Q) runs offline.
+    if states.iter().any(|s| matches!(s, MemberState::Recovering { .. })) {
         return Err(unsupported(
-            "continuing a reshape that neither adds members nor only changes the chunk while serving",
+            "continuing while serving a reshape that recovers a member (raid5 to raid6)",
+        ));
+    }
+    // The two engines hold the same members in their slots: a grow by members, or a
+    // restripe (chunk or layout) on the same members.
+    let (p, n) = (&geo.previous, &geo.next);
+    if p.level != n.level {
+        return Err(unsupported("continuing a level change while serving"));
+    }
+    let grow = n.raid_disks > p.raid_disks && p.chunk_sectors == n.chunk_sectors && p.layout == n.layout;
+    let restripe =
+        n.raid_disks == p.raid_disks && (p.chunk_sectors != n.chunk_sectors || p.layout != n.layout);
+    if !grow && !restripe {
+        return Err(unsupported(
+            "continuing a reshape that neither adds members nor only changes the chunk or layout while serving",
         ));
     }
     ReshapeRun::new(geo.clone())
@@ -359,13 +370,13 @@ impl Array {
             .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
     }
 
-    /// Why a chunk change of this running raid4/5/6 cannot start now: the grow's rules, and
-    /// what mdadm asks of the new chunk and of the room to move the data.
-    pub(super) fn may_start_online_chunk_change(&self, chunk_sectors: u64) -> Result<(), String> {
+    /// Why a chunk or layout change of this running raid4/5/6 cannot start now: the grow's
+    /// rules, and what mdadm asks of the new chunk or layout and of the room to move the data.
+    pub(super) fn may_start_online_restripe(&self, change: Restripe) -> Result<(), String> {
         self.may_reshape_now()?;
         let (slot_sbs, _, _) = self.grow_superblocks()?;
-        start_restripe(&slot_sbs, &[], Restripe::Chunk { chunk_sectors }, self.now_seconds())
-            .and_then(|(_, _, geo)| may_run(&geo, false).map(|_| ()))
+        start_restripe(&slot_sbs, &[], change, self.now_seconds())
+            .and_then(|(_, _, geo)| may_run(&geo, false, &self.engine.member_states()).map(|_| ()))
             .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
     }
 
@@ -485,16 +496,16 @@ impl Array {
         self.notice(notice);
     }
 
-    /// md's raid5_start_reshape for a chunk change (mdadm moved the data offset down): the
-    /// same members, every superblock recording the reshape, then windows as for a grow.
-    pub(super) fn start_online_chunk_change(&mut self, chunk_sectors: u64) -> Result<(), String> {
+    /// md's raid5_start_reshape for a chunk or layout change (mdadm moved the data offset
+    /// down): the same members, every superblock recording the reshape, then windows as for
+    /// a grow.
+    pub(super) fn start_online_restripe(&mut self, change: Restripe) -> Result<(), String> {
         // start_restripe and may_run check the rest, on the superblocks they start from.
         self.may_reshape_now()?;
         let (slot_sbs, slot_keys, spares) = self.grow_superblocks()?;
         let spare_sbs: Vec<Superblock> = spares.iter().map(|(_, sb)| sb.clone()).collect();
-        let (all, spare_sbs, geo) =
-            start_restripe(&slot_sbs, &spare_sbs, Restripe::Chunk { chunk_sectors }, self.now_seconds())?;
-        let run = may_run(&geo, false)?;
+        let (all, spare_sbs, geo) = start_restripe(&slot_sbs, &spare_sbs, change, self.now_seconds())?;
+        let run = may_run(&geo, false, &self.engine.member_states())?;
         let raid_disks = all.len();
         let updates = slot_keys
             .iter()
@@ -503,7 +514,13 @@ impl Array {
             .chain(spares.iter().map(|(key, _)| *key).zip(spare_sbs))
             .map(|(key, sb)| (key, sb, None))
             .collect();
-        let notice = format!("reshape to a {}K chunk started", chunk_sectors / 2);
+        let notice = match change {
+            Restripe::Chunk { chunk_sectors } => format!("reshape to a {}K chunk started", chunk_sectors / 2),
+            Restripe::Layout { layout } => {
+                format!("reshape to layout {} started", crate::geometry::layout_name(geo.next.level, layout))
+            }
+            Restripe::Raid6 { .. } => "reshape to raid6 started".to_string(),
+        };
         self.begin_reshape(updates, raid_disks, run, notice);
         Ok(())
     }
@@ -555,8 +572,8 @@ impl Array {
         any_bad_blocks: bool,
         dirty: bool,
     ) -> Result<(Engine, Box<Reshaping>), String> {
-        let run = may_run(geo, any_bad_blocks)?;
         let states: Vec<MemberState> = engine_config.members.iter().map(|m| m.state).collect();
+        let run = may_run(geo, any_bad_blocks, &states)?;
         let t = engine_config.tunables.clone();
         let next =
             side_engine(geo.next.clone(), &geo.new_data_offset_sectors, &states, io_members, t.clone())?;

@@ -237,7 +237,7 @@ pub fn start_grow_with_spares(
 }
 
 /// What a restripe with the same data members changes (mdadm `--grow --level 6 --add NEW`
-/// of a raid5, or `--grow --chunk`).
+/// of a raid5, `--grow --chunk` or `--grow --layout`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Restripe {
     /// raid5 to raid6: md's takeover keeps the raid5's rows as a raid6 of the `-6` layout
@@ -246,6 +246,8 @@ pub enum Restripe {
     Raid6 { member: GrowMember },
     /// The chunk becomes `chunk_sectors`.
     Chunk { chunk_sectors: u64 },
+    /// The raid5/6 layout becomes md's algorithm `layout` (mdadm `--grow --layout`).
+    Layout { layout: u32 },
 }
 
 /// mdadm's `choose_offset`: a new data offset in [min, max], near the middle of [lo, hi]
@@ -324,6 +326,34 @@ pub fn start_restripe(
                 ));
             }
             (level, reference.layout, reference.layout, chunk_sectors, None)
+        }
+        Restripe::Layout { layout } => {
+            if level == Level::Raid4 {
+                return Err(refuse(
+                    "a raid4 has one layout (parity on its last member)",
+                    "turn it into raid5 under Linux md (mdadm --grow --level=5)",
+                ));
+            }
+            if layout == reference.layout {
+                return Err(refuse("the array already has that layout", "give another --layout"));
+            }
+            // md's algorithm_valid_raid5 / algorithm_valid_raid6.
+            let valid = match level {
+                Level::Raid5 => layout <= algorithm::PARITY_N,
+                _ => {
+                    layout <= algorithm::PARITY_N
+                        || (algorithm::ROTATING_ZERO_RESTART..=algorithm::ROTATING_N_CONTINUE)
+                            .contains(&layout)
+                        || (algorithm::LEFT_ASYMMETRIC_6..=algorithm::PARITY_0_6).contains(&layout)
+                }
+            };
+            if !valid {
+                return Err(refuse(
+                    &format!("md has no raid{} layout {layout}", level.md_level()),
+                    "give another --layout",
+                ));
+            }
+            (level, reference.layout, layout, chunk, None)
         }
     };
     let new_disks = raid_disks + usize::from(new_member.is_some());

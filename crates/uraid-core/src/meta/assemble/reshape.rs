@@ -9,8 +9,8 @@ use crate::reshape::{unsupported, ReshapeGeometry};
 /// The reshape the freshest superblock records, for an array of `member_sectors` per
 /// member whose slots have `data_offsets`/`new_data_offsets` (device sectors, per slot of
 /// the new count). Only what uraid handles is accepted: a raid4/5/6 growing by members or
-/// changing its chunk or (raid6, as md's raid5-to-raid6 leaves it after the takeover) its
-/// layout, forwards, same level, with a moved data offset (no backup file).
+/// changing its chunk or (raid5/6; raid5-to-raid6 after md's takeover is a raid6 layout
+/// change) its layout, forwards, same level, with a moved data offset (no backup file).
 pub(crate) fn from_superblock(
     sb: &Superblock,
     member_sectors: u64,
@@ -27,10 +27,13 @@ pub(crate) fn from_superblock(
     if sb.new_level as i32 != sb.level {
         return Err(unsupported(&format!("a level change (raid{} to raid{})", sb.level, sb.new_level)));
     }
-    if sb.new_layout != sb.layout && level != Level::Raid6 {
+    if sb.new_layout != sb.layout && (level == Level::Raid4 || sb.delta_disks != 0) {
         return Err(unsupported(&format!(
-            "a raid{} layout change ({} to {})",
-            sb.level, sb.layout, sb.new_layout
+            "a raid{} layout change ({} to {}){}",
+            sb.level,
+            sb.layout,
+            sb.new_layout,
+            if sb.delta_disks != 0 { " with a change of members" } else { "" }
         )));
     }
     let delta = sb.delta_disks;
