@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use uraid_core::api::*;
 use uraid_core::array::{grow_plan, Array, GrowRequest};
+use uraid_core::meta::superblock::feature;
 use uraid_core::{MemberState, ScrubKind};
 
 const MEMBER_BYTES: u64 = 8 << 20;
@@ -66,6 +67,10 @@ fn serve_until_reshaped(d: &mut Driver<Array>, model: &mut [u8], seed: u64) {
 
 fn change_chunk(d: &mut Driver<Array>, chunk_sectors: u64) {
     start_reshape(d, GrowRequest { chunk_sectors: Some(chunk_sectors), ..Default::default() });
+}
+
+fn to_raid6(d: &mut Driver<Array>) {
+    start_reshape(d, GrowRequest { level: Some(uraid_core::geometry::Level::Raid6), ..Default::default() });
 }
 
 fn change_layout(d: &mut Driver<Array>, layout: &str) {
@@ -231,9 +236,11 @@ fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
         (5, 4, Some(64u64), None),
         (5, 4, None, Some("right-asymmetric")),
         (6, 5, None, Some("right-symmetric")),
+        (5, 4, None, Some("raid6")),
     ];
     for (level, n, to_chunk, to_layout) in cases {
-        let restripe = to_chunk.is_some() || to_layout.is_some();
+        let raid6 = to_layout == Some("raid6");
+        let restripe = (to_chunk.is_some() || to_layout.is_some()) && !raid6;
         let disks = if restripe { n } else { n + 1 };
         for cut in 0..8u64 {
             let seed = 40 + cut;
@@ -241,6 +248,7 @@ fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
             let size = model.len() as u64;
             match (to_chunk, to_layout) {
                 (Some(c), _) => change_chunk(&mut d, c),
+                (_, Some("raid6")) => to_raid6(&mut d),
                 (_, Some(l)) => change_layout(&mut d, l),
                 _ => grow_to(&mut d, n + 1),
             }
@@ -309,9 +317,11 @@ fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
             }
             assert_eq!(d.engine.engine().geometry().raid_disks, disks);
             assert_eq!(d.engine.engine().geometry().chunk_sectors, to_chunk.unwrap_or(128));
-            if let Some(l) = to_layout {
-                let geo = d.engine.engine().geometry();
-                assert_eq!(geo.layout, uraid_core::geometry::parse_layout(geo.level, l).unwrap());
+            let geo = d.engine.engine().geometry();
+            match to_layout {
+                Some("raid6") => assert_eq!((geo.level.md_level(), geo.layout), (6, 2), "raid5 to raid6"),
+                Some(l) => assert_eq!(geo.layout, uraid_core::geometry::parse_layout(geo.level, l).unwrap()),
+                None => {}
             }
             d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
             d.run_until_idle();
@@ -510,5 +520,51 @@ fn a_layout_change_while_serving_reads_and_writes() {
         assert!(!again.engine.is_reshaping());
         assert_eq!(again.engine.engine().geometry().layout, want, "{what}");
         assert!(read_all(&mut again, size) == model, "{what}: after assembly");
+    }
+}
+
+#[test]
+fn raid5_to_raid6_while_serving_reads_and_writes_and_recovers_the_q_member() {
+    for (n, seed) in [(4usize, 12u64), (3, 13)] {
+        let (mut d, mut model) = array_with_spare(5, n, seed);
+        let size = model.len() as u64;
+        to_raid6(&mut d);
+        let mut seen_mid = false;
+        let mut clients = Clients::new(seed * 77);
+        while d.engine.is_reshaping() {
+            clients.issue(&mut d, size);
+            d.engine.unplug(d.now_ns);
+            assert!(d.step() || d.engine.is_reshaping(), "the driver stalled");
+            let _ = clients.collect(&mut d, &mut model);
+            // The new member is recovered by the reshape from 0 (md's takeover), its
+            // recovery_offset following the checkpoint (md's reshape_request).
+            let sb = d.members.superblock(0);
+            let q = d.members.superblock(n);
+            if sb.has(feature::RESHAPE_ACTIVE) && q.has(feature::RESHAPE_ACTIVE) {
+                assert!(q.has(feature::RECOVERY_OFFSET), "{q:?}");
+                assert_eq!(q.recovery_offset, q.reshape_position / (n as u64 - 1), "{q:?}");
+                seen_mid |= sb.reshape_position > 0;
+            }
+        }
+        while !clients.out.is_empty() {
+            d.run_until_idle();
+            let _ = clients.collect(&mut d, &mut model);
+        }
+        assert!(seen_mid, "a checkpoint was seen mid-way");
+        let geo = d.engine.engine().geometry().clone();
+        assert_eq!((geo.level.md_level(), geo.raid_disks, geo.layout), (6, n + 1, 2));
+        assert_eq!(d.engine.engine().size_bytes(), size, "raid5 to raid6 keeps the size");
+        assert!(read_all(&mut d, size) == model, "raid5 of {n} to raid6: data");
+        d.run_until_idle();
+        let q = d.members.superblock(n);
+        assert!(!q.has(feature::RECOVERY_OFFSET) && !q.has(feature::RESHAPE_ACTIVE), "{q:?}");
+        d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+        d.run_until_idle();
+        assert_eq!(d.engine.engine().mismatch_cnt(), 0, "md's check: P and Q after raid5 to raid6");
+        // Q holds: with two members gone the data still reads back.
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut again = start_array(members, &(2..=n).collect::<Vec<_>>(), seed + 100);
+        assert!(!again.engine.is_reshaping());
+        assert!(read_all(&mut again, size) == model, "raid5 of {n} to raid6: two members gone");
     }
 }

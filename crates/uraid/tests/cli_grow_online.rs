@@ -206,3 +206,36 @@ fn a_chunk_change_while_serving_survives_kill_9_and_keeps_the_data() {
     assert_eq!(sha256_bytes(&read_array(&dir, &again.url)), before, "after the chunk change");
     again.stop();
 }
+
+/// raid5 to raid6 with a new member while serving (`--level 6 --add NEW`): killed mid-way,
+/// the new member's recovery recorded with the checkpoint; restarted, the reshape goes on
+/// and ends in a raid6 that survives two members gone.
+#[test]
+fn raid5_to_raid6_while_serving_survives_kill_9_and_ends_with_q() {
+    let dir = TempDir::new("grow-online-raid6");
+    let members = create_clean(&dir, "5", 4, MEMBER, &["--chunk", "64"]);
+    let new = blank(&dir, "q");
+    let (s, size, before) = serve_filled(&dir, &members);
+    let c = s.control.display().to_string();
+    let said =
+        ok(uraid(&["grow", "--control", &c, "--level", "6", "--add", new.to_str().unwrap()]), "uraid grow");
+    assert!(said.contains("raid6"), "{said}");
+    let sb = kill_mid_reshape(s, 1000, &new);
+    assert!(sb.contains("Recovery Offset"), "the Q member is recovered by the reshape:\n{sb}");
+    let mut all = members.clone();
+    all.push(new.clone());
+    let again = Served::start(&dir, &all, &["--sync-speed-max", "4000"]);
+    assert_eq!(sha256_bytes(&read_array(&dir, &again.url)), before, "mid-reshape, the data reads back");
+    let c = finish_reshape(&again);
+    let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
+    assert!(detail.contains("raid6") && detail.contains("left-symmetric"), "{detail}");
+    assert_eq!(export_size(&again.url) as usize, size, "raid5 to raid6 keeps the size");
+    again.stop();
+    let sb = text(&uraid(&["examine", new.to_str().unwrap()]));
+    assert!(!sb.contains("Recovery Offset") && !sb.contains("Reshape pos'n"), "{sb}");
+    // Two members gone: P and Q rebuild every sector.
+    let two_gone = [members[0].clone(), members[2].clone(), members[3].clone()];
+    let degraded = Served::start(&dir, &[&two_gone[..], &[new]].concat(), &["--read-only", "--run"]);
+    assert_eq!(sha256_bytes(&read_array(&dir, &degraded.url)), before, "raid6 missing two members");
+    degraded.stop();
+}

@@ -548,3 +548,25 @@ fn md_finishes_a_layout_change_uraid_started_while_serving() {
     assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
     assert!(out.contains("Layout : right-asymmetric"), "{out}");
 }
+
+/// raid5 to raid6 started by uraid while it serves, stopped mid-way: the superblocks say
+/// what md's say for the same grow (`md_raid5_to_raid6_is_continued_by_uraid_both_ways`),
+/// and md finishes it with P and Q consistent.
+#[test]
+fn md_finishes_a_raid5_to_raid6_uraid_started_while_serving() {
+    let dir = TempDir::new("uraid5to6-online");
+    let images = member_files(&dir, 5);
+    let (size_before, sha_before) = md_made(&dir, &images[..4]);
+
+    let grow = ["--level", "6", "--add", images[4].to_str().unwrap()];
+    let sb = reshape_while_serving_then_stop(&dir, &images[..4], &grow);
+    assert_eq!((sb.level, sb.layout, sb.new_level, sb.new_layout), (6, 18, 6, 2), "{sb:?}");
+    assert_eq!((sb.raid_disks, sb.delta_disks, sb.new_offset), (5, 0, -1024), "{sb:?}");
+    let q = read_sb(&images[4]);
+    assert!(q.has(feature::RECOVERY_OFFSET), "{q:?}");
+    assert_eq!(q.recovery_offset, q.reshape_position / 3, "{q:?}");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "md finished the raid5 to raid6 uraid started while serving:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "md's check finds P and Q consistent:\n{out}");
+    assert!(out.contains("raid6") && out.contains("left-symmetric"), "{out}");
+}

@@ -557,9 +557,19 @@ impl Array {
     }
 }
 
-/// The restripe `target` asks of a raid4/5/6 on the same members: a chunk or a layout
-/// change, one at a time as mdadm makes them (None: not a restripe).
+/// The restripe `target` asks of a raid4/5/6 on the same data members: a chunk or a
+/// layout change, one at a time as mdadm makes them, or raid5 to raid6 with one new
+/// member (None: not a restripe).
 fn restripe_of(geo: &Geometry, target: &ReshapeTarget) -> Option<Restripe> {
+    let to_raid6 = geo.level == Level::Raid5
+        && target.level == Level::Raid6
+        && target.raid_disks == geo.raid_disks + 1
+        && (target.layout, target.chunk_sectors) == (geo.layout, geo.chunk_sectors);
+    if to_raid6 {
+        // A stand-in: the start takes a spare (added devices are checked for room as they join).
+        let member = crate::reshape::start::GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16] };
+        return Some(Restripe::Raid6 { member });
+    }
     let same = geo.level.has_parity() && target.level == geo.level && target.raid_disks == geo.raid_disks;
     match (target.chunk_sectors != geo.chunk_sectors, target.layout != geo.layout) {
         (true, false) if same => Some(Restripe::Chunk { chunk_sectors: target.chunk_sectors }),

@@ -67,12 +67,6 @@ fn may_run(
     if any_bad_blocks {
         return Err(unsupported("a reshape of members with bad-block log entries"));
     }
-    // A member the reshape recovers as it goes (raid5 to raid6's Q) runs offline.
-    if states.iter().any(|s| matches!(s, MemberState::Recovering { .. })) {
-        return Err(unsupported(
-            "continuing while serving a reshape that recovers a member (raid5 to raid6)",
-        ));
-    }
     // The two engines hold the same members in their slots: a grow by members, or a
     // restripe (chunk or layout) on the same members.
     let (p, n) = (&geo.previous, &geo.next);
@@ -87,7 +81,41 @@ fn may_run(
             "continuing a reshape that neither adds members nor only changes the chunk or layout while serving",
         ));
     }
+    // A member the reshape recovers as it goes: only raid5 to raid6's Q (md's takeover
+    // to a `-6` layout puts it last), recovered exactly as far as the checkpoint.
+    for (slot, s) in states.iter().enumerate() {
+        let MemberState::Recovering { recovery_offset_sectors } = *s else { continue };
+        if !(restripe && recovered_by_reshape(geo, slot)) {
+            return Err(unsupported(&format!("a reshape while slot {slot} is being recovered")));
+        }
+        if recovery_offset_sectors < geo.position_sectors / n.data_disks() as u64 {
+            return Err(unsupported(&format!(
+                "a raid5 to raid6 reshape whose Q member (slot {slot}) is recovered to {recovery_offset_sectors} \
+                 sectors, behind the checkpoint"
+            )));
+        }
+    }
     ReshapeRun::new(geo.clone())
+}
+
+/// Slot `slot` is the Q of md's raid5-to-raid6 takeover (a `-6` layout going to one that
+/// is not), which holds nothing in the previous layout and is written by the reshape.
+fn recovered_by_reshape(geo: &ReshapeGeometry, slot: usize) -> bool {
+    let takeover = |layout: u32| layout >= crate::geometry::algorithm::LEFT_ASYMMETRIC_6;
+    takeover(geo.previous.layout) && !takeover(geo.next.layout) && slot + 1 == geo.previous.raid_disks
+}
+
+/// Each side's member states from the assembled ones: the Q a raid5-to-raid6 reshape
+/// recovers is absent from the previous layout and, below the checkpoint where the next
+/// engine is used, in sync in the next.
+fn side_states(states: &[MemberState]) -> (Vec<MemberState>, Vec<MemberState>) {
+    let side = |recovering| {
+        states
+            .iter()
+            .map(|s| if matches!(s, MemberState::Recovering { .. }) { recovering } else { *s })
+            .collect()
+    };
+    (side(MemberState::Missing), side(MemberState::InSync))
 }
 
 impl Array {
@@ -372,11 +400,16 @@ impl Array {
 
     /// Why a chunk or layout change of this running raid4/5/6 cannot start now: the grow's
     /// rules, and what mdadm asks of the new chunk or layout and of the room to move the data.
+    /// For raid5 to raid6 the new member may be `--add`ed after this check.
     pub(super) fn may_start_online_restripe(&self, change: Restripe) -> Result<(), String> {
         self.may_reshape_now()?;
         let (slot_sbs, _, _) = self.grow_superblocks()?;
+        let mut states = self.engine.member_states();
+        if matches!(change, Restripe::Raid6 { .. }) {
+            states.push(MemberState::Recovering { recovery_offset_sectors: 0 });
+        }
         start_restripe(&slot_sbs, &[], change, self.now_seconds())
-            .and_then(|(_, _, geo)| may_run(&geo, false, &self.engine.member_states()).map(|_| ()))
+            .and_then(|(_, _, geo)| may_run(&geo, false, &states).map(|_| ()))
             .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
     }
 
@@ -496,30 +529,47 @@ impl Array {
         self.notice(notice);
     }
 
-    /// md's raid5_start_reshape for a chunk or layout change (mdadm moved the data offset
-    /// down): the same members, every superblock recording the reshape, then windows as for
-    /// a grow.
+    /// md's raid5_start_reshape for a chunk or layout change, or raid5 to raid6 (mdadm
+    /// moved the data offset down): every superblock records the reshape, then windows as
+    /// for a grow. For raid6 the first spare takes the new last slot (the Q of md's
+    /// takeover), recovered by the reshape as it goes; `change`'s member is not used.
     pub(super) fn start_online_restripe(&mut self, change: Restripe) -> Result<(), String> {
         // start_restripe and may_run check the rest, on the superblocks they start from.
         self.may_reshape_now()?;
-        let (slot_sbs, slot_keys, spares) = self.grow_superblocks()?;
+        let (slot_sbs, slot_keys, mut spares) = self.grow_superblocks()?;
+        let mut states = self.engine.member_states();
+        let (change, taking) = match change {
+            Restripe::Raid6 { .. } => {
+                if spares.is_empty() {
+                    return Err(
+                        "cannot start the reshape: raid5 to raid6 takes a new member: give it with --add"
+                            .into(),
+                    );
+                }
+                let (key, sb) = spares.remove(0);
+                let member =
+                    GrowMember { dev_sectors: sb.data_offset + sb.data_size, device_uuid: sb.device_uuid };
+                states.push(MemberState::Recovering { recovery_offset_sectors: 0 });
+                (Restripe::Raid6 { member }, Some(key))
+            }
+            other => (other, None),
+        };
         let spare_sbs: Vec<Superblock> = spares.iter().map(|(_, sb)| sb.clone()).collect();
         let (all, spare_sbs, geo) = start_restripe(&slot_sbs, &spare_sbs, change, self.now_seconds())?;
-        let run = may_run(&geo, false, &self.engine.member_states())?;
+        let run = may_run(&geo, false, &states)?;
         let raid_disks = all.len();
-        let updates = slot_keys
-            .iter()
-            .copied()
-            .zip(all)
-            .chain(spares.iter().map(|(key, _)| *key).zip(spare_sbs))
-            .map(|(key, sb)| (key, sb, None))
-            .collect();
+        let mut updates: Vec<(MemberKey, Superblock, Option<usize>)> =
+            slot_keys.iter().copied().zip(all.iter().cloned()).map(|(key, sb)| (key, sb, None)).collect();
+        if let Some(key) = taking {
+            updates.push((key, all[raid_disks - 1].clone(), Some(raid_disks - 1)));
+        }
+        updates.extend(spares.iter().map(|(key, _)| *key).zip(spare_sbs).map(|(key, sb)| (key, sb, None)));
         let notice = match change {
             Restripe::Chunk { chunk_sectors } => format!("reshape to a {}K chunk started", chunk_sectors / 2),
             Restripe::Layout { layout } => {
                 format!("reshape to layout {} started", crate::geometry::layout_name(geo.next.level, layout))
             }
-            Restripe::Raid6 { .. } => "reshape to raid6 started".to_string(),
+            Restripe::Raid6 { .. } => format!("reshape to raid6 of {raid_disks} members started"),
         };
         self.begin_reshape(updates, raid_disks, run, notice);
         Ok(())
@@ -575,9 +625,10 @@ impl Array {
         let states: Vec<MemberState> = engine_config.members.iter().map(|m| m.state).collect();
         let run = may_run(geo, any_bad_blocks, &states)?;
         let t = engine_config.tunables.clone();
+        let (prev_states, next_states) = side_states(&states);
         let next =
-            side_engine(geo.next.clone(), &geo.new_data_offset_sectors, &states, io_members, t.clone())?;
-        let prev = side_engine(geo.previous.clone(), &geo.data_offset_sectors, &states, io_members, t)?;
+            side_engine(geo.next.clone(), &geo.new_data_offset_sectors, &next_states, io_members, t.clone())?;
+        let prev = side_engine(geo.previous.clone(), &geo.data_offset_sectors, &prev_states, io_members, t)?;
         let mut r = Reshaping::new(Some(Box::new(prev)), run, Step::Ready);
         r.resync_after = dirty;
         Ok((next, Box::new(r)))
@@ -732,6 +783,12 @@ impl Array {
             Step::Flushing(w) => {
                 r.step = Step::Checkpointing(w);
                 self.sbs.set_reshape_position(w.end_sectors);
+                // md's reshape_request: a member not in sync is recovered as far as the
+                // checkpoint (raid5 to raid6's Q).
+                let rows = w.end_sectors / r.run.geometry().next.data_disks() as u64;
+                for slot in 0..r.run.geometry().next.raid_disks {
+                    self.sbs.record_recovery_offset(slot, rows);
+                }
                 self.write_superblocks_then(Some(AfterRound::Reshape));
                 true
             }
@@ -744,6 +801,9 @@ impl Array {
                 let run = r.run.clone();
                 r.step = Step::Completing;
                 self.sbs.reshape_finished(|sb| run.finished_superblock(sb, sb.events, sb.utime));
+                for slot in 0..run.geometry().next.raid_disks {
+                    self.sbs.recovery_done(slot);
+                }
                 self.write_superblocks_then(Some(AfterRound::Reshape));
                 true
             }

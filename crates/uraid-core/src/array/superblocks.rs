@@ -672,14 +672,16 @@ impl ArraySuperblocks {
 
     /// A reshape starts (`reshape::start`'s superblocks, which record it): each member's
     /// superblock replaced, members given a slot become active in it, in sync (md's
-    /// raid5_start_reshape marks devices past the old raid_disks In_sync).
+    /// raid5_start_reshape marks devices past the old raid_disks In_sync) unless their
+    /// superblock records a recovery (a slot below them: the reshape recovers it).
     pub fn reshape_started(&mut self, updates: Vec<(MemberKey, Superblock, Option<usize>)>, raid_disks: u32) {
         self.raid_disks = raid_disks;
         for (key, sb, slot) in updates {
             if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
                 m.sb = sb;
+                // A slot the reshape recovers as it goes (raid5 to raid6's Q) says so.
                 if let Some(slot) = slot {
-                    m.role = DevRole::Active { slot, recovering: false };
+                    m.role = DevRole::Active { slot, recovering: m.sb.has(feature::RECOVERY_OFFSET) };
                 }
             }
         }
