@@ -151,6 +151,11 @@ impl Array {
         self.reshaping.as_deref().is_some_and(|r| r.step != Step::Stopped)
     }
 
+    /// The reshape's geometries and data offsets, while one runs.
+    pub fn reshape_geometry(&self) -> Option<&ReshapeGeometry> {
+        self.reshaping.as_deref().map(|r| r.run.geometry())
+    }
+
     /// The reshape's checkpoint and end, in array sectors of the next layout, while one runs.
     pub fn reshape_progress(&self) -> Option<(u64, u64)> {
         self.reshaping.as_ref().map(|r| (r.run.position_sectors(), r.run.end_sectors()))

@@ -134,7 +134,7 @@ pub(super) fn power_cycle(
     let (geo_before, data_offset_before) = (run.geo.clone(), run.data_offset_bytes);
     let grown_run;
     let run = match &run.grown {
-        Some(g) if plan.raid_disks as usize == g.geo.raid_disks => {
+        Some(g) if reshape_recorded(&plan, &g.geo) => {
             grown_run = Run {
                 n: g.geo.raid_disks,
                 geo: g.geo.clone(),
@@ -521,4 +521,13 @@ fn grown_run_resumes(
         report.draws.push(DRAWS[11]);
     }
     Ok(Some(from))
+}
+
+/// The superblocks recorded the start of the reshape to `next` (mid-way or done): one that
+/// they did not record never happened.
+fn reshape_recorded(plan: &uraid_core::meta::AssemblyPlan, next: &Geometry) -> bool {
+    let shape = |g: &Geometry| (g.level, g.raid_disks, g.layout, g.chunk_sectors);
+    // Mid-reshape the superblocks' own fields still give the previous layout.
+    let now = plan.reshape.as_ref().map(|r| r.next.clone()).or_else(|| plan.geometry().ok());
+    now.is_some_and(|g| shape(&g) == shape(next))
 }

@@ -1,42 +1,94 @@
-//! An online grow by one member while the workload runs (`mdadm --add` then `mdadm --grow
-//! --raid-devices N+1`): a blank disk joins as a spare and the raid4/5/6 reshapes onto it
-//! while requests go on, member failures, latent sectors and power cuts falling where they
-//! fall. Drawn by the seed alone, so the workload of every other seed stays as it was.
+//! An online reshape while the workload runs: a grow by one member (`mdadm --add` then
+//! `mdadm --grow --raid-devices N+1`: a blank disk joins as a spare and the raid4/5/6
+//! reshapes onto it), or a restripe on the same members (`--chunk`, `--layout`, or raid5
+//! `--level 6` with a new member), while requests go on, member failures, latent sectors and
+//! power cuts falling where they fall. Drawn by the seed alone, so the workload of every
+//! other seed stays as it was.
 
 use uraid_core::array::{grow_plan, Added, Array, GrowRequest};
 use uraid_core::*;
 
-use super::spec::{seed_pick, GrowDraw, Grown, Run, SimReport, SimSpec, DRAWS};
+use super::spec::{seed_pick, GrowDraw, GrowKind, Grown, Run, SimReport, SimSpec, DRAWS};
 use crate::array::SimArray;
 use crate::disks::{Fault, FaultKind, FaultTrigger};
 use crate::rebuild::add_disk;
 use crate::store::PowerLossPolicy;
 
 /// Half the raid4/5/6 seeds without a bitmap or a partial parity log (which the online
-/// grow refuses) grow by a member, early enough that much of the workload meets it.
-pub(super) fn draw(spec: &SimSpec, level: Level, bitmap: bool, ppl: bool, disk: usize) -> Option<GrowDraw> {
+/// reshape refuses) grow by a member, and half of the rest restripe (chunk, layout, or
+/// raid5 to raid6), early enough that much of the workload meets it.
+pub(super) fn draw(
+    spec: &SimSpec,
+    level: Level,
+    layout: u32,
+    chunk_sectors: u64,
+    bitmap: bool,
+    ppl: bool,
+    disk: usize,
+) -> Option<GrowDraw> {
+    use uraid_core::geometry::algorithm;
     let seed = spec.seed;
-    (level.has_parity() && !bitmap && !ppl && seed_pick(seed, 0x960e, 2) == 0).then(|| GrowDraw {
+    if !level.has_parity() || bitmap || ppl {
+        return None;
+    }
+    let kind = if seed_pick(seed, 0x960e, 2) == 0 {
+        GrowKind::Members
+    } else if seed_pick(seed, 0x9612, 2) == 0 {
+        let rotating = [
+            algorithm::LEFT_ASYMMETRIC,
+            algorithm::RIGHT_ASYMMETRIC,
+            algorithm::LEFT_SYMMETRIC,
+            algorithm::RIGHT_SYMMETRIC,
+        ];
+        let others: Vec<u32> = rotating.into_iter().filter(|&l| l != layout).collect();
+        match (level, seed_pick(seed, 0x9613, 3)) {
+            (Level::Raid5, 0) => GrowKind::Raid6,
+            (Level::Raid5 | Level::Raid6, 1) => {
+                GrowKind::Layout(others[seed_pick(seed, 0x9614, others.len() as u64) as usize])
+            }
+            _ if chunk_sectors > 8 && seed_pick(seed, 0x9615, 2) == 0 => GrowKind::Chunk(chunk_sectors / 2),
+            _ => GrowKind::Chunk(chunk_sectors * 2),
+        }
+    } else {
+        return None;
+    };
+    Some(GrowDraw {
         at_request: spec.ops / 16 + seed_pick(seed, 0x960f, spec.ops as u64 / 4) as usize,
         disk,
+        kind,
     })
 }
 
-/// The geometry the grow ends in (the engine's geometry once it is done must be this).
-pub(super) fn grown_shape(run: &Run) -> Grown {
+/// The geometry the reshape ends in (the engine's geometry once it is done must be this),
+/// and where the data then starts: for a grow mdadm's `min_offset_change` below the old
+/// offset; for a restripe where the start put it (mdadm's `choose_offset`), as the engine
+/// says, bounded here by what the members have room for.
+pub(super) fn grown_shape(run: &Run, g: &GrowDraw, array: &Array) -> Grown {
     let geo = &run.geo;
-    let parity = geo.level.parity_disks() as u64;
-    let d = geo.raid_disks as u64 - parity;
-    let moved = uraid_core::reshape::start::min_offset_change_sectors(geo.chunk_sectors, d, d + 1);
-    let next = Geometry::new(
-        geo.level,
-        geo.raid_disks + 1,
-        geo.layout,
-        geo.chunk_sectors,
-        &vec![geo.member_sectors[0]; geo.raid_disks + 1],
-    )
-    .expect("the grown geometry of a valid one");
-    Grown { geo: next, data_offset_bytes: run.data_offset_bytes - moved * 512 }
+    let (level, raid_disks, layout, chunk) = match g.kind {
+        GrowKind::Members => (geo.level, geo.raid_disks + 1, geo.layout, geo.chunk_sectors),
+        GrowKind::Chunk(c) => (geo.level, geo.raid_disks, geo.layout, c),
+        GrowKind::Layout(l) => (geo.level, geo.raid_disks, l, geo.chunk_sectors),
+        // md's takeover keeps the raid5's layout number, which raid6 reads as rotating P and Q.
+        GrowKind::Raid6 => (Level::Raid6, geo.raid_disks + 1, geo.layout, geo.chunk_sectors),
+    };
+    let next = Geometry::new(level, raid_disks, layout, chunk, &vec![geo.member_sectors[0]; raid_disks])
+        .expect("the reshaped geometry of a valid one");
+    let data_offset_bytes = match g.kind {
+        GrowKind::Members => {
+            let parity = geo.level.parity_disks() as u64;
+            let d = geo.raid_disks as u64 - parity;
+            let moved = uraid_core::reshape::start::min_offset_change_sectors(geo.chunk_sectors, d, d + 1);
+            run.data_offset_bytes - moved * 512
+        }
+        _ => {
+            let r = array.reshape_geometry().expect("the restripe started");
+            let at = r.new_data_offset_sectors[0] * 512;
+            assert!(at < run.data_offset_bytes, "a restripe moves the data offset down");
+            at
+        }
+    };
+    Grown { geo: next, data_offset_bytes }
 }
 
 /// Tries the grow: asked for, and if md would run it the disk added as a spare (once) and
@@ -56,8 +108,17 @@ pub(super) fn try_start(
     // Asked before the disk is added (as `uraid grow --add` asks): a spare added for a grow
     // md refuses would take the slot of the next member to fail. Planning refuses too while
     // md would (a check or repair running): asked again later.
-    let adding = usize::from(!*added);
-    let planned = grow_plan(&cur, &GrowRequest { raid_disks: Some(n + 1), adding, ..Default::default() });
+    let adding = usize::from(!*added && g.kind.takes_disk());
+    let req = match g.kind {
+        GrowKind::Members => GrowRequest { raid_disks: Some(n + 1), ..Default::default() },
+        GrowKind::Chunk(c) => GrowRequest { chunk_sectors: Some(c), ..Default::default() },
+        GrowKind::Layout(l) => GrowRequest {
+            layout: Some(uraid_core::geometry::layout_name(run.geo.level, l)),
+            ..Default::default()
+        },
+        GrowKind::Raid6 => GrowRequest { level: Some(Level::Raid6), ..Default::default() },
+    };
+    let planned = grow_plan(&cur, &GrowRequest { adding, ..req });
     let refusal = match &planned {
         Ok(plan) => array_engine.may_grow(plan).err(),
         Err(e) => Some(e.clone()),
@@ -68,7 +129,7 @@ pub(super) fn try_start(
         }
         return Ok(false);
     }
-    if !*added {
+    if !*added && g.kind.takes_disk() {
         match add_disk(array, g.disk, false)? {
             Added::Spare => {}
             other => return Err(format!("the disk for the grow was not kept spare: {other:?}")),
@@ -79,7 +140,12 @@ pub(super) fn try_start(
     let now = array.now_ns();
     array.engine_mut().grow(&plan, now)?;
     report.draws.push(DRAWS[10]);
-    report.faults.push(format!("grow {n} -> {} members started (disk {})", n + 1, g.disk));
+    if g.kind == GrowKind::Members {
+        report.faults.push(format!("grow {n} -> {} members started (disk {})", n + 1, g.disk));
+    } else {
+        report.draws.push(DRAWS[14]);
+        report.faults.push(format!("grow (restripe) {:?} started", g.kind));
+    }
     let seed = run.spec.seed;
     if run.spec.faults && seed_pick(seed, 0x9610, 2) == 0 {
         let at = array.disks().completed_ios() + 1 + seed_pick(seed, 0x9611, 1500);
@@ -124,9 +190,9 @@ pub(super) fn note_progress(
     let sectors = engine.engine().size_bytes() / super::model::SECTOR;
     if sectors > model.sectors() {
         model.grow_to(sectors);
-        if !report.draws.contains(&DRAWS[11]) {
-            report.draws.push(DRAWS[11]);
-            report.faults.push(format!("reshape finished: {sectors} sectors"));
-        }
+    }
+    if !report.draws.contains(&DRAWS[11]) {
+        report.draws.push(DRAWS[11]);
+        report.faults.push(format!("reshape finished: {sectors} sectors"));
     }
 }

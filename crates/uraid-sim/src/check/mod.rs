@@ -164,9 +164,17 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         )
     });
     // Its own disk, after the replacement's.
-    let grow =
-        grow::draw(spec, level, bitmap_chunk.is_some(), ppl, n + spares + usize::from(replace.is_some()));
-    let disk_count = n + spares + usize::from(replace.is_some()) + usize::from(grow.is_some());
+    let grow = grow::draw(
+        spec,
+        level,
+        geo.layout,
+        geo.chunk_sectors,
+        bitmap_chunk.is_some(),
+        ppl,
+        n + spares + usize::from(replace.is_some()),
+    );
+    let disk_count =
+        n + spares + usize::from(replace.is_some()) + usize::from(grow.is_some_and(|g| g.kind.takes_disk()));
     let sims: Vec<SimMemberConfig> = (0..disk_count)
         .map(|_| SimMemberConfig::builtin(&spec.profile, spec.member_bytes))
         .collect::<Result<_, _>>()
@@ -495,7 +503,7 @@ fn workload(
                 && grow::try_start(run, &g, &mut grow_added, array, report)?
             {
                 grow = None;
-                run.grown = Some(grow::grown_shape(run));
+                run.grown = Some(grow::grown_shape(run, &g, array.engine()));
             }
         }
         if let Some((plan, step)) = &mut readd {

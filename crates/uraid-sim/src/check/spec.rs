@@ -84,10 +84,11 @@ pub const DRAWS: &[&str] = &[
     "re-add with a bad-block log",
     "member failures during metadata rounds",
     "write-behind to a write-mostly member (RAID1)",
-    "grow by a member while serving (reshape)",
+    "reshape while serving (a grow by a member or a restripe)",
     "reshape finished",
     "power cut mid-reshape",
     "member failure mid-reshape",
+    "restripe while serving (chunk, layout, raid5 to raid6)",
 ];
 
 /// A member whose writes fail on a data range for a while (its bad-block log lists what
@@ -156,11 +157,33 @@ pub(super) struct Run<'a> {
     pub(super) grown: Option<Grown>,
 }
 
-/// The grow a seed drew: asked for once this many requests were issued, onto its own disk.
+/// The grow a seed drew: asked for once this many requests were issued, onto its own disk
+/// (when it takes one).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct GrowDraw {
     pub(super) at_request: usize,
     pub(super) disk: usize,
+    pub(super) kind: GrowKind,
+}
+
+/// What a drawn reshape changes (mdadm --grow's options).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GrowKind {
+    /// `--raid-devices N+1 --add NEW`.
+    Members,
+    /// `--chunk`: the chunk halved or doubled.
+    Chunk(u64),
+    /// `--layout`: md's algorithm number.
+    Layout(u32),
+    /// raid5 `--level 6 --add NEW`.
+    Raid6,
+}
+
+impl GrowKind {
+    /// It adds a member (a new disk joins as a spare first).
+    pub(super) fn takes_disk(self) -> bool {
+        matches!(self, GrowKind::Members | GrowKind::Raid6)
+    }
 }
 
 /// The shape once the grow is done: one member more, the data offset moved down by
