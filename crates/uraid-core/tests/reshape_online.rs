@@ -568,3 +568,44 @@ fn raid5_to_raid6_while_serving_reads_and_writes_and_recovers_the_q_member() {
         assert!(read_all(&mut again, size) == model, "raid5 of {n} to raid6: two members gone");
     }
 }
+
+/// A spare whose bad-block log has entries (a member re-added as a spare with its log,
+/// `uraid sim --seed 52000024 --profile ssd-sata`) holds nothing of either layout: a restart
+/// mid-reshape serves the array writable and goes on, as md does.
+#[test]
+fn a_spares_bad_block_entries_do_not_stop_a_reshape_resumed_after_a_cut() {
+    use uraid_core::meta::BadBlocks;
+    let (mut d, mut model) = array_with_spare(5, 4, 21);
+    let size = model.len() as u64;
+    let extra = prepare_new_member(&mut d, MEMBER_BYTES, 0xB0);
+    d.engine.add_member(extra, d.now_ns).unwrap();
+    d.run_until_idle();
+    grow_to(&mut d, 5);
+    let mut steps = 0;
+    while d.members.superblock(0).reshape_position == 0 {
+        d.engine.unplug(d.now_ns);
+        d.step();
+        steps += 1;
+        assert!(steps < 1_000_000, "no checkpoint");
+    }
+    d.pending.clear();
+    let mut members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    // The second spare (key 5) lists a bad range.
+    let mut sb = members.superblock(5);
+    assert_eq!(sb.slot(), None, "still a spare: {sb:?}");
+    let mut bb = BadBlocks::for_superblock(&sb).unwrap();
+    assert!(bb.set(sb.data_offset + 64, 8));
+    let at = ((sb.super_offset as i64 + i64::from(sb.bblog_offset)) * 512) as usize;
+    let log = bb.to_log_bytes(sb.bblog_size);
+    members.images[5][at..at + log.len()].copy_from_slice(&log);
+    sb.feature_map |= feature::BAD_BLOCKS;
+    let bytes = sb.clone().update_csum();
+    let at = (sb.super_offset * 512) as usize;
+    members.images[5][at..at + bytes.len()].copy_from_slice(&bytes);
+
+    let mut d = start_array(members, &(0..=5).collect::<Vec<_>>(), 22);
+    assert!(d.engine.is_reshaping(), "served writable, the reshape goes on");
+    serve_until_reshaped(&mut d, &mut model, 23);
+    assert_eq!(d.engine.engine().geometry().raid_disks, 5);
+    assert!(read_all(&mut d, size) == model, "the data after the resumed reshape");
+}
