@@ -14,8 +14,8 @@ use uraid_core::{MemberState, ScrubKind};
 
 const MEMBER_BYTES: u64 = 8 << 20;
 
-/// A raid of `level` on `n` members with `data` written through it, and one spare added.
-fn array_with_spare(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>) {
+/// A raid of `level` on `n` members with random data written through it (the model).
+fn array_with_data(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>) {
     let mm = create_level(level, n, MEMBER_BYTES, false);
     let keys: Vec<usize> = (0..n).collect();
     let mut d = start_array(mm, &keys, seed);
@@ -26,6 +26,12 @@ fn array_with_spare(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>)
         let r = d.run_one(Request::write(1000 + i as u64, (i << 20) as u64, chunk.to_vec()));
         assert!(r.is_ok(), "{r:?}");
     }
+    (d, model)
+}
+
+/// A raid of `level` on `n` members with data written through it, and one spare added.
+fn array_with_spare(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>) {
+    let (mut d, model) = array_with_data(level, n, seed);
     let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
     d.engine.add_member(new, d.now_ns).unwrap();
     d.run_until_idle();
@@ -608,4 +614,63 @@ fn a_spares_bad_block_entries_do_not_stop_a_reshape_resumed_after_a_cut() {
     serve_until_reshaped(&mut d, &mut model, 23);
     assert_eq!(d.engine.engine().geometry().raid_disks, 5);
     assert!(read_all(&mut d, size) == model, "the data after the resumed reshape");
+}
+
+/// md's takeovers while serving: a raid1 of two becomes a raid5 of two, a raid0 a raid4 or
+/// raid5 (parity last) with its parity slot missing until a spare is recovered into it.
+/// Requests go on throughout, the data reads back, md's check is clean once whole, and a
+/// fresh assembly reads the new level.
+#[test]
+fn takeovers_while_serving_keep_the_data() {
+    use uraid_core::geometry::Level;
+    for (level, n, to, seed) in
+        [(1, 2usize, Level::Raid5, 31u64), (0, 3, Level::Raid4, 32), (0, 4, Level::Raid5, 33)]
+    {
+        let (mut d, mut model) = array_with_data(level, n, seed);
+        let size = model.len() as u64;
+        let what = format!("raid{level} of {n} to {to:?}");
+        let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+        let plan = grow_plan(&cur, &GrowRequest { level: Some(to), ..Default::default() }).unwrap();
+        d.engine.may_grow(&plan).unwrap();
+        let said = d.engine.grow(&plan, d.now_ns).unwrap();
+        assert!(said.contains("takeover"), "{what}: {said}");
+        let mut clients = Clients::new(seed * 5);
+        let mut steps = 0;
+        while d.engine.engine().geometry().level != to || steps < 2000 {
+            clients.issue(&mut d, size);
+            d.engine.unplug(d.now_ns);
+            d.step();
+            let _ = clients.collect(&mut d, &mut model);
+            steps += 1;
+            assert!(steps < 1_000_000, "{what}: the takeover never happened");
+        }
+        while !clients.out.is_empty() {
+            d.run_until_idle();
+            let _ = clients.collect(&mut d, &mut model);
+        }
+        let geo = d.engine.engine().geometry().clone();
+        let slots = if level == 0 { n + 1 } else { n };
+        assert_eq!(geo.raid_disks, slots, "{what}");
+        assert_eq!(d.engine.engine().size_bytes(), size, "{what}: the size stays");
+        assert!(read_all(&mut d, size) == model, "{what}: data");
+        if level == 0 {
+            // The parity slot is missing until a spare is recovered into it.
+            assert!(d.engine.engine().is_degraded(), "{what}");
+            let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xC0);
+            d.engine.add_member(new, d.now_ns).unwrap();
+            d.run_until_idle();
+            assert!(!d.engine.engine().is_degraded(), "{what}: recovered");
+        }
+        d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+        d.run_until_idle();
+        assert_eq!(d.engine.engine().mismatch_cnt(), 0, "{what}: md's check");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let sb = members.superblock(0);
+        assert_eq!((sb.level, sb.raid_disks as usize), (to.md_level(), slots), "{what}: {sb:?}");
+        let keys: Vec<usize> = (0..members.images.len()).collect();
+        let mut again = start_array(members, &keys, seed + 100);
+        assert_eq!(again.engine.engine().geometry().level, to, "{what}");
+        assert!(!again.engine.engine().is_degraded(), "{what}");
+        assert!(read_all(&mut again, size) == model, "{what}: after assembly");
+    }
 }

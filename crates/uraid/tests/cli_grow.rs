@@ -140,8 +140,9 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
     refused(&s, &["--layout", "left-symmetric"], "raid1 has no layout", &files);
     refused(&s, &["--level", "6"], "md cannot turn a raid1 into raid6", &files);
     refused(&s, &["--size", "max", "--raid-devices", "3"], "cannot change in the same grow", &files);
-    // raid1 to raid5 is md's takeover: a reshape, not built yet; the added device untouched.
-    refused(&s, &["--level", "5", "--add", spare.to_str().unwrap()], "not built yet", &files);
+    // raid1 to raid5 is md's takeover, which uraid does not carry a bitmap across: refused
+    // before the added device is touched.
+    refused(&s, &["--level", "5", "--add", spare.to_str().unwrap()], "write-intent bitmap", &files);
     // A check running: md says busy.
     let c = s.control.display().to_string();
     ok(uraid(&["set", "sync_speed_max", "1000", "--control", &c]), "uraid set");

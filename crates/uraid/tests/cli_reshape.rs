@@ -4,6 +4,8 @@
 //! maps each sector by its side of the reshape position, and reads back what md held
 //! before the grow. The same both ways for raid5 to raid6 with a new member and for a
 //! chunk change (md: forwards, the data offset moved down, the old chunk until the end).
+//! Layout changes, raid5 to raid6 and takeovers uraid makes while serving, finished or
+//! assembled by md.
 
 mod common;
 
@@ -28,13 +30,14 @@ struct MdGrow {
     size_before: usize,
 }
 
-/// VM script lines: md makes a clean raid`level` of the first `n` disks (64 KiB chunk),
+/// VM script lines: md makes a clean raid`level` of the first `n` disks (64 KiB chunk but raid1),
 /// fills it with mdvm's pattern, and says its size and sha256.
 fn md_make(level: u32, n: usize) -> String {
     let disks: Vec<String> = (0..n).map(|i| format!("/dev/vd{}", (b'a' + i as u8) as char)).collect();
+    let chunk = if level == 1 { "" } else { "--chunk=64" };
     format!(
         "set -e\n\
-         mdadm --create /dev/md0 --run --assume-clean --level={level} --raid-devices={n} --chunk=64 \
+         mdadm --create /dev/md0 --run --assume-clean --level={level} --raid-devices={n} {chunk} \
          --metadata=1.2 {}\n\
          size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
          mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
@@ -569,4 +572,38 @@ fn md_finishes_a_raid5_to_raid6_uraid_started_while_serving() {
     assert_eq!(sha, sha_before, "md finished the raid5 to raid6 uraid started while serving:\n{out}");
     assert_eq!((size as usize, mismatch), (size_before, 0), "md's check finds P and Q consistent:\n{out}");
     assert!(out.contains("raid6") && out.contains("left-symmetric"), "{out}");
+}
+
+/// md's takeovers made by uraid while serving (`uraid grow --control S --level ...`): a
+/// raid1 of two md made becomes a raid5, a raid0 of three a raid4 whose parity slot a
+/// member added afterwards is recovered into; md assembles each at its new level, reads
+/// what it held before, and its check is clean.
+#[test]
+fn md_assembles_the_levels_uraid_took_over_while_serving() {
+    for (level, n, to) in [(1u32, 2usize, "5"), (0, 3, "4")] {
+        let dir = TempDir::new(&format!("takeover-{level}"));
+        let images = member_files(&dir, n + usize::from(level == 0));
+        let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(level, n)), &images[..n]);
+        let size_before: usize = field("size").parse().unwrap();
+        let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+
+        let served = Served::start(&dir, &images[..n], &[]);
+        let c = served.control.display().to_string();
+        let said = ok(uraid(&["grow", "--control", &c, "--level", to]), "uraid grow --level");
+        assert!(said.contains("takeover"), "{said}");
+        if level == 0 {
+            ok(uraid(&["add", images[n].to_str().unwrap(), "--control", &c]), "uraid add");
+            wait_whole(&served, n + 1);
+        }
+        let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
+        assert!(detail.contains(&format!("raid{to}")), "{detail}");
+        served.stop();
+        let sb = read_sb(&images[0]);
+        assert_eq!(sb.level, to.parse::<i32>().unwrap(), "{sb:?}");
+
+        let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+        assert_eq!(sha, sha_before, "raid{level} to raid{to}: md reads what it held before:\n{out}");
+        assert_eq!((size as usize, mismatch), (size_before, 0), "raid{level} to raid{to}:\n{out}");
+        assert!(out.contains(&format!("Raid Level : raid{to}")), "{out}");
+    }
 }

@@ -54,7 +54,11 @@ impl Array {
             return Err(format!("the array is served read-only: members cannot be {what}"));
         }
         if self.engine.geometry().level == Level::Raid0 {
-            return Err("raid0 has no redundancy to rebuild a member from".into());
+            return Err(
+                "raid0 has no redundancy to rebuild a member from (take it over to raid4 or raid5 first: \
+                        `uraid grow --level 4`, then add the member for the parity slot)"
+                    .into(),
+            );
         }
         if self.engine.is_failed() {
             return Err(format!(

@@ -196,6 +196,8 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
     // mdadm: raid5 to raid6 takes one more member (the Q), raid6 to raid5 gives one up.
     let raid_disks = req.raid_disks.unwrap_or(match (cur.level, level) {
         (Level::Raid4 | Level::Raid5, Level::Raid6) => cur.raid_disks + 1,
+        // md's takeover_raid0: a parity slot more, missing until a spare fills it.
+        (Level::Raid0, Level::Raid4 | Level::Raid5) => cur.raid_disks + 1,
         (Level::Raid6, Level::Raid5) => cur.raid_disks - 1,
         _ => cur.raid_disks,
     });
@@ -468,7 +470,8 @@ impl Array {
             }
             GrowPlan::Reshape(target) => {
                 self.start_reshape(target)?;
-                format!("reshape to {} of {} members started", name(target.level), target.raid_disks)
+                let what = if self.taking_over() { "takeover" } else { "reshape" };
+                format!("{what} to {} of {} members started", name(target.level), target.raid_disks)
             }
         };
         self.settle();
@@ -479,6 +482,9 @@ impl Array {
     /// members already spares. Nothing has changed when it answers an error.
     pub fn start_reshape(&mut self, target: &ReshapeTarget) -> Result<(), String> {
         self.may_start_reshape(target)?;
+        if is_takeover(self.engine.geometry(), target) {
+            return self.start_takeover(target);
+        }
         match restripe_of(self.engine.geometry(), target) {
             Some(change) => self.start_online_restripe(change),
             None => self.start_online_grow(target.raid_disks),
@@ -498,6 +504,9 @@ impl Array {
         if grow_by_members {
             // The spares it takes may be `--add`ed after this check (the plan counted them).
             return self.may_start_online_grow(target.raid_disks, false);
+        }
+        if is_takeover(geo, target) {
+            return self.may_take_over(target).map(|_| ());
         }
         if let Some(change) = restripe_of(geo, target) {
             return self.may_start_online_restripe(change);
@@ -554,6 +563,18 @@ impl Array {
         }
         self.spare_wanted.retain(|&s| s < to);
         Ok(format!("raid_disks set to {to} (was {from})"))
+    }
+}
+
+/// md's takeovers that move no data: raid1 of two to raid5, raid0 to raid4 or raid5 (see
+/// `takeover`), as mdadm asks them (no other change in the same grow).
+fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
+    match (geo.level, target.level) {
+        (Level::Raid1, Level::Raid5) => target.raid_disks == geo.raid_disks,
+        (Level::Raid0, Level::Raid4 | Level::Raid5) => {
+            target.raid_disks == geo.raid_disks + 1 && target.chunk_sectors == geo.chunk_sectors
+        }
+        _ => false,
     }
 }
 

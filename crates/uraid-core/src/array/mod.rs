@@ -17,6 +17,7 @@ mod rounds;
 mod start;
 mod state;
 mod superblocks;
+mod takeover;
 mod upkeep;
 mod upkeep_ops;
 mod view;

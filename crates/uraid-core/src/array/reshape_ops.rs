@@ -165,6 +165,10 @@ impl Array {
 
     /// A request into the engine whose layout holds its sectors.
     pub(super) fn engine_submit(&mut self, req: Request) -> Result<(), SubmitError> {
+        if let Some(t) = self.takeover.as_deref_mut() {
+            t.waiting.push_back(req);
+            return Ok(());
+        }
         let Some(r) = self.reshaping.as_deref_mut() else {
             return self.engine.submit(req, self.now_ns);
         };

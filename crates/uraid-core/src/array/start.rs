@@ -208,6 +208,7 @@ impl Array {
             sync_samples: VecDeque::new(),
             last_sample_ns: opts.now_ns,
             reshaping,
+            takeover: None,
         };
         if !array.read_only {
             array.empty_ppl_logs();

@@ -31,6 +31,8 @@ pub(super) enum AfterRound {
     Closed,
     /// A superblock round of the reshape (its start, a checkpoint, its end).
     Reshape,
+    /// The superblocks say a takeover's new level.
+    Takeover,
 }
 
 /// What a flush the array issued itself is for.
@@ -122,6 +124,8 @@ pub struct Array {
     pub(super) last_sample_ns: TimeNs,
     /// A reshape while serving (see `reshape_ops`). Boxed and None otherwise.
     pub(super) reshaping: Option<Box<super::reshaping::Reshaping>>,
+    /// A level takeover while serving (see `takeover`). Boxed and None otherwise.
+    pub(super) takeover: Option<Box<super::takeover::Takeover>>,
 }
 
 /// How often the running sync's position is sampled for its speed.
@@ -235,6 +239,7 @@ impl Array {
             progress |= self.service_events();
             progress |= self.pump_rounds();
             progress |= self.pump_reshape();
+            progress |= self.pump_takeover();
             progress |= self.release_held();
             self.feed_engine();
             if !progress {

@@ -290,6 +290,7 @@ impl Array {
     fn after_round(&mut self, after: AfterRound) {
         match after {
             AfterRound::Reshape => self.reshape_round_done(),
+            AfterRound::Takeover => self.takeover_round_done(),
             AfterRound::FailureRecorded => {
                 self.records_pending -= 1;
                 if self.records_pending == 0 {

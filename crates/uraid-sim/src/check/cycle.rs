@@ -139,12 +139,17 @@ pub(super) fn power_cycle(
                 n: g.geo.raid_disks,
                 geo: g.geo.clone(),
                 data_offset_bytes: g.data_offset_bytes,
+                // raid5 to raid6: what the array survives from here on is raid6's.
+                level: g.geo.level,
+                layout: g.geo.layout,
+                redundancy: g.geo.redundancy(),
                 ..run.clone()
             };
             &grown_run
         }
         _ => run,
     };
+    let level = run.level;
     let (n, geo) = (run.n, &run.geo);
     let sectors = geo.array_sectors();
     let old_sectors = run.grown.as_ref().map(|_| model.sectors());

@@ -194,13 +194,16 @@ fn seeds_found_failing_pass() {
 /// of the member the re-add draw failed. 52000292 (raid6): the window's flush forced the small writes it waited for out of
 /// the delay list, and nothing ran them until an unplug that never came. 52000024 (raid4,
 /// ssd-sata): a member failed mid-reshape and re-added as a spare with its bad-block log;
-/// re-assembly refused to go on with the reshape for the spare's entries.
+/// re-assembly refused to go on with the reshape for the spare's entries. 53000408
+/// (`--level raid5`): raid5 to raid6 cut mid-way, resumed, then two members lost in turn;
+/// the checker still held the array to raid5's one.
 #[test]
 fn reshape_seeds_found_failing_pass() {
-    let nvme =
-        [52000060, 52000140, 52000292, 52000620, 52000624, 52001608, 52002460, 52002520].map(|s| (s, "nvme"));
-    for (seed, profile) in nvme.into_iter().chain([(52000024, "ssd-sata")]) {
-        let spec = SimSpec { level: None, ops: 2000, profile: profile.into(), ..spec(seed, Level::Raid0) };
+    let nvme = [52000060, 52000140, 52000292, 52000620, 52000624, 52001608, 52002460, 52002520]
+        .map(|s| (s, None, "nvme"));
+    let more = [(52000024, None, "ssd-sata"), (53000408, Some(Level::Raid5), "nvme")];
+    for (seed, level, profile) in nvme.into_iter().chain(more) {
+        let spec = SimSpec { level, ops: 2000, profile: profile.into(), ..spec(seed, Level::Raid0) };
         let r = run_sim(&spec);
         assert!(r.ok, "seed {seed}: {:?}", r.failure);
         // It still meets the grow: started, or refused for now as md refuses it.

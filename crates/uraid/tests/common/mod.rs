@@ -457,10 +457,17 @@ pub fn check_fio_run(o: &Output, what: &str, blocks: u64, server_log: &str) {
 /// Waits until a two-member mirror is whole and no resync or recovery runs (`status`), up
 /// to 90 s; returns that status.
 pub fn wait_in_sync(s: &Served) -> String {
+    wait_whole(s, 2)
+}
+
+/// Waits until all `n` slots are in sync and no resync or recovery runs (`status`), up to
+/// 90 s; returns that status.
+pub fn wait_whole(s: &Served, n: usize) -> String {
     let t0 = Instant::now();
+    let whole = format!("[{n}/{n}]");
     loop {
         let st = s.ctl("status", None);
-        if st.contains("[2/2]") && !st.contains("recovery") && !st.contains("resync") {
+        if st.contains(&whole) && !st.contains("recovery") && !st.contains("resync") {
             return st;
         }
         assert!(t0.elapsed() < Duration::from_secs(90), "the resync did not finish:\n{st}\n{}", s.log_text());

@@ -1,0 +1,224 @@
+//! md's level takeovers that move no data (raid5.c `takeover_raid1`, `takeover_raid0`):
+//! a raid1 of two is a raid5 of two (left-symmetric: each stripe's parity is its one data
+//! chunk, so both members already hold it), and a raid0 of one zone is a raid4, or a raid5
+//! of the parity-last layout, with a new last slot for parity, missing until a spare is
+//! recovered into it. While serving, as md's `mddev_suspend`: requests wait, every
+//! superblock records the new level, and once that round is durable and the old engine is
+//! idle a new one takes the array; the requests that waited go to it. A crash at any point
+//! leaves members that read the same under the old level and the new one. See
+//! docs/operations.md "Grow and reshape while serving".
+
+use std::collections::VecDeque;
+
+use super::grow::ReshapeTarget;
+use super::state::{AfterRound, Array};
+use crate::api::*;
+use crate::config::{ArrayConfig, MemberConfig, MemberState};
+use crate::engine::Engine;
+use crate::geometry::{algorithm, Geometry, Level};
+use crate::meta::{Superblock, MAX_SECTOR};
+
+/// A takeover under way: the geometry it gives and the requests that wait for it.
+pub(super) struct Takeover {
+    geometry: Geometry,
+    /// The superblocks say the new level.
+    recorded: bool,
+    /// The new engine has the members; `waiting` goes to it.
+    swapped: bool,
+    pub(super) waiting: VecDeque<Request>,
+}
+
+/// The geometry md's takeover gives `geo` for `target`, or why md (or uraid) will not.
+pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Result<Geometry, String> {
+    match (geo.level, target.level) {
+        (Level::Raid1, Level::Raid5) => {
+            if geo.raid_disks != 2 {
+                return Err("md turns a raid1 into raid5 only from two mirrors".into());
+            }
+            // takeover_raid1: 64K, halved until it divides the array's size (4K at least).
+            let size = geo.array_sectors();
+            let mut chunk = 128u64;
+            while chunk >= 8 && !size.is_multiple_of(chunk) {
+                chunk /= 2;
+            }
+            if chunk < 8 {
+                return Err(format!("the array's size ({size} sectors) is not a whole number of 4K chunks"));
+            }
+            Geometry::new(Level::Raid5, 2, algorithm::LEFT_SYMMETRIC, chunk, &geo.member_sectors[..2])
+        }
+        (Level::Raid0, Level::Raid4 | Level::Raid5) => {
+            // takeover_raid0: one zone only, every member's share the same.
+            let per = geo.member_sectors.iter().map(|s| s / geo.chunk_sectors * geo.chunk_sectors);
+            let per: Vec<u64> = per.collect();
+            if per.iter().any(|&s| s != per[0]) {
+                return Err(
+                    "md takes over only a raid0 whose members are all the same size (one zone)".into()
+                );
+            }
+            let n = geo.raid_disks + 1;
+            Geometry::new(target.level, n, algorithm::PARITY_N, geo.chunk_sectors, &vec![per[0]; n])
+        }
+        (from, to) => Err(format!("the takeover of a raid{} into raid{}", from.md_level(), to.md_level())),
+    }
+}
+
+/// A member's superblock after the takeover to `next`.
+fn taken_over(sb: &Superblock, next: &Geometry, events: u64, utime: u64) -> Superblock {
+    let mut sb = sb.clone();
+    sb.level = next.level.md_level();
+    sb.new_level = next.level.md_level() as u32;
+    sb.layout = next.layout;
+    sb.new_layout = next.layout;
+    sb.chunksize = next.chunk_sectors as u32;
+    sb.new_chunk = next.chunk_sectors as u32;
+    sb.raid_disks = next.raid_disks as u32;
+    sb.size = next.member_sectors[0];
+    // takeover_raid0: "make sure it will be not marked as dirty".
+    sb.resync_offset = MAX_SECTOR;
+    sb.events = events;
+    sb.utime = utime;
+    sb
+}
+
+impl Array {
+    /// A takeover is under way: requests wait for it.
+    pub(super) fn taking_over(&self) -> bool {
+        self.takeover.is_some()
+    }
+
+    /// Why the takeover to `target` cannot run now (nothing written).
+    pub(super) fn may_take_over(&self, target: &ReshapeTarget) -> Result<Geometry, String> {
+        let refuse = |why: &str| Err(format!("cannot take the array over: {why}"));
+        if self.read_only {
+            return refuse("the array is read-only");
+        }
+        if self.reshaping.is_some() || self.takeover.is_some() {
+            return refuse("a reshape or takeover is already running");
+        }
+        if self.engine.is_failed() || self.engine.is_degraded() {
+            return refuse("the array is degraded: rebuild it first (md refuses too)");
+        }
+        if self.engine.sync_active() || self.engine.resync_owed() || self.sbs.resync_pending() {
+            return refuse("a resync, recovery or check is running or owed: let it finish first");
+        }
+        if self.sbs.bitmap().is_some() {
+            return refuse(
+                "the array has a write-intent bitmap, which uraid does not carry across a level change: \
+                 remove it first (mdadm --grow --bitmap=none)",
+            );
+        }
+        if !self.engine.replacements().is_empty() {
+            return refuse("a replacement is running: let it finish first");
+        }
+        takeover_geometry(self.engine.geometry(), target)
+            .map_err(|e| format!("cannot take the array over: {e}"))
+    }
+
+    /// md's level change without moving data: every superblock says the new level; the
+    /// engine changes once that is durable (`pump_takeover`).
+    pub(super) fn start_takeover(&mut self, target: &ReshapeTarget) -> Result<(), String> {
+        let next = self.may_take_over(target)?;
+        let events = self.sbs.events() + 1;
+        let utime = self.now_seconds();
+        self.sbs.reshape_finished(|sb| taken_over(sb, &next, events, utime));
+        self.notice(format!(
+            "takeover of raid{} to raid{} of {} members started",
+            self.engine.geometry().level.md_level(),
+            next.level.md_level(),
+            next.raid_disks
+        ));
+        self.takeover = Some(Box::new(Takeover {
+            geometry: next,
+            recorded: false,
+            swapped: false,
+            waiting: VecDeque::new(),
+        }));
+        self.write_superblocks_then(Some(AfterRound::Takeover));
+        Ok(())
+    }
+
+    pub(super) fn takeover_round_done(&mut self) {
+        if let Some(t) = self.takeover.as_deref_mut() {
+            t.recorded = true;
+        }
+    }
+
+    /// Once recorded and the old engine idle: the new engine takes the members, and the
+    /// requests that waited go to it, in order. Returns whether anything moved.
+    pub(super) fn pump_takeover(&mut self) -> bool {
+        let now = self.now_ns;
+        let Some(t) = self.takeover.as_deref_mut() else { return false };
+        if !t.swapped {
+            if !t.recorded || !self.engine.is_idle() {
+                return false;
+            }
+            let next = t.geometry.clone();
+            t.swapped = true;
+            if let Err(e) = self.swap_to(&next) {
+                // The superblocks say the new level: a restart serves it.
+                self.notice(format!("takeover could not start its engine: {e}; restart the array"));
+            }
+            return true;
+        }
+        let mut moved = false;
+        while let Some(req) = t.waiting.pop_front() {
+            if let Err(SubmitError::Busy(req)) = self.engine.submit(req, now) {
+                t.waiting.push_front(req);
+                return moved;
+            }
+            moved = true;
+        }
+        self.takeover = None;
+        true
+    }
+
+    fn swap_to(&mut self, next: &Geometry) -> Result<(), String> {
+        let old = self.engine.geometry().raid_disks;
+        let mut members = Vec::new();
+        let mut io = vec![None; next.raid_disks];
+        let offset_of = |slot: usize| {
+            self.sbs
+                .members()
+                .iter()
+                .find(|m| m.role.active_slot() == Some(slot))
+                .map(|m| (m.key, m.sb.data_offset))
+        };
+        let first_offset = offset_of(0).map_or(0, |(_, o)| o);
+        for (slot, io_slot) in io.iter_mut().enumerate() {
+            match offset_of(slot) {
+                Some((key, offset)) if slot < old => {
+                    members.push(MemberConfig {
+                        data_offset_bytes: offset * SECTOR_BYTES,
+                        state: MemberState::InSync,
+                    });
+                    *io_slot = Some(key);
+                }
+                _ => members.push(MemberConfig {
+                    data_offset_bytes: first_offset * SECTOR_BYTES,
+                    state: MemberState::Missing,
+                }),
+            }
+        }
+        let config = ArrayConfig {
+            geometry: next.clone(),
+            members,
+            tunables: self.engine.tunables().clone(),
+            read_only: false,
+        };
+        let mut engine = Engine::new(config).map_err(|e| format!("the engine refused the new level: {e}"))?;
+        for (slot, key) in io.iter().enumerate() {
+            if let Some(key) = key {
+                engine.set_io_member(slot, *key as usize)?;
+                engine.set_bad_blocks(slot, self.sbs.bad_blocks(*key).cloned());
+            }
+        }
+        engine.carry_stats_from(&self.engine);
+        self.engine = engine;
+        for slot in old..next.raid_disks {
+            if !self.spare_wanted.contains(&slot) {
+                self.spare_wanted.push(slot);
+            }
+        }
+        Ok(())
+    }
+}
