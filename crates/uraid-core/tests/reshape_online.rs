@@ -617,18 +617,33 @@ fn a_spares_bad_block_entries_do_not_stop_a_reshape_resumed_after_a_cut() {
 }
 
 /// md's takeovers while serving: a raid1 of two becomes a raid5 of two, a raid0 a raid4 or
-/// raid5 (parity last) with its parity slot missing until a spare is recovered into it.
+/// raid5 (parity last) with its parity slot missing until a spare is recovered into it, a
+/// raid6 restriped to left-symmetric-6 a raid5 of the others with a spare.
 /// Requests go on throughout, the data reads back, md's check is clean once whole, and a
 /// fresh assembly reads the new level.
 #[test]
 fn takeovers_while_serving_keep_the_data() {
     use uraid_core::geometry::Level;
-    for (level, n, to, seed) in
-        [(1, 2usize, Level::Raid5, 31u64), (0, 3, Level::Raid4, 32), (0, 4, Level::Raid5, 33)]
-    {
+    let cases = [
+        (1, 2usize, Level::Raid5, 31u64),
+        (0, 3, Level::Raid4, 32),
+        (0, 4, Level::Raid5, 33),
+        (6, 5, Level::Raid5, 34),
+    ];
+    for (level, n, to, seed) in cases {
         let (mut d, mut model) = array_with_data(level, n, seed);
         let size = model.len() as u64;
         let what = format!("raid{level} of {n} to {to:?}");
+        if level == 6 {
+            // md's way back from raid6: Q onto the last member first (a restripe), then the
+            // takeover drops it.
+            let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+            let early = grow_plan(&cur, &GrowRequest { level: Some(to), ..Default::default() }).unwrap();
+            let e = d.engine.may_grow(&early).unwrap_err().to_string();
+            assert!(e.contains("--layout left-symmetric-6"), "{what}: {e}");
+            change_layout(&mut d, "left-symmetric-6");
+            serve_until_reshaped(&mut d, &mut model, seed * 3);
+        }
         let cur = d.engine.grow_current(MEMBER_BYTES / 512);
         let plan = grow_plan(&cur, &GrowRequest { level: Some(to), ..Default::default() }).unwrap();
         d.engine.may_grow(&plan).unwrap();
@@ -649,7 +664,11 @@ fn takeovers_while_serving_keep_the_data() {
             let _ = clients.collect(&mut d, &mut model);
         }
         let geo = d.engine.engine().geometry().clone();
-        let slots = if level == 0 { n + 1 } else { n };
+        let slots = match level {
+            0 => n + 1,
+            6 => n - 1,
+            _ => n,
+        };
         assert_eq!(geo.raid_disks, slots, "{what}");
         assert_eq!(d.engine.engine().size_bytes(), size, "{what}: the size stays");
         assert!(read_all(&mut d, size) == model, "{what}: data");
@@ -672,5 +691,11 @@ fn takeovers_while_serving_keep_the_data() {
         assert_eq!(again.engine.engine().geometry().level, to, "{what}");
         assert!(!again.engine.engine().is_degraded(), "{what}");
         assert!(read_all(&mut again, size) == model, "{what}: after assembly");
+        if level == 6 {
+            // The member Q was on stays, as a spare.
+            let spares =
+                again.engine.view().members.iter().filter(|m| m.role.active_slot().is_none()).count();
+            assert_eq!(spares, 1, "{what}");
+        }
     }
 }

@@ -576,11 +576,12 @@ fn md_finishes_a_raid5_to_raid6_uraid_started_while_serving() {
 
 /// md's takeovers made by uraid while serving (`uraid grow --control S --level ...`): a
 /// raid1 of two md made becomes a raid5, a raid0 of three a raid4 whose parity slot a
-/// member added afterwards is recovered into; md assembles each at its new level, reads
-/// what it held before, and its check is clean.
+/// member added afterwards is recovered into, a raid6 of five (restriped to
+/// left-symmetric-6 first) a raid5 of four and a spare; md assembles each at its new
+/// level, reads what it held before, and its check is clean.
 #[test]
 fn md_assembles_the_levels_uraid_took_over_while_serving() {
-    for (level, n, to) in [(1u32, 2usize, "5"), (0, 3, "4")] {
+    for (level, n, to) in [(1u32, 2usize, "5"), (0, 3, "4"), (6, 5, "5")] {
         let dir = TempDir::new(&format!("takeover-{level}"));
         let images = member_files(&dir, n + usize::from(level == 0));
         let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(level, n)), &images[..n]);
@@ -589,6 +590,11 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
 
         let served = Served::start(&dir, &images[..n], &[]);
         let c = served.control.display().to_string();
+        if level == 6 {
+            // md's way from raid6: Q onto the last member (a restripe), then the takeover.
+            ok(uraid(&["grow", "--control", &c, "--layout", "left-symmetric-6"]), "uraid grow --layout");
+            wait_reshaped(&served);
+        }
         let said = ok(uraid(&["grow", "--control", &c, "--level", to]), "uraid grow --level");
         assert!(said.contains("takeover"), "{said}");
         if level == 0 {
@@ -605,5 +611,8 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
         assert_eq!(sha, sha_before, "raid{level} to raid{to}: md reads what it held before:\n{out}");
         assert_eq!((size as usize, mismatch), (size_before, 0), "raid{level} to raid{to}:\n{out}");
         assert!(out.contains(&format!("Raid Level : raid{to}")), "{out}");
+        if level == 6 {
+            assert!(out.contains("spare"), "md keeps the member Q was on as a spare:\n{out}");
+        }
     }
 }

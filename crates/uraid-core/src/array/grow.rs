@@ -566,11 +566,12 @@ impl Array {
     }
 }
 
-/// md's takeovers that move no data: raid1 of two to raid5, raid0 to raid4 or raid5 (see
-/// `takeover`), as mdadm asks them (no other change in the same grow).
+/// md's takeovers that move no data: raid1 of two to raid5, raid0 to raid4 or raid5, raid6
+/// to raid5 (see `takeover`), as mdadm asks them (no other change in the same grow).
 fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
     match (geo.level, target.level) {
         (Level::Raid1, Level::Raid5) => target.raid_disks == geo.raid_disks,
+        (Level::Raid6, Level::Raid5) => target.raid_disks + 1 == geo.raid_disks,
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {
             target.raid_disks == geo.raid_disks + 1 && target.chunk_sectors == geo.chunk_sectors
         }

@@ -616,6 +616,17 @@ impl ArraySuperblocks {
         }
     }
 
+    /// The member of `slot` leaves its slot and stays as a spare (md's takeover of a raid6
+    /// into raid5 drops the Q slot).
+    pub fn slot_to_spare(&mut self, slot: usize) {
+        for m in &mut self.members {
+            if m.role.active_slot() == Some(slot) {
+                m.role = DevRole::Spare;
+                m.sb.recovery_offset = 0;
+            }
+        }
+    }
+
     /// A spare (or a just added member) starts replacing the active member of `slot`
     /// (md's want_replacement), rebuilt from `recovery_offset_sectors`.
     pub fn replacement_started(&mut self, key: MemberKey, slot: usize, recovery_offset_sectors: u64) {

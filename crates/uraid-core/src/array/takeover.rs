@@ -1,8 +1,9 @@
 //! md's level takeovers that move no data (raid5.c `takeover_raid1`, `takeover_raid0`):
 //! a raid1 of two is a raid5 of two (left-symmetric: each stripe's parity is its one data
-//! chunk, so both members already hold it), and a raid0 of one zone is a raid4, or a raid5
+//! chunk, so both members already hold it), a raid0 of one zone is a raid4, or a raid5
 //! of the parity-last layout, with a new last slot for parity, missing until a spare is
-//! recovered into it. While serving, as md's `mddev_suspend`: requests wait, every
+//! recovered into it, and a raid6 whose Q is on its last member (a `-6` layout, which a
+//! layout change gives it first) is a raid5 of the others, the last becoming a spare. While serving, as md's `mddev_suspend`: requests wait, every
 //! superblock records the new level, and once that round is durable and the old engine is
 //! idle a new one takes the array; the requests that waited go to it. A crash at any point
 //! leaves members that read the same under the old level and the new one. See
@@ -57,6 +58,30 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
             }
             let n = geo.raid_disks + 1;
             Geometry::new(target.level, n, algorithm::PARITY_N, geo.chunk_sectors, &vec![per[0]; n])
+        }
+        (Level::Raid6, Level::Raid5) => {
+            // takeover_raid6: Q on the last member, which leaves (a spare from then on).
+            let layout = match geo.layout {
+                algorithm::LEFT_ASYMMETRIC_6..=algorithm::RIGHT_SYMMETRIC_6 => {
+                    geo.layout - algorithm::LEFT_ASYMMETRIC_6
+                }
+                algorithm::PARITY_0_6 => algorithm::PARITY_0,
+                algorithm::PARITY_N => algorithm::PARITY_N,
+                _ => {
+                    return Err(format!(
+                        "md turns a raid6 into raid5 only from a layout with Q on the last member (a -6 \
+                         layout or parity-last), not {}: first `uraid grow --layout {}-6` (a restripe while \
+                         serving), let it finish, then --level 5",
+                        crate::geometry::layout_name(Level::Raid6, geo.layout),
+                        crate::geometry::layout_name(
+                            Level::Raid5,
+                            geo.layout.min(algorithm::RIGHT_SYMMETRIC)
+                        )
+                    ))
+                }
+            };
+            let n = geo.raid_disks - 1;
+            Geometry::new(Level::Raid5, n, layout, geo.chunk_sectors, &geo.member_sectors[..n])
         }
         (from, to) => Err(format!("the takeover of a raid{} into raid{}", from.md_level(), to.md_level())),
     }
@@ -120,6 +145,9 @@ impl Array {
         let next = self.may_take_over(target)?;
         let events = self.sbs.events() + 1;
         let utime = self.now_seconds();
+        for slot in next.raid_disks..self.engine.geometry().raid_disks {
+            self.sbs.slot_to_spare(slot);
+        }
         self.sbs.reshape_finished(|sb| taken_over(sb, &next, events, utime));
         self.notice(format!(
             "takeover of raid{} to raid{} of {} members started",
