@@ -1,13 +1,15 @@
 //! The state of a reshape run while the array serves (see `reshape_ops`): the engine of
 //! the previous geometry beside the array's engine (the next geometry), the checkpoint,
-//! the window being moved, and the requests that wait for it. A leaf: it names no other
-//! room of the array, so `state` and `reshape_ops` may both name it.
+//! the window being moved, and the requests that wait for it; and of a takeover (see
+//! `takeover`). A leaf: it names no other room of the array, so `state`, `reshape_ops`
+//! and `takeover` may all name it.
 
 use std::collections::VecDeque;
 
 use crate::api::*;
 use crate::detmap::DetMap;
 use crate::engine::Engine;
+use crate::geometry::Geometry;
 use crate::reshape::run::{ReshapeRun, Window};
 
 /// Set on the ids of the pieces a request across the reshape position is split into.
@@ -149,5 +151,22 @@ impl Reshaping {
     pub fn part_id(&mut self) -> RequestId {
         self.next_part = (self.next_part + 1) % PART_TAG;
         PART_TAG | self.next_part
+    }
+}
+
+/// A takeover under way (see `takeover`): the geometry it gives and the requests that
+/// wait for it.
+pub(super) struct Takeover {
+    pub(super) geometry: Geometry,
+    /// The superblocks say the new level.
+    pub(super) recorded: bool,
+    /// The new engine has the members; `waiting` goes to it.
+    pub(super) swapped: bool,
+    pub(super) waiting: VecDeque<Request>,
+}
+
+impl Takeover {
+    pub(super) fn new(geometry: Geometry) -> Takeover {
+        Takeover { geometry, recorded: false, swapped: false, waiting: VecDeque::new() }
     }
 }

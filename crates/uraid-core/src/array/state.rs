@@ -125,7 +125,7 @@ pub struct Array {
     /// A reshape while serving (see `reshape_ops`). Boxed and None otherwise.
     pub(super) reshaping: Option<Box<super::reshaping::Reshaping>>,
     /// A level takeover while serving (see `takeover`). Boxed and None otherwise.
-    pub(super) takeover: Option<Box<super::takeover::Takeover>>,
+    pub(super) takeover: Option<Box<super::reshaping::Takeover>>,
 }
 
 /// How often the running sync's position is sampled for its speed.

@@ -9,25 +9,14 @@
 //! leaves members that read the same under the old level and the new one. See
 //! docs/operations.md "Grow and reshape while serving".
 
-use std::collections::VecDeque;
-
 use super::grow::ReshapeTarget;
+use super::reshaping::Takeover;
 use super::state::{AfterRound, Array};
 use crate::api::*;
 use crate::config::{ArrayConfig, MemberConfig, MemberState};
 use crate::engine::Engine;
 use crate::geometry::{algorithm, Geometry, Level};
 use crate::meta::{Superblock, MAX_SECTOR};
-
-/// A takeover under way: the geometry it gives and the requests that wait for it.
-pub(super) struct Takeover {
-    geometry: Geometry,
-    /// The superblocks say the new level.
-    recorded: bool,
-    /// The new engine has the members; `waiting` goes to it.
-    swapped: bool,
-    pub(super) waiting: VecDeque<Request>,
-}
 
 /// The geometry md's takeover gives `geo` for `target`, or why md (or uraid) will not.
 pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Result<Geometry, String> {
@@ -155,12 +144,7 @@ impl Array {
             next.level.md_level(),
             next.raid_disks
         ));
-        self.takeover = Some(Box::new(Takeover {
-            geometry: next,
-            recorded: false,
-            swapped: false,
-            waiting: VecDeque::new(),
-        }));
+        self.takeover = Some(Box::new(Takeover::new(next)));
         self.write_superblocks_then(Some(AfterRound::Takeover));
         Ok(())
     }
