@@ -324,12 +324,13 @@ impl ArrayEngine for Array {
             && self.internal.is_empty()
             && self.out_done.is_empty()
             && self.reshape_idle()
+            && self.takeover.is_none()
     }
 
     fn outstanding(&self) -> String {
         format!(
             "engine {}, rounds {} (done {}), held {}, to_engine {}, rmws {}, internal {}, out_done {}, \
-             records {}, closing {:?}, reshape {:?}",
+             records {}, closing {:?}, reshape {:?}, takeover {:?}",
             if self.engine.is_idle() { "idle".to_string() } else { self.engine.describe_outstanding() },
             self.rounds.describe(),
             self.rounds.done_seq(),
@@ -346,7 +347,8 @@ impl ArrayEngine for Array {
                 r.failed,
                 r.waiting.len(),
                 r.prev.as_deref().map(|p| p.describe_outstanding())
-            ))
+            )),
+            self.takeover.as_deref().map(|t| (t.recorded, t.swapped, t.waiting.len()))
         )
     }
 
