@@ -33,7 +33,7 @@ pub(super) fn draw(
     }
     let kind = if seed_pick(seed, 0x960e, 2) == 0 {
         GrowKind::Members
-    } else if seed_pick(seed, 0x9612, 2) == 0 {
+    } else if seed_pick(seed, 0x9617, 2) == 0 {
         let rotating = [
             algorithm::LEFT_ASYMMETRIC,
             algorithm::RIGHT_ASYMMETRIC,
