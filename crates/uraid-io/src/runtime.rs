@@ -354,6 +354,10 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
     pub fn start(engine: E, executor: Executor, opts: &RuntimeOptions) -> std::io::Result<ArrayRuntime<E>> {
         let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));
         let executor_id = executor.id();
+        // With polled completions the array thread spins while it has I/O out, holding the
+        // state: a submitter owing I/O on a ring of its own would wait for the state to reap
+        // it. Its rounds leave their I/O to the array thread's polled ring instead.
+        let rings = opts.submitter_rings && !executor.io_poll();
         let wake = Arc::new(Wake {
             waker: executor.waker(),
             sleeping: AtomicBool::new(false),
@@ -367,7 +371,7 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
                 wake: wake.clone(),
                 max_bytes,
                 executor_id,
-                rings: opts.submitter_rings,
+                rings,
             }) as Arc<dyn SubmitterRound>
         });
         let handle = RuntimeHandle { tx, wake, submitter_round };
@@ -827,7 +831,8 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         // With a request held back (Busy) or one already taken, new messages cannot be
         // taken before a completion arrives, so no client needs to wake us; submitters
         // leave their requests to the channel then.
-        let listen = self.held.is_none() && inbox.stash.is_none();
+        // Nor while the executor spins on polled I/O: it does not sleep, and looks again.
+        let listen = self.held.is_none() && inbox.stash.is_none() && !self.ex.spins();
         if listen {
             self.wake.sleeping.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
