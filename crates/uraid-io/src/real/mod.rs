@@ -381,6 +381,8 @@ pub struct Executor {
     backend: Backend,
     /// The owner's polled ring (`ExecutorOptions::io_poll`), beside its own in `backend`.
     polled: Option<Box<uring::UringBackend>>,
+    /// I/Os the polled ring's devices refused, done again on the normal ring.
+    polled_refused: u64,
     /// Completions decided without the kernel (bad member index, malformed I/O).
     ready: Vec<MemberIoCompletion>,
     aligned_pool: Vec<AlignedBuf>,
@@ -492,6 +494,7 @@ impl Executor {
             queue_depth,
             backend,
             polled,
+            polled_refused: 0,
             ready: Vec::new(),
             aligned_pool: Vec::new(),
             arena,
@@ -569,6 +572,7 @@ impl Executor {
         self.set_gen += 1;
         let q = &mut self.queues[index];
         q.hung = false;
+        q.poll_refused = false;
         q.depth = depth_for(self.members.member(index), self.queue_depth);
         Ok(())
     }
@@ -1007,6 +1011,9 @@ impl Drop for Executor {
         self.drop_guest_rings();
         if let Some(p) = &mut self.polled {
             p.drain();
+            if self.log {
+                eprintln!("uraid-io: io_uring: {} member I/Os were polled", self.polled_ios());
+            }
         }
         match &mut self.backend {
             Backend::Uring(u) => u.drain(),

@@ -104,8 +104,8 @@ impl Executor {
             if self.polled.is_some() {
                 eprintln!(
                     "uraid-io: io_uring: polled completions (IORING_SETUP_IOPOLL) for the O_DIRECT \
-                     reads and writes the array thread issues, on a second ring it spins on while \
-                     they are out; connection threads' rings and flushes take interrupts"
+                     reads and writes of members with poll queues, on a second ring the array \
+                     thread spins on while they are out; flushes and buffered I/O take interrupts"
                 );
             }
         }
