@@ -44,6 +44,8 @@ use uraid_core::{CompletionRound, Request, RequestCompletion, RequestError, Subm
 
 use crate::engine::ArrayEngine;
 
+#[cfg(test)]
+mod io_poll_tests;
 mod submitter_rings;
 use crate::real::{BackendKind, Executor, ExecutorMemberStats, Sleeper, Waker};
 use submitter_rings::{forget_thread_ring, set_thread_ring, thread_ring, ThreadRing, THREAD_RING_WAIT};
