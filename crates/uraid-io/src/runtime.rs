@@ -368,13 +368,8 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
         let state: SharedLoop<E> = Arc::new(Mutex::new(Some(Loop::new(engine, executor, wake.clone()))));
         let max_bytes = opts.run_on_submitter_max_bytes;
         let submitter_round = (max_bytes > 0).then(|| {
-            Arc::new(Submitters {
-                state: state.clone(),
-                wake: wake.clone(),
-                max_bytes,
-                executor_id,
-                rings,
-            }) as Arc<dyn SubmitterRound>
+            Arc::new(Submitters { state: state.clone(), wake: wake.clone(), max_bytes, executor_id, rings })
+                as Arc<dyn SubmitterRound>
         });
         let handle = RuntimeHandle { tx, wake, submitter_round };
         let thread =

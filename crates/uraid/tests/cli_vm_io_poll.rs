@@ -34,7 +34,13 @@ fn a_raid5_of_null_blk_devices_with_poll_queues_is_served_polled_and_md_agrees()
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/io_poll.sh");
     let o = md_vm_with(&script, &images, false, &files);
     let out = text(&o);
-    for step in ["queue/io_poll 1", "refused without poll queues", "member I/Os were polled", "mismatch_cnt 0", "IO-POLL OK"] {
+    for step in [
+        "queue/io_poll 1",
+        "refused without poll queues",
+        "member I/Os were polled",
+        "mismatch_cnt 0",
+        "IO-POLL OK",
+    ] {
         assert!(out.contains(step), "the VM script did not get to {step:?}:\n{out}");
     }
     assert!(o.status.success(), "{out}");
@@ -46,8 +52,9 @@ fn vm_kernel_modules(rel: &[&str]) -> Vec<PathBuf> {
     let build = std::env::var_os("MDVM_BUILD")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/mdvm"));
-    let version = std::fs::read_to_string(build.join("kernel-version"))
-        .unwrap_or_else(|e| panic!("{}: {e}: the md VM is not built (scripts/install-deps.sh)", build.display()));
+    let version = std::fs::read_to_string(build.join("kernel-version")).unwrap_or_else(|e| {
+        panic!("{}: {e}: the md VM is not built (scripts/install-deps.sh)", build.display())
+    });
     let kernel = build.join("kernel-deb/x/lib/modules").join(version.trim()).join("kernel");
     rel.iter()
         .map(|r| {

@@ -483,7 +483,12 @@ impl Executor {
             }
             let region = arena.as_ref().map(|a| a.region.clone());
             let ring = uring::UringBackend::new_polled(entries, array_queue_depth, registered, region)
-                .map_err(|e| io::Error::new(e.kind(), format!("the kernel refused a polled io_uring ring (IORING_SETUP_IOPOLL): {e}")))?;
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("the kernel refused a polled io_uring ring (IORING_SETUP_IOPOLL): {e}"),
+                    )
+                })?;
             Some(Box::new(ring))
         } else {
             None

@@ -60,7 +60,7 @@ impl Executor {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
     use std::time::{Duration, Instant};
 
     use uraid_core::{MemberIo, MemberIoCompletion, MemberIoError, MemberIoOp};
@@ -79,7 +79,7 @@ mod tests {
         p
     }
 
-    fn polled_executor(path: &PathBuf, pollable: bool) -> Executor {
+    fn polled_executor(path: &Path, pollable: bool) -> Executor {
         let mut m = Member::open(path, &OpenOptions { log: false, ..OpenOptions::default() }).unwrap();
         assert_eq!(m.kind(), MemberKind::DiskFile, "{} must be on a disk file system", path.display());
         assert!(m.is_direct(), "{} must take O_DIRECT", path.display());
@@ -138,7 +138,10 @@ mod tests {
     fn a_member_without_poll_queues_keeps_the_normal_ring() {
         let path = disk_file("unpollable", 1 << 20);
         let mut ex = polled_executor(&path, false);
-        assert_eq!(run(&mut ex, io(1, MemberIoOp::Read, 0, Vec::new(), 4096)).result.map(|v| v.len()), Ok(4096));
+        assert_eq!(
+            run(&mut ex, io(1, MemberIoOp::Read, 0, Vec::new(), 4096)).result.map(|v| v.len()),
+            Ok(4096)
+        );
         assert_eq!(pushed(&ex), 0);
         drop(ex);
         let _ = std::fs::remove_file(&path);
@@ -152,13 +155,20 @@ mod tests {
         let mut m = Member::open(&path, &OpenOptions { log: false, ..OpenOptions::default() }).unwrap();
         assert!(m.is_direct(), "this test needs a kernel whose tmpfs takes O_DIRECT (6.6+)");
         m.assume_pollable();
-        let opts =
-            ExecutorOptions { io_poll: true, log: false, inline_memory_io_max_bytes: 0, ..ExecutorOptions::default() };
+        let opts = ExecutorOptions {
+            io_poll: true,
+            log: false,
+            inline_memory_io_max_bytes: 0,
+            ..ExecutorOptions::default()
+        };
         let mut ex = Executor::new(MemberSet::from_members(vec![m]), &opts).unwrap();
         let read = run(&mut ex, io(1, MemberIoOp::Read, 4096, Vec::new(), 4096));
         assert!(read.result.as_deref() == Ok(&[5u8; 4096][..]), "the refused read was not done again");
         assert_eq!((pushed(&ex), ex.polled_ios()), (1, 0), "the refused read is not counted as polled");
-        assert_eq!(run(&mut ex, io(2, MemberIoOp::Read, 0, Vec::new(), 4096)).result.map(|v| v.len()), Ok(4096));
+        assert_eq!(
+            run(&mut ex, io(2, MemberIoOp::Read, 0, Vec::new(), 4096)).result.map(|v| v.len()),
+            Ok(4096)
+        );
         assert_eq!(pushed(&ex), 1, "the member's next I/O went on the polled ring again");
         drop(ex);
         let _ = std::fs::remove_file(&path);

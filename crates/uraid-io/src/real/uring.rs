@@ -141,7 +141,15 @@ impl UringBackend {
         region: Option<Arc<BufferRegion>>,
     ) -> io::Result<Self> {
         let (ring, completions) = build_ring(entries)?;
-        Self::with_ring(ring, completions, completions == CompletionMode::Deferred, false, queue_depth, registered, region)
+        Self::with_ring(
+            ring,
+            completions,
+            completions == CompletionMode::Deferred,
+            false,
+            queue_depth,
+            registered,
+            region,
+        )
     }
 
     /// A polled ring (`IORING_SETUP_IOPOLL`, see [`build_polled_ring`]) for O_DIRECT reads
@@ -155,7 +163,15 @@ impl UringBackend {
     ) -> io::Result<Self> {
         let (ring, single_issuer) = build_polled_ring(entries)?;
         // Its completions never wait for task work: the polling thread posts them itself.
-        Self::with_ring(ring, CompletionMode::Interrupting, single_issuer, true, queue_depth, registered, region)
+        Self::with_ring(
+            ring,
+            CompletionMode::Interrupting,
+            single_issuer,
+            true,
+            queue_depth,
+            registered,
+            region,
+        )
     }
 
     fn with_ring(

@@ -56,7 +56,7 @@ fn the_array_thread_spins_rather_than_sleeps_while_polled_io_is_out() {
     assert!(polled >= writes, "only {polled} of the writes' member I/Os were polled");
     // Asleep with polled I/O out, the thread would look again only at its deadline scan
     // (100 ms): each write would take that long.
-    assert!(took < Duration::from_millis(50 * writes as u64 / 2), "{writes} polled writes took {took:?}");
+    assert!(took < Duration::from_millis(50 * writes / 2), "{writes} polled writes took {took:?}");
     rt.shutdown().unwrap();
     for p in paths {
         let _ = std::fs::remove_file(p);
