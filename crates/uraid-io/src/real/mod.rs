@@ -909,16 +909,18 @@ impl Executor {
             let ready = !self.ready.is_empty() || self.remote.has_done();
             let timeout = if ready { Some(Duration::ZERO) } else { timeout };
             let spins = self.spins();
+            // However long the caller would wait, the deadlines below need a look now and then.
+            let spin_limit = [timeout, self.timeout_check_in()].into_iter().flatten().min();
             match (&mut self.backend, &mut self.polled) {
                 (Backend::Uring(u), Some(p)) if spins => {
                     // Poll the polled ring and look at the other without blocking, in turn,
-                    // until something completed or the timeout passed.
+                    // until something completed or the time is up.
                     let start = std::time::Instant::now();
                     loop {
                         p.reap(&mut finished, Some(Duration::ZERO));
                         u.reap(&mut finished, Some(Duration::ZERO));
                         let done = !finished.is_empty() || p.outstanding() == 0;
-                        if done || start.elapsed() >= timeout.unwrap_or(Duration::MAX) {
+                        if done || start.elapsed() >= spin_limit.unwrap_or(Duration::MAX) {
                             break;
                         }
                     }

@@ -154,7 +154,7 @@ impl UringBackend {
 
     /// A polled ring (`IORING_SETUP_IOPOLL`, see [`build_polled_ring`]) for O_DIRECT reads
     /// and writes of members whose queues have poll queues; its owner must reap it by
-    /// polling ([`UringBackend::poll_pass`], or `reap`, which spins) while it holds I/O.
+    /// polling ([`poll_pass`], or `reap`, which spins) while it holds I/O.
     pub fn new_polled(
         entries: u32,
         queue_depth: usize,
