@@ -44,6 +44,8 @@ use uraid_core::{CompletionRound, Request, RequestCompletion, RequestError, Subm
 
 use crate::engine::ArrayEngine;
 
+#[cfg(test)]
+mod io_poll_tests;
 mod submitter_rings;
 use crate::real::{BackendKind, Executor, ExecutorMemberStats, Sleeper, Waker};
 use submitter_rings::{forget_thread_ring, set_thread_ring, thread_ring, ThreadRing, THREAD_RING_WAIT};
@@ -354,6 +356,10 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
     pub fn start(engine: E, executor: Executor, opts: &RuntimeOptions) -> std::io::Result<ArrayRuntime<E>> {
         let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));
         let executor_id = executor.id();
+        // With polled completions the array thread spins while it has I/O out, holding the
+        // state: a submitter owing I/O on a ring of its own would wait for the state to reap
+        // it. Its rounds leave their I/O to the array thread's polled ring instead.
+        let rings = opts.submitter_rings && !executor.io_poll();
         let wake = Arc::new(Wake {
             waker: executor.waker(),
             sleeping: AtomicBool::new(false),
@@ -362,13 +368,8 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
         let state: SharedLoop<E> = Arc::new(Mutex::new(Some(Loop::new(engine, executor, wake.clone()))));
         let max_bytes = opts.run_on_submitter_max_bytes;
         let submitter_round = (max_bytes > 0).then(|| {
-            Arc::new(Submitters {
-                state: state.clone(),
-                wake: wake.clone(),
-                max_bytes,
-                executor_id,
-                rings: opts.submitter_rings,
-            }) as Arc<dyn SubmitterRound>
+            Arc::new(Submitters { state: state.clone(), wake: wake.clone(), max_bytes, executor_id, rings })
+                as Arc<dyn SubmitterRound>
         });
         let handle = RuntimeHandle { tx, wake, submitter_round };
         let thread =
@@ -827,7 +828,8 @@ impl<E: ArrayEngine + 'static> Loop<E> {
         // With a request held back (Busy) or one already taken, new messages cannot be
         // taken before a completion arrives, so no client needs to wake us; submitters
         // leave their requests to the channel then.
-        let listen = self.held.is_none() && inbox.stash.is_none();
+        // Nor while the executor spins on polled I/O: it does not sleep, and looks again.
+        let listen = self.held.is_none() && inbox.stash.is_none() && !self.ex.spins();
         if listen {
             self.wake.sleeping.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);

@@ -93,8 +93,10 @@ pub struct ServeArgs {
     /// `auto`: on where a member's I/O goes O_DIRECT to a disk or a file on one.
     #[arg(long = "registered-buffers", default_value = "auto", value_parser = ["auto", "on", "off"])]
     pub registered_buffers: String,
-    /// Polled completions (`IORING_SETUP_IOPOLL`) for NVMe members with poll queues; refused
-    /// when a member is not a block device with `queue/io_poll` set.
+    /// Polled completions (`IORING_SETUP_IOPOLL`) for NVMe members with poll queues: the
+    /// array thread issues the members' O_DIRECT reads and writes on a polled ring and
+    /// spins on it while they are out (connection threads then leave their requests'
+    /// member I/O to it). Refused when a member is not a block device with `queue/io_poll` set.
     #[arg(long = "io-poll")]
     pub io_poll: bool,
     /// A member I/O not completed within this fails the member (its reads are served from

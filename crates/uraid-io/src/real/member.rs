@@ -82,6 +82,9 @@ pub struct Member {
     pub(super) memory_backed: bool,
     /// A member behind a connection: all its I/O goes there (see `remote.rs`).
     pub(super) remote: Option<std::sync::Arc<dyn RemoteDevice>>,
+    /// Its O_DIRECT reads and writes may go on a polled ring ([`Member::io_poll_queue`]),
+    /// decided at open: a device added later without poll queues keeps the normal ring.
+    pub(super) pollable: bool,
 }
 
 use crate::loopdev::TMPFS_MAGIC;
@@ -141,12 +144,11 @@ fn device_queue(f: &File) -> Option<(usize, bool)> {
 }
 
 /// Whether every member can take polled I/O (`serve --io-poll`), from each member's
-/// [`Member::io_poll_queue`]; the first that cannot is the error.
+/// [`Member::io_poll_queue`]; the first that cannot is the error. A polled ring spins a
+/// thread on a device that cannot be polled for nothing, so the option is all or none.
 pub fn check_io_poll(members: impl IntoIterator<Item = Result<(), String>>) -> Result<(), String> {
     members.into_iter().collect::<Result<Vec<()>, String>>()?;
-    // Every member has poll queues, but the polled ring (a second ring for O_DIRECT
-    // reads and writes, reaped by spinning) is not built: refused rather than ignored.
-    Err("polled completions (IORING_SETUP_IOPOLL) are not built yet; serve without --io-poll".into())
+    Ok(())
 }
 
 /// `stx_dio_mem_align` of an open file, if the kernel and file system report it.
@@ -230,7 +232,7 @@ impl Member {
             .unwrap_or(DIRECT_ALIGN_BYTES);
         let memory_backed = kind == MemberKind::MemoryFile;
         let queue = (kind == MemberKind::BlockDevice).then(|| device_queue(&buffered)).flatten();
-        Ok(Member {
+        let mut m = Member {
             path,
             buffered,
             direct,
@@ -242,7 +244,10 @@ impl Member {
             queue,
             memory_backed,
             remote: None,
-        })
+            pollable: false,
+        };
+        m.pollable = m.io_poll_queue().is_ok();
+        Ok(m)
     }
 
     /// A member behind a connection, named `path` in messages. Its descriptors are
@@ -261,6 +266,7 @@ impl Member {
             queue: None,
             memory_backed: false,
             remote: Some(device),
+            pollable: false,
         })
     }
 
@@ -278,6 +284,7 @@ impl Member {
             queue: self.queue,
             memory_backed: self.memory_backed,
             remote: self.remote.clone(),
+            pollable: self.pollable,
         })
     }
 
@@ -327,6 +334,19 @@ impl Member {
             )),
             None => Err(format!("{name}: its request queue has no io_poll attribute in sysfs")),
         }
+    }
+
+    /// Whether its O_DIRECT reads and writes go on the polled ring when there is one.
+    pub fn is_pollable(&self) -> bool {
+        self.pollable
+    }
+
+    /// Lets this member's O_DIRECT I/O go on a polled ring although its queue has no poll
+    /// queues: the I/O then completes by interrupt and the ring's poll sees it done, so
+    /// the polled path runs on this machine's files and loop devices (tests only).
+    #[cfg(test)]
+    pub(crate) fn assume_pollable(&mut self) {
+        self.pollable = self.direct.is_some();
     }
 
     /// The O_DIRECT descriptor, if the member has one.

@@ -27,6 +27,7 @@ mod buf;
 pub mod fault;
 mod guest;
 mod member;
+mod polled;
 mod pool;
 mod registered;
 mod remote;
@@ -100,6 +101,10 @@ pub struct ExecutorOptions {
     pub member_timeout: Duration,
     /// io_uring registered files and buffers (`registered.rs`); by default where they pay.
     pub registered: RegisteredChoice,
+    /// O_DIRECT reads and writes of members with poll queues ([`Member::is_pollable`]) go
+    /// on a second, polled ring (`IORING_SETUP_IOPOLL`) that the owner reaps by spinning
+    /// while it holds I/O (`serve --io-poll`; see [`check_io_poll`]). io_uring only.
+    pub io_poll: bool,
 }
 
 impl Default for ExecutorOptions {
@@ -113,6 +118,7 @@ impl Default for ExecutorOptions {
             faults: None,
             member_timeout: DEFAULT_MEMBER_TIMEOUT,
             registered: RegisteredChoice::default(),
+            io_poll: false,
         }
     }
 }
@@ -140,6 +146,8 @@ pub struct Sleeper {
 enum SleeperInner {
     Uring(std::os::fd::RawFd),
     Pool(Arc<pool::Shared>),
+    /// Polled I/O is out: no sleep, one pass over the polled ring's poll queues.
+    Spin(std::os::fd::RawFd),
 }
 
 impl Sleeper {
@@ -148,6 +156,7 @@ impl Sleeper {
         match &self.inner {
             SleeperInner::Uring(fd) => uring::wait_for_completion(*fd, timeout),
             SleeperInner::Pool(s) => s.wait_for_completion(timeout),
+            SleeperInner::Spin(fd) => uring::poll_pass(*fd),
         }
     }
 }
@@ -321,6 +330,8 @@ struct MemberQueue {
     hung: bool,
     /// Timed-out I/Os the kernel has not returned yet.
     abandoned: usize,
+    /// The device refused a polled I/O: its I/O takes the normal ring from now on.
+    poll_refused: bool,
     counts: ExecutorMemberStats,
 }
 
@@ -333,6 +344,7 @@ impl MemberQueue {
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
             hung: false,
             abandoned: 0,
+            poll_refused: false,
             counts: ExecutorMemberStats::default(),
         }
     }
@@ -367,6 +379,10 @@ pub struct Executor {
     queues: Vec<MemberQueue>,
     queue_depth: usize,
     backend: Backend,
+    /// The owner's polled ring (`ExecutorOptions::io_poll`), beside its own in `backend`.
+    polled: Option<Box<uring::UringBackend>>,
+    /// I/Os the polled ring's devices refused, done again on the normal ring.
+    polled_refused: u64,
     /// Completions decided without the kernel (bad member index, malformed I/O).
     ready: Vec<MemberIoCompletion>,
     aligned_pool: Vec<AlignedBuf>,
@@ -458,11 +474,32 @@ impl Executor {
             // A pool worker stuck on a hung device could outlive the arena: plain buffers.
             arena = None;
         }
+        let polled = if opts.io_poll {
+            if !matches!(backend, Backend::Uring(_)) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "polled completions need io_uring, and the executor runs on the thread pool",
+                ));
+            }
+            let region = arena.as_ref().map(|a| a.region.clone());
+            let ring = uring::UringBackend::new_polled(entries, array_queue_depth, registered, region)
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("the kernel refused a polled io_uring ring (IORING_SETUP_IOPOLL): {e}"),
+                    )
+                })?;
+            Some(Box::new(ring))
+        } else {
+            None
+        };
         Ok(Executor {
             members,
             queues,
             queue_depth,
             backend,
+            polled,
+            polled_refused: 0,
             ready: Vec::new(),
             aligned_pool: Vec::new(),
             arena,
@@ -508,7 +545,8 @@ impl Executor {
             Backend::Uring(u) => u.registered_ios(),
             Backend::Pool(_) => 0,
         };
-        own + self.guests.iter().flatten().map(|g| g.registered_ios()).sum::<u64>()
+        let polled = self.polled.as_ref().map_or(0, |p| p.registered_ios());
+        own + polled + self.guests.iter().flatten().map(|g| g.registered_ios()).sum::<u64>()
     }
 
     pub fn backend(&self) -> BackendKind {
@@ -539,6 +577,7 @@ impl Executor {
         self.set_gen += 1;
         let q = &mut self.queues[index];
         q.hung = false;
+        q.poll_refused = false;
         q.depth = depth_for(self.members.member(index), self.queue_depth);
         Ok(())
     }
@@ -789,7 +828,21 @@ impl Executor {
             _ => None,
         };
         let registers = self.registered != RegisteredIo::default();
-        match (guest_ring, &mut self.backend) {
+        // Only the owner polls (a guest's ring is its own, and interrupt-driven); a
+        // polled ring takes O_DIRECT reads and writes only.
+        let polled = match &mut self.polled {
+            Some(p)
+                if guest_ring.is_none()
+                    && direct
+                    && io.op != MemberIoOp::Flush
+                    && member.pollable
+                    && !self.queues[io.member].poll_refused =>
+            {
+                Some(p)
+            }
+            _ => None,
+        };
+        match (guest_ring.or(polled), &mut self.backend) {
             (Some(ring), _) => {
                 if registers {
                     ring.prepare_registered(self.set_gen, &self.members);
@@ -812,6 +865,17 @@ impl Executor {
     pub fn prepare_sleep(&mut self) -> Option<Sleeper> {
         if !self.ready.is_empty() || !self.deferred.is_empty() || self.remote.has_done() {
             return None;
+        }
+        if self.spins() {
+            // Nothing would post the polled ring's completions while the owner slept.
+            let Backend::Uring(u) = &mut self.backend else { return None };
+            let p = self.polled.as_mut()?;
+            u.submit_pending();
+            p.submit_pending();
+            if u.completions_ready() || p.completions_ready() {
+                return None;
+            }
+            return Some(Sleeper { inner: SleeperInner::Spin(p.ring_fd()) });
         }
         let inner = match &mut self.backend {
             Backend::Uring(u) => SleeperInner::Uring(u.prepare_sleep()?),
@@ -844,10 +908,34 @@ impl Executor {
         } else {
             let ready = !self.ready.is_empty() || self.remote.has_done();
             let timeout = if ready { Some(Duration::ZERO) } else { timeout };
-            match &mut self.backend {
-                Backend::Uring(u) => u.reap(&mut finished, timeout),
-                Backend::Pool(p) => p.reap(&mut finished, timeout),
+            let spins = self.spins();
+            // However long the caller would wait, the deadlines below need a look now and then.
+            let spin_limit = [timeout, self.timeout_check_in()].into_iter().flatten().min();
+            match (&mut self.backend, &mut self.polled) {
+                (Backend::Uring(u), Some(p)) if spins => {
+                    // Poll the polled ring and look at the other without blocking, in turn,
+                    // until something completed or the time is up.
+                    let start = std::time::Instant::now();
+                    loop {
+                        p.reap(&mut finished, Some(Duration::ZERO));
+                        u.reap(&mut finished, Some(Duration::ZERO));
+                        let done = !finished.is_empty() || p.outstanding() == 0;
+                        if done || start.elapsed() >= spin_limit.unwrap_or(Duration::MAX) {
+                            break;
+                        }
+                    }
+                }
+                (Backend::Uring(u), polled) => {
+                    // Only timed-out polled I/O, if any: one pass returns what came back late.
+                    if let Some(p) = polled {
+                        p.reap(&mut finished, Some(Duration::ZERO));
+                    }
+                    let timeout = if finished.is_empty() { timeout } else { Some(Duration::ZERO) };
+                    u.reap(&mut finished, timeout)
+                }
+                (Backend::Pool(p), _) => p.reap(&mut finished, timeout),
             }
+            self.redo_refused_polled();
             self.remote.reap(&mut finished);
             self.expire_overdue();
         }
@@ -875,6 +963,9 @@ impl Executor {
             }
         } else if let Backend::Uring(u) = &mut self.backend {
             u.submit_pending();
+            if let Some(p) = &mut self.polled {
+                p.submit_pending();
+            }
         }
         let n = out.len() - before;
         self.in_flight -= n;
@@ -925,6 +1016,12 @@ impl Drop for Executor {
     fn drop(&mut self) {
         // The kernel or a worker may still write into buffers we own: wait them out.
         self.drop_guest_rings();
+        if let Some(p) = &mut self.polled {
+            p.drain();
+            if self.log {
+                eprintln!("uraid-io: io_uring: {} member I/Os were polled", self.polled_ios());
+            }
+        }
         match &mut self.backend {
             Backend::Uring(u) => u.drain(),
             Backend::Pool(p) => p.shutdown(),

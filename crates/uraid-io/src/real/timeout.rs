@@ -101,6 +101,13 @@ impl Executor {
                     None => on(false).to_string(),
                 }
             );
+            if self.polled.is_some() {
+                eprintln!(
+                    "uraid-io: io_uring: polled completions (IORING_SETUP_IOPOLL) for the O_DIRECT \
+                     reads and writes of members with poll queues, on a second ring the array \
+                     thread spins on while they are out; flushes and buffered I/O take interrupts"
+                );
+            }
         }
     }
 
@@ -110,7 +117,7 @@ impl Executor {
             return;
         }
         let mut oldest = u64::MAX;
-        for_each_slot(&mut self.backend, &mut self.remote, &mut self.guests, |s| {
+        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |s| {
             oldest = oldest.min(s.set_gen)
         });
         self.retired.retain(|(g, _)| *g >= oldest);
@@ -127,7 +134,7 @@ impl Executor {
         let overdue =
             |member: usize, started_ns: u64| now.saturating_sub(started_ns) > queues[member].timeout_ns;
         let mut newly_hung: Vec<usize> = Vec::new();
-        for_each_slot(&mut self.backend, &mut self.remote, &mut self.guests, |s| {
+        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |s| {
             if !s.abandoned && overdue(s.member, s.started_ns) {
                 newly_hung.push(s.member);
             }
@@ -154,7 +161,7 @@ impl Executor {
             q.counts.timed_out_ios += 1;
             ready.push(MemberIoCompletion { id, result: Err(MemberIoError::Gone) });
         };
-        for_each_slot(&mut self.backend, &mut self.remote, &mut self.guests, |s| {
+        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |s| {
             let q = &mut queues[s.member];
             if q.hung && !s.abandoned {
                 s.abandoned = true;
@@ -201,6 +208,7 @@ impl Executor {
 /// Every slot the executor has handed out: its own backend's and its guests' rings'.
 fn for_each_slot(
     backend: &mut Backend,
+    polled: &mut Option<Box<super::uring::UringBackend>>,
     remote: &mut super::remote::RemoteBackend,
     guests: &mut [Option<Box<super::uring::UringBackend>>],
     mut f: impl FnMut(&mut super::Slot),
@@ -209,6 +217,7 @@ fn for_each_slot(
         Backend::Uring(u) => u.slots_mut().for_each(&mut f),
         Backend::Pool(p) => p.slots_mut().for_each(&mut f),
     }
+    polled.iter_mut().for_each(|p| p.slots_mut().for_each(&mut f));
     remote.slots_mut().for_each(&mut f);
     guests.iter_mut().flatten().for_each(|g| g.slots_mut().for_each(&mut f));
 }

@@ -83,8 +83,24 @@ fn build_ring(entries: u32) -> io::Result<(IoUring, CompletionMode)> {
     Ok((b.build(entries)?, CompletionMode::Interrupting))
 }
 
+/// A polled ring (`IORING_SETUP_IOPOLL`): the kernel posts a completion only when this
+/// thread asks (`io_uring_enter` with `GETEVENTS` polls the device's poll queues), and it
+/// takes nothing but O_DIRECT reads and writes. Single-issuer where the kernel has it,
+/// enabled by its first user as [`build_ring`]'s deferred ring is.
+fn build_polled_ring(entries: u32) -> io::Result<(IoUring, bool)> {
+    let mut b = IoUring::builder();
+    b.setup_cqsize(entries * 2).setup_iopoll();
+    if let Ok(r) = b.clone().setup_single_issuer().setup_r_disabled().build(entries) {
+        return Ok((r, true));
+    }
+    Ok((b.build(entries)?, false))
+}
+
 pub struct UringBackend {
     completions: CompletionMode,
+    /// An `IORING_SETUP_IOPOLL` ring ([`UringBackend::new_polled`]): no wake-up or socket
+    /// poll on it, and nothing completes unless this thread polls it.
+    polled: bool,
     /// A deferred ring not enabled yet (no I/O so far).
     disabled: bool,
     ring: IoUring,
@@ -109,6 +125,10 @@ pub struct UringBackend {
     reg: RingRegistration,
     /// Entries pushed with a registered file or buffer.
     registered_ios: u64,
+    /// I/Os pushed (see [`UringBackend::pushed`]).
+    pushed: u64,
+    /// A polled ring's I/Os the device refused to poll (see [`UringBackend::take_refused`]).
+    refused: Vec<Slot>,
 }
 
 impl UringBackend {
@@ -121,6 +141,48 @@ impl UringBackend {
         region: Option<Arc<BufferRegion>>,
     ) -> io::Result<Self> {
         let (ring, completions) = build_ring(entries)?;
+        Self::with_ring(
+            ring,
+            completions,
+            completions == CompletionMode::Deferred,
+            false,
+            queue_depth,
+            registered,
+            region,
+        )
+    }
+
+    /// A polled ring (`IORING_SETUP_IOPOLL`, see [`build_polled_ring`]) for O_DIRECT reads
+    /// and writes of members whose queues have poll queues; its owner must reap it by
+    /// polling ([`poll_pass`], or `reap`, which spins) while it holds I/O.
+    pub fn new_polled(
+        entries: u32,
+        queue_depth: usize,
+        registered: RegisteredIo,
+        region: Option<Arc<BufferRegion>>,
+    ) -> io::Result<Self> {
+        let (ring, single_issuer) = build_polled_ring(entries)?;
+        // Its completions never wait for task work: the polling thread posts them itself.
+        Self::with_ring(
+            ring,
+            CompletionMode::Interrupting,
+            single_issuer,
+            true,
+            queue_depth,
+            registered,
+            region,
+        )
+    }
+
+    fn with_ring(
+        ring: IoUring,
+        completions: CompletionMode,
+        disabled: bool,
+        polled: bool,
+        queue_depth: usize,
+        registered: RegisteredIo,
+        region: Option<Arc<BufferRegion>>,
+    ) -> io::Result<Self> {
         if !ring.params().is_feature_ext_arg() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -128,7 +190,8 @@ impl UringBackend {
             ));
         }
         Ok(UringBackend {
-            disabled: completions == CompletionMode::Deferred,
+            disabled,
+            polled,
             completions,
             ring,
             slots: Vec::new(),
@@ -143,6 +206,8 @@ impl UringBackend {
             poll_fired: false,
             reg: RingRegistration::new(registered, region),
             registered_ios: 0,
+            pushed: 0,
+            refused: Vec::new(),
         })
     }
 
@@ -157,6 +222,7 @@ impl UringBackend {
     pub fn push(&mut self, slot: Slot) {
         let idx = super::put_slot(&mut self.slots, &mut self.free, slot);
         self.outstanding += 1;
+        self.pushed += 1;
         self.push_sqe(idx);
         // With the device's queue running low, an I/O held back for a batch is time the
         // device sits idle: after a burst of completions, handing the replacements over one
@@ -222,6 +288,17 @@ impl UringBackend {
         self.reg.prepare(&self.ring, gen, members);
     }
 
+    /// The I/Os a polled ring's device refused to poll (`EOPNOTSUPP`), as they were: to be
+    /// done again on a ring that takes interrupts.
+    pub fn take_refused(&mut self) -> Vec<Slot> {
+        std::mem::take(&mut self.refused)
+    }
+
+    /// I/Os handed to this ring so far (a short transfer's rest not counted again).
+    pub fn pushed(&self) -> u64 {
+        self.pushed
+    }
+
     pub fn registered_ios(&self) -> u64 {
         self.registered_ios
     }
@@ -264,7 +341,8 @@ impl UringBackend {
     }
 
     fn arm_eventfd(&mut self) {
-        if self.eventfd_armed {
+        // A polled ring takes only O_DIRECT reads and writes; it is never slept in.
+        if self.eventfd_armed || self.polled {
             return;
         }
         let ptr: *mut u64 = &mut *self.eventfd_buf;
@@ -298,11 +376,14 @@ impl UringBackend {
     pub fn reap(&mut self, finished: &mut Vec<(Slot, Result<(), MemberIoError>)>, timeout: Option<Duration>) {
         self.enable();
         let may_block = timeout != Some(Duration::ZERO);
-        if may_block {
+        if may_block && !self.polled {
             self.arm_eventfd();
         }
         let cq_empty = self.ring.completion().is_empty();
-        if may_block && cq_empty {
+        if self.polled {
+            // Nothing posts a polled ring's completions but this thread's polling.
+            self.spin(timeout.unwrap_or(Duration::MAX));
+        } else if may_block && cq_empty {
             let r = match timeout {
                 None => self.ring.submit_and_wait(1),
                 Some(t) => {
@@ -331,6 +412,16 @@ impl UringBackend {
             }
             let idx = ud as usize;
             let Some(slot) = self.slots.get_mut(idx).and_then(Option::as_mut) else { continue };
+            if self.polled && res == -libc::EOPNOTSUPP && !slot.abandoned {
+                // Not an error of the device's data: it cannot poll this I/O (a queue without
+                // poll queues fails polled bios so). The owner sends it the other way.
+                if let Some(slot) = self.slots[idx].take() {
+                    self.free.push(idx);
+                    self.outstanding -= 1;
+                    self.refused.push(slot);
+                }
+                continue;
+            }
             let outcome = if res < 0 {
                 Some(Err(errno_to_error(-res)))
             } else if slot.op == MemberIoOp::Flush {
@@ -359,12 +450,26 @@ impl UringBackend {
         self.submit_pending();
     }
 
+    /// A polled ring: hands queued entries over and polls the devices once, then again
+    /// until a completion is posted or `limit` has passed (a polled ring cannot sleep:
+    /// nothing would post its completions). Returns at once with nothing in flight.
+    fn spin(&mut self, limit: Duration) {
+        let start = std::time::Instant::now();
+        loop {
+            // The crate enters with GETEVENTS on a polled ring: one pass over the poll queues.
+            let _ = self.ring.submit();
+            if !self.ring.completion().is_empty() || self.outstanding == 0 || start.elapsed() >= limit {
+                return;
+            }
+        }
+    }
+
     /// Asks the kernel to post a completion when `fd` is readable (or hung up), unless such
     /// a poll is already armed; forgets an earlier one that fired (what it saw may have
     /// been read since: a poll armed now sees the socket as it is).
     pub fn arm_poll(&mut self, fd: std::os::fd::RawFd) {
         self.poll_fired = false;
-        if self.poll_armed {
+        if self.poll_armed || self.polled {
             return;
         }
         let entry = opcode::PollAdd::new(types::Fd(fd), (libc::POLLIN | libc::POLLRDHUP) as u32)
@@ -464,6 +569,26 @@ pub fn wait_for_completion(ring_fd: std::os::fd::RawFd, timeout: Duration) {
             flags.bits(),
             &args as *const types::SubmitArgs,
             std::mem::size_of_val(&args),
+        );
+    }
+}
+
+/// One pass over the poll queues of the polled ring at `ring_fd` (`io_uring_enter` with
+/// `GETEVENTS` and no minimum: the kernel polls once and posts what completed, without
+/// spinning), from its issuing thread while it does not hold the executor; its owner
+/// reaps the posted completions afterwards.
+pub fn poll_pass(ring_fd: std::os::fd::RawFd) {
+    // SAFETY: io_uring_enter with nothing to submit and no argument reads no memory of
+    // ours. Errors (EINTR and the like) only mean no pass this time; the caller loops.
+    unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_enter,
+            ring_fd,
+            0u32,
+            0u32,
+            io_uring::EnterFlags::GETEVENTS.bits(),
+            std::ptr::null::<libc::c_void>(),
+            0usize,
         );
     }
 }

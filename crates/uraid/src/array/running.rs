@@ -118,6 +118,7 @@ impl RunningArray {
             faults: opts.faults,
             registered: opts.registered,
             member_timeout: opts.member_timeout,
+            io_poll: opts.io_poll,
             ..ExecutorOptions::default()
         };
         let mut executor = Executor::new(MemberSet::from_members(exec_members), &exec_opts)
@@ -132,7 +133,11 @@ impl RunningArray {
             && opts.inline_request_max_bytes > 0
             && executor.completion_mode() == Some(uraid_io::real::CompletionMode::Deferred)
         {
-            eprintln!("uraid-io: connection threads issue and reap their requests' member I/O on io_uring rings of their own");
+            if executor.io_poll() {
+                eprintln!("uraid-io: connection threads leave their requests' member I/O to the array thread's polled ring (no rings of their own with --io-poll)");
+            } else {
+                eprintln!("uraid-io: connection threads issue and reap their requests' member I/O on io_uring rings of their own");
+            }
         }
         let rt_opts = RuntimeOptions {
             run_on_submitter_max_bytes: opts.inline_request_max_bytes,
