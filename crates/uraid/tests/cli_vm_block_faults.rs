@@ -37,17 +37,3 @@ fn dm_members_that_fail_or_hang_are_failed_and_the_client_sees_no_error() {
     }
     assert!(o.status.success(), "{out}");
 }
-
-/// The shared libraries `binary` links that the VM's root does not hold (it has mdadm's,
-/// the C library among them): OpenSSL's, as `ldd` resolves them on the host.
-fn libraries_the_vm_lacks(binary: &Path) -> Vec<PathBuf> {
-    let o = Command::new("ldd").arg(binary).output().expect("ldd");
-    assert!(o.status.success(), "ldd {}: {}", binary.display(), String::from_utf8_lossy(&o.stderr));
-    let libs: Vec<PathBuf> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter(|l| l.contains("libssl") || l.contains("libcrypto"))
-        .filter_map(|l| l.split("=>").nth(1)?.split_whitespace().next().map(PathBuf::from))
-        .collect();
-    assert!(libs.iter().all(|p| p.exists()), "ldd named libraries that are not there: {libs:?}");
-    libs
-}

@@ -29,7 +29,9 @@ fn a_raid5_of_null_blk_devices_with_poll_queues_is_served_polled_and_md_agrees()
             p
         })
         .collect();
-    let mut files = vec![binary];
+    let mut files = vec![binary.clone()];
+    // A build with TLS links OpenSSL, which the VM's root lacks.
+    files.extend(libraries_the_vm_lacks(&binary));
     files.extend(vm_kernel_modules(&["fs/configfs/configfs.ko", "drivers/block/null_blk/null_blk.ko"]));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/io_poll.sh");
     let o = md_vm_with(&script, &images, false, &files);

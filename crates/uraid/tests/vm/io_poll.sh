@@ -25,7 +25,7 @@ done
 echo "null_blk: 4 devices, queue/io_poll 1"
 
 # A member without poll queues (virtio) is refused, naming it, before anything is served.
-$U create --level 1 --raid-devices 2 --size 8M --name novirtpoll /dev/vda /dev/vdb >/dev/null 2>&1 || fail "create on vda, vdb"
+$U create --level 1 --raid-devices 2 --size 8M --name novirtpoll /dev/vda /dev/vdb > /tmp/create.log 2>&1 || { cat /tmp/create.log; fail "create on vda, vdb"; }
 $U serve --io-poll --listen 127.0.0.1:10809 /dev/vda /dev/vdb > /tmp/refused.log 2>&1 && fail "--io-poll on /dev/vda was not refused"
 grep -q "vda has no poll queues" /tmp/refused.log || { cat /tmp/refused.log; fail "the refusal does not name /dev/vda's missing poll queues"; }
 echo "refused without poll queues: $(grep -o 'has no poll queues[^;]*' /tmp/refused.log)"
