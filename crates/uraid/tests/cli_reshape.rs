@@ -450,18 +450,27 @@ fn uraid_raid5_to_raid6_is_finished_by_md_or_by_uraid() {
     assert!(out.contains("raid6"), "{out}");
 }
 
-#[test]
-fn md_chunk_change_is_continued_by_uraid_both_ways() {
-    let dir = TempDir::new("mdchunk");
+/// md starts the restripe `grow` (mdadm's option) on a raid5 of four and is stopped
+/// mid-way, forwards with the data offset moved down; `recorded` checks the rest of what
+/// it left. (a) uraid moves a few windows from md's checkpoint and stops; md finishes. (b)
+/// `uraid grow --continue` finishes what md started, saying `said`; md's detail then says
+/// `detail`.
+fn md_restripe_is_continued_by_uraid_both_ways(
+    tag: &str,
+    grow: &str,
+    recorded: impl Fn(&Superblock),
+    said: &str,
+    detail: &str,
+) {
+    let dir = TempDir::new(tag);
     let images = member_files(&dir, 4);
-    let (sha_before, size_before) = md_mid_restripe(&dir, &images, "--chunk=128");
-    // What md left: forwards (the data offset moves down), the old chunk until the end.
+    let (sha_before, size_before) = md_mid_restripe(&dir, &images, grow);
     let sb = read_sb(&images[0]);
     assert!(sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::RESHAPE_BACKWARDS), "{sb:?}");
-    assert_eq!((sb.chunksize, sb.new_chunk, sb.delta_disks, sb.new_offset), (128, 256, 0, -1024), "{sb:?}");
+    assert_eq!((sb.delta_disks, sb.new_offset), (0, -1024), "{sb:?}");
+    recorded(&sb);
 
-    // (a) uraid moves a few windows from md's checkpoint and stops; md finishes.
-    let partial = TempDir::new("mdchunk-partial");
+    let partial = TempDir::new(&format!("{tag}-partial"));
     let part = copies(&images, &partial);
     let got = uraid_continue(&part, Some(3));
     let ReshapeProgress::Checkpointed { position_sectors } = got else { panic!("{got:?}") };
@@ -470,13 +479,25 @@ fn md_chunk_change_is_continued_by_uraid_both_ways() {
     assert_eq!(sha, sha_before, "md finished uraid's checkpoint with the data intact:\n{out}");
     assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
 
-    // (b) `uraid grow --continue` finishes what md started.
     let o = uraid(&[&["grow", "--continue"][..], &paths(&images)].concat());
-    assert!(text(&o).contains("128K chunk"), "{}", ok(o, "uraid grow --continue"));
+    assert!(text(&o).contains(said), "{}", ok(o, "uraid grow --continue"));
     let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
     assert_eq!(sha, sha_before, "{out}");
     assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
-    assert!(out.contains("Chunk Size : 128K"), "{out}");
+    assert!(out.contains(detail), "{out}");
+}
+
+#[test]
+fn md_chunk_change_is_continued_by_uraid_both_ways() {
+    // The old chunk until the end.
+    let recorded = |sb: &Superblock| assert_eq!((sb.chunksize, sb.new_chunk), (128, 256), "{sb:?}");
+    md_restripe_is_continued_by_uraid_both_ways(
+        "mdchunk",
+        "--chunk=128",
+        recorded,
+        "128K chunk",
+        "Chunk Size : 128K",
+    );
 }
 
 #[test]
@@ -506,33 +527,17 @@ fn uraid_chunk_change_is_finished_by_md_or_by_uraid() {
 
 #[test]
 fn md_layout_change_is_continued_by_uraid_both_ways() {
-    let dir = TempDir::new("mdlayout");
-    let images = member_files(&dir, 4);
-    let (sha_before, size_before) = md_mid_restripe(&dir, &images, "--layout=right-asymmetric");
-    // What md left: forwards with the data offset moved down, left-symmetric (2) until the
-    // end, right-asymmetric (1) from the start; chunk and members unchanged.
-    let sb = read_sb(&images[0]);
-    assert!(sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::RESHAPE_BACKWARDS), "{sb:?}");
-    assert_eq!((sb.layout, sb.new_layout, sb.chunksize, sb.new_chunk), (2, 1, 128, 128), "{sb:?}");
-    assert_eq!((sb.delta_disks, sb.new_offset), (0, -1024), "{sb:?}");
-
-    // (a) uraid moves a few windows from md's checkpoint and stops; md finishes.
-    let partial = TempDir::new("mdlayout-partial");
-    let part = copies(&images, &partial);
-    let got = uraid_continue(&part, Some(3));
-    let ReshapeProgress::Checkpointed { position_sectors } = got else { panic!("{got:?}") };
-    assert!(position_sectors > sb.reshape_position, "{position_sectors}");
-    let (sha, size, mismatch, out) = md_after(&partial, &part, size_before);
-    assert_eq!(sha, sha_before, "md finished uraid's checkpoint with the data intact:\n{out}");
-    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
-
-    // (b) `uraid grow --continue` finishes what md started.
-    let o = uraid(&[&["grow", "--continue"][..], &paths(&images)].concat());
-    assert!(text(&o).contains("right-asymmetric"), "{}", ok(o, "uraid grow --continue"));
-    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
-    assert_eq!(sha, sha_before, "{out}");
-    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
-    assert!(out.contains("Layout : right-asymmetric"), "{out}");
+    // left-symmetric (2) until the end, right-asymmetric (1) from the start, the chunk kept.
+    let recorded = |sb: &Superblock| {
+        assert_eq!((sb.layout, sb.new_layout, sb.chunksize, sb.new_chunk), (2, 1, 128, 128), "{sb:?}")
+    };
+    md_restripe_is_continued_by_uraid_both_ways(
+        "mdlayout",
+        "--layout=right-asymmetric",
+        recorded,
+        "right-asymmetric",
+        "Layout : right-asymmetric",
+    );
 }
 
 /// The same layout change started by uraid while it serves, stopped mid-way: the

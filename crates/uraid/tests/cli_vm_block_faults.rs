@@ -9,17 +9,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 
 #[test]
 fn dm_members_that_fail_or_hang_are_failed_and_the_client_sees_no_error() {
     let dir = TempDir::new("vmblock");
-    // A copy without debug info: the VM holds it in RAM.
-    let binary = dir.path("uraid-vm");
-    let st = Command::new("strip").arg("-o").arg(&binary).arg(URAID).status().expect("strip (binutils)");
-    assert!(st.success(), "strip {URAID}");
+    let binary = uraid_for_vm(&dir);
     let images: Vec<PathBuf> = (0..8)
         .map(|i| {
             let p = dir.path(&format!("vd{i}.img"));

@@ -10,17 +10,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 
 #[test]
 fn a_raid5_of_null_blk_devices_with_poll_queues_is_served_polled_and_md_agrees() {
     let dir = TempDir::new("vmiopoll");
-    // A copy without debug info: the VM holds it in RAM.
-    let binary = dir.path("uraid-vm");
-    let st = Command::new("strip").arg("-o").arg(&binary).arg(URAID).status().expect("strip (binutils)");
-    assert!(st.success(), "strip {URAID}");
+    let binary = uraid_for_vm(&dir);
     // Two small disks for the member that cannot poll (virtio); the array is null_blk's.
     let images: Vec<PathBuf> = (0..2)
         .map(|i| {

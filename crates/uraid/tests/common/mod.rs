@@ -505,3 +505,11 @@ pub fn libraries_the_vm_lacks(binary: &Path) -> Vec<PathBuf> {
     assert!(libs.iter().all(|p| p.exists()), "ldd named libraries that are not there: {libs:?}");
     libs
 }
+
+/// A copy of the uraid binary without debug info, for the md VM (which holds it in RAM).
+pub fn uraid_for_vm(dir: &TempDir) -> PathBuf {
+    let binary = dir.path("uraid-vm");
+    let st = Command::new("strip").arg("-o").arg(&binary).arg(URAID).status().expect("strip (binutils)");
+    assert!(st.success(), "strip {URAID}");
+    binary
+}
