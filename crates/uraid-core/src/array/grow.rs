@@ -588,9 +588,8 @@ fn restripe_of(geo: &Geometry, target: &ReshapeTarget) -> Option<Restripe> {
         && target.raid_disks == geo.raid_disks + 1
         && (target.layout, target.chunk_sectors) == (geo.layout, geo.chunk_sectors);
     if to_raid6 {
-        // A stand-in: the start takes a spare (added devices are checked for room as they join).
-        let member = crate::reshape::start::GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16] };
-        return Some(Restripe::Raid6 { member });
+        // The start takes a spare for it.
+        return Some(Restripe::Raid6 { member: crate::reshape::start::GrowMember::STANDIN });
     }
     let same = geo.level.has_parity() && target.level == geo.level && target.raid_disks == geo.raid_disks;
     match (target.chunk_sectors != geo.chunk_sectors, target.layout != geo.layout) {

@@ -401,8 +401,7 @@ impl Array {
         // What the members allow (room to move the data offset): asked of the start itself
         // with stand-ins for the new members, before any of them is written.
         let (slot_sbs, _, _) = self.grow_superblocks()?;
-        let standin = GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16] };
-        start_grow_with_spares(&slot_sbs, &[], &vec![standin; need], self.now_seconds())
+        start_grow_with_spares(&slot_sbs, &[], &vec![GrowMember::STANDIN; need], self.now_seconds())
             .map(|_| ())
             .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
     }
@@ -426,26 +425,8 @@ impl Array {
     fn may_reshape_now(&self) -> Result<(), String> {
         // The caller says that nothing was written.
         let refuse = |why: &str| Err(format!("cannot start the reshape: {why}"));
-        if self.read_only {
-            return refuse("the array is read-only");
-        }
-        if self.reshaping.is_some() {
-            return refuse("a reshape is already running");
-        }
-        if self.engine.is_degraded() || self.engine.is_failed() {
-            return refuse("the array is degraded: rebuild it first (md refuses too)");
-        }
-        if self.engine.sync_active() || self.engine.resync_owed() || self.sbs.resync_pending() {
-            return refuse("a resync, recovery or check is running or owed: let it finish first");
-        }
-        if !self.engine.replacements().is_empty() {
-            return refuse("a replacement is running: let it finish first");
-        }
-        if self.sbs.bitmap().is_some() {
-            return refuse(
-                "the array has a write-intent bitmap, which uraid does not yet reshape: remove it first \
-                 (mdadm --grow --bitmap=none)",
-            );
+        if let Some(why) = self.shape_change_blocked() {
+            return refuse(why);
         }
         if self.engine.ppl_enabled() {
             return refuse("the array keeps a partial parity log: switch to resync first");
@@ -454,6 +435,32 @@ impl Array {
             return refuse("a member has bad-block log entries");
         }
         Ok(())
+    }
+
+    /// What keeps the array's shape from changing now, a reshape or a takeover alike.
+    pub(super) fn shape_change_blocked(&self) -> Option<&'static str> {
+        if self.read_only {
+            return Some("the array is read-only");
+        }
+        if self.reshaping.is_some() || self.takeover.is_some() {
+            return Some("a reshape or takeover is already running");
+        }
+        if self.engine.is_degraded() || self.engine.is_failed() {
+            return Some("the array is degraded: rebuild it first (md refuses too)");
+        }
+        if self.engine.sync_active() || self.engine.resync_owed() || self.sbs.resync_pending() {
+            return Some("a resync, recovery or check is running or owed: let it finish first");
+        }
+        if !self.engine.replacements().is_empty() {
+            return Some("a replacement is running: let it finish first");
+        }
+        if self.sbs.bitmap().is_some() {
+            return Some(
+                "the array has a write-intent bitmap, which uraid does not yet carry through a reshape or a \
+                 level change: remove it first (mdadm --grow --bitmap=none)",
+            );
+        }
+        None
     }
 
     /// The superblocks a grow starts from: the slots' in slot order (with their keys), and

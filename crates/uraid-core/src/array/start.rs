@@ -82,9 +82,8 @@ impl Array {
                     .map(|s| s.as_ref().and_then(|s| offered.get(s.member)).map(|m| m.key as usize))
                     .collect();
                 // A spare's log is not the reshape's: it holds no data of either layout.
-                let in_slots = plan.slots.iter().flatten().filter_map(|s| offered.get(s.member));
-                let any_bad_blocks =
-                    in_slots.into_iter().any(|m| m.bad_blocks.as_ref().is_some_and(|b| !b.is_empty()));
+                let mut in_slots = plan.slots.iter().flatten().filter_map(|s| offered.get(s.member));
+                let any_bad_blocks = in_slots.any(|m| m.bad_blocks.as_ref().is_some_and(|b| !b.is_empty()));
                 let dirty = plan.resync.engine_ranges().is_some();
                 let (engine, r) = Array::resume_reshape(&config, r, &io, any_bad_blocks, dirty).map_err(|e| {
                     format!("{e} (serve it --read-only to read it, or finish it with `uraid grow --continue`)")

@@ -102,27 +102,8 @@ impl Array {
 
     /// Why the takeover to `target` cannot run now (nothing written).
     pub(super) fn may_take_over(&self, target: &ReshapeTarget) -> Result<Geometry, String> {
-        let refuse = |why: &str| Err(format!("cannot take the array over: {why}"));
-        if self.read_only {
-            return refuse("the array is read-only");
-        }
-        if self.reshaping.is_some() || self.takeover.is_some() {
-            return refuse("a reshape or takeover is already running");
-        }
-        if self.engine.is_failed() || self.engine.is_degraded() {
-            return refuse("the array is degraded: rebuild it first (md refuses too)");
-        }
-        if self.engine.sync_active() || self.engine.resync_owed() || self.sbs.resync_pending() {
-            return refuse("a resync, recovery or check is running or owed: let it finish first");
-        }
-        if self.sbs.bitmap().is_some() {
-            return refuse(
-                "the array has a write-intent bitmap, which uraid does not carry across a level change: \
-                 remove it first (mdadm --grow --bitmap=none)",
-            );
-        }
-        if !self.engine.replacements().is_empty() {
-            return refuse("a replacement is running: let it finish first");
+        if let Some(why) = self.shape_change_blocked() {
+            return Err(format!("cannot take the array over: {why}"));
         }
         takeover_geometry(self.engine.geometry(), target)
             .map_err(|e| format!("cannot take the array over: {e}"))

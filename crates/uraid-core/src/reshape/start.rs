@@ -16,6 +16,12 @@ pub struct GrowMember {
     pub device_uuid: [u8; 16],
 }
 
+impl GrowMember {
+    /// A member asked about before its device is known (a check ahead of `--add`): room
+    /// for any data offset; the device's own size is checked as it joins.
+    pub const STANDIN: GrowMember = GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16] };
+}
+
 /// What a refused grow says: what was wrong and what to do; nothing is written.
 fn refuse(what: &str, todo: &str) -> String {
     format!("cannot grow the array: {what}; {todo}; nothing was written")
