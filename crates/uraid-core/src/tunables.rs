@@ -32,6 +32,12 @@ fn redundant(level: Level) -> bool {
     level != Level::Raid0
 }
 
+/// Every level: a raid0 has no sync of its own, but its grow runs a reshape as a raid4,
+/// whose rate these bound (md's knobs there).
+fn any(_: Level) -> bool {
+    true
+}
+
 fn number(name: &str, value: &str) -> Result<u64, String> {
     value.trim().parse().map_err(|_| format!("{name}: {value:?} is not a whole number"))
 }
@@ -109,8 +115,8 @@ pub const TUNABLES: &[TunableSpec] = &[
     },
     TunableSpec {
         name: "sync_speed_min",
-        help: "resync/recovery floor while other I/O runs, KiB/s (or `system`)",
-        applies_to: redundant,
+        help: "resync/recovery/reshape floor while other I/O runs, KiB/s (or `system`)",
+        applies_to: any,
         get: |t| t.sync_speed_min_kib.to_string(),
         set: |t, v| {
             t.sync_speed_min_kib = sync_speed("sync_speed_min", v, Tunables::default().sync_speed_min_kib)?;
@@ -119,8 +125,8 @@ pub const TUNABLES: &[TunableSpec] = &[
     },
     TunableSpec {
         name: "sync_speed_max",
-        help: "resync/recovery ceiling, KiB/s (or `system`); not below sync_speed_min",
-        applies_to: redundant,
+        help: "resync/recovery/reshape ceiling, KiB/s (or `system`); not below sync_speed_min",
+        applies_to: any,
         get: |t| t.sync_speed_max_kib.to_string(),
         set: |t, v| {
             t.sync_speed_max_kib = sync_speed("sync_speed_max", v, Tunables::default().sync_speed_max_kib)?;

@@ -699,3 +699,174 @@ fn takeovers_while_serving_keep_the_data() {
         }
     }
 }
+
+/// mdadm's raid0 grow while serving: `new` members `--add`ed, then raid0 to raid4 (parity
+/// slot empty), the raid4 grown (the first new member in the old parity slot), raid4 back
+/// to raid0.
+fn grow_raid0(d: &mut Driver<Array>, new: usize) {
+    let n = d.engine.engine().geometry().raid_disks;
+    let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+    let req = GrowRequest { raid_disks: Some(n + new), adding: new, ..Default::default() };
+    let plan = grow_plan(&cur, &req).unwrap();
+    d.engine.may_grow(&plan).unwrap();
+    d.engine.may_add_for_grow(&plan).unwrap();
+    for i in 0..new {
+        let m = prepare_new_member(d, MEMBER_BYTES, 0xB0 + i as u8);
+        d.engine.add_member(m, d.now_ns).unwrap();
+    }
+    let said = d.engine.grow(&plan, d.now_ns).unwrap();
+    assert!(said.contains("by way of raid4"), "{said}");
+}
+
+#[test]
+fn a_raid0_grows_by_members_while_serving_by_way_of_raid4() {
+    use uraid_core::geometry::Level;
+    for (n, new, seed) in [(3usize, 1usize, 61u64), (2, 2, 62), (4, 1, 63)] {
+        let (mut d, mut model) = array_with_data(0, n, seed);
+        let size = model.len() as u64;
+        let what = format!("raid0 of {n} + {new}");
+        // Adding to a raid0 is refused outside a grow.
+        let m = prepare_new_member(&mut d, MEMBER_BYTES, 0xAF);
+        assert!(d.engine.add_member(m, d.now_ns).unwrap_err().contains("raid0"), "{what}");
+        grow_raid0(&mut d, new);
+        let mut clients = Clients::new(seed * 7);
+        let mut steps = 0u64;
+        let mut saw = (false, false);
+        loop {
+            let geo = d.engine.engine().geometry();
+            saw.0 |= geo.level == Level::Raid4;
+            saw.1 |= d.engine.is_reshaping();
+            if geo.level == Level::Raid0 && geo.raid_disks == n + new {
+                break;
+            }
+            clients.issue(&mut d, size);
+            d.engine.unplug(d.now_ns);
+            d.step();
+            let _ = clients.collect(&mut d, &mut model);
+            steps += 1;
+            assert!(steps < 20_000_000, "{what}: the grow never ended");
+        }
+        while !clients.out.is_empty() {
+            d.run_until_idle();
+            let _ = clients.collect(&mut d, &mut model);
+        }
+        d.run_until_idle();
+        assert_eq!(saw, (true, true), "{what}: raid4 and a reshape on the way");
+        assert!(!d.engine.engine().is_degraded(), "{what}");
+        assert_eq!(d.engine.engine().size_bytes(), size / n as u64 * (n + new) as u64, "{what}: new size");
+        assert!(read_all(&mut d, size) == model, "{what}: data");
+        // The new space takes writes.
+        let tail = vec![0x5au8; 1 << 20];
+        assert!(d.run_one(Request::write(7777, size, tail.clone())).is_ok(), "{what}");
+        assert!(d.run_one(Request::read(7778, size, 1 << 20)).unwrap() == tail, "{what}");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        // Image `n` is the device refused above.
+        let keys: Vec<usize> = (0..n).chain(n + 1..=n + new).collect();
+        for (slot, &m) in keys.iter().enumerate() {
+            let sb = members.superblock(m);
+            assert_eq!((sb.level, sb.raid_disks as usize), (0, n + new), "{what}: member {m}: {sb:?}");
+            assert!(!sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::RECOVERY_OFFSET), "{what}: {sb:?}");
+            assert_eq!(sb.slot(), Some(slot as u32), "{what}: member {m}");
+            // raid0_takeover_raid45: the members' data is the component size.
+            assert_eq!(sb.data_size, sb.size, "{what}: member {m}");
+        }
+        let mut again = start_array(members, &keys, seed + 100);
+        assert_eq!(again.engine.engine().geometry().level, Level::Raid0, "{what}");
+        assert!(read_all(&mut again, size) == model, "{what}: after assembly");
+    }
+}
+
+#[test]
+fn a_power_cut_anywhere_in_a_raid0_grow_loses_no_acknowledged_write() {
+    use uraid_core::geometry::Level;
+    let n = 3usize;
+    for cut in 0..10u64 {
+        let seed = 70 + cut;
+        let (mut d, mut model) = array_with_data(0, n, seed);
+        let size = model.len() as u64;
+        grow_raid0(&mut d, 1);
+        let mut clients = Clients::new(seed);
+        let mut rng = Rng(seed * 5);
+        // Cut 0 and 1 in the takeover to raid4 or the grow's start; the others spread
+        // over the reshape, and the last ones at the takeover back to raid0.
+        let mut steps = 0u64;
+        loop {
+            let geo = d.engine.engine().geometry();
+            let at = match (geo.level, d.engine.reshape_progress()) {
+                (Level::Raid0, _) if geo.raid_disks == n => 0,
+                (Level::Raid4, None) if geo.raid_disks == n + 1 => 1,
+                (Level::Raid4, Some((p, e))) => 2 + p * 7 / e.max(1),
+                _ => 9,
+            };
+            let done = geo.level == Level::Raid0 && geo.raid_disks == n + 1;
+            if done || (at >= cut && rng.below(4) == 0) {
+                break;
+            }
+            clients.issue(&mut d, size);
+            d.engine.unplug(d.now_ns);
+            step_slow_metadata(&mut d, steps);
+            let _ = clients.collect(&mut d, &mut model);
+            steps += 1;
+            assert!(steps < 20_000_000, "cut {cut}: the grow never ended");
+        }
+        let geo = d.engine.engine().geometry();
+        eprintln!(
+            "raid0 grow cut {cut}: step {steps}, raid{} of {}, reshape {:?}, {} I/Os dropped",
+            geo.level.md_level(),
+            geo.raid_disks,
+            d.engine.reshape_progress(),
+            d.pending.len()
+        );
+        d.pending.clear();
+        let in_flight: Vec<(u64, Vec<u8>)> =
+            clients.out.iter().filter_map(|(_, at, _, data)| data.clone().map(|b| (*at, b))).collect();
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut d = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 1000);
+        let mut guard = 0;
+        while d.engine.is_reshaping() {
+            d.run_until_idle();
+            guard += 1;
+            assert!(guard < 1000, "cut {cut}: the resumed reshape never ended");
+        }
+        d.run_until_idle();
+        let got = read_all(&mut d, size);
+        for s in 0..size / 512 {
+            let r = (s * 512) as usize..(s * 512 + 512) as usize;
+            if got[r.clone()] == model[r.clone()] {
+                continue;
+            }
+            let written = in_flight.iter().any(|(at, b)| {
+                let at = *at as usize;
+                r.start >= at && r.end <= at + b.len() && got[r.clone()] == b[r.start - at..r.end - at]
+            });
+            assert!(written, "cut {cut} (step {steps}): sector {s} lost an acknowledged write");
+        }
+        // What the restart serves: the raid0 (before or after), or the raid4 the grow
+        // passed through (md leaves it so too), which `--level 0` takes back to raid0 once
+        // its parity slot is empty.
+        let geo = d.engine.engine().geometry().clone();
+        match geo.level {
+            Level::Raid0 => assert!(geo.raid_disks == n || geo.raid_disks == n + 1, "cut {cut}: {geo:?}"),
+            Level::Raid4 if geo.raid_disks == n + 2 => {
+                assert!(d.engine.engine().is_degraded(), "cut {cut}: the parity slot stays empty");
+                let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+                let req = GrowRequest { level: Some(Level::Raid0), ..Default::default() };
+                let plan = grow_plan(&cur, &req).unwrap();
+                d.engine.may_grow(&plan).unwrap();
+                d.engine.grow(&plan, d.now_ns).unwrap();
+                d.run_until_idle();
+                let geo = d.engine.engine().geometry();
+                assert_eq!((geo.level, geo.raid_disks), (Level::Raid0, n + 1), "cut {cut}");
+                assert!(read_all(&mut d, size) == got, "cut {cut}: the takeover back to raid0");
+            }
+            // Cut before the grow's start was durable: the spare took the parity slot.
+            Level::Raid4 => {
+                assert_eq!(geo.raid_disks, n + 1, "cut {cut}");
+                d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+                d.run_until_idle();
+                assert_eq!(d.engine.engine().mismatch_cnt(), 0, "cut {cut}: md's check");
+            }
+            other => panic!("cut {cut}: raid{}", other.md_level()),
+        }
+    }
+}

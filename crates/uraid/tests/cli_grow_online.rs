@@ -84,10 +84,12 @@ fn raid5_and_raid6_grow_under_fio_verify_and_serve_the_new_size() {
         let second = fio_verify_job("second", &s.url, &region, 8, &[&format!("--offset={region}")]);
         let mut writer = spawn_fio(&second);
         let reread = [&first[..], &["--verify_only".to_string(), "--rw=randread".to_string()]].concat();
-        let reader = spawn_fio(&reread).wait();
+        let reader = spawn_fio(&reread);
+        // Asked while both fio jobs run (asked after them, a loaded machine saw the
+        // reshape done before the reader was).
         let st = s.ctl("status", None);
         assert!(st.contains("reshape ="), "fio ran inside the reshape:\n{st}");
-        check_fio_run(&reader, "verify during the grow", before / 2 / 8192, &s.log_text());
+        check_fio_run(&reader.wait(), "verify during the grow", before / 2 / 8192, &s.log_text());
         let t0 = Instant::now();
         while !writer.try_done() {
             assert!(t0.elapsed() < Duration::from_secs(120), "fio hung");
@@ -238,4 +240,84 @@ fn raid5_to_raid6_while_serving_survives_kill_9_and_ends_with_q() {
     let degraded = Served::start(&dir, &[&two_gone[..], &[new]].concat(), &["--read-only", "--run"]);
     assert_eq!(sha256_bytes(&read_array(&dir, &degraded.url)), before, "raid6 missing two members");
     degraded.stop();
+}
+
+/// A raid0 grown by a member while serving (`--raid-devices 4 --add NEW`), mdadm's way
+/// through raid4: first to the end under fio, the new size served and md's on-disk raid0
+/// at the end; then again, killed mid-reshape: the restart serves the raid4 mid-way with
+/// the same bytes, finishes the reshape, and `--level 0` takes it back to raid0.
+#[test]
+fn a_raid0_grows_by_a_member_while_serving_and_survives_kill_9() {
+    let dir = TempDir::new("grow-online-raid0");
+    let members = create_clean(&dir, "0", 3, MEMBER, &["--chunk", "64"]);
+    let new = blank(&dir, "new");
+    let (s, size, before) = serve_filled(&dir, &members);
+    let said = grow(&s, 4, &new);
+    assert!(said.contains("by way of raid4"), "{said}");
+    // Read back as `serve_filled` wrote it (whole 1 MiB blocks, each with its header).
+    let reread =
+        fio_verify_job("fill", &s.url, &size.to_string(), 3, &["--verify_only", "--rw=read", "--bs=1m"]);
+    let reader = spawn_fio(&reread);
+    let st = s.ctl("status", None);
+    assert!(st.contains("reshape =") || st.contains("raid4"), "fio ran inside the grow:\n{st}");
+    check_fio_run(&reader.wait(), "verify during the raid0 grow", size as u64 >> 20, &s.log_text());
+    let c = s.control.display().to_string();
+    ok(uraid(&["set", "sync_speed_max", "200000", "--control", &c]), "uraid set");
+    let t0 = Instant::now();
+    while !s.log_text().contains("raid0 grow done") {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the grow never ended:\n{}", s.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
+    assert!(detail.contains("raid0") && detail.contains("Raid Devices : 4"), "{detail}");
+    let t0 = Instant::now();
+    let mut after = export_size(&s.url);
+    while after == size as u64 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+        after = export_size(&s.url);
+    }
+    assert_eq!(after, size as u64 / 3 * 4, "a member's worth more");
+    let got = read_array(&dir, &s.url);
+    assert_eq!(sha256_bytes(&got[..size]), before, "after the grow");
+    s.stop();
+    let mut all = members.clone();
+    all.push(new.clone());
+    for m in &all {
+        let sb = text(&uraid(&["examine", m.to_str().unwrap()]));
+        assert!(sb.contains("raid0") && !sb.contains("Reshape pos'n"), "{sb}");
+    }
+
+    // Again from a raid0 of three, killed inside the raid4 reshape.
+    let dir = TempDir::new("grow-online-raid0-kill");
+    let members = create_clean(&dir, "0", 3, MEMBER, &["--chunk", "64"]);
+    let new = blank(&dir, "new");
+    let (s, size, before) = serve_filled(&dir, &members);
+    grow(&s, 4, &new);
+    let sb = kill_mid_reshape(s, 1500, &new);
+    assert!(
+        sb.contains("raid4") && sb.contains("Recovery Offset"),
+        "the new member in the old parity slot:\n{sb}"
+    );
+    let mut all = members.clone();
+    all.push(new.clone());
+    let again = Served::start(&dir, &all, &["--sync-speed-max", "4000", "--run"]);
+    assert_eq!(sha256_bytes(&read_array(&dir, &again.url)), before, "mid-reshape, the data reads back");
+    let c = finish_reshape(&again);
+    let said = ok(uraid(&["grow", "--control", &c, "--level", "0"]), "uraid grow --level 0");
+    assert!(said.contains("takeover"), "{said}");
+    let t0 = Instant::now();
+    loop {
+        let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
+        if detail.contains("Raid Level : raid0") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{detail}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    again.stop();
+    let again = Served::start(&dir, &all, &[]);
+    assert_eq!(export_size(&again.url), size as u64 / 3 * 4);
+    let got = read_array(&dir, &again.url);
+    assert_eq!(sha256_bytes(&got[..size]), before, "raid0 of four after the restart");
+    again.stop();
 }

@@ -621,3 +621,63 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
         }
     }
 }
+
+/// A raid0 grow by a member made by uraid while serving (mdadm's way: raid4 with its parity
+/// slot empty, grown with the new member in the old parity slot, back to raid0), md's
+/// raid0 of three to start: (a) stopped inside the raid4 reshape, the superblocks are what
+/// md writes for its own (`mdadm --grow -n 4 --add` on a raid0), and md assembles them,
+/// finishes the reshape and reads what it held; (b) run to the end, md assembles the
+/// raid0 of four uraid left.
+#[test]
+fn md_takes_a_raid0_grow_uraid_made_while_serving_midway_and_done() {
+    let dir = TempDir::new("raid0grow-online");
+    let images = member_files(&dir, 4);
+    let script = format!("{}mdadm --stop /dev/md0\n", md_make(0, 3));
+    let (_, field) = md_run(&dir, &script, &images[..3]);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let fresh = TempDir::new("raid0grow-online-done");
+    let copies: Vec<PathBuf> =
+        images.iter().map(|p| fresh.path(p.file_name().unwrap().to_str().unwrap())).collect();
+    for (a, b) in images.iter().zip(&copies) {
+        std::fs::copy(a, b).unwrap();
+    }
+
+    // (a) Stopped mid-way.
+    let grow = ["--raid-devices", "4", "--add", images[3].to_str().unwrap()];
+    let sb = reshape_while_serving_then_stop(&dir, &images[..3], &grow);
+    assert_eq!((sb.level, sb.layout, sb.raid_disks, sb.delta_disks), (4, 5, 5, 1), "as md's: {sb:?}");
+    assert_eq!((sb.new_level, sb.new_layout, sb.new_offset), (4, 5, -512), "as md's: {sb:?}");
+    let new = read_sb(&images[3]);
+    assert_eq!(new.slot(), Some(3), "the new member in the old parity slot: {new:?}");
+    assert!(new.has(feature::RECOVERY_OFFSET) && new.recovery_offset >= new.reshape_position / 4, "{new:?}");
+    let (sha, size, _, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "md finished the raid4 reshape of uraid's raid0 grow:\n{out}");
+    assert_eq!(size as usize, size_before / 3 * 4, "{out}");
+    assert!(out.contains("raid4"), "{out}");
+
+    // (b) To the end: md's raid0 of four.
+    let served = Served::start(&fresh, &copies[..3], &[]);
+    let c = served.control.display().to_string();
+    let said = ok(
+        uraid(&["grow", "--control", &c, "--raid-devices", "4", "--add", copies[3].to_str().unwrap()]),
+        "uraid grow",
+    );
+    assert!(said.contains("by way of raid4"), "{said}");
+    let t0 = std::time::Instant::now();
+    while !served.log_text().contains("raid0 grow done") {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(120), "{}", served.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    served.stop();
+    let script = format!(
+        "mdadm --assemble /dev/md0 /dev/vd? || exit 3\ncat /proc/mdstat\n\
+         echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
+         echo \"=== sha $(head -c {size_before} /dev/md0 | sha256sum)\"\n\
+         mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
+    );
+    let (out, field) = md_run(&fresh, &script, &copies);
+    assert_eq!(field("sha").split_whitespace().next().unwrap(), sha_before, "{out}");
+    assert_eq!(field("size").parse::<usize>().unwrap(), size_before / 3 * 4, "{out}");
+    assert!(out.contains("Raid Level : raid0") && out.contains("Raid Devices : 4"), "{out}");
+}

@@ -53,7 +53,7 @@ impl Array {
         if self.read_only {
             return Err(format!("the array is served read-only: members cannot be {what}"));
         }
-        if self.engine.geometry().level == Level::Raid0 {
+        if self.engine.geometry().level == Level::Raid0 && !self.raid0_grow_adds {
             return Err(
                 "raid0 has no redundancy to rebuild a member from (take it over to raid4 or raid5 first: \
                         `uraid grow --level 4`, then add the member for the parity slot)"
@@ -68,6 +68,15 @@ impl Array {
             ));
         }
         Ok(())
+    }
+
+    /// Why the devices `--add`ed for `plan` cannot join now. A raid0 takes them (as spares
+    /// until the grow takes them, in the same command) only for a grow by members.
+    pub fn may_add_for_grow(&mut self, plan: &super::grow::GrowPlan) -> Result<(), String> {
+        let raid0_grow = matches!(plan, super::grow::GrowPlan::Reshape(t)
+            if t.level == Level::Raid0 && self.engine.geometry().level == Level::Raid0);
+        self.raid0_grow_adds = raid0_grow;
+        self.may_add("added")
     }
 
     /// The superblock of a device joining the array: the array's fields, its own identity

@@ -199,6 +199,8 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
         // md's takeover_raid0: a parity slot more, missing until a spare fills it.
         (Level::Raid0, Level::Raid4 | Level::Raid5) => cur.raid_disks + 1,
         (Level::Raid6, Level::Raid5) => cur.raid_disks - 1,
+        // raid0_takeover_raid45: the (missing) parity slot goes.
+        (Level::Raid4 | Level::Raid5, Level::Raid0) => cur.raid_disks - 1,
         _ => cur.raid_disks,
     });
     let layout = match &req.layout {
@@ -252,6 +254,17 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
         Level::Raid0 => {
             if raid_disks < cur.raid_disks {
                 return refuse(shrink_first(cur, raid_disks));
+            }
+            let wanted = raid_disks.saturating_sub(cur.raid_disks);
+            if level == Level::Raid0 && wanted > cur.spares + req.adding {
+                // A raid0 cannot run without a member: there is no growing it degraded.
+                return refuse(format!(
+                    "raid0 to {raid_disks} members needs {wanted} new device{}, and {} {} given: give them \
+                     with --add",
+                    if wanted == 1 { "" } else { "s" },
+                    cur.spares + req.adding,
+                    if cur.spares + req.adding == 1 { "was" } else { "were" }
+                ));
             }
             Ok(GrowPlan::Reshape(target))
         }
@@ -460,6 +473,7 @@ impl Array {
     /// members already spares). Answers what was done, in a sentence.
     pub fn grow(&mut self, plan: &GrowPlan, now_ns: TimeNs) -> Result<String, String> {
         self.now_ns = self.now_ns.max(now_ns);
+        self.raid0_grow_adds = false;
         let done = match plan {
             GrowPlan::Unchanged(why) => return Ok(why.clone()),
             GrowPlan::AddMirrors { from, to } => self.set_mirror_count(*from, *to)?,
@@ -470,7 +484,11 @@ impl Array {
             }
             GrowPlan::Reshape(target) => {
                 self.start_reshape(target)?;
-                let what = if self.taking_over() { "takeover" } else { "reshape" };
+                let what = match () {
+                    _ if self.raid0_grow.is_some() => "grow (by way of raid4, as md does)",
+                    _ if self.taking_over() => "takeover",
+                    _ => "reshape",
+                };
                 format!("{what} to {} of {} members started", name(target.level), target.raid_disks)
             }
         };
@@ -482,6 +500,9 @@ impl Array {
     /// members already spares. Nothing has changed when it answers an error.
     pub fn start_reshape(&mut self, target: &ReshapeTarget) -> Result<(), String> {
         self.may_start_reshape(target)?;
+        if is_raid0_grow(self.engine.geometry(), target) {
+            return self.start_raid0_grow(target.raid_disks);
+        }
         if is_takeover(self.engine.geometry(), target) {
             return self.start_takeover(target);
         }
@@ -504,6 +525,9 @@ impl Array {
         if grow_by_members {
             // The spares it takes may be `--add`ed after this check (the plan counted them).
             return self.may_start_online_grow(target.raid_disks, false);
+        }
+        if is_raid0_grow(geo, target) {
+            return self.may_start_raid0_grow(target.raid_disks);
         }
         if is_takeover(geo, target) {
             return self.may_take_over(target).map(|_| ());
@@ -567,9 +591,11 @@ impl Array {
 }
 
 /// md's takeovers that move no data: raid1 of two to raid5, raid0 to raid4 or raid5, raid6
-/// to raid5 (see `takeover`), as mdadm asks them (no other change in the same grow).
+/// to raid5, raid4 or raid5 without its parity member to raid0 (see `takeover`), as mdadm
+/// asks them (no other change in the same grow).
 fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
     match (geo.level, target.level) {
+        (Level::Raid4 | Level::Raid5, Level::Raid0) => target.raid_disks + 1 == geo.raid_disks,
         (Level::Raid1, Level::Raid5) => target.raid_disks == geo.raid_disks,
         (Level::Raid6, Level::Raid5) => target.raid_disks + 1 == geo.raid_disks,
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {
@@ -577,6 +603,14 @@ fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
         }
         _ => false,
     }
+}
+
+/// A raid0 gaining members: mdadm's way through raid4 (see `raid0_grow`).
+fn is_raid0_grow(geo: &Geometry, target: &ReshapeTarget) -> bool {
+    geo.level == Level::Raid0
+        && target.level == Level::Raid0
+        && target.raid_disks > geo.raid_disks
+        && target.chunk_sectors == geo.chunk_sectors
 }
 
 /// The restripe `target` asks of a raid4/5/6 on the same data members: a chunk or a
@@ -833,7 +867,13 @@ mod tests {
         let r0 = raid(Level::Raid0, 2);
         refused(&r0, &ask(|r| r.size = Some(GrowSize::Max)), "component size of a raid0");
         refused(&r0, &ask(|r| r.level = Some(Level::Raid6)), "cannot turn a raid0 into raid6");
-        assert!(matches!(plan(&r0, &ask(|r| r.raid_disks = Some(3))), Ok(GrowPlan::Reshape(_))));
+        // A raid0 grows only with its new members (no growing it degraded).
+        refused(&r0, &ask(|r| r.raid_disks = Some(3)), "needs 1 new device");
+        let grow = ask(|r| {
+            r.raid_disks = Some(3);
+            r.adding = 1
+        });
+        assert!(matches!(plan(&r0, &grow), Ok(GrowPlan::Reshape(_))));
     }
 
     #[test]

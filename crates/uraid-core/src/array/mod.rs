@@ -11,6 +11,7 @@
 mod admission;
 mod control;
 mod grow;
+mod raid0_grow;
 mod reshape_ops;
 mod reshaping;
 mod rounds;

@@ -22,7 +22,9 @@ use crate::engine::Engine;
 use crate::geometry::Geometry;
 use crate::meta::Superblock;
 use crate::reshape::run::ReshapeRun;
-use crate::reshape::start::{start_grow_with_spares, start_restripe, GrowMember, Restripe};
+use crate::reshape::start::{
+    start_grow_into_empty_parity_slot, start_grow_with_spares, start_restripe, GrowMember, Restripe,
+};
 use crate::reshape::ReshapeGeometry;
 
 fn span_of(req: &Request) -> (u64, u64) {
@@ -81,11 +83,11 @@ fn may_run(
             "continuing a reshape that neither adds members nor only changes the chunk or layout while serving",
         ));
     }
-    // A member the reshape recovers as it goes: only raid5 to raid6's Q (md's takeover
-    // to a `-6` layout puts it last), recovered exactly as far as the checkpoint.
+    // A member the reshape recovers as it goes (raid5 to raid6's Q, a raid4 grow's member
+    // in the old parity slot), recovered at least as far as the checkpoint.
     for (slot, s) in states.iter().enumerate() {
         let MemberState::Recovering { recovery_offset_sectors } = *s else { continue };
-        if !(restripe && recovered_by_reshape(geo, slot)) {
+        if !recovered_by_reshape(geo, slot) {
             return Err(unsupported(&format!("a reshape while slot {slot} is being recovered")));
         }
         if recovery_offset_sectors < geo.position_sectors / n.data_disks() as u64 {
@@ -98,11 +100,22 @@ fn may_run(
     ReshapeRun::new(geo.clone())
 }
 
-/// Slot `slot` is the Q of md's raid5-to-raid6 takeover (a `-6` layout going to one that
-/// is not), which holds nothing in the previous layout and is written by the reshape.
+/// Slot `slot` holds nothing in the previous layout and is written by the reshape: the Q
+/// of md's raid5-to-raid6 takeover (a `-6` layout going to one that is not), or the empty
+/// parity slot of a raid4 (or parity-last raid5) that a grow makes a data slot (md's
+/// raid5_start_reshape puts the first new member there: mdadm's raid0 grow).
 fn recovered_by_reshape(geo: &ReshapeGeometry, slot: usize) -> bool {
+    let (p, n) = (&geo.previous, &geo.next);
     let takeover = |layout: u32| layout >= crate::geometry::algorithm::LEFT_ASYMMETRIC_6;
-    takeover(geo.previous.layout) && !takeover(geo.next.layout) && slot + 1 == geo.previous.raid_disks
+    let q = n.raid_disks == p.raid_disks && takeover(p.layout) && !takeover(n.layout);
+    let parity_slot = n.raid_disks > p.raid_disks && parity_last(p);
+    (q || parity_slot) && slot + 1 == p.raid_disks
+}
+
+/// Parity on the last member: raid4, or raid5's parity-last layout.
+pub(super) fn parity_last(geo: &Geometry) -> bool {
+    use crate::geometry::{algorithm, Level};
+    geo.level == Level::Raid4 || (geo.level == Level::Raid5 && geo.layout == algorithm::PARITY_N)
 }
 
 /// Each side's member states from the assembled ones: the Q a raid5-to-raid6 reshape
@@ -388,7 +401,8 @@ impl Array {
     /// Why a grow of this running raid4/5/6 by members cannot start now.
     /// `count_spares`: whether the spares it takes must be there already.
     pub(super) fn may_start_online_grow(&self, to_disks: usize, count_spares: bool) -> Result<(), String> {
-        self.may_reshape_now()?;
+        // md grows a raid4 whose parity member is missing (mdadm's raid0 grow does).
+        self.may_reshape_now(true)?;
         let geo = self.engine.geometry();
         let refuse = |why: &str| Err(format!("cannot start the reshape: {why}"));
         let spares = self.sbs.members().iter().filter(|m| m.role == DevRole::Spare).count();
@@ -401,7 +415,7 @@ impl Array {
         // What the members allow (room to move the data offset): asked of the start itself
         // with stand-ins for the new members, before any of them is written.
         let (slot_sbs, _, _) = self.grow_superblocks()?;
-        start_grow_with_spares(&slot_sbs, &[], &vec![GrowMember::STANDIN; need], self.now_seconds())
+        self.start_grow_superblocks(&slot_sbs, &[], &vec![GrowMember::STANDIN; need])
             .map(|_| ())
             .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
     }
@@ -410,7 +424,7 @@ impl Array {
     /// rules, and what mdadm asks of the new chunk or layout and of the room to move the data.
     /// For raid5 to raid6 the new member may be `--add`ed after this check.
     pub(super) fn may_start_online_restripe(&self, change: Restripe) -> Result<(), String> {
-        self.may_reshape_now()?;
+        self.may_reshape_now(false)?;
         let (slot_sbs, _, _) = self.grow_superblocks()?;
         let mut states = self.engine.member_states();
         if matches!(change, Restripe::Raid6 { .. }) {
@@ -422,10 +436,11 @@ impl Array {
     }
 
     /// What keeps any reshape from starting now (md's checks before `start_reshape`).
-    fn may_reshape_now(&self) -> Result<(), String> {
+    /// `parity_slot_empty_ok`: see [`Array::shape_change_blocked`].
+    fn may_reshape_now(&self, parity_slot_empty_ok: bool) -> Result<(), String> {
         // The caller says that nothing was written.
         let refuse = |why: &str| Err(format!("cannot start the reshape: {why}"));
-        if let Some(why) = self.shape_change_blocked() {
+        if let Some(why) = self.shape_change_blocked(parity_slot_empty_ok) {
             return refuse(why);
         }
         if self.engine.ppl_enabled() {
@@ -437,15 +452,30 @@ impl Array {
         Ok(())
     }
 
+    /// Parity on the last slot, which is empty, and every other member in sync: a raid0
+    /// taken over (md's takeover_raid0), the state mdadm's raid0 grow passes through.
+    pub(super) fn parity_slot_empty(&self) -> bool {
+        let states = self.engine.member_states();
+        let Some((last, rest)) = states.split_last() else { return false };
+        let held = self.sbs.members().iter().any(|m| m.role.active_slot() == Some(states.len() - 1));
+        parity_last(self.engine.geometry())
+            && matches!(last, MemberState::Missing)
+            && !held
+            && rest.iter().all(|s| matches!(s, MemberState::InSync))
+    }
+
     /// What keeps the array's shape from changing now, a reshape or a takeover alike.
-    pub(super) fn shape_change_blocked(&self) -> Option<&'static str> {
+    /// `parity_slot_empty_ok`: a raid4 degraded only by its empty parity slot may change
+    /// (a grow, or the takeover to raid0 that needs it so).
+    pub(super) fn shape_change_blocked(&self, parity_slot_empty_ok: bool) -> Option<&'static str> {
         if self.read_only {
             return Some("the array is read-only");
         }
         if self.reshaping.is_some() || self.takeover.is_some() {
             return Some("a reshape or takeover is already running");
         }
-        if self.engine.is_degraded() || self.engine.is_failed() {
+        let degraded = self.engine.is_degraded() && !(parity_slot_empty_ok && self.parity_slot_empty());
+        if degraded || self.engine.is_failed() {
             return Some("the array is degraded: rebuild it first (md refuses too)");
         }
         if self.engine.sync_active() || self.engine.resync_owed() || self.sbs.resync_pending() {
@@ -466,7 +496,7 @@ impl Array {
     /// The superblocks a grow starts from: the slots' in slot order (with their keys), and
     /// the spares' (keys with them), as of a clean array at this event count.
     #[allow(clippy::type_complexity)]
-    fn grow_superblocks(
+    pub(super) fn grow_superblocks(
         &self,
     ) -> Result<(Vec<Superblock>, Vec<MemberKey>, Vec<(MemberKey, Superblock)>), String> {
         let from = self.engine.geometry().raid_disks;
@@ -477,10 +507,15 @@ impl Array {
             sb.events = events;
             sb
         };
-        let mut slot_keys = vec![None; from];
+        // An empty parity slot has no superblock to start from (a raid4 grow puts the first
+        // new member there).
+        let present = if self.parity_slot_empty() { from - 1 } else { from };
+        let mut slot_keys = vec![None; present];
         for m in self.sbs.members() {
             if let DevRole::Active { slot, .. } = m.role {
-                slot_keys[slot] = Some(m.key);
+                if let Some(k) = slot_keys.get_mut(slot) {
+                    *k = Some(m.key);
+                }
             }
         }
         let slot_keys: Vec<MemberKey> =
@@ -494,6 +529,19 @@ impl Array {
             .map(|m| (m.key, as_clean(&m.sb)))
             .collect();
         Ok((slot_sbs, slot_keys, spares))
+    }
+
+    /// The superblocks a grow by `new_members` starts with (see `reshape::start`).
+    #[allow(clippy::type_complexity)]
+    fn start_grow_superblocks(
+        &self,
+        slot_sbs: &[Superblock],
+        spare_sbs: &[Superblock],
+        new_members: &[GrowMember],
+    ) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
+        let start =
+            if self.parity_slot_empty() { start_grow_into_empty_parity_slot } else { start_grow_with_spares };
+        start(slot_sbs, spare_sbs, new_members, self.now_seconds())
     }
 
     /// md's raid5_start_reshape for a grow by members: spares take the new slots, every
@@ -513,15 +561,16 @@ impl Array {
             })
             .collect();
         let staying_sbs: Vec<Superblock> = staying.iter().map(|(_, sb)| sb.clone()).collect();
-        let (all, spare_sbs, geo) =
-            start_grow_with_spares(&slot_sbs, &staying_sbs, &new_members, self.now_seconds())?;
+        let (all, spare_sbs, geo) = self.start_grow_superblocks(&slot_sbs, &staying_sbs, &new_members)?;
         let run = ReshapeRun::new(geo)?;
         let mut updates: Vec<(MemberKey, Superblock, Option<usize>)> = Vec::new();
         for (slot, key) in slot_keys.iter().enumerate() {
             updates.push((*key, all[slot].clone(), None));
         }
+        // The first new member takes the empty parity slot, if there is one.
+        let first_new = slot_sbs.len();
         for (i, (key, _)) in taking.iter().enumerate() {
-            updates.push((*key, all[from + i].clone(), Some(from + i)));
+            updates.push((*key, all[first_new + i].clone(), Some(first_new + i)));
         }
         for ((key, _), sb) in staying.iter().zip(spare_sbs) {
             updates.push((*key, sb, None));
@@ -551,7 +600,7 @@ impl Array {
     /// takeover), recovered by the reshape as it goes; `change`'s member is not used.
     pub(super) fn start_online_restripe(&mut self, change: Restripe) -> Result<(), String> {
         // start_restripe and may_run check the rest, on the superblocks they start from.
-        self.may_reshape_now()?;
+        self.may_reshape_now(false)?;
         let (slot_sbs, slot_keys, mut spares) = self.grow_superblocks()?;
         let mut states = self.engine.member_states();
         let (change, taking) = match change {
@@ -598,14 +647,19 @@ impl Array {
         let geo = r.run.geometry().clone();
         let n = geo.next.raid_disks;
         let old = self.engine.geometry().raid_disks;
-        let mut states = self.engine.member_states();
-        states.resize(n, MemberState::InSync);
-        let mut io: Vec<Option<usize>> = (0..old).map(|s| Some(self.engine.io_member(s))).collect();
-        io.resize(n, None);
+        let old_states = self.engine.member_states();
+        // In the next layout: the old slots as they are; a slot the start gave a member
+        // that the old layout had not (new, or the reshape recovers it) is written by the
+        // reshape below the checkpoint, where the next engine serves; any other missing.
+        let mut states = vec![MemberState::Missing; n];
+        let mut io: Vec<Option<usize>> = vec![None; n];
+        for slot in 0..old {
+            (states[slot], io[slot]) = (old_states[slot], Some(self.engine.io_member(slot)));
+        }
         for m in self.sbs.members() {
             if let DevRole::Active { slot, .. } = m.role {
-                if slot >= old {
-                    io[slot] = Some(m.key as usize);
+                if slot >= old || matches!(old_states[slot], MemberState::Missing) {
+                    (states[slot], io[slot]) = (MemberState::InSync, Some(m.key as usize));
                 }
             }
         }
@@ -852,11 +906,18 @@ impl Array {
             geo.next.raid_disks,
             self.engine.size_bytes() / 1024
         ));
-        if r.resync_after {
+        if r.resync_after && self.parity_slot_empty() {
+            // No parity member to make consistent: md's sync_request skips the resync of
+            // an array degraded as far as it goes, and the array is clean.
+            self.sbs.resync_done();
+        } else if r.resync_after {
             self.engine.start_resync(None, self.now_ns);
         }
         let states = self.engine.member_states();
-        for (slot, s) in states.iter().enumerate() {
+        // A raid0 grow's next step is the takeover back to raid0, which needs the parity
+        // slot empty.
+        let wanted = states.iter().enumerate().filter(|_| self.raid0_grow.is_none());
+        for (slot, s) in wanted {
             if matches!(s, MemberState::Missing | MemberState::Faulty) && !self.spare_wanted.contains(&slot) {
                 self.spare_wanted.push(slot);
             }

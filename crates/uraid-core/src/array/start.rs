@@ -208,6 +208,8 @@ impl Array {
             last_sample_ns: opts.now_ns,
             reshaping,
             takeover: None,
+            raid0_grow: None,
+            raid0_grow_adds: false,
         };
         if !array.read_only {
             array.empty_ppl_logs();

@@ -126,6 +126,10 @@ pub struct Array {
     pub(super) reshaping: Option<Box<super::reshaping::Reshaping>>,
     /// A level takeover while serving (see `takeover`). Boxed and None otherwise.
     pub(super) takeover: Option<Box<super::reshaping::Takeover>>,
+    /// A raid0 grow under way (see `raid0_grow`): the raid0 member count it ends at.
+    pub(super) raid0_grow: Option<usize>,
+    /// Devices are being `--add`ed to a raid0 for its grow (`may_add_for_grow`).
+    pub(super) raid0_grow_adds: bool,
 }
 
 /// How often the running sync's position is sampled for its speed.
@@ -240,6 +244,7 @@ impl Array {
             progress |= self.pump_rounds();
             progress |= self.pump_reshape();
             progress |= self.pump_takeover();
+            progress |= self.pump_raid0_grow();
             progress |= self.release_held();
             self.feed_engine();
             if !progress {

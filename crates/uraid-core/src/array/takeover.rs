@@ -72,6 +72,18 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
             let n = geo.raid_disks - 1;
             Geometry::new(Level::Raid5, n, layout, geo.chunk_sectors, &geo.member_sectors[..n])
         }
+        (Level::Raid4 | Level::Raid5, Level::Raid0) => {
+            // raid0_takeover_raid45: parity on the last member, which must be missing
+            // (checked with the members' states, `may_take_over`).
+            if geo.level == Level::Raid5 && geo.layout != algorithm::PARITY_N {
+                return Err(format!(
+                    "md turns a raid5 into raid0 only from the parity-last layout, not {}",
+                    crate::geometry::layout_name(Level::Raid5, geo.layout)
+                ));
+            }
+            let n = geo.raid_disks - 1;
+            Geometry::new(Level::Raid0, n, 0, geo.chunk_sectors, &geo.member_sectors[..n])
+        }
         (from, to) => Err(format!("the takeover of a raid{} into raid{}", from.md_level(), to.md_level())),
     }
 }
@@ -86,6 +98,11 @@ fn taken_over(sb: &Superblock, next: &Geometry, events: u64, utime: u64) -> Supe
     sb.chunksize = next.chunk_sectors as u32;
     sb.new_chunk = next.chunk_sectors as u32;
     sb.raid_disks = next.raid_disks as u32;
+    if next.level == Level::Raid0 {
+        // raid0_takeover_raid45: each member's data is the component size (a reshape
+        // before may have left more room after a moved data offset).
+        sb.data_size = sb.size;
+    }
     sb.size = next.member_sectors[0];
     // takeover_raid0: "make sure it will be not marked as dirty".
     sb.resync_offset = MAX_SECTOR;
@@ -102,11 +119,20 @@ impl Array {
 
     /// Why the takeover to `target` cannot run now (nothing written).
     pub(super) fn may_take_over(&self, target: &ReshapeTarget) -> Result<Geometry, String> {
-        if let Some(why) = self.shape_change_blocked() {
-            return Err(format!("cannot take the array over: {why}"));
+        let refuse = |why: &str| Err(format!("cannot take the array over: {why}"));
+        // To raid0 the parity member must be gone (md: "raid5 must be degraded!"), and
+        // nothing else.
+        let to_raid0 = target.level == Level::Raid0;
+        if to_raid0 && !self.parity_slot_empty() {
+            return refuse(
+                "md turns a raid4 or raid5 into raid0 only when its parity member (the last slot) is missing \
+                 and every other member is in sync: fail and remove the last member first",
+            );
         }
-        takeover_geometry(self.engine.geometry(), target)
-            .map_err(|e| format!("cannot take the array over: {e}"))
+        if let Some(why) = self.shape_change_blocked(to_raid0) {
+            return refuse(why);
+        }
+        takeover_geometry(self.engine.geometry(), target).or_else(|e| refuse(&e))
     }
 
     /// md's level change without moving data: every superblock says the new level; the
@@ -207,7 +233,8 @@ impl Array {
         }
         engine.carry_stats_from(&self.engine);
         self.engine = engine;
-        for slot in old..next.raid_disks {
+        // A raid0 grow takes its new members into the reshape, not into the parity slot.
+        for slot in (old..next.raid_disks).filter(|_| self.raid0_grow.is_none()) {
             if !self.spare_wanted.contains(&slot) {
                 self.spare_wanted.push(slot);
             }

@@ -81,10 +81,12 @@ fn earliest_data_sector(sb: &Superblock) -> u64 {
 
 /// The members (slot order) and spares of a whole, clean raid4/5/6 with no reshape, bitmap
 /// or log that uraid does not yet move: its freshest superblock and level, or what mdadm
-/// or uraid needs first.
+/// or uraid needs first. `parity_slot_empty`: the last slot of a raid4 (or parity-last
+/// raid5) has no member, and `superblocks` holds the others.
 fn whole_clean_array<'a>(
     superblocks: &'a [Superblock],
     spares: &[Superblock],
+    parity_slot_empty: bool,
 ) -> Result<(&'a Superblock, Level), String> {
     let reference = superblocks.first().ok_or_else(|| refuse("no members given", "give every member"))?;
     let level = Level::from_md_level(reference.level).filter(|l| l.has_parity()).ok_or_else(|| {
@@ -111,7 +113,7 @@ fn whole_clean_array<'a>(
     if reference.super_offset != 8 {
         return Err(refuse("only a 1.2 superblock has its data offset moved by uraid", "use mdadm --grow"));
     }
-    let raid_disks = reference.raid_disks as usize;
+    let raid_disks = reference.raid_disks as usize - usize::from(parity_slot_empty);
     if superblocks.len() != raid_disks {
         return Err(refuse(
             &format!("{} of the {raid_disks} members given", superblocks.len()),
@@ -169,7 +171,36 @@ pub fn start_grow_with_spares(
     new_members: &[GrowMember],
     utime: u64,
 ) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
-    let (reference, level) = whole_clean_array(superblocks, spares)?;
+    grow_superblocks(superblocks, spares, new_members, utime, false)
+}
+
+/// [`start_grow_with_spares`] of a raid4 (or parity-last raid5) whose parity slot, the
+/// last, is empty (`superblocks` holds the others): the first new member takes it, to be
+/// recovered by the reshape as md's raid5_start_reshape does, and the new parity slot is
+/// empty in turn. mdadm's raid0 grow runs through this (raid0, raid4, grow, raid0).
+pub fn start_grow_into_empty_parity_slot(
+    superblocks: &[Superblock],
+    spares: &[Superblock],
+    new_members: &[GrowMember],
+    utime: u64,
+) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
+    let parity_last = superblocks
+        .first()
+        .is_some_and(|r| r.level == 4 || (r.level == 5 && r.layout == crate::geometry::algorithm::PARITY_N));
+    if !parity_last {
+        return Err(refuse("the array has no parity-last layout", "give a raid4 or a parity-last raid5"));
+    }
+    grow_superblocks(superblocks, spares, new_members, utime, true)
+}
+
+fn grow_superblocks(
+    superblocks: &[Superblock],
+    spares: &[Superblock],
+    new_members: &[GrowMember],
+    utime: u64,
+    parity_slot_empty: bool,
+) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
+    let (reference, level) = whole_clean_array(superblocks, spares, parity_slot_empty)?;
     if new_members.is_empty() {
         return Err(refuse("no new member given", "give the devices to add"));
     }
@@ -199,7 +230,13 @@ pub fn start_grow_with_spares(
     let mut used: Vec<u32> = superblocks.iter().chain(spares).map(|sb| sb.dev_number).collect();
     let mut all: Vec<Superblock> = superblocks.to_vec();
     for (i, m) in new_members.iter().enumerate() {
-        all.push(joining_superblock(reference, m, &mut used, &format!("new member {i}"))?);
+        let mut sb = joining_superblock(reference, m, &mut used, &format!("new member {i}"))?;
+        if parity_slot_empty && i == 0 {
+            // md's raid5_start_reshape: the first new member takes the empty slot below
+            // previous_raid_disks, recovered by the reshape from recovery_offset 0.
+            sb.feature_map |= feature::RECOVERY_OFFSET;
+        }
+        all.push(sb);
     }
     let max_dev = all
         .iter()
@@ -208,9 +245,12 @@ pub fn start_grow_with_spares(
         .max()
         .unwrap_or(0)
         .max(used.iter().max().map_or(0, |m| m + 1));
-    // The new members' dev_numbers come after the old members' and the spares'.
-    let roles: Vec<(u32, u16)> =
-        (raid_disks..new_disks).map(|slot| (used[slot + spares.len()], slot as u16)).collect();
+    // The new members' dev_numbers come after the old members' and the spares'; their
+    // slots after the old members' (the first in the empty parity slot, if any).
+    let first_new = superblocks.len();
+    let roles: Vec<(u32, u16)> = (0..new_members.len())
+        .map(|i| (used[first_new + spares.len() + i], (first_new + i) as u16))
+        .collect();
     let events = reference.events + 1;
     let mut spares = spares.to_vec();
     for sb in all.iter_mut().chain(spares.iter_mut()) {
@@ -293,7 +333,7 @@ pub fn start_restripe(
     utime: u64,
 ) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
     use crate::geometry::algorithm;
-    let (reference, level) = whole_clean_array(superblocks, spares)?;
+    let (reference, level) = whole_clean_array(superblocks, spares, false)?;
     let raid_disks = reference.raid_disks as usize;
     let chunk = u64::from(reference.chunksize);
     let (prev_level, prev_layout, next_layout, new_chunk, new_member) = match change {

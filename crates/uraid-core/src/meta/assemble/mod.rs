@@ -627,19 +627,30 @@ pub fn plan_assembly(
         slots.iter().map(|s| s.as_ref().is_some_and(|m| m.recovery_offset_sectors.is_none())).collect()
     };
     let mut in_sync = in_sync_of(&slots);
+    // md's raid5_calc_degraded mid-reshape: a grow counts each layout apart; a member the
+    // reshape recovers as it goes (a raid4 grow's first new member in the old parity slot)
+    // is missing in the previous layout and there in the next.
+    let grow_delta = if fresh.has(feature::RESHAPE_ACTIVE) { fresh.delta_disks.max(0) as u32 } else { 0 };
+    let enough_now = |slots: &[Option<SlotMember>], in_sync: &[bool], clean: bool| {
+        if grow_delta == 0 || grow_delta >= raid_disks {
+            return enough(fresh.level, raid_disks, fresh.layout, clean, in_sync);
+        }
+        let present: Vec<bool> = slots.iter().map(Option::is_some).collect();
+        enough(fresh.level, raid_disks - grow_delta, fresh.layout, clean, in_sync)
+            && enough(fresh.level, raid_disks, fresh.new_layout, clean, &present)
+    };
     let clean = fresh.resync_offset == MAX_SECTOR;
     // mdadm's Assemble counts a PPL array as clean for `enough`: its log closes the write
     // hole, so md starts it dirty and degraded without --force ("starting dirty degraded
     // array with PPL").
     let ppl = super::ppl_recover::has_ppl(fresh);
     let mut forced_dirty = false;
-    let layout_for_enough = fresh.layout;
-    if opts.force && !enough(fresh.level, raid_disks, layout_for_enough, clean || ppl, &in_sync) {
+    if opts.force && !enough_now(&slots, &in_sync, clean || ppl) {
         // mdadm --force: the freshest of the members that are only behind in events come
         // back, one at a time, until the array could start.
         forcible.sort_by_key(|(ev, _, _)| std::cmp::Reverse(*ev));
         for (ev, slot, m) in forcible {
-            if enough(fresh.level, raid_disks, layout_for_enough, true, &in_sync) {
+            if enough_now(&slots, &in_sync, true) {
                 break;
             }
             if slots[slot].is_some() {
@@ -654,9 +665,7 @@ pub fn plan_assembly(
             slots[slot] = Some(m);
             in_sync = in_sync_of(&slots);
         }
-        if !enough(fresh.level, raid_disks, layout_for_enough, clean || ppl, &in_sync)
-            && enough(fresh.level, raid_disks, layout_for_enough, true, &in_sync)
-        {
+        if !enough_now(&slots, &in_sync, clean || ppl) && enough_now(&slots, &in_sync, true) {
             warnings.push(
                 "forced: the array was not shut down cleanly and starts degraded (md's \
                  start_dirty_degraded); stripes being written when it stopped may read back \
@@ -668,7 +677,7 @@ pub fn plan_assembly(
     }
     let in_sync_count = in_sync.iter().filter(|&&b| b).count() as u32;
     let rebuilding = slots.iter().flatten().count() as u32 - in_sync_count;
-    if !enough(fresh.level, raid_disks, layout_for_enough, clean || ppl || forced_dirty, &in_sync) {
+    if !enough_now(&slots, &in_sync, clean || ppl || forced_dirty) {
         return Err(AssemblyError::TooFewMembers {
             level: fresh.level,
             raid_disks,
@@ -907,13 +916,20 @@ fn plan_reshape(
 /// `reshape_position` (md's reshape_request moves its `recovery_offset` along, a round
 /// behind when a cut ended a checkpoint round early; the rows are there either way).
 fn rebuilt_by_reshape(sb: &Superblock, slot: usize) -> bool {
-    use crate::geometry::algorithm::{LEFT_ASYMMETRIC_6, PARITY_0_6};
-    sb.has(feature::RESHAPE_ACTIVE)
-        && sb.level == level::RAID6
+    use crate::geometry::algorithm::{LEFT_ASYMMETRIC_6, PARITY_0_6, PARITY_N};
+    let q = sb.level == level::RAID6
         && sb.delta_disks == 0
         && (LEFT_ASYMMETRIC_6..=PARITY_0_6).contains(&sb.layout)
         && sb.new_layout != sb.layout
-        && slot + 1 == sb.raid_disks as usize
+        && slot + 1 == sb.raid_disks as usize;
+    // A grow of a raid4 (or parity-last raid5) puts its first new member in the old
+    // parity slot (md's raid5_start_reshape; mdadm's raid0 grow).
+    let parity_last = sb.level == 4 || (sb.level == 5 && sb.layout == PARITY_N);
+    let old_parity_slot = sb.delta_disks > 0
+        && parity_last
+        && sb.new_layout == sb.layout
+        && slot as i64 + 1 == i64::from(sb.raid_disks) - i64::from(sb.delta_disks);
+    sb.has(feature::RESHAPE_ACTIVE) && (q || old_parity_slot)
 }
 
 #[cfg(test)]

@@ -21,7 +21,9 @@ impl RunningArray {
             })?
             .map_err(|e| anyhow!("{e}; nothing was written"))?;
         if !adds.is_empty() {
-            self.call(|a, _, _| a.may_add("added"))?.map_err(|e| anyhow!("{e}; nothing was written"))?;
+            let p = plan.clone();
+            self.call(move |a, _, _| a.may_add_for_grow(&p))?
+                .map_err(|e| anyhow!("{e}; nothing was written"))?;
         }
         // Every device is checked (and claimed) before the first is written.
         let joining =
