@@ -496,6 +496,38 @@ fn a_chunk_change_while_serving_reads_and_writes() {
     }
 }
 
+/// mdadm `--grow --chunk --layout` in one reshape, as md runs it.
+#[test]
+fn a_chunk_and_layout_change_at_once_while_serving() {
+    use uraid_core::geometry::parse_layout;
+    for (level, n, chunk, layout, seed) in
+        [(5, 4, 256u64, "right-asymmetric", 12u64), (6, 5, 64, "left-symmetric", 13)]
+    {
+        let (mut d, mut model) = array_with_spare(level, n, seed);
+        let size = model.len() as u64;
+        let lvl = d.engine.engine().geometry().level;
+        let want = parse_layout(lvl, layout).unwrap();
+        let what = format!("raid{level} of {n} to {}K {layout}", chunk / 2);
+        start_reshape(
+            &mut d,
+            GrowRequest { chunk_sectors: Some(chunk), layout: Some(layout.into()), ..Default::default() },
+        );
+        serve_until_reshaped(&mut d, &mut model, seed * 77);
+        let geo = d.engine.engine().geometry().clone();
+        assert_eq!((geo.layout, geo.chunk_sectors, geo.raid_disks), (want, chunk, n), "{what}");
+        assert_eq!(d.engine.engine().size_bytes(), size, "{what}: the size stays");
+        assert!(read_all(&mut d, size) == model, "{what}: data");
+        d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+        d.run_until_idle();
+        assert_eq!(d.engine.engine().mismatch_cnt(), 0, "{what}: md's check");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut again = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 100);
+        let geo = again.engine.engine().geometry().clone();
+        assert_eq!((geo.layout, geo.chunk_sectors), (want, chunk), "{what}: after assembly");
+        assert!(read_all(&mut again, size) == model, "{what}: after assembly");
+    }
+}
+
 #[test]
 fn a_layout_change_while_serving_reads_and_writes() {
     use uraid_core::geometry::{layout_name, parse_layout};
@@ -629,19 +661,27 @@ fn takeovers_while_serving_keep_the_data() {
         (0, 3, Level::Raid4, 32),
         (0, 4, Level::Raid5, 33),
         (6, 5, Level::Raid5, 34),
+        (4, 4, Level::Raid5, 35),
+        (5, 4, Level::Raid4, 36),
+        (5, 2, Level::Raid1, 37),
     ];
     for (level, n, to, seed) in cases {
         let (mut d, mut model) = array_with_data(level, n, seed);
         let size = model.len() as u64;
         let what = format!("raid{level} of {n} to {to:?}");
-        if level == 6 {
-            // md's way back from raid6: Q onto the last member first (a restripe), then the
-            // takeover drops it.
+        // md's way back from raid6 (Q onto the last member) and to raid4 (parity onto the
+        // last member): a restripe first, then the takeover.
+        let first_layout = match (level, to) {
+            (6, _) => Some("left-symmetric-6"),
+            (5, Level::Raid4) => Some("parity-last"),
+            _ => None,
+        };
+        if let Some(layout) = first_layout {
             let cur = d.engine.grow_current(MEMBER_BYTES / 512);
             let early = grow_plan(&cur, &GrowRequest { level: Some(to), ..Default::default() }).unwrap();
             let e = d.engine.may_grow(&early).unwrap_err().to_string();
-            assert!(e.contains("--layout left-symmetric-6"), "{what}: {e}");
-            change_layout(&mut d, "left-symmetric-6");
+            assert!(e.contains(&format!("--layout {layout}")), "{what}: {e}");
+            change_layout(&mut d, layout);
             serve_until_reshaped(&mut d, &mut model, seed * 3);
         }
         let cur = d.engine.grow_current(MEMBER_BYTES / 512);

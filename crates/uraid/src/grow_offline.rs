@@ -221,10 +221,11 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
     let restripes = level.has_parity() && target.level == level && target.raid_disks == cur.raid_disks;
     let rechunks = restripes && target.layout == cur.layout && target.chunk_sectors != cur.chunk_sectors;
     let relayouts = restripes && target.layout != cur.layout && target.chunk_sectors == cur.chunk_sectors;
-    if !(grows || to_raid6 || rechunks || relayouts) {
+    let both = restripes && target.layout != cur.layout && target.chunk_sectors != cur.chunk_sectors;
+    if !(grows || to_raid6 || rechunks || relayouts || both) {
         bail!(
             "uraid reshapes offline a raid4/5/6 grow by members, raid5 to raid6 with one new member \
-             (`--level 6 --add NEW`), and a raid4/5/6 chunk or layout change, one at a time: use mdadm --grow \
+             (`--level 6 --add NEW`), and a raid4/5/6 chunk and/or layout change: use mdadm --grow \
              under Linux md for the rest (nothing was written)"
         );
     }
@@ -246,6 +247,9 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
     } else {
         let change = match new_members.first() {
             Some(&member) => Restripe::Raid6 { member },
+            None if both => {
+                Restripe::ChunkAndLayout { chunk_sectors: target.chunk_sectors, layout: target.layout }
+            }
             None if relayouts => Restripe::Layout { layout: target.layout },
             None => Restripe::Chunk { chunk_sectors: target.chunk_sectors },
         };

@@ -175,10 +175,10 @@ fn combinations_md_refuses_are_refused_and_change_nothing() {
         &files,
     );
     refused(&s, &["--level", "10"], "md cannot turn a raid5 into raid10", &files);
-    // A chunk and a layout change go one at a time (each alone: cli_grow_online).
-    refused(&s, &["--chunk", "32", "--layout", "left-asymmetric"], "one at a time", &files);
-    // A level change other than raid5 to raid6 is not built while serving.
-    refused(&s, &["--level", "4"], "the reshape of raid5", &files);
+    // md's raid4 takeover wants the parity-last layout first.
+    refused(&s, &["--level", "4"], "--layout parity-last", &files);
+    // A takeover md has no way for.
+    refused(&s, &["--level", "0"], "only when its parity member", &files);
     s.stop();
 
     // A grow by members while serving (cli_grow_online) is refused, before the device is

@@ -541,20 +541,28 @@ fn md_layout_change_is_continued_by_uraid_both_ways() {
 }
 
 /// The same layout change started by uraid while it serves, stopped mid-way: the
-/// superblocks say what md's say for it, and md finishes it.
+/// superblocks say what md's say for it, and md finishes it. Then a chunk and a layout
+/// change in one (`--chunk 128 --layout right-asymmetric`: md's own superblocks for it
+/// in the VM say layout 2 to 1, chunk 128 to 256 sectors, new_offset -1024, as here).
 #[test]
 fn md_finishes_a_layout_change_uraid_started_while_serving() {
-    let dir = TempDir::new("uraidlayout-online");
-    let images = member_files(&dir, 4);
-    let (size_before, sha_before) = md_made(&dir, &images);
+    for (grow, new_chunk) in [
+        (&["--layout", "right-asymmetric"][..], 128u32),
+        (&["--chunk", "128", "--layout", "right-asymmetric"][..], 256),
+    ] {
+        let dir = TempDir::new("uraidlayout-online");
+        let images = member_files(&dir, 4);
+        let (size_before, sha_before) = md_made(&dir, &images);
 
-    let sb = reshape_while_serving_then_stop(&dir, &images, &["--layout", "right-asymmetric"]);
-    assert_eq!((sb.layout, sb.new_layout, sb.chunksize, sb.new_chunk), (2, 1, 128, 128), "{sb:?}");
-    assert_eq!((sb.delta_disks, sb.new_offset), (0, -1024), "{sb:?}");
-    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
-    assert_eq!(sha, sha_before, "md finished the layout change uraid started while serving:\n{out}");
-    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
-    assert!(out.contains("Layout : right-asymmetric"), "{out}");
+        let sb = reshape_while_serving_then_stop(&dir, &images, grow);
+        assert_eq!((sb.layout, sb.new_layout, sb.chunksize, sb.new_chunk), (2, 1, 128, new_chunk), "{sb:?}");
+        assert_eq!((sb.delta_disks, sb.new_offset), (0, -1024), "{sb:?}");
+        let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+        assert_eq!(sha, sha_before, "md finished the {grow:?} uraid started while serving:\n{out}");
+        assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+        assert!(out.contains("Layout : right-asymmetric"), "{out}");
+        assert!(out.contains(&format!("Chunk Size : {}K", new_chunk / 2)), "{out}");
+    }
 }
 
 /// raid5 to raid6 started by uraid while it serves, stopped mid-way: the superblocks say
@@ -582,11 +590,12 @@ fn md_finishes_a_raid5_to_raid6_uraid_started_while_serving() {
 /// md's takeovers made by uraid while serving (`uraid grow --control S --level ...`): a
 /// raid1 of two md made becomes a raid5, a raid0 of three a raid4 whose parity slot a
 /// member added afterwards is recovered into, a raid6 of five (restriped to
-/// left-symmetric-6 first) a raid5 of four and a spare; md assembles each at its new
-/// level, reads what it held before, and its check is clean.
+/// left-symmetric-6 first) a raid5 of four and a spare, a raid4 a raid5 (parity-last), a
+/// raid5 of two a raid1; md assembles each at its new level, reads what it held before,
+/// and its check is clean.
 #[test]
 fn md_assembles_the_levels_uraid_took_over_while_serving() {
-    for (level, n, to) in [(1u32, 2usize, "5"), (0, 3, "4"), (6, 5, "5")] {
+    for (level, n, to) in [(1u32, 2usize, "5"), (0, 3, "4"), (6, 5, "5"), (4, 4, "5"), (5, 2, "1")] {
         let dir = TempDir::new(&format!("takeover-{level}"));
         let images = member_files(&dir, n + usize::from(level == 0));
         let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(level, n)), &images[..n]);

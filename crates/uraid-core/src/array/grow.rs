@@ -203,9 +203,12 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
         (Level::Raid4 | Level::Raid5, Level::Raid0) => cur.raid_disks - 1,
         _ => cur.raid_disks,
     });
-    let layout = match &req.layout {
-        Some(text) => parse_layout(level, text).map_err(|e| GrowRefusal(format!("--layout: {e}")))?,
-        None => cur.layout,
+    let layout = match (&req.layout, cur.level, level) {
+        (Some(text), _, _) => parse_layout(level, text).map_err(|e| GrowRefusal(format!("--layout: {e}")))?,
+        // md's takeovers between raid4 and raid5 set the layout (parity last either way).
+        (None, Level::Raid4, Level::Raid5) => crate::geometry::algorithm::PARITY_N,
+        (None, Level::Raid5, Level::Raid4) => 0,
+        (None, _, _) => cur.layout,
     };
     let chunk_sectors = req.chunk_sectors.unwrap_or(cur.chunk_sectors);
     if raid_disks < min_raid_disks(level) {
@@ -535,11 +538,6 @@ impl Array {
         if let Some(change) = restripe_of(geo, target) {
             return self.may_start_online_restripe(change);
         }
-        if geo.level.has_parity() && target.level == geo.level && target.raid_disks == geo.raid_disks {
-            return Err("cannot start the reshape: uraid changes the chunk and the layout one at a time: \
-                        give --chunk, let that reshape finish, then --layout"
-                .into());
-        }
         Err(format!(
             "the reshape of {} (to {} of {} members, {}K chunk, layout {}) is not built yet in uraid: stop the \
              array and `mdadm --grow` it under Linux md (uraid assembles the result once md finished)",
@@ -596,6 +594,12 @@ impl Array {
 fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
     match (geo.level, target.level) {
         (Level::Raid4 | Level::Raid5, Level::Raid0) => target.raid_disks + 1 == geo.raid_disks,
+        // The layout md's takeover gives (the plan's default): another is a restripe after.
+        (Level::Raid4, Level::Raid5) => {
+            target.raid_disks == geo.raid_disks && target.layout == crate::geometry::algorithm::PARITY_N
+        }
+        (Level::Raid5, Level::Raid4) => target.raid_disks == geo.raid_disks && target.layout == 0,
+        (Level::Raid5, Level::Raid1) => target.raid_disks == geo.raid_disks,
         (Level::Raid1, Level::Raid5) => target.raid_disks == geo.raid_disks,
         (Level::Raid6, Level::Raid5) => target.raid_disks + 1 == geo.raid_disks,
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {
@@ -629,6 +633,9 @@ fn restripe_of(geo: &Geometry, target: &ReshapeTarget) -> Option<Restripe> {
     match (target.chunk_sectors != geo.chunk_sectors, target.layout != geo.layout) {
         (true, false) if same => Some(Restripe::Chunk { chunk_sectors: target.chunk_sectors }),
         (false, true) if same => Some(Restripe::Layout { layout: target.layout }),
+        (true, true) if same => {
+            Some(Restripe::ChunkAndLayout { chunk_sectors: target.chunk_sectors, layout: target.layout })
+        }
         _ => None,
     }
 }

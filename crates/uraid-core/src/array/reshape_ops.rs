@@ -635,6 +635,11 @@ impl Array {
                 format!("reshape to layout {} started", crate::geometry::layout_name(geo.next.level, layout))
             }
             Restripe::Raid6 { .. } => format!("reshape to raid6 of {raid_disks} members started"),
+            Restripe::ChunkAndLayout { chunk_sectors, layout } => format!(
+                "reshape to a {}K chunk and layout {} started",
+                chunk_sectors / 2,
+                crate::geometry::layout_name(geo.next.level, layout)
+            ),
         };
         self.begin_reshape(updates, raid_disks, run, notice);
         Ok(())

@@ -1,4 +1,7 @@
-//! md's level takeovers that move no data (raid5.c `takeover_raid1`, `takeover_raid0`):
+//! md's level takeovers that move no data (raid5.c `takeover_raid1`, `takeover_raid0`,
+//! `takeover_raid4`, `raid4_takeover`, raid1.c `raid1_takeover`, raid0.c
+//! `raid0_takeover_raid45`; raid4 and parity-last raid5 are one layout, as is a raid5 of
+//! two and a raid1 of two):
 //! a raid1 of two is a raid5 of two (left-symmetric: each stripe's parity is its one data
 //! chunk, so both members already hold it), a raid0 of one zone is a raid4, or a raid5
 //! of the parity-last layout, with a new last slot for parity, missing until a spare is
@@ -71,6 +74,31 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
             };
             let n = geo.raid_disks - 1;
             Geometry::new(Level::Raid5, n, layout, geo.chunk_sectors, &geo.member_sectors[..n])
+        }
+        // raid5's takeover_raid4 and raid4_takeover: parity on the last member either way.
+        (Level::Raid4, Level::Raid5) => Geometry::new(
+            Level::Raid5,
+            geo.raid_disks,
+            algorithm::PARITY_N,
+            geo.chunk_sectors,
+            &geo.member_sectors,
+        ),
+        (Level::Raid5, Level::Raid4) => {
+            if geo.layout != algorithm::PARITY_N {
+                return Err(format!(
+                    "md turns a raid5 into raid4 only from the parity-last layout, not {}: first `uraid grow \
+                     --layout parity-last` (a restripe while serving), let it finish, then --level 4",
+                    crate::geometry::layout_name(Level::Raid5, geo.layout)
+                ));
+            }
+            Geometry::new(Level::Raid4, geo.raid_disks, 0, geo.chunk_sectors, &geo.member_sectors)
+        }
+        // raid1_takeover: each stripe of a raid5 of two holds its one data chunk twice.
+        (Level::Raid5, Level::Raid1) => {
+            if geo.raid_disks != 2 {
+                return Err("md turns a raid5 into raid1 only from two members".into());
+            }
+            Geometry::new(Level::Raid1, 2, 0, 0, &geo.member_sectors)
         }
         (Level::Raid4 | Level::Raid5, Level::Raid0) => {
             // raid0_takeover_raid45: parity on the last member, which must be missing

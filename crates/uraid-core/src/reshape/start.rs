@@ -294,6 +294,52 @@ pub enum Restripe {
     Chunk { chunk_sectors: u64 },
     /// The raid5/6 layout becomes md's algorithm `layout` (mdadm `--grow --layout`).
     Layout { layout: u32 },
+    /// Both at once (mdadm `--grow --chunk --layout`: one reshape, as md runs it).
+    ChunkAndLayout { chunk_sectors: u64, layout: u32 },
+}
+
+/// Why md refuses `chunk_sectors` as the new chunk of an array whose chunk is `chunk`.
+fn check_new_chunk(chunk: u64, chunk_sectors: u64) -> Result<(), String> {
+    if chunk_sectors == chunk {
+        return Err(refuse("the chunk is already that size", "give another --chunk"));
+    }
+    if chunk_sectors < 8 || !chunk_sectors.is_power_of_two() || u32::try_from(chunk_sectors).is_err() {
+        return Err(refuse(
+            &format!("--chunk of {chunk_sectors} sectors: md needs a power of two of at least 4K"),
+            "give another --chunk",
+        ));
+    }
+    Ok(())
+}
+
+/// Why md refuses `layout` as the new layout of a `level` array whose layout is `current`
+/// (md's algorithm_valid_raid5 / algorithm_valid_raid6).
+fn check_new_layout(level: Level, current: u32, layout: u32) -> Result<(), String> {
+    use crate::geometry::algorithm;
+    if level == Level::Raid4 {
+        return Err(refuse(
+            "a raid4 has one layout (parity on its last member)",
+            "turn it into raid5 first (uraid grow --level 5)",
+        ));
+    }
+    if layout == current {
+        return Err(refuse("the array already has that layout", "give another --layout"));
+    }
+    let valid = match level {
+        Level::Raid5 => layout <= algorithm::PARITY_N,
+        _ => {
+            layout <= algorithm::PARITY_N
+                || (algorithm::ROTATING_ZERO_RESTART..=algorithm::ROTATING_N_CONTINUE).contains(&layout)
+                || (algorithm::LEFT_ASYMMETRIC_6..=algorithm::PARITY_0_6).contains(&layout)
+        }
+    };
+    if !valid {
+        return Err(refuse(
+            &format!("md has no raid{} layout {layout}", level.md_level()),
+            "give another --layout",
+        ));
+    }
+    Ok(())
 }
 
 /// mdadm's `choose_offset`: a new data offset in [min, max], near the middle of [lo, hi]
@@ -361,45 +407,17 @@ pub fn start_restripe(
             (Level::Raid6, takeover, reference.layout, chunk, Some(member))
         }
         Restripe::Chunk { chunk_sectors } => {
-            if chunk_sectors == chunk {
-                return Err(refuse("the chunk is already that size", "give another --chunk"));
-            }
-            if chunk_sectors < 8 || !chunk_sectors.is_power_of_two() || u32::try_from(chunk_sectors).is_err()
-            {
-                return Err(refuse(
-                    &format!("--chunk of {chunk_sectors} sectors: md needs a power of two of at least 4K"),
-                    "give another --chunk",
-                ));
-            }
+            check_new_chunk(chunk, chunk_sectors)?;
             (level, reference.layout, reference.layout, chunk_sectors, None)
         }
         Restripe::Layout { layout } => {
-            if level == Level::Raid4 {
-                return Err(refuse(
-                    "a raid4 has one layout (parity on its last member)",
-                    "turn it into raid5 under Linux md (mdadm --grow --level=5)",
-                ));
-            }
-            if layout == reference.layout {
-                return Err(refuse("the array already has that layout", "give another --layout"));
-            }
-            // md's algorithm_valid_raid5 / algorithm_valid_raid6.
-            let valid = match level {
-                Level::Raid5 => layout <= algorithm::PARITY_N,
-                _ => {
-                    layout <= algorithm::PARITY_N
-                        || (algorithm::ROTATING_ZERO_RESTART..=algorithm::ROTATING_N_CONTINUE)
-                            .contains(&layout)
-                        || (algorithm::LEFT_ASYMMETRIC_6..=algorithm::PARITY_0_6).contains(&layout)
-                }
-            };
-            if !valid {
-                return Err(refuse(
-                    &format!("md has no raid{} layout {layout}", level.md_level()),
-                    "give another --layout",
-                ));
-            }
+            check_new_layout(level, reference.layout, layout)?;
             (level, reference.layout, layout, chunk, None)
+        }
+        Restripe::ChunkAndLayout { chunk_sectors, layout } => {
+            check_new_chunk(chunk, chunk_sectors)?;
+            check_new_layout(level, reference.layout, layout)?;
+            (level, reference.layout, layout, chunk_sectors, None)
         }
     };
     let new_disks = raid_disks + usize::from(new_member.is_some());
