@@ -819,16 +819,15 @@ fn a_raid0_grows_by_members_while_serving_by_way_of_raid4() {
 #[test]
 fn a_power_cut_anywhere_in_a_raid0_grow_loses_no_acknowledged_write() {
     use uraid_core::geometry::Level;
-    let n = 3usize;
-    for cut in 0..10u64 {
-        let seed = 70 + cut;
+    for (n, new, cut) in (0..11u64).map(|c| (3usize, 1usize, c)).chain((0..11).map(|c| (2, 2, c))) {
+        let seed = 70 + cut + 100 * new as u64;
         let (mut d, mut model) = array_with_data(0, n, seed);
         let size = model.len() as u64;
-        grow_raid0(&mut d, 1);
+        grow_raid0(&mut d, new);
         let mut clients = Clients::new(seed);
         let mut rng = Rng(seed * 5);
         // Cut 0 and 1 in the takeover to raid4 or the grow's start; the others spread
-        // over the reshape, and the last ones at the takeover back to raid0.
+        // over the reshape, 9 at its end, 10 in the takeover back to raid0.
         let mut steps = 0u64;
         loop {
             let geo = d.engine.engine().geometry();
@@ -836,9 +835,11 @@ fn a_power_cut_anywhere_in_a_raid0_grow_loses_no_acknowledged_write() {
                 (Level::Raid0, _) if geo.raid_disks == n => 0,
                 (Level::Raid4, None) if geo.raid_disks == n + 1 => 1,
                 (Level::Raid4, Some((p, e))) => 2 + p * 7 / e.max(1),
+                // Reshape done: the takeover back to raid0 under way.
+                (Level::Raid4, None) => 10,
                 _ => 9,
             };
-            let done = geo.level == Level::Raid0 && geo.raid_disks == n + 1;
+            let done = geo.level == Level::Raid0 && geo.raid_disks == n + new;
             if done || (at >= cut && rng.below(4) == 0) {
                 break;
             }
@@ -861,7 +862,7 @@ fn a_power_cut_anywhere_in_a_raid0_grow_loses_no_acknowledged_write() {
         let in_flight: Vec<(u64, Vec<u8>)> =
             clients.out.iter().filter_map(|(_, at, _, data)| data.clone().map(|b| (*at, b))).collect();
         let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
-        let mut d = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 1000);
+        let mut d = start_array(members, &(0..n + new).collect::<Vec<_>>(), seed + 1000);
         let mut guard = 0;
         while d.engine.is_reshaping() {
             d.run_until_idle();
@@ -886,8 +887,8 @@ fn a_power_cut_anywhere_in_a_raid0_grow_loses_no_acknowledged_write() {
         // its parity slot is empty.
         let geo = d.engine.engine().geometry().clone();
         match geo.level {
-            Level::Raid0 => assert!(geo.raid_disks == n || geo.raid_disks == n + 1, "cut {cut}: {geo:?}"),
-            Level::Raid4 if geo.raid_disks == n + 2 => {
+            Level::Raid0 => assert!(geo.raid_disks == n || geo.raid_disks == n + new, "cut {cut}: {geo:?}"),
+            Level::Raid4 if geo.raid_disks == n + new + 1 => {
                 assert!(d.engine.engine().is_degraded(), "cut {cut}: the parity slot stays empty");
                 let cur = d.engine.grow_current(MEMBER_BYTES / 512);
                 let req = GrowRequest { level: Some(Level::Raid0), ..Default::default() };
@@ -896,7 +897,7 @@ fn a_power_cut_anywhere_in_a_raid0_grow_loses_no_acknowledged_write() {
                 d.engine.grow(&plan, d.now_ns).unwrap();
                 d.run_until_idle();
                 let geo = d.engine.engine().geometry();
-                assert_eq!((geo.level, geo.raid_disks), (Level::Raid0, n + 1), "cut {cut}");
+                assert_eq!((geo.level, geo.raid_disks), (Level::Raid0, n + new), "cut {cut}");
                 assert!(read_all(&mut d, size) == got, "cut {cut}: the takeover back to raid0");
             }
             // Cut before the grow's start was durable: the spare took the parity slot.

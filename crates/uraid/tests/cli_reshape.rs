@@ -690,3 +690,70 @@ fn md_takes_a_raid0_grow_uraid_made_while_serving_midway_and_done() {
     assert_eq!(field("size").parse::<usize>().unwrap(), size_before / 3 * 4, "{out}");
     assert!(out.contains("Raid Level : raid0") && out.contains("Raid Devices : 4"), "{out}");
 }
+
+/// md's own raid0 grow (`mdadm --grow -n 4 --add`, through raid4) stopped mid-way: md
+/// cannot assemble it again without `--force` (its stop kicks the member being recovered
+/// into the old parity slot), and neither does uraid; with `--force` uraid takes the member
+/// back as mdadm does, finishes the raid4 reshape while serving, and `--level 0` ends the
+/// grow; md assembles the raid0 of four with what the raid0 of three held.
+#[test]
+fn md_raid0_grow_stopped_mid_way_is_finished_by_uraid() {
+    let dir = TempDir::new("mdraid0grow");
+    let images = member_files(&dir, 4);
+    let script = format!(
+        "{}echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
+         echo 200 > /proc/sys/dev/raid/speed_limit_max\n\
+         mdadm --grow /dev/md0 --raid-devices=4 --add /dev/vdd\n\
+         i=0\n\
+         while [ $i -lt 120 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
+         [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
+         echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
+         mdadm --stop /dev/md0\n",
+        md_make(0, 3)
+    );
+    let (out, field) = md_run(&dir, &script, &images);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let sb = read_sb(&images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.level == 4 && sb.raid_disks == 5, "{sb:?}\n{out}");
+
+    let o = uraid(&[
+        "serve",
+        "--run",
+        "--unix",
+        dir.path("x.sock").to_str().unwrap(),
+        images[0].to_str().unwrap(),
+        images[1].to_str().unwrap(),
+        images[2].to_str().unwrap(),
+        images[3].to_str().unwrap(),
+    ]);
+    assert!(!o.status.success() && text(&o).contains("--force"), "as md, not without --force: {}", text(&o));
+    let served = Served::start(&dir, &images, &["--force", "--run"]);
+    let t0 = std::time::Instant::now();
+    while !served.log_text().contains("reshape done") {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(120), "{}", served.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let c = served.control.display().to_string();
+    let said = ok(uraid(&["grow", "--control", &c, "--level", "0"]), "uraid grow --level 0");
+    assert!(said.contains("takeover"), "{said}");
+    let t0 = std::time::Instant::now();
+    while !ok(uraid(&["detail", "--control", &c]), "uraid detail").contains("Raid Level : raid0") {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let got = read_array(&dir, &served.url);
+    assert_eq!(sha256_bytes(&got[..size_before]), sha_before, "uraid finished md's raid0 grow");
+    served.stop();
+
+    let script = format!(
+        "mdadm --assemble /dev/md0 /dev/vd? || exit 3\ncat /proc/mdstat\n\
+         echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
+         echo \"=== sha $(head -c {size_before} /dev/md0 | sha256sum)\"\n\
+         mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
+    );
+    let (out, field) = md_run(&dir, &script, &images);
+    assert_eq!(field("sha").split_whitespace().next().unwrap(), sha_before, "{out}");
+    assert_eq!(field("size").parse::<usize>().unwrap(), size_before / 3 * 4, "{out}");
+    assert!(out.contains("Raid Level : raid0") && out.contains("Raid Devices : 4"), "{out}");
+}

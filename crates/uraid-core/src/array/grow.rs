@@ -181,7 +181,10 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
              (mdadm refuses this too): change the size first, check the data, then the rest",
         );
     }
-    if let Some(job) = &cur.busy {
+    // md's raid0_takeover_raid45 drops a resync owed (a degraded raid4 waits for one it
+    // cannot run): checked with the members' states at the start.
+    let to_raid0 = req.level == Some(Level::Raid0) && matches!(cur.level, Level::Raid4 | Level::Raid5);
+    if let Some(job) = cur.busy.as_ref().filter(|j| !(to_raid0 && *j == "resync")) {
         // md's update_raid_disks and mdadm answer EBUSY while a sync thread runs.
         return refuse(format!(
             "the array is performing resync/recovery ({job} running) and cannot be reshaped (md refuses \

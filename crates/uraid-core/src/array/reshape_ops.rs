@@ -440,7 +440,7 @@ impl Array {
     fn may_reshape_now(&self, parity_slot_empty_ok: bool) -> Result<(), String> {
         // The caller says that nothing was written.
         let refuse = |why: &str| Err(format!("cannot start the reshape: {why}"));
-        if let Some(why) = self.shape_change_blocked(parity_slot_empty_ok) {
+        if let Some(why) = self.shape_change_blocked(parity_slot_empty_ok, false) {
             return refuse(why);
         }
         if self.engine.ppl_enabled() {
@@ -466,8 +466,14 @@ impl Array {
 
     /// What keeps the array's shape from changing now, a reshape or a takeover alike.
     /// `parity_slot_empty_ok`: a raid4 degraded only by its empty parity slot may change
-    /// (a grow, or the takeover to raid0 that needs it so).
-    pub(super) fn shape_change_blocked(&self, parity_slot_empty_ok: bool) -> Option<&'static str> {
+    /// (a grow, or the takeover to raid0 that needs it so); `resync_owed_ok`: and a resync
+    /// it owes does not stop it (the takeover to raid0 drops it, as md's
+    /// raid0_takeover_raid45 sets recovery_cp to MaxSector: no parity is left to sync).
+    pub(super) fn shape_change_blocked(
+        &self,
+        parity_slot_empty_ok: bool,
+        resync_owed_ok: bool,
+    ) -> Option<&'static str> {
         if self.read_only {
             return Some("the array is read-only");
         }
@@ -478,7 +484,9 @@ impl Array {
         if degraded || self.engine.is_failed() {
             return Some("the array is degraded: rebuild it first (md refuses too)");
         }
-        if self.engine.sync_active() || self.engine.resync_owed() || self.sbs.resync_pending() {
+        let owed = (self.engine.resync_owed() || self.sbs.resync_pending())
+            && !(resync_owed_ok && parity_slot_empty_ok && self.parity_slot_empty());
+        if self.engine.sync_active() || owed {
             return Some("a resync, recovery or check is running or owed: let it finish first");
         }
         if !self.engine.replacements().is_empty() {

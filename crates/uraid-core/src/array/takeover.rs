@@ -157,7 +157,7 @@ impl Array {
                  and every other member is in sync: fail and remove the last member first",
             );
         }
-        if let Some(why) = self.shape_change_blocked(to_raid0) {
+        if let Some(why) = self.shape_change_blocked(to_raid0, to_raid0) {
             return refuse(why);
         }
         takeover_geometry(self.engine.geometry(), target).or_else(|e| refuse(&e))
@@ -171,6 +171,10 @@ impl Array {
         let utime = self.now_seconds();
         for slot in next.raid_disks..self.engine.geometry().raid_disks {
             self.sbs.slot_to_spare(slot);
+        }
+        if next.level == Level::Raid0 {
+            // raid0_takeover_raid45: no resync is owed (no parity is left).
+            self.sbs.resync_done();
         }
         self.sbs.reshape_finished(|sb| taken_over(sb, &next, events, utime));
         self.notice(format!(
