@@ -27,7 +27,8 @@
 //! at all: the NBD connection thread reads it, runs it and sends the reply, saving the two
 //! wake-ups of a hand-off (connection thread to runtime, runtime to client), which cost
 //! much of the server's CPU in context switches (docs/performance.md, "Performance:
-//! NBD"). When the state is busy, the request goes through the channel as before. The
+//! NBD"). When the state is busy, the request goes through the channel as before, after
+//! a short wait when another submitter holds it (`RuntimeOptions::submitter_wait`). The
 //! runtime thread holds the state except while it sleeps.
 
 use std::collections::HashMap;
