@@ -27,7 +27,8 @@
 //! at all: the NBD connection thread reads it, runs it and sends the reply, saving the two
 //! wake-ups of a hand-off (connection thread to runtime, runtime to client), which cost
 //! much of the server's CPU in context switches (docs/performance.md, "Performance:
-//! NBD"). When the state is busy, the request goes through the channel as before. The
+//! NBD"). When the state is busy, the request goes through the channel as before, after
+//! a short wait when another submitter holds it (`RuntimeOptions::submitter_wait`). The
 //! runtime thread holds the state except while it sleeps.
 
 use std::collections::HashMap;
@@ -76,7 +77,17 @@ pub struct RuntimeOptions {
     /// then drive its ring while it owes I/O ([`RuntimeHandle::drive_thread_io`]) and
     /// close it when done ([`RuntimeHandle::thread_done`]).
     pub submitter_rings: bool,
+    /// How long a submitter whose request finds another submitter's round running waits
+    /// for it to end, to run its own round after it, before it hands the request to the
+    /// runtime thread. Without the wait, two connections' requests collide at once, and
+    /// the woken runtime thread then takes both connections' requests through the
+    /// channel for as long as they keep coming: a hand-off and a wake-up each
+    /// (docs/performance.md, "Two connections"). Zero: no wait.
+    pub submitter_wait: Duration,
 }
+
+/// Default of [`RuntimeOptions::submitter_wait`]: a few rounds of a small request.
+pub const DEFAULT_SUBMITTER_WAIT: Duration = Duration::from_micros(30);
 
 /// Default of [`RuntimeOptions::run_on_submitter_max_bytes`]: small requests, for which
 /// the hand-off to the runtime thread costs more than the work.
@@ -88,6 +99,7 @@ impl Default for RuntimeOptions {
             channel_capacity: 1024,
             run_on_submitter_max_bytes: DEFAULT_RUN_ON_SUBMITTER_MAX_BYTES,
             submitter_rings: true,
+            submitter_wait: DEFAULT_SUBMITTER_WAIT,
         }
     }
 }
@@ -179,6 +191,10 @@ struct Wake {
     /// round only when this is zero, so what a client sent before (a fail, a control
     /// message, a request) is never overtaken by its next request.
     queued: AtomicUsize,
+    /// The runtime thread holds the engine's state (it is awake). When the state is busy
+    /// and this is false, another submitter holds it for a round (see
+    /// [`RuntimeOptions::submitter_wait`]).
+    runtime_holds: AtomicBool,
 }
 
 impl Wake {
@@ -364,12 +380,19 @@ impl<E: ArrayEngine + Send + 'static> ArrayRuntime<E> {
             waker: executor.waker(),
             sleeping: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
+            runtime_holds: AtomicBool::new(false),
         });
         let state: SharedLoop<E> = Arc::new(Mutex::new(Some(Loop::new(engine, executor, wake.clone()))));
         let max_bytes = opts.run_on_submitter_max_bytes;
         let submitter_round = (max_bytes > 0).then(|| {
-            Arc::new(Submitters { state: state.clone(), wake: wake.clone(), max_bytes, executor_id, rings })
-                as Arc<dyn SubmitterRound>
+            Arc::new(Submitters {
+                state: state.clone(),
+                wake: wake.clone(),
+                max_bytes,
+                executor_id,
+                rings,
+                wait: opts.submitter_wait,
+            }) as Arc<dyn SubmitterRound>
         });
         let handle = RuntimeHandle { tx, wake, submitter_round };
         let thread =
@@ -474,6 +497,7 @@ fn run_thread<E: ArrayEngine + 'static>(state: SharedLoop<E>, rx: Receiver<Msg<E
     let _drop_loop = DropLoop(&state);
     let mut guard = lock_state(&state);
     let Some(wake) = guard.as_ref().map(|lp| lp.wake.clone()) else { return };
+    wake.runtime_holds.store(true, Ordering::SeqCst);
     let mut inbox = Inbox { rx, stash: None, wake };
     loop {
         let Some(lp) = guard.as_mut() else { return };
@@ -486,10 +510,12 @@ fn run_thread<E: ArrayEngine + 'static>(state: SharedLoop<E>, rx: Receiver<Msg<E
             After::Sleep => {}
         }
         let Some((sleeper, timeout)) = lp.prepare_sleep(&mut inbox) else { continue };
+        inbox.wake.runtime_holds.store(false, Ordering::SeqCst);
         drop(guard);
         sleeper.sleep(timeout);
         inbox.wake.sleeping.store(false, Ordering::SeqCst);
         guard = lock_state(&state);
+        inbox.wake.runtime_holds.store(true, Ordering::SeqCst);
         if let Some(lp) = guard.as_mut() {
             lp.sleep_until_ns = u64::MAX;
             lp.pump();
@@ -506,6 +532,8 @@ struct Submitters<E: ArrayEngine> {
     executor_id: u64,
     /// [`RuntimeOptions::submitter_rings`].
     rings: bool,
+    /// [`RuntimeOptions::submitter_wait`].
+    wait: Duration,
 }
 
 impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
@@ -522,8 +550,12 @@ impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
     ) -> Result<(), (Request, Callback)> {
         let mut guard = match self.state.try_lock() {
             Ok(g) => g,
-            // Busy, or poisoned by a panic on the runtime thread, which is going away.
-            Err(TryLockError::WouldBlock) | Err(TryLockError::Poisoned(_)) => return Err((req, done)),
+            Err(TryLockError::WouldBlock) => match self.wait_for_submitter() {
+                Some(g) => g,
+                None => return Err((req, done)),
+            },
+            // Poisoned by a panic on the runtime thread, which is going away.
+            Err(TryLockError::Poisoned(_)) => return Err((req, done)),
         };
         let Some(lp) = guard.as_mut() else { return Err((req, done)) };
         let ring = if driven { self.ring(lp) } else { None };
@@ -572,6 +604,25 @@ impl<E: ArrayEngine + Send + 'static> SubmitterRound for Submitters<E> {
             self.with_state(|lp| lp.ex.close_guest_ring(g));
         }
         forget_thread_ring(self.executor_id);
+    }
+}
+
+impl<E: ArrayEngine + Send + 'static> Submitters<E> {
+    /// The state once another submitter's round ends, if it ends within `wait`; `None`
+    /// when the runtime thread holds it (or takes it meanwhile), or the wait is over. A
+    /// spin, not a sleep: a round of small requests lasts microseconds, and a wake-up
+    /// from a futex costs more than that here.
+    fn wait_for_submitter(&self) -> Option<MutexGuard<'_, Option<Loop<E>>>> {
+        let t0 = Instant::now();
+        while !self.wake.runtime_holds.load(Ordering::SeqCst) && t0.elapsed() < self.wait {
+            std::hint::spin_loop();
+            match self.state.try_lock() {
+                Ok(g) => return Some(g),
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Poisoned(_)) => return None,
+            }
+        }
+        None
     }
 }
 

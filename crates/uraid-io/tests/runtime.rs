@@ -238,6 +238,59 @@ fn small_requests_run_on_the_submitting_thread() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Two submitters at once: a small request that finds another submitter's round running
+/// waits for that round to end and runs on its own thread (`RuntimeOptions::submitter_wait`);
+/// with no wait it goes to the runtime thread, as every request of two busy connections did.
+#[test]
+fn a_submitter_waits_for_another_submitters_round() {
+    for (wait, runs_on_its_thread) in [(Duration::from_secs(20), true), (Duration::ZERO, false)] {
+        let path = PathBuf::from("/dev/shm").join(format!("uraid-rt-two-submitters-{}", std::process::id()));
+        std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        let set =
+            MemberSet::open(std::slice::from_ref(&path), &OpenOptions { log: false, ..Default::default() })
+                .unwrap();
+        assert!(set.member(0).is_memory_backed(), "/dev/shm is not tmpfs");
+        let ex = Executor::new(set, &ExecutorOptions { log: false, ..Default::default() }).unwrap();
+        let opts = RuntimeOptions { submitter_wait: wait, ..RuntimeOptions::default() };
+        let rt = ArrayRuntime::start(MirrorEngine::new(1, 1 << 20, 0), ex, &opts).unwrap();
+        // Let the runtime thread fall asleep (it wakes by itself only after a second).
+        std::thread::sleep(Duration::from_millis(50));
+        // The first submitter's callback runs in its round, holding the state until released.
+        let (inside_tx, inside_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let first = std::thread::spawn({
+            let h = rt.handle();
+            move || {
+                let held = Box::new(move |c: RequestCompletion, _: &mut CompletionRound| {
+                    inside_tx.send(c.result).unwrap();
+                    release_rx.recv().unwrap();
+                });
+                h.submit(Request::write(1, 0, vec![7; 4096]), held, &mut CompletionRound::default()).unwrap();
+            }
+        });
+        assert_eq!(inside_rx.recv().unwrap(), Ok(vec![]));
+        let second = std::thread::spawn({
+            let h = rt.handle();
+            move || {
+                let (tx, rx) = mpsc::channel();
+                let done = Box::new(move |c: RequestCompletion, _: &mut CompletionRound| {
+                    tx.send((std::thread::current().id(), c.result)).unwrap()
+                });
+                h.submit(Request::read(2, 0, 4096), done, &mut CompletionRound::default()).unwrap();
+                (std::thread::current().id(), rx.recv().unwrap())
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        release_tx.send(()).unwrap();
+        first.join().unwrap();
+        let (second_thread, (ran_on, result)) = second.join().unwrap();
+        assert_eq!(result, Ok(vec![7; 4096]));
+        assert_eq!(ran_on == second_thread, runs_on_its_thread, "submitter_wait {wait:?}");
+        drop(rt);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// A submitter's round on a disk file leaves the I/O to the sleeping runtime thread and
 /// must wake it: without the wake-up each request would wait for the runtime's 1 s
 /// safety timeout.

@@ -14,6 +14,13 @@
 //! job (reads of tmpfs holes would be cheaper than reads of data). Each job runs
 //! `--seconds` on every server, the servers taking turns, `--runs` times; the median run
 //! of each is reported, from fio's JSON. Children are stopped when the bench ends, fails or is interrupted.
+//!
+//! Two-connection rows (`--connections`, issue 26): the 4 KiB jobs and seqread-1m also run
+//! as that many fio jobs, each its own NBD connection (fio's nbd engine opens one per job)
+//! over its own slice of the region, on the passthrough and the RAID6 server, taking turns
+//! with the one-connection runs they are compared with. Each runs twice: at the same total
+//! queue depth as the one connection (32 split over the connections: only the spreading
+//! differs), and at 32 per connection (what a client opening more connections does).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -43,6 +50,10 @@ pub struct NbdArgs {
     /// Only these jobs (repeatable; default all).
     #[arg(long = "job", value_parser = ["randread-4k", "randwrite-4k", "seqread-1m", "seqwrite-1m"])]
     jobs: Vec<String>,
+    /// Connections of the multi-connection rows (fio jobs, each its own connection);
+    /// 1 leaves those rows out.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    connections: u32,
 }
 
 /// One fio job of the comparison.
@@ -70,6 +81,22 @@ fn target(job: &str, array: &str) -> Option<f64> {
     }
 }
 
+/// The jobs that also run over several connections: the small requests a connection
+/// thread runs itself, and one of large requests, which go to the array thread.
+const MULTI_CONNECTION_JOBS: [&str; 3] = ["randread-4k", "randwrite-4k", "seqread-1m"];
+
+/// The issue's target for several connections against one: judged at the same total
+/// queue depth, where only the spreading over connections differs (not the depth).
+fn multi_connection_target(total_iodepth: u32, one_connection_iodepth: u32) -> Option<f64> {
+    (total_iodepth == one_connection_iodepth).then_some(1.5)
+}
+
+/// Per-connection queue depths of the multi-connection runs: the one connection's depth
+/// split over them (at least 1 each), and the one connection's depth on each.
+fn multi_connection_depths(iodepth: u32, connections: u32) -> [u32; 2] {
+    [(iodepth / connections).max(1), iodepth]
+}
+
 #[derive(Serialize)]
 struct Row {
     job: &'static str,
@@ -83,9 +110,16 @@ struct Row {
     ratio: f64,
     /// The issue's target for this row, if it has one.
     target: Option<f64>,
+    /// Per connection.
     iodepth: u32,
     seconds: u64,
     runs: usize,
+    /// NBD connections of this row's figure (fio jobs, one connection each).
+    connections: u32,
+    /// Connections of the peer's figure.
+    peer_connections: u32,
+    /// The peer's queue depth per connection.
+    peer_iodepth: u32,
 }
 
 /// One pass of sequential 1 MiB writes: reads then read data rather than holes, which
@@ -228,7 +262,29 @@ pub(crate) fn fio(
     seconds: Option<u64>,
     out: &Path,
 ) -> anyhow::Result<Measured> {
-    let Job { rw, block, iodepth, .. } = *job;
+    fio_connections(target, job, job.iodepth, 1, offset, size, seconds, out)
+}
+
+/// [`fio`] as `connections` fio jobs of `iodepth` each, each over its own slice of the
+/// region (on NBD, each its own connection); the figures are their sum.
+#[allow(clippy::too_many_arguments)]
+fn fio_connections(
+    target: &Target,
+    job: &Job,
+    iodepth: u32,
+    connections: u32,
+    offset: u64,
+    size: u64,
+    seconds: Option<u64>,
+    out: &Path,
+) -> anyhow::Result<Measured> {
+    let Job { rw, block, .. } = *job;
+    let connections = connections.max(1);
+    // Slices whole in MiB, so 1 MiB blocks fit each one.
+    let slice = if connections == 1 { size } else { ((size / connections as u64) >> 20) << 20 };
+    if slice == 0 {
+        bail!("a region of {size} bytes is too small for {connections} connections");
+    }
     let mut cmd = Command::new("fio");
     let on = match target {
         Target::Nbd(uri) => {
@@ -247,10 +303,16 @@ pub(crate) fn fio(
         .arg(format!("--bs={block}"))
         .arg(format!("--iodepth={iodepth}"))
         .arg(format!("--offset={offset}"))
-        .arg(format!("--size={size}"))
+        .arg(format!("--size={slice}"))
         .arg("--output-format=json")
         .arg(format!("--output={}", out.display()))
         .stdin(Stdio::null());
+    if connections > 1 {
+        // One summed entry for all the jobs in fio's JSON.
+        cmd.arg(format!("--numjobs={connections}"))
+            .arg(format!("--offset_increment={slice}"))
+            .arg("--group_reporting=1");
+    }
     if let Some(s) = seconds {
         cmd.args(["--time_based=1", "--ramp_time=0"]).arg(format!("--runtime={s}"));
     }
@@ -367,37 +429,63 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     fio(&r6_uri, &FILL, 0, size, None, &out)?;
 
     let mut rows = Vec::new();
+    let mut multi_rows = Vec::new();
     for job in &jobs {
         let run = |uri: &Target, offset: u64| fio(uri, job, offset, size, Some(args.seconds), &out);
+        // Per array (passthrough, raid6) and per-connection depth: the multi-connection runs.
+        let multi = args.connections > 1 && MULTI_CONNECTION_JOBS.contains(&job.name);
+        let depths =
+            if multi { multi_connection_depths(job.iodepth, args.connections).to_vec() } else { vec![] };
+        let run_multi = |uri: &Target, iodepth: u32| {
+            fio_connections(uri, job, iodepth, args.connections, 0, size, Some(args.seconds), &out)
+        };
         let (mut kits, mut passes, mut r6s) = (Vec::new(), Vec::new(), Vec::new());
+        let mut multis: Vec<[Vec<Measured>; 2]> = depths.iter().map(|_| [Vec::new(), Vec::new()]).collect();
         for _ in 0..args.runs {
             kits.push(run(&kit_uri, pass_offset)?);
             passes.push(run(&pass_uri, 0)?);
             r6s.push(run(&r6_uri, 0)?);
+            for (d, m) in depths.iter().zip(&mut multis) {
+                m[0].push(run_multi(&pass_uri, *d)?);
+                m[1].push(run_multi(&r6_uri, *d)?);
+            }
             for s in [&mut pass_server, &mut r6_server, &mut kit_server] {
                 s.alive()?;
             }
         }
         let (kit, pass_m, r6_m) = (median(kits), median(passes), median(r6s));
+        let row = |array, peer, m: &Measured, p: &Measured, (connections, iodepth): (u32, u32), target| Row {
+            job: job.name,
+            array,
+            peer,
+            iops: m.iops,
+            mbps: m.mbps,
+            peer_iops: p.iops,
+            peer_mbps: p.mbps,
+            ratio: if p.iops > 0.0 { m.iops / p.iops } else { 0.0 },
+            target,
+            iodepth,
+            seconds: args.seconds,
+            runs: args.runs,
+            connections,
+            peer_connections: 1,
+            peer_iodepth: job.iodepth,
+        };
         for (array, peer, m, p) in
             [("passthrough", "nbdkit", &pass_m, &kit), ("raid6", "passthrough", &r6_m, &pass_m)]
         {
-            rows.push(Row {
-                job: job.name,
-                array,
-                peer,
-                iops: m.iops,
-                mbps: m.mbps,
-                peer_iops: p.iops,
-                peer_mbps: p.mbps,
-                ratio: if p.iops > 0.0 { m.iops / p.iops } else { 0.0 },
-                target: target(job.name, array),
-                iodepth: job.iodepth,
-                seconds: args.seconds,
-                runs: args.runs,
-            });
+            rows.push(row(array, peer, m, p, (1, job.iodepth), target(job.name, array)));
+        }
+        for (d, [pass_runs, r6_runs]) in depths.iter().zip(multis) {
+            let t = multi_connection_target(d * args.connections, job.iodepth);
+            let c = (args.connections, *d);
+            multi_rows.push(row("passthrough", "passthrough", &median(pass_runs), &pass_m, c, t));
+            multi_rows.push(row("raid6", "raid6", &median(r6_runs), &r6_m, c, t));
         }
     }
+    // After the one-connection rows, so readers that take the first row of a job and array
+    // still find the one-connection figure.
+    rows.extend(multi_rows);
     drop(kit_server);
     drop(r6_server);
     drop(pass_server);
@@ -416,12 +504,32 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     );
     println!("| job | array | IOPS | MB/s | peer | peer IOPS | peer MB/s | ratio | target |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
+    for r in rows.iter().filter(|r| r.connections == 1) {
         let t = target_cell(r.ratio, r.target);
         println!(
             "| {} | {} | {:.0} | {:.1} | {} | {:.0} | {:.1} | {:.2} | {} |",
             r.job, r.array, r.iops, r.mbps, r.peer, r.peer_iops, r.peer_mbps, r.ratio, t
         );
+    }
+    let multi: Vec<&Row> = rows.iter().filter(|r| r.connections > 1).collect();
+    if !multi.is_empty() {
+        println!();
+        println!(
+            "{} connections (fio jobs, each its own connection and slice of the region) against one \
+             connection at iodepth {} on the same server, in the same run:",
+            args.connections, multi[0].peer_iodepth
+        );
+        println!(
+            "| job | array | connections x iodepth | IOPS | MB/s | one connection IOPS | ratio | target |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+        for r in multi {
+            let t = target_cell(r.ratio, r.target);
+            println!(
+                "| {} | {} | {} x {} | {:.0} | {:.1} | {:.0} | {:.2} | {} |",
+                r.job, r.array, r.connections, r.iodepth, r.iops, r.mbps, r.peer_iops, r.ratio, t
+            );
+        }
     }
     Ok(())
 }
