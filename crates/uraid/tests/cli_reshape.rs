@@ -691,9 +691,10 @@ fn md_takes_a_raid0_grow_uraid_made_while_serving_midway_and_done() {
     assert!(out.contains("Raid Level : raid0") && out.contains("Raid Devices : 4"), "{out}");
 }
 
-/// md's own raid0 grow (`mdadm --grow -n 4 --add`, through raid4) stopped mid-way: md
-/// cannot assemble it again without `--force` (its stop kicks the member being recovered
-/// into the old parity slot), and neither does uraid; with `--force` uraid takes the member
+/// md's own raid0 grow (`mdadm --grow -n 4 --add`, through raid4) frozen and stopped
+/// mid-way: md cannot assemble it again without `--force` (its stop fails the member being
+/// recovered into the old parity slot; stopped without the freeze, this kernel's md once
+/// hung in that stop), and neither does uraid; with `--force` uraid takes the member
 /// back as mdadm does, finishes the raid4 reshape while serving, and `--level 0` ends the
 /// grow; md assembles the raid0 of four with what the raid0 of three held.
 #[test]
@@ -707,6 +708,7 @@ fn md_raid0_grow_stopped_mid_way_is_finished_by_uraid() {
          i=0\n\
          while [ $i -lt 120 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
          [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
+         echo frozen > /sys/block/md0/md/sync_action\n\
          echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
          mdadm --stop /dev/md0\n",
         md_make(0, 3)
@@ -717,16 +719,21 @@ fn md_raid0_grow_stopped_mid_way_is_finished_by_uraid() {
     let sb = read_sb(&images[0]);
     assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.level == 4 && sb.raid_disks == 5, "{sb:?}\n{out}");
 
-    let o = uraid(&[
-        "serve",
-        "--run",
-        "--unix",
-        dir.path("x.sock").to_str().unwrap(),
-        images[0].to_str().unwrap(),
-        images[1].to_str().unwrap(),
-        images[2].to_str().unwrap(),
-        images[3].to_str().unwrap(),
-    ]);
+    // Bounded: a serve that started would not return.
+    let o = bounded(
+        URAID,
+        &[
+            "serve",
+            "--run",
+            "--unix",
+            dir.path("x.sock").to_str().unwrap(),
+            images[0].to_str().unwrap(),
+            images[1].to_str().unwrap(),
+            images[2].to_str().unwrap(),
+            images[3].to_str().unwrap(),
+        ],
+        std::time::Duration::from_secs(60),
+    );
     assert!(!o.status.success() && text(&o).contains("--force"), "as md, not without --force: {}", text(&o));
     let served = Served::start(&dir, &images, &["--force", "--run"]);
     let t0 = std::time::Instant::now();
