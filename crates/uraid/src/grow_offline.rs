@@ -225,8 +225,9 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
     if !(grows || to_raid6 || rechunks || relayouts || both) {
         bail!(
             "uraid reshapes offline a raid4/5/6 grow by members, raid5 to raid6 with one new member \
-             (`--level 6 --add NEW`), and a raid4/5/6 chunk and/or layout change: use mdadm --grow \
-             under Linux md for the rest (nothing was written)"
+             (`--level 6 --add NEW`), and a raid4/5/6 chunk and/or layout change; a raid0 grow and the \
+             takeovers run on a served array (`uraid grow --control`); use mdadm --grow under Linux md \
+             for the rest (nothing was written)"
         );
     }
     if target.raid_disks != cur.raid_disks + new_devs.len() {
