@@ -653,6 +653,96 @@ fn a_spares_bad_block_entries_do_not_stop_a_reshape_resumed_after_a_cut() {
 /// raid6 restriped to left-symmetric-6 a raid5 of the others with a spare.
 /// Requests go on throughout, the data reads back, md's check is clean once whole, and a
 /// fresh assembly reads the new level.
+/// md's raid10_takeover_raid0 and raid0_takeover_raid10 while serving: a raid0 of two
+/// becomes a near-2 raid10 of four (each member in slot 2i, its mirror missing), spares
+/// are recovered into the mirrors, one member of each pair is failed and removed, and the
+/// raid10 goes back to a raid0 of the others.
+#[test]
+fn a_raid0_becomes_raid10_and_back_while_serving() {
+    use uraid_core::geometry::Level;
+    let (mut d, mut model) = array_with_data(0, 2, 41);
+    let size = model.len() as u64;
+    let take_over = |d: &mut Driver<Array>, to: Level| {
+        let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+        let plan = grow_plan(&cur, &GrowRequest { level: Some(to), ..Default::default() }).unwrap();
+        d.engine.may_grow(&plan).map_err(|e| e.0)?;
+        d.engine.grow(&plan, d.now_ns)
+    };
+    let said = take_over(&mut d, Level::Raid10).unwrap();
+    assert!(said.contains("takeover"), "{said}");
+    let mut clients = Clients::new(43);
+    let mut steps = 0;
+    while d.engine.engine().geometry().level != Level::Raid10 || steps < 2000 {
+        clients.issue(&mut d, size);
+        d.engine.unplug(d.now_ns);
+        d.step();
+        let _ = clients.collect(&mut d, &mut model);
+        steps += 1;
+        assert!(steps < 1_000_000, "the takeover never happened");
+    }
+    while !clients.out.is_empty() {
+        d.run_until_idle();
+        let _ = clients.collect(&mut d, &mut model);
+    }
+    let geo = d.engine.engine().geometry().clone();
+    assert_eq!((geo.raid_disks, geo.layout), (4, 0x102), "{geo:?}");
+    assert_eq!(d.engine.engine().size_bytes(), size, "the size stays");
+    let states = d.engine.engine().member_states();
+    assert!(
+        matches!(states[1], MemberState::Missing) && matches!(states[3], MemberState::Missing),
+        "{states:?}"
+    );
+    assert!(read_all(&mut d, size) == model, "raid10 with its mirrors missing: data");
+    // While the mirrors are missing, back to raid0 is possible; first the mirrors.
+    for i in 0..2u8 {
+        let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xD0 + i);
+        d.engine.add_member(new, d.now_ns).unwrap();
+        d.run_until_idle();
+    }
+    assert!(!d.engine.engine().is_degraded(), "the mirrors recovered");
+    d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+    d.run_until_idle();
+    assert_eq!(d.engine.engine().mismatch_cnt(), 0, "md's check of the raid10");
+    // Whole, md refuses raid0: one of each pair must go first.
+    let e = take_over(&mut d, Level::Raid0).unwrap_err();
+    assert!(e.contains("one member of each mirror pair"), "{e}");
+    let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    let sb = members.superblock(0);
+    assert_eq!((sb.level, sb.raid_disks, sb.layout), (10, 4, 0x102), "{sb:?}");
+    assert_eq!(sb.slot(), Some(0), "member 0 stays in slot 0");
+    assert_eq!(
+        members.superblock(1).slot(),
+        Some(2),
+        "member 1 moved to slot 2: {:?}",
+        members.superblock(1)
+    );
+    // The raid10 of four assembled without the members of slots 0 and 3 (mirrors of the
+    // others): back to raid0 from slots 1 and 2.
+    let slot_of = |m: usize| members.superblock(m).slot();
+    let keep: Vec<usize> =
+        (0..members.images.len()).filter(|&m| matches!(slot_of(m), Some(1) | Some(2))).collect();
+    assert_eq!(keep.len(), 2);
+    let mut d = start_array(members, &keep, 44);
+    assert_eq!(d.engine.engine().geometry().level, Level::Raid10);
+    assert!(read_all(&mut d, size) == model, "raid10 missing one of each pair");
+    let said = take_over(&mut d, Level::Raid0).unwrap();
+    assert!(said.contains("takeover"), "{said}");
+    d.run_until_idle();
+    let geo = d.engine.engine().geometry().clone();
+    let notices: Vec<String> = std::iter::from_fn(|| d.engine.pop_notice()).collect();
+    assert_eq!((geo.level, geo.raid_disks), (Level::Raid0, 2), "{geo:?} {notices:?}");
+    assert!(read_all(&mut d, size) == model, "back to raid0: data");
+    let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    for &m in &keep {
+        let sb = members.superblock(m);
+        assert_eq!((sb.level, sb.raid_disks), (0, 2), "{sb:?}");
+        assert_eq!(sb.data_size, sb.size, "{sb:?}");
+    }
+    let mut again = start_array(members, &keep, 45);
+    assert_eq!(again.engine.engine().geometry().level, Level::Raid0);
+    assert!(read_all(&mut again, size) == model, "raid0 after assembly");
+}
+
 #[test]
 fn takeovers_while_serving_keep_the_data() {
     use uraid_core::geometry::Level;

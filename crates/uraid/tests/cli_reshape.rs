@@ -595,9 +595,16 @@ fn md_finishes_a_raid5_to_raid6_uraid_started_while_serving() {
 /// and its check is clean.
 #[test]
 fn md_assembles_the_levels_uraid_took_over_while_serving() {
-    for (level, n, to) in [(1u32, 2usize, "5"), (0, 3, "4"), (6, 5, "5"), (4, 4, "5"), (5, 2, "1")] {
+    let cases = [(1u32, 2usize, "5"), (0, 3, "4"), (6, 5, "5"), (4, 4, "5"), (5, 2, "1"), (0, 2, "10")];
+    for (level, n, to) in cases {
         let dir = TempDir::new(&format!("takeover-{level}"));
-        let images = member_files(&dir, n + usize::from(level == 0));
+        // Members added after the takeover: raid4's parity, raid10's mirrors.
+        let extra = match (level, to) {
+            (0, "4") => 1,
+            (0, "10") => n,
+            _ => 0,
+        };
+        let images = member_files(&dir, n + extra);
         let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(level, n)), &images[..n]);
         let size_before: usize = field("size").parse().unwrap();
         let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
@@ -611,9 +618,11 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
         }
         let said = ok(uraid(&["grow", "--control", &c, "--level", to]), "uraid grow --level");
         assert!(said.contains("takeover"), "{said}");
-        if level == 0 {
-            ok(uraid(&["add", images[n].to_str().unwrap(), "--control", &c]), "uraid add");
-            wait_whole(&served, n + 1);
+        for new in &images[n..] {
+            ok(uraid(&["add", new.to_str().unwrap(), "--control", &c]), "uraid add");
+        }
+        if extra > 0 {
+            wait_whole(&served, n + extra);
         }
         let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
         assert!(detail.contains(&format!("raid{to}")), "{detail}");

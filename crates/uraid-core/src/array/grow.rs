@@ -204,6 +204,9 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
         (Level::Raid6, Level::Raid5) => cur.raid_disks - 1,
         // raid0_takeover_raid45: the (missing) parity slot goes.
         (Level::Raid4 | Level::Raid5, Level::Raid0) => cur.raid_disks - 1,
+        // raid10_takeover_raid0 and raid0_takeover_raid10: a mirror slot per member, or not.
+        (Level::Raid0, Level::Raid10) => cur.raid_disks * 2,
+        (Level::Raid10, Level::Raid0) => cur.raid_disks / 2,
         _ => cur.raid_disks,
     });
     let layout = match (&req.layout, cur.level, level) {
@@ -603,6 +606,8 @@ fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
         }
         (Level::Raid5, Level::Raid4) => target.raid_disks == geo.raid_disks && target.layout == 0,
         (Level::Raid5, Level::Raid1) => target.raid_disks == geo.raid_disks,
+        (Level::Raid0, Level::Raid10) => target.raid_disks == geo.raid_disks * 2,
+        (Level::Raid10, Level::Raid0) => target.raid_disks * 2 == geo.raid_disks,
         (Level::Raid1, Level::Raid5) => target.raid_disks == geo.raid_disks,
         (Level::Raid6, Level::Raid5) => target.raid_disks + 1 == geo.raid_disks,
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {

@@ -616,6 +616,16 @@ impl ArraySuperblocks {
         }
     }
 
+    /// Every active member moves to the slot `to` gives it (md's takeovers between raid0
+    /// and raid10 renumber the members: `new_raid_disk`).
+    pub fn renumber_slots(&mut self, to: impl Fn(usize) -> usize) {
+        for m in &mut self.members {
+            if let DevRole::Active { slot, .. } = &mut m.role {
+                *slot = to(*slot);
+            }
+        }
+    }
+
     /// The member of `slot` leaves its slot and stays as a spare (md's takeover of a raid6
     /// into raid5 drops the Q slot).
     pub fn slot_to_spare(&mut self, slot: usize) {

@@ -21,6 +21,19 @@ use crate::engine::Engine;
 use crate::geometry::{algorithm, Geometry, Level};
 use crate::meta::{Superblock, MAX_SECTOR};
 
+/// md's raid10 layout word for two near copies (near 2, far 1).
+const RAID10_NEAR_2: u32 = (1 << 8) + 2;
+
+/// The slot a member of slot `slot` of a `from` array has in the `to` array (md's
+/// `new_raid_disk` of the takeovers between raid0 and raid10).
+fn slot_after(from: Level, to: Level, slot: usize) -> usize {
+    match (from, to) {
+        (Level::Raid0, Level::Raid10) => slot * 2,
+        (Level::Raid10, Level::Raid0) => slot / 2,
+        _ => slot,
+    }
+}
+
 /// The geometry md's takeover gives `geo` for `target`, or why md (or uraid) will not.
 pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Result<Geometry, String> {
     match (geo.level, target.level) {
@@ -112,6 +125,31 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
             let n = geo.raid_disks - 1;
             Geometry::new(Level::Raid0, n, 0, geo.chunk_sectors, &geo.member_sectors[..n])
         }
+        // raid10_takeover_raid0: member i becomes slot 2i of a near-2 raid10, its mirror
+        // (slot 2i + 1) missing until a spare is recovered into it.
+        (Level::Raid0, Level::Raid10) => {
+            let per: Vec<u64> =
+                geo.member_sectors.iter().map(|s| s / geo.chunk_sectors * geo.chunk_sectors).collect();
+            if per.iter().any(|&s| s != per[0]) {
+                return Err(
+                    "md takes over only a raid0 whose members are all the same size (one zone)".into()
+                );
+            }
+            let n = geo.raid_disks * 2;
+            Geometry::new(Level::Raid10, n, RAID10_NEAR_2, geo.chunk_sectors, &vec![per[0]; n])
+        }
+        // raid0_takeover_raid10: one member of each mirror pair left (checked with the
+        // members' states, `may_take_over`) makes a raid0 of half the members.
+        (Level::Raid10, Level::Raid0) => {
+            if geo.layout != RAID10_NEAR_2 || !geo.raid_disks.is_multiple_of(2) {
+                return Err(
+                    "md turns a raid10 into raid0 only from the near-2 layout with an even member count"
+                        .into(),
+                );
+            }
+            let n = geo.raid_disks / 2;
+            Geometry::new(Level::Raid0, n, 0, geo.chunk_sectors, &geo.member_sectors[..n])
+        }
         (from, to) => Err(format!("the takeover of a raid{} into raid{}", from.md_level(), to.md_level())),
     }
 }
@@ -151,14 +189,48 @@ impl Array {
         // To raid0 the parity member must be gone (md: "raid5 must be degraded!"), and
         // nothing else.
         let to_raid0 = target.level == Level::Raid0;
-        if to_raid0 && !self.parity_slot_empty() {
+        let parity = matches!(self.engine.geometry().level, Level::Raid4 | Level::Raid5);
+        if to_raid0 && parity && !self.parity_slot_empty() {
             return refuse(
                 "md turns a raid4 or raid5 into raid0 only when its parity member (the last slot) is missing \
                  and every other member is in sync: fail and remove the last member first",
             );
         }
+        let from_raid10 = to_raid0 && self.engine.geometry().level == Level::Raid10;
+        if from_raid10 {
+            return self.may_take_over_raid10(target);
+        }
         if let Some(why) = self.shape_change_blocked(to_raid0, to_raid0) {
             return refuse(why);
+        }
+        takeover_geometry(self.engine.geometry(), target).or_else(|e| refuse(&e))
+    }
+
+    /// raid10 to raid0 (md's raid0_takeover_raid10): exactly one member of each mirror pair
+    /// in sync, the other slot empty ("All mirrors must be already degraded!").
+    fn may_take_over_raid10(&self, target: &ReshapeTarget) -> Result<Geometry, String> {
+        let refuse = |why: &str| Err(format!("cannot take the array over: {why}"));
+        let states = self.engine.member_states();
+        let held = |slot: usize| self.sbs.members().iter().any(|m| m.role.active_slot() == Some(slot));
+        let one_each = states.chunks(2).enumerate().all(|(pair, s)| {
+            let in_sync = s.iter().filter(|s| matches!(s, MemberState::InSync)).count();
+            let empty = (0..s.len()).filter(|&i| !held(pair * 2 + i)).count();
+            s.len() == 2 && in_sync == 1 && empty == 1
+        });
+        if !one_each {
+            return refuse(
+                "md turns a raid10 into raid0 only when one member of each mirror pair is missing and the \
+                 other in sync: fail and remove one member of each pair first",
+            );
+        }
+        if self.read_only || self.reshaping.is_some() || self.takeover.is_some() {
+            return refuse("the array is read-only, or a reshape or takeover runs");
+        }
+        if self.engine.sync_active() || !self.engine.replacements().is_empty() {
+            return refuse("a recovery, check or replacement runs: let it finish first");
+        }
+        if self.sbs.bitmap().is_some() {
+            return refuse("the array has a write-intent bitmap, which raid0 cannot keep: remove it first");
         }
         takeover_geometry(self.engine.geometry(), target).or_else(|e| refuse(&e))
     }
@@ -169,11 +241,13 @@ impl Array {
         let next = self.may_take_over(target)?;
         let events = self.sbs.events() + 1;
         let utime = self.now_seconds();
+        let from = self.engine.geometry().level;
+        self.sbs.renumber_slots(|slot| slot_after(from, next.level, slot));
         for slot in next.raid_disks..self.engine.geometry().raid_disks {
             self.sbs.slot_to_spare(slot);
         }
         if next.level == Level::Raid0 {
-            // raid0_takeover_raid45: no resync is owed (no parity is left).
+            // raid0_takeover_raid45/raid10: no resync is owed (no redundancy is left).
             self.sbs.resync_done();
         }
         self.sbs.reshape_finished(|sb| taken_over(sb, &next, events, utime));
@@ -224,7 +298,6 @@ impl Array {
     }
 
     fn swap_to(&mut self, next: &Geometry) -> Result<(), String> {
-        let old = self.engine.geometry().raid_disks;
         let mut members = Vec::new();
         let mut io = vec![None; next.raid_disks];
         let offset_of = |slot: usize| {
@@ -237,7 +310,7 @@ impl Array {
         let first_offset = offset_of(0).map_or(0, |(_, o)| o);
         for (slot, io_slot) in io.iter_mut().enumerate() {
             match offset_of(slot) {
-                Some((key, offset)) if slot < old => {
+                Some((key, offset)) => {
                     members.push(MemberConfig {
                         data_offset_bytes: offset * SECTOR_BYTES,
                         state: MemberState::InSync,
@@ -266,7 +339,8 @@ impl Array {
         engine.carry_stats_from(&self.engine);
         self.engine = engine;
         // A raid0 grow takes its new members into the reshape, not into the parity slot.
-        for slot in (old..next.raid_disks).filter(|_| self.raid0_grow.is_none()) {
+        let missing = (0..next.raid_disks).filter(|&s| io[s].is_none());
+        for slot in missing.filter(|_| self.raid0_grow.is_none()) {
             if !self.spare_wanted.contains(&slot) {
                 self.spare_wanted.push(slot);
             }
