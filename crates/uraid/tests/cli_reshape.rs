@@ -688,16 +688,7 @@ fn md_takes_a_raid0_grow_uraid_made_while_serving_midway_and_done() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     served.stop();
-    let script = format!(
-        "mdadm --assemble /dev/md0 /dev/vd? || exit 3\ncat /proc/mdstat\n\
-         echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
-         echo \"=== sha $(head -c {size_before} /dev/md0 | sha256sum)\"\n\
-         mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
-    );
-    let (out, field) = md_run(&fresh, &script, &copies);
-    assert_eq!(field("sha").split_whitespace().next().unwrap(), sha_before, "{out}");
-    assert_eq!(field("size").parse::<usize>().unwrap(), size_before / 3 * 4, "{out}");
-    assert!(out.contains("Raid Level : raid0") && out.contains("Raid Devices : 4"), "{out}");
+    md_assembles_a_raid0_of_four(&fresh, &copies, size_before, &sha_before);
 }
 
 /// md's own raid0 grow (`mdadm --grow -n 4 --add`, through raid4) frozen and stopped
@@ -762,13 +753,19 @@ fn md_raid0_grow_stopped_mid_way_is_finished_by_uraid() {
     assert_eq!(sha256_bytes(&got[..size_before]), sha_before, "uraid finished md's raid0 grow");
     served.stop();
 
+    md_assembles_a_raid0_of_four(&dir, &images, size_before, &sha_before);
+}
+
+/// md in the VM assembles `images` as the raid0 of four a raid0 of three grew into: a
+/// member's worth larger, its first `size_before` bytes what the three held.
+fn md_assembles_a_raid0_of_four(dir: &TempDir, images: &[PathBuf], size_before: usize, sha_before: &str) {
     let script = format!(
         "mdadm --assemble /dev/md0 /dev/vd? || exit 3\ncat /proc/mdstat\n\
          echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
          echo \"=== sha $(head -c {size_before} /dev/md0 | sha256sum)\"\n\
          mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
     );
-    let (out, field) = md_run(&dir, &script, &images);
+    let (out, field) = md_run(dir, &script, images);
     assert_eq!(field("sha").split_whitespace().next().unwrap(), sha_before, "{out}");
     assert_eq!(field("size").parse::<usize>().unwrap(), size_before / 3 * 4, "{out}");
     assert!(out.contains("Raid Level : raid0") && out.contains("Raid Devices : 4"), "{out}");
