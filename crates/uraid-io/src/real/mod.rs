@@ -407,6 +407,9 @@ pub struct Executor {
     deferred: Vec<MemberIo>,
     /// Guest threads' own rings (see `guest.rs`), and the one of the guest running now.
     guests: Vec<Option<Box<uring::UringBackend>>>,
+    /// When each guest ring's thread last reaped it (the executor's clock), for the log of
+    /// a timeout: an overdue I/O on a ring nobody reaps is the thread's stall, not the device's.
+    guest_reaped_ns: Vec<u64>,
     active_guest: Option<usize>,
     /// New I/O of the running guest goes to its ring (see [`Executor::set_guest_ring`]).
     guest_issues: bool,
@@ -512,6 +515,7 @@ impl Executor {
             guest: false,
             deferred: Vec::new(),
             guests: Vec::new(),
+            guest_reaped_ns: Vec::new(),
             active_guest: None,
             guest_issues: false,
             waiting_unstarted: false,
@@ -901,9 +905,15 @@ impl Executor {
         let mut finished = std::mem::take(&mut self.finished);
         if self.guest {
             // A guest reaps its own ring only; the owner's is the owner's.
-            let guest_ring = self.active_guest.and_then(|g| self.guests[g].as_mut());
-            if let Some(ring) = guest_ring {
-                ring.reap(&mut finished, Some(Duration::ZERO));
+            if let Some(g) = self.active_guest {
+                if let Some(ring) = self.guests[g].as_mut() {
+                    ring.reap(&mut finished, Some(Duration::ZERO));
+                    let now = self.clock.elapsed().as_nanos() as u64;
+                    if self.guest_reaped_ns.len() <= g {
+                        self.guest_reaped_ns.resize(g + 1, now);
+                    }
+                    self.guest_reaped_ns[g] = now;
+                }
             }
         } else {
             let ready = !self.ready.is_empty() || self.remote.has_done();

@@ -156,6 +156,9 @@ impl Executor {
                 );
             }
         }
+        if self.log {
+            self.log_stalled_guest_rings(now);
+        }
         let (queues, ready) = (&mut self.queues, &mut self.ready);
         let mut gone = |q: &mut super::MemberQueue, id| {
             q.counts.timed_out_ios += 1;
@@ -182,6 +185,36 @@ impl Executor {
                 self.held.push((io, held_ns));
             }
         }
+    }
+
+    /// Says which connection threads' own rings hold overdue I/O and when their threads
+    /// last reaped them: only its thread can reap such a ring, so one not reaped for about
+    /// the timeout points at a stalled thread rather than at the devices (docs/reliability.md).
+    fn log_stalled_guest_rings(&mut self, now: u64) {
+        for (g, n, reaped_ns) in self.guest_rings_overdue(now) {
+            let seen = reaped_ns
+                .map_or("never".to_string(), |t| format!("{:.1} s ago", now.saturating_sub(t) as f64 / 1e9));
+            eprintln!(
+                "uraid-io: {n} of the overdue I/Os are on connection ring {g}, which its thread last reaped {seen}"
+            );
+        }
+    }
+
+    /// Per guest ring holding I/O past its deadline at `now`: the ring, how many such I/Os,
+    /// and when its thread last reaped it (None: never).
+    pub(super) fn guest_rings_overdue(&mut self, now: u64) -> Vec<(usize, usize, Option<u64>)> {
+        let queues = &self.queues;
+        let overdue =
+            |s: &super::Slot| !s.abandoned && now.saturating_sub(s.started_ns) > queues[s.member].timeout_ns;
+        let mut out = Vec::new();
+        for (g, ring) in self.guests.iter_mut().enumerate() {
+            let Some(ring) = ring else { continue };
+            let n = ring.slots_mut().filter(|s| overdue(s)).count();
+            if n > 0 {
+                out.push((g, n, self.guest_reaped_ns.get(g).copied()));
+            }
+        }
+        out
     }
 
     /// A device whose timed-out I/O the kernel still holds must not take a slot again: that
@@ -220,4 +253,61 @@ fn for_each_slot(
     polled.iter_mut().for_each(|p| p.slots_mut().for_each(&mut f));
     remote.slots_mut().for_each(&mut f);
     guests.iter_mut().flatten().for_each(|g| g.slots_mut().for_each(&mut f));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use uraid_core::{MemberIo, MemberIoOp};
+
+    use crate::real::{Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
+
+    #[test]
+    fn a_timeout_names_the_connection_ring_its_thread_stopped_reaping() {
+        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/tmp"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("uraid-guest-stall-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+        let m = Member::open(&path, &OpenOptions { log: false, ..OpenOptions::default() }).unwrap();
+        let opts =
+            ExecutorOptions { log: false, inline_memory_io_max_bytes: 0, ..ExecutorOptions::default() };
+        let mut ex = Executor::new(MemberSet::from_members(vec![m]), &opts).unwrap();
+        let g = ex.open_guest_ring().unwrap().expect("this kernel gives deferred rings (6.1+)");
+        let write = |id| MemberIo {
+            id,
+            member: 0,
+            op: MemberIoOp::Write,
+            offset_bytes: 0,
+            len_bytes: 4096,
+            data: vec![7u8; 4096].into(),
+        };
+        // A connection thread's round issues a write on its ring, then reaps it once and
+        // issues another that it never reaps.
+        ex.set_guest(true);
+        ex.set_guest_ring(Some(g), true);
+        ex.submit(write(1));
+        let mut done = Vec::new();
+        while done.is_empty() {
+            ex.poll(&mut done);
+        }
+        ex.submit(write(2));
+        ex.set_guest_ring(None, false);
+        ex.set_guest(false);
+        ex.set_member_timeout(0, Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(20));
+        let now = ex.now_ns();
+        let stalled = ex.guest_rings_overdue(now);
+        assert_eq!(stalled.len(), 1, "{stalled:?}");
+        let (ring, n, reaped) = stalled[0];
+        assert_eq!((ring, n), (g, 1));
+        let ago = now - reaped.expect("the thread reaped it once");
+        assert!(ago >= 20_000_000, "last reaped {ago} ns ago, before the 20 ms sleep");
+        // The runtime thread's deadline scan answers it Gone all the same (the member hung).
+        ex.expire_overdue();
+        assert!(ex.member_hung(0));
+        drop(ex);
+        let _ = std::fs::remove_file(&path);
+    }
 }
