@@ -83,6 +83,33 @@ fn change_layout(d: &mut Driver<Array>, layout: &str) {
     start_reshape(d, GrowRequest { layout: Some(layout.into()), ..Default::default() });
 }
 
+/// Client requests (`Clients`, seeded by `seed`) until the array is `level` and for at
+/// least 2000 steps, then until every one of them has ended, `model` kept as they are
+/// acknowledged (a takeover while serving).
+fn serve_until_level(
+    d: &mut Driver<Array>,
+    model: &mut [u8],
+    seed: u64,
+    level: uraid_core::geometry::Level,
+    what: &str,
+) {
+    let size = model.len() as u64;
+    let mut clients = Clients::new(seed);
+    let mut steps = 0;
+    while d.engine.engine().geometry().level != level || steps < 2000 {
+        clients.issue(d, size);
+        d.engine.unplug(d.now_ns);
+        d.step();
+        let _ = clients.collect(d, model);
+        steps += 1;
+        assert!(steps < 1_000_000, "{what}: the takeover never happened");
+    }
+    while !clients.out.is_empty() {
+        d.run_until_idle();
+        let _ = clients.collect(d, model);
+    }
+}
+
 /// Client requests while the reshape runs: up to eight at once on spans that do not
 /// overlap, writes of new random bytes and reads checked against the model at their end.
 /// `out`: (id, offset, length, a write's bytes) of those in flight.
@@ -686,20 +713,7 @@ fn a_raid0_becomes_raid10_and_back_while_serving() {
     };
     let said = take_over(&mut d, Level::Raid10).unwrap();
     assert!(said.contains("takeover"), "{said}");
-    let mut clients = Clients::new(43);
-    let mut steps = 0;
-    while d.engine.engine().geometry().level != Level::Raid10 || steps < 2000 {
-        clients.issue(&mut d, size);
-        d.engine.unplug(d.now_ns);
-        d.step();
-        let _ = clients.collect(&mut d, &mut model);
-        steps += 1;
-        assert!(steps < 1_000_000, "the takeover never happened");
-    }
-    while !clients.out.is_empty() {
-        d.run_until_idle();
-        let _ = clients.collect(&mut d, &mut model);
-    }
+    serve_until_level(&mut d, &mut model, 43, Level::Raid10, "raid0 to raid10");
     let geo = d.engine.engine().geometry().clone();
     assert_eq!((geo.raid_disks, geo.layout), (4, 0x102), "{geo:?}");
     assert_eq!(d.engine.engine().size_bytes(), size, "the size stays");
@@ -795,20 +809,7 @@ fn takeovers_while_serving_keep_the_data() {
         d.engine.may_grow(&plan).unwrap();
         let said = d.engine.grow(&plan, d.now_ns).unwrap();
         assert!(said.contains("takeover"), "{what}: {said}");
-        let mut clients = Clients::new(seed * 5);
-        let mut steps = 0;
-        while d.engine.engine().geometry().level != to || steps < 2000 {
-            clients.issue(&mut d, size);
-            d.engine.unplug(d.now_ns);
-            d.step();
-            let _ = clients.collect(&mut d, &mut model);
-            steps += 1;
-            assert!(steps < 1_000_000, "{what}: the takeover never happened");
-        }
-        while !clients.out.is_empty() {
-            d.run_until_idle();
-            let _ = clients.collect(&mut d, &mut model);
-        }
+        serve_until_level(&mut d, &mut model, seed * 5, to, &what);
         let geo = d.engine.engine().geometry().clone();
         let slots = match level {
             0 => n + 1,

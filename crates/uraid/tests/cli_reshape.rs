@@ -80,6 +80,15 @@ fn md_made(dir: &TempDir, images: &[PathBuf]) -> (usize, String) {
     (field("size").parse().unwrap(), field("sha").split_whitespace().next().unwrap().to_string())
 }
 
+/// md's reshape let run to array sector 8192 at least, then frozen and stopped (the
+/// position echoed as `=== position`).
+const MD_FREEZE_MID_RESHAPE: &str = "i=0\n\
+     while [ $i -lt 120 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
+     [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
+     echo frozen > /sys/block/md0/md/sync_action\n\
+     echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
+     mdadm --stop /dev/md0\n";
+
 /// md in the VM: a raid`level` of `n` members made by `md_make`, one more member
 /// added, the grow to `n + 1` started throttled and frozen partway.
 fn md_mid_grow(dir: &TempDir, level: u32, n: usize) -> MdGrow {
@@ -90,12 +99,7 @@ fn md_mid_grow(dir: &TempDir, level: u32, n: usize) -> MdGrow {
          echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
          echo 200 > /proc/sys/dev/raid/speed_limit_max\n\
          mdadm --grow /dev/md0 --raid-devices={}\n\
-         i=0\n\
-         while [ $i -lt 120 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
-         [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
-         echo frozen > /sys/block/md0/md/sync_action\n\
-         echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
-         mdadm --stop /dev/md0\n",
+         {MD_FREEZE_MID_RESHAPE}",
         md_make(level, n),
         n + 1
     );
@@ -705,12 +709,7 @@ fn md_raid0_grow_stopped_mid_way_is_finished_by_uraid() {
         "{}echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
          echo 200 > /proc/sys/dev/raid/speed_limit_max\n\
          mdadm --grow /dev/md0 --raid-devices=4 --add /dev/vdd\n\
-         i=0\n\
-         while [ $i -lt 120 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
-         [ \"$p\" != none ] && [ \"$p\" -ge 8192 ] && break; sleep 1; i=$((i+1)); done\n\
-         echo frozen > /sys/block/md0/md/sync_action\n\
-         echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
-         mdadm --stop /dev/md0\n",
+         {MD_FREEZE_MID_RESHAPE}",
         md_make(0, 3)
     );
     let (out, field) = md_run(&dir, &script, &images);
