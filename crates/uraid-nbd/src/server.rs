@@ -336,6 +336,22 @@ impl Stream {
         }
     }
 
+    /// What the socket holds now, without waiting (`WouldBlock` when it holds nothing).
+    fn read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            // SAFETY: `buf` is valid for `buf.len()` bytes for the call's duration.
+            let n =
+                unsafe { libc::recv(self.raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     /// Who is at the other end, for messages.
     fn peer(&self) -> String {
         match self {
@@ -392,8 +408,16 @@ impl Read for FlushingReader {
         while self.device.thread_owes_io() {
             let go = self.device.drive_thread_io(Some(self.stream.raw_fd()), THREAD_IO_WAIT, &mut round);
             round.end();
-            if go {
-                break;
+            if !go || !self.device.thread_owes_io() {
+                continue;
+            }
+            // "Readable" may be stale: a poll armed before bytes this thread has read since
+            // fires for them. A blocking read would then wait for a client that waits for
+            // replies only this thread's ring can finish (docs/reliability.md, "Member
+            // faults while running").
+            match self.stream.read_now(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return r,
             }
         }
         drop(round);
@@ -775,4 +799,70 @@ fn submit(
         return;
     }
     device.submit(request, Box::new(done), round);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{BlockRequest, Completion};
+    use std::sync::atomic::AtomicBool;
+
+    /// A device whose thread owes ring I/O until its third drive, and whose drives all say
+    /// "readable" as a stale socket poll does; the I/O finishing at the third drive is what
+    /// lets the client send its next request.
+    struct StalePollDevice {
+        client: Mutex<UnixStream>,
+        drives: AtomicUsize,
+        owes: AtomicBool,
+    }
+
+    impl BlockDevice for StalePollDevice {
+        fn size_bytes(&self) -> u64 {
+            0
+        }
+        fn read_only(&self) -> bool {
+            true
+        }
+        fn multi_conn_consistent(&self) -> bool {
+            true
+        }
+        fn submit(&self, _req: BlockRequest, _done: Completion, _round: &mut CompletionRound) {}
+        fn thread_owes_io(&self) -> bool {
+            self.owes.load(Ordering::SeqCst)
+        }
+        fn drive_thread_io(
+            &self,
+            _: Option<std::os::fd::RawFd>,
+            _: Duration,
+            _: &mut CompletionRound,
+        ) -> bool {
+            if self.drives.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
+                self.client.lock().unwrap().write_all(b"x").unwrap();
+                self.owes.store(false, Ordering::SeqCst);
+            }
+            true
+        }
+    }
+
+    #[test]
+    fn a_stale_readable_never_puts_a_thread_owing_ring_io_to_sleep_on_its_socket() {
+        let (ours, client) = UnixStream::pair().unwrap();
+        // Without the guard, the read below waits for a byte the client sends only after
+        // the owed I/O completes: this timeout turns that deadlock into a failure.
+        ours.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let device = Arc::new(StalePollDevice {
+            client: Mutex::new(client),
+            drives: AtomicUsize::new(0),
+            owes: AtomicBool::new(true),
+        });
+        let mut reader = FlushingReader {
+            stream: Stream::Unix(ours),
+            round: ConnectionRound::default(),
+            device: device.clone(),
+        };
+        let mut buf = [0u8; 16];
+        let n = reader.read(&mut buf).expect("the thread slept on its socket while it owed ring I/O");
+        assert_eq!(&buf[..n], b"x");
+        assert_eq!(device.drives.load(Ordering::SeqCst), 3);
+    }
 }

@@ -410,6 +410,8 @@ pub struct Executor {
     /// When each guest ring's thread last reaped it (the executor's clock), for the log of
     /// a timeout: an overdue I/O on a ring nobody reaps is the thread's stall, not the device's.
     guest_reaped_ns: Vec<u64>,
+    /// Per guest ring, the reap time of the stall last logged (`timeout.rs`): one line a stall.
+    guest_stall_logged: Vec<Option<Option<u64>>>,
     active_guest: Option<usize>,
     /// New I/O of the running guest goes to its ring (see [`Executor::set_guest_ring`]).
     guest_issues: bool,
@@ -516,6 +518,7 @@ impl Executor {
             deferred: Vec::new(),
             guests: Vec::new(),
             guest_reaped_ns: Vec::new(),
+            guest_stall_logged: Vec::new(),
             active_guest: None,
             guest_issues: false,
             waiting_unstarted: false,

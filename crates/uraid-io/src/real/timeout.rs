@@ -117,7 +117,7 @@ impl Executor {
             return;
         }
         let mut oldest = u64::MAX;
-        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |s| {
+        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |_, s| {
             oldest = oldest.min(s.set_gen)
         });
         self.retired.retain(|(g, _)| *g >= oldest);
@@ -130,19 +130,22 @@ impl Executor {
             return;
         }
         self.next_timeout_scan_ns = now + SCAN_PERIOD.as_nanos() as u64;
-        let queues = &mut self.queues;
-        let overdue =
-            |member: usize, started_ns: u64| now.saturating_sub(started_ns) > queues[member].timeout_ns;
+        let (queues, reaped) = (&mut self.queues, &self.guest_reaped_ns);
         let mut newly_hung: Vec<usize> = Vec::new();
-        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |s| {
-            if !s.abandoned && overdue(s.member, s.started_ns) {
+        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |ring, s| {
+            if !s.abandoned && known_late(queues, reaped, now, ring, s) {
                 newly_hung.push(s.member);
             }
         });
+        let overdue =
+            |member: usize, started_ns: u64| now.saturating_sub(started_ns) > queues[member].timeout_ns;
         newly_hung.extend(self.held.iter().filter(|(io, t)| overdue(io.member, *t)).map(|(io, _)| io.member));
         newly_hung.sort_unstable();
         newly_hung.dedup();
         newly_hung.retain(|&m| !self.queues[m].hung);
+        if self.log {
+            self.log_stalled_guest_rings(now);
+        }
         if newly_hung.is_empty() {
             return;
         }
@@ -156,15 +159,12 @@ impl Executor {
                 );
             }
         }
-        if self.log {
-            self.log_stalled_guest_rings(now);
-        }
         let (queues, ready) = (&mut self.queues, &mut self.ready);
         let mut gone = |q: &mut super::MemberQueue, id| {
             q.counts.timed_out_ios += 1;
             ready.push(MemberIoCompletion { id, result: Err(MemberIoError::Gone) });
         };
-        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |s| {
+        for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |_, s| {
             let q = &mut queues[s.member];
             if q.hung && !s.abandoned {
                 s.abandoned = true;
@@ -187,31 +187,43 @@ impl Executor {
         }
     }
 
-    /// Says which connection threads' own rings hold overdue I/O and when their threads
-    /// last reaped them: only its thread can reap such a ring, so one not reaped for about
-    /// the timeout points at a stalled thread rather than at the devices (docs/reliability.md).
+    /// Says once per stall which connection threads hold I/O past its deadline on their
+    /// own rings without having looked since: only its thread reaps such a ring, so that
+    /// I/O may well be done, and its members are not failed for it (docs/reliability.md).
     fn log_stalled_guest_rings(&mut self, now: u64) {
-        for (g, n, reaped_ns) in self.guest_rings_overdue(now) {
-            let seen = reaped_ns
-                .map_or("never".to_string(), |t| format!("{:.1} s ago", now.saturating_sub(t) as f64 / 1e9));
+        for (g, n, reaped_ns) in self.guest_rings_unreaped(now) {
+            if self.guest_stall_logged.len() <= g {
+                self.guest_stall_logged.resize(g + 1, None);
+            }
+            if self.guest_stall_logged[g] == Some(reaped_ns) {
+                continue;
+            }
+            self.guest_stall_logged[g] = Some(reaped_ns);
+            let seen = reaped_ns.map_or("never reaped it".to_string(), |t| {
+                format!("last reaped it {:.1} s ago", now.saturating_sub(t) as f64 / 1e9)
+            });
             eprintln!(
-                "uraid-io: {n} of the overdue I/Os are on connection ring {g}, which its thread last reaped {seen}"
+                "uraid-io: connection ring {g} holds {n} I/O(s) past the member timeout, and its thread \
+                 {seen}: the server's thread stalled, not the members; they are not failed for it"
             );
         }
     }
 
-    /// Per guest ring holding I/O past its deadline at `now`: the ring, how many such I/Os,
-    /// and when its thread last reaped it (None: never).
-    pub(super) fn guest_rings_overdue(&mut self, now: u64) -> Vec<(usize, usize, Option<u64>)> {
+    /// Per guest ring holding I/O past its deadline that its thread has not looked for
+    /// since: the ring, how many such I/Os, and when its thread last reaped it.
+    pub(super) fn guest_rings_unreaped(&mut self, now: u64) -> Vec<(usize, usize, Option<u64>)> {
         let queues = &self.queues;
-        let overdue =
-            |s: &super::Slot| !s.abandoned && now.saturating_sub(s.started_ns) > queues[s.member].timeout_ns;
         let mut out = Vec::new();
         for (g, ring) in self.guests.iter_mut().enumerate() {
             let Some(ring) = ring else { continue };
-            let n = ring.slots_mut().filter(|s| overdue(s)).count();
+            let reaped_ns = self.guest_reaped_ns.get(g).copied();
+            let unseen = |s: &super::Slot| reaped_ns.is_none_or(|r| r <= deadline_ns(queues, s));
+            let n = ring
+                .slots_mut()
+                .filter(|s| !s.abandoned && deadline_ns(queues, s) < now && unseen(s))
+                .count();
             if n > 0 {
-                out.push((g, n, self.guest_reaped_ns.get(g).copied()));
+                out.push((g, n, reaped_ns));
             }
         }
         out
@@ -238,21 +250,47 @@ impl Executor {
     }
 }
 
-/// Every slot the executor has handed out: its own backend's and its guests' rings'.
+/// When I/O `s` is due: its start plus its member's timeout.
+fn deadline_ns(queues: &[super::MemberQueue], s: &super::Slot) -> u64 {
+    s.started_ns.saturating_add(queues[s.member].timeout_ns)
+}
+
+/// Whether I/O `s` (on guest ring `ring`, if any) is known to be past its deadline at
+/// `now`. A guest ring is reaped by its thread only: its I/O is known late only when the
+/// thread looked after the deadline and did not find it done. Before that, the kernel may
+/// have finished it long ago, and the lateness is the thread's (a thread that stalled
+/// must not fail every member it had I/O on).
+fn known_late(
+    queues: &[super::MemberQueue],
+    reaped: &[u64],
+    now: u64,
+    ring: Option<usize>,
+    s: &super::Slot,
+) -> bool {
+    let due = deadline_ns(queues, s);
+    due < now && ring.is_none_or(|g| reaped.get(g).is_some_and(|&r| r > due))
+}
+
+/// Every slot the executor has handed out: its own backend's and its guests' rings'
+/// (with the guest ring's index).
 fn for_each_slot(
     backend: &mut Backend,
     polled: &mut Option<Box<super::uring::UringBackend>>,
     remote: &mut super::remote::RemoteBackend,
     guests: &mut [Option<Box<super::uring::UringBackend>>],
-    mut f: impl FnMut(&mut super::Slot),
+    mut f: impl FnMut(Option<usize>, &mut super::Slot),
 ) {
     match backend {
-        Backend::Uring(u) => u.slots_mut().for_each(&mut f),
-        Backend::Pool(p) => p.slots_mut().for_each(&mut f),
+        Backend::Uring(u) => u.slots_mut().for_each(|s| f(None, s)),
+        Backend::Pool(p) => p.slots_mut().for_each(|s| f(None, s)),
     }
-    polled.iter_mut().for_each(|p| p.slots_mut().for_each(&mut f));
-    remote.slots_mut().for_each(&mut f);
-    guests.iter_mut().flatten().for_each(|g| g.slots_mut().for_each(&mut f));
+    polled.iter_mut().for_each(|p| p.slots_mut().for_each(|s| f(None, s)));
+    remote.slots_mut().for_each(|s| f(None, s));
+    for (g, ring) in guests.iter_mut().enumerate() {
+        if let Some(ring) = ring {
+            ring.slots_mut().for_each(|s| f(Some(g), s));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -265,7 +303,7 @@ mod tests {
     use crate::real::{Executor, ExecutorOptions, Member, MemberSet, OpenOptions};
 
     #[test]
-    fn a_timeout_names_the_connection_ring_its_thread_stopped_reaping() {
+    fn io_on_a_connection_ring_its_thread_stopped_reaping_does_not_fail_the_member() {
         let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/tmp"));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("uraid-guest-stall-{}", std::process::id()));
@@ -283,30 +321,56 @@ mod tests {
             len_bytes: 4096,
             data: vec![7u8; 4096].into(),
         };
-        // A connection thread's round issues a write on its ring, then reaps it once and
-        // issues another that it never reaps.
-        ex.set_guest(true);
-        ex.set_guest_ring(Some(g), true);
-        ex.submit(write(1));
+        let as_guest = |ex: &mut Executor, f: &mut dyn FnMut(&mut Executor)| {
+            ex.set_guest(true);
+            ex.set_guest_ring(Some(g), true);
+            f(ex);
+            ex.set_guest_ring(None, false);
+            ex.set_guest(false);
+        };
+        // A connection thread's round issues a write on its ring, reaps it once, and issues
+        // another that it does not reap for longer than the member timeout.
         let mut done = Vec::new();
-        while done.is_empty() {
-            ex.poll(&mut done);
-        }
-        ex.submit(write(2));
-        ex.set_guest_ring(None, false);
-        ex.set_guest(false);
+        as_guest(&mut ex, &mut |ex| {
+            ex.submit(write(1));
+            while done.is_empty() {
+                ex.poll(&mut done);
+            }
+            ex.submit(write(2));
+        });
         ex.set_member_timeout(0, Duration::from_millis(1));
         std::thread::sleep(Duration::from_millis(20));
         let now = ex.now_ns();
-        let stalled = ex.guest_rings_overdue(now);
+        let stalled = ex.guest_rings_unreaped(now);
         assert_eq!(stalled.len(), 1, "{stalled:?}");
         let (ring, n, reaped) = stalled[0];
         assert_eq!((ring, n), (g, 1));
         let ago = now - reaped.expect("the thread reaped it once");
         assert!(ago >= 20_000_000, "last reaped {ago} ns ago, before the 20 ms sleep");
-        // The runtime thread's deadline scan answers it Gone all the same (the member hung).
+        // The runtime thread's deadline scan must not take the thread's stall for the
+        // member's: the write may be done, only nobody looked.
+        ex.expire_overdue();
+        assert!(!ex.member_hung(0), "a member failed for I/O its connection thread had not reaped");
+        done.clear();
+        as_guest(&mut ex, &mut |ex| {
+            while done.is_empty() {
+                ex.poll(&mut done);
+            }
+        });
+        assert_eq!(done.len(), 1);
+        assert!(done[0].id == 2 && done[0].result.is_ok(), "{done:?}");
+        // A thread that looked after the deadline and did not find its I/O done (a file's
+        // write cannot be held, so the look is set by hand): that member is late.
+        as_guest(&mut ex, &mut |ex| ex.submit(write(3)));
+        std::thread::sleep(Duration::from_millis(20));
+        ex.guest_reaped_ns[g] = ex.now_ns();
+        std::thread::sleep(Duration::from_millis(1));
+        ex.next_timeout_scan_ns = 0;
         ex.expire_overdue();
         assert!(ex.member_hung(0));
+        done.clear();
+        ex.poll(&mut done);
+        assert!(done.iter().any(|c| c.id == 3 && c.result.is_err()), "{done:?}");
         drop(ex);
         let _ = std::fs::remove_file(&path);
     }

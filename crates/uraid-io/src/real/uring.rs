@@ -465,8 +465,9 @@ impl UringBackend {
     }
 
     /// Asks the kernel to post a completion when `fd` is readable (or hung up), unless such
-    /// a poll is already armed; forgets an earlier one that fired (what it saw may have
-    /// been read since: a poll armed now sees the socket as it is).
+    /// a poll is already armed; forgets an earlier one that fired. A fire is a hint, not a
+    /// promise: a poll still armed from before may fire for bytes read since, so a caller
+    /// that must not sleep reads without waiting (the NBD server's `FlushingReader`).
     pub fn arm_poll(&mut self, fd: std::os::fd::RawFd) {
         self.poll_fired = false;
         if self.poll_armed || self.polled {
