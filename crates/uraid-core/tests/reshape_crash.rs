@@ -109,7 +109,7 @@ fn grown(level: i32, n: usize, start: Start) -> (Starting, Vec<u8>) {
     let (sbs, geo) = match start {
         Start::Grow => start_grow(&old, &[new], 1).unwrap(),
         Start::Restripe(change) => {
-            let (sbs, _, geo) = start_restripe(&old, &[], change, 1).unwrap();
+            let (sbs, _, geo) = start_restripe(&old, &[], change, 1, None).unwrap();
             (sbs, geo)
         }
     };

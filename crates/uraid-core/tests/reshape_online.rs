@@ -997,3 +997,84 @@ fn a_power_cut_anywhere_in_a_raid0_grow_loses_no_acknowledged_write() {
         }
     }
 }
+
+/// Whether member `m`'s bitmap on disk has the chunk holding sync-space sector `sector` set.
+fn bit_on_disk(d: &Driver<Array>, m: usize, sector: u64) -> bool {
+    let bytes = d.members.metadata(m).offered.bitmap.expect("the member has a bitmap");
+    let image = uraid_core::meta::bitmap::BitmapImage::parse(&bytes).unwrap();
+    image.is_dirty(sector / u64::from(image.sb.chunksize / 512))
+}
+
+#[test]
+fn a_write_during_a_grow_with_a_bitmap_sets_its_bits_in_both_layouts() {
+    use uraid_core::meta::bitmap::array_range_to_sync_range;
+    let mm = create_level(5, 4, MEMBER_BYTES, true);
+    let mut d = start_array(mm, &[0, 1, 2, 3], 71);
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
+    d.engine.add_member(new, d.now_ns).unwrap();
+    d.run_until_idle();
+    let size = d.engine.engine().size_bytes();
+    grow_to(&mut d, 5);
+    let mut steps = 0;
+    while d.engine.reshape_progress().is_none_or(|(p, _)| p == 0) {
+        d.step();
+        steps += 1;
+        assert!(steps < 1_000_000, "no window was checkpointed");
+    }
+    // Far ahead of the position, where the previous layout holds it: the two layouts put
+    // it in different bitmap chunks (rows of 3 and of 4 data chunks).
+    let at = size / 4 * 3 / 4096 * 4096;
+    let (p, _) = d.engine.reshape_progress().unwrap();
+    assert!(at / 512 > p + (4 << 11), "the write lies ahead of the reshape");
+    let previous = array_range_to_sync_range(5, 4, 128, at / 512, 8).0;
+    let next = array_range_to_sync_range(5, 5, 128, at / 512, 8).0;
+    assert_ne!(previous / 128, next / 128, "the test needs the layouts' chunks apart");
+    d.submit(Request::write(77, at, vec![0x5a; 4096]));
+    while d.take_done(77).is_none() {
+        d.step();
+    }
+    // md would resync the chunk of whichever layout the write landed in after a crash;
+    // both bits were durable before the write went out.
+    for m in 0..5 {
+        assert!(bit_on_disk(&d, m, previous), "member {m}: the previous layout's bit");
+        assert!(bit_on_disk(&d, m, next), "member {m}: the next layout's bit");
+    }
+}
+
+#[test]
+fn a_grow_with_a_bitmap_serves_throughout_survives_a_cut_and_keeps_its_bitmap() {
+    let seed = 72;
+    let mm = create_level(6, 5, MEMBER_BYTES, true);
+    let mut d = start_array(mm, &[0, 1, 2, 3, 4], seed);
+    let size = d.engine.engine().size_bytes() as usize;
+    let mut model = vec![0u8; size];
+    Rng(seed).fill(&mut model);
+    for (i, chunk) in model.chunks(1 << 20).enumerate() {
+        assert!(d.run_one(Request::write(1000 + i as u64, (i << 20) as u64, chunk.to_vec())).is_ok());
+    }
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
+    d.engine.add_member(new, d.now_ns).unwrap();
+    d.run_until_idle();
+    grow_to(&mut d, 6);
+    // Clients until the reshape is half done, then the power goes.
+    let mut clients = Clients::new(seed);
+    let mut steps = 0;
+    while d.engine.reshape_progress().is_some_and(|(p, e)| p * 2 < e) {
+        clients.issue(&mut d, size as u64);
+        d.engine.unplug(d.now_ns);
+        step_slow_metadata(&mut d, steps);
+        let _ = clients.collect(&mut d, &mut model);
+        steps += 1;
+    }
+    let keys: Vec<usize> = (0..6).collect();
+    let (mut d, got) = restart_after_cut(d, &clients, &keys, seed + 1000, &model, "raid6 grow with a bitmap");
+    assert_eq!(d.engine.engine().geometry().raid_disks, 6);
+    d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+    d.run_until_idle();
+    assert_eq!(d.engine.engine().mismatch_cnt(), 0, "check after the resumed reshape");
+    // The bitmap is still there, for md and for the next start.
+    let sb = d.members.superblock(5);
+    assert!(sb.bitmap_sector().is_some() && !sb.has(feature::RESHAPE_ACTIVE), "{sb:?}");
+    let mut again = start_array(std::mem::replace(&mut d.members, MemMembers::new(0, 0)), &keys, seed + 2);
+    assert!(read_all(&mut again, size as u64) == got, "a fresh assembly reads the same bytes");
+}

@@ -114,7 +114,7 @@ fn a_spare_keeps_its_dev_number_and_role_and_records_the_reshape_too() {
         })
         .collect();
     let (sbs, spares, _) =
-        uraid_core::reshape::start::start_grow_with_spares(&old, &[spare.clone()], &[NEW], 1).unwrap();
+        uraid_core::reshape::start::start_grow_with_spares(&old, &[spare.clone()], &[NEW], 1, None).unwrap();
     assert_ne!(sbs[4].dev_number, 4, "the new member does not take the spare's dev_number");
     let sp = &spares[0];
     assert_eq!((sp.dev_number, sp.slot()), (4, None), "still the spare");
@@ -125,6 +125,26 @@ fn a_spare_keeps_its_dev_number_and_role_and_records_the_reshape_too() {
     // A spare of another array is refused.
     let mut stranger = spare;
     stranger.set_uuid = [1; 16];
-    let e = uraid_core::reshape::start::start_grow_with_spares(&old, &[stranger], &[NEW], 1).unwrap_err();
+    let e =
+        uraid_core::reshape::start::start_grow_with_spares(&old, &[stranger], &[NEW], 1, None).unwrap_err();
     assert!(e.contains("spare") && e.contains("nothing was written"), "{e}");
+}
+
+#[test]
+fn a_grow_with_a_bitmap_moves_the_data_offset_only_down_to_the_bitmap_end() {
+    use uraid_core::reshape::start::start_grow_with_spares;
+    let old = array(true);
+    let bitmap_at = old[0].bitmap_sector().expect("an internal bitmap");
+    // Without its size the bitmap is not known to be clear of the new offset.
+    let e = start_grow_with_spares(&old, &[], &[NEW], 1, None).unwrap_err();
+    assert!(e.contains("bitmap") && e.contains("nothing was written"), "{e}");
+    let (sbs, _, geo) = start_grow_with_spares(&old, &[], &[NEW], 1, Some(8)).unwrap();
+    for (sb, &new_offset) in sbs.iter().zip(&geo.new_data_offset_sectors) {
+        assert!(sb.bitmap_sector() == Some(bitmap_at), "the bitmap stays where it is");
+        assert!(new_offset >= bitmap_at + 8, "data moved onto the bitmap: {new_offset}");
+    }
+    // A bitmap reaching so far that the data cannot move down by a stripe: refused.
+    let room = old[0].data_offset - bitmap_at;
+    let e = start_grow_with_spares(&old, &[], &[NEW], 1, Some(room - 1)).unwrap_err();
+    assert!(e.contains("backup-file") && e.contains("nothing was written"), "{e}");
 }

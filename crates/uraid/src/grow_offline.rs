@@ -244,7 +244,7 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
         .map(|d| Ok(GrowMember { dev_sectors: d.dev_sectors(), device_uuid: random_uuid()? }))
         .collect::<anyhow::Result<_>>()?;
     let (all, spares, _) = if grows {
-        start_grow_with_spares(&slot_sbs, &spare_sbs, &new_members, now_seconds())
+        start_grow_with_spares(&slot_sbs, &spare_sbs, &new_members, now_seconds(), None)
     } else {
         let change = match new_members.first() {
             Some(&member) => Restripe::Raid6 { member },
@@ -254,7 +254,7 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
             None if relayouts => Restripe::Layout { layout: target.layout },
             None => Restripe::Chunk { chunk_sectors: target.chunk_sectors },
         };
-        start_restripe(&slot_sbs, &spare_sbs, change, now_seconds())
+        start_restripe(&slot_sbs, &spare_sbs, change, now_seconds(), None)
     }
     .map_err(|e| anyhow!("{e}"))?;
 

@@ -33,12 +33,17 @@ struct MdGrow {
 /// VM script lines: md makes a clean raid`level` of the first `n` disks (64 KiB chunk but raid1),
 /// fills it with mdvm's pattern, and says its size and sha256.
 fn md_make(level: u32, n: usize) -> String {
+    md_make_with(level, n, "")
+}
+
+/// [`md_make`] with more of mdadm's `--create` options (`extra`).
+fn md_make_with(level: u32, n: usize, extra: &str) -> String {
     let disks: Vec<String> = (0..n).map(|i| format!("/dev/vd{}", (b'a' + i as u8) as char)).collect();
     let chunk = if level == 1 { "" } else { "--chunk=64" };
     format!(
         "set -e\n\
          mdadm --create /dev/md0 --run --assume-clean --level={level} --raid-devices={n} {chunk} \
-         --metadata=1.2 {}\n\
+         --metadata=1.2 {extra} {}\n\
          size=$(blockdev --getsize64 /dev/md0)\necho \"=== size $size\"\n\
          mdvm-pattern -o /dev/md0 1 0 $size\nsync\n\
          echo \"=== sha $(sha256sum /dev/md0)\"\n",
@@ -92,6 +97,11 @@ const MD_FREEZE_MID_RESHAPE: &str = "i=0\n\
 /// md in the VM: a raid`level` of `n` members made by `md_make`, one more member
 /// added, the grow to `n + 1` started throttled and frozen partway.
 fn md_mid_grow(dir: &TempDir, level: u32, n: usize) -> MdGrow {
+    md_mid_grow_with(dir, level, n, "")
+}
+
+/// [`md_mid_grow`] of an array made with more of mdadm's `--create` options (`extra`).
+fn md_mid_grow_with(dir: &TempDir, level: u32, n: usize, extra: &str) -> MdGrow {
     let images = member_files(dir, n + 1);
     let new = format!("/dev/vd{}", (b'a' + n as u8) as char);
     let script = format!(
@@ -100,7 +110,7 @@ fn md_mid_grow(dir: &TempDir, level: u32, n: usize) -> MdGrow {
          echo 200 > /proc/sys/dev/raid/speed_limit_max\n\
          mdadm --grow /dev/md0 --raid-devices={}\n\
          {MD_FREEZE_MID_RESHAPE}",
-        md_make(level, n),
+        md_make_with(level, n, extra),
         n + 1
     );
     let (_, field) = md_run(dir, &script, &images);
@@ -768,4 +778,54 @@ fn md_assembles_a_raid0_of_four(dir: &TempDir, images: &[PathBuf], size_before: 
     assert_eq!(field("sha").split_whitespace().next().unwrap(), sha_before, "{out}");
     assert_eq!(field("size").parse::<usize>().unwrap(), size_before / 3 * 4, "{out}");
     assert!(out.contains("Raid Level : raid0") && out.contains("Raid Devices : 4"), "{out}");
+}
+
+/// An internal bitmap through a grow, both ways. (a) md's grow of an array with a bitmap,
+/// frozen mid-way: uraid goes on with it while serving a write, and md reads what uraid
+/// served. (b) uraid's grow of such an array while serving, a write in it, stopped
+/// mid-way: md finishes it. The bitmap stays on the members; md's check finds nothing.
+#[test]
+fn a_grow_with_an_internal_bitmap_is_carried_on_by_either_side() {
+    const BITMAP: &str = "--bitmap=internal --bitmap-chunk=64K";
+    let dir = TempDir::new("bitmap-grow-md");
+    let md = md_mid_grow_with(&dir, 5, 4, BITMAP);
+    let sb = read_sb(&md.images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.bitmap_sector().is_some(), "{sb:?}");
+    let served = Served::start(&dir, &md.images, &[]);
+    qemu_io(&served.url, &["write -P 0x5a 1M 1M".to_string()]);
+    wait_reshaped(&served);
+    let data = read_array(&dir, &served.url);
+    served.stop();
+    assert!(data[1 << 20..2 << 20].iter().all(|&b| b == 0x5a), "the write while reshaping");
+    let (sha, size, mismatch, out) = md_after(&dir, &md.images, md.size_before);
+    assert_eq!(sha, sha256_bytes(&data[..md.size_before]), "md reads what uraid served:\n{out}");
+    assert_eq!((size as usize, mismatch), (md.size_before / 3 * 4, 0), "{out}");
+    assert!(out.contains("Intent Bitmap : Internal"), "the bitmap stays:\n{out}");
+
+    let dir = TempDir::new("bitmap-grow-uraid");
+    let images = member_files(&dir, 5);
+    let (_, field) =
+        md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make_with(5, 4, BITMAP)), &images[..4]);
+    let size_before: usize = field("size").parse().unwrap();
+    let served = Served::start(&dir, &images[..4], &["--sync-speed-max", "1000"]);
+    let c = served.control.display().to_string();
+    ok(
+        uraid(&["grow", "--control", &c, "--raid-devices", "5", "--add", images[4].to_str().unwrap()]),
+        "uraid grow",
+    );
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    qemu_io(
+        &served.url,
+        &["write -P 0xa5 0 1M".to_string(), format!("write -P 0x3c {} 1M", size_before - (1 << 20))],
+    );
+    let data = read_array(&dir, &served.url);
+    let st = served.ctl("status", None);
+    assert!(st.contains("reshape ="), "the reshape runs:\n{st}");
+    served.stop();
+    let sb = read_sb(&images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.bitmap_sector().is_some(), "stopped mid-way: {sb:?}");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha256_bytes(&data[..size_before]), "md finished uraid's grow with the writes:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before / 3 * 4, 0), "{out}");
+    assert!(out.contains("Intent Bitmap : Internal"), "the bitmap stays:\n{out}");
 }

@@ -12,7 +12,8 @@
 
 use super::admission::{overlaps, sector_span};
 use super::reshaping::{
-    Parts, Reshaping, Step, PART_TAG, PREV_IO_TAG, RESHAPE_IO_MAX_BYTES, RESHAPE_TAG, WINDOW_MAX_SECTORS,
+    Parts, Reshaping, ShapeChange, Step, PART_TAG, PREV_IO_TAG, RESHAPE_IO_MAX_BYTES, RESHAPE_TAG,
+    WINDOW_MAX_SECTORS,
 };
 use super::state::{AfterRound, Array};
 use super::superblocks::{DevRole, MemberKey};
@@ -430,17 +431,17 @@ impl Array {
         if matches!(change, Restripe::Raid6 { .. }) {
             states.push(MemberState::Recovering { recovery_offset_sectors: 0 });
         }
-        start_restripe(&slot_sbs, &[], change, self.now_seconds())
+        start_restripe(&slot_sbs, &[], change, self.now_seconds(), self.bitmap_sectors())
             .and_then(|(_, _, geo)| may_run(&geo, false, &states).map(|_| ()))
             .map_err(|e| e.trim_end_matches("; nothing was written").to_string())
     }
 
     /// What keeps any reshape from starting now (md's checks before `start_reshape`).
-    /// `parity_slot_empty_ok`: see [`Array::shape_change_blocked`].
+    /// `parity_slot_empty_ok`: see [`ShapeChange::Reshape`].
     fn may_reshape_now(&self, parity_slot_empty_ok: bool) -> Result<(), String> {
         // The caller says that nothing was written.
         let refuse = |why: &str| Err(format!("cannot start the reshape: {why}"));
-        if let Some(why) = self.shape_change_blocked(parity_slot_empty_ok, false) {
+        if let Some(why) = self.shape_change_blocked(ShapeChange::Reshape { parity_slot_empty_ok }) {
             return refuse(why);
         }
         if self.engine.ppl_enabled() {
@@ -464,16 +465,16 @@ impl Array {
             && rest.iter().all(|s| matches!(s, MemberState::InSync))
     }
 
-    /// What keeps the array's shape from changing now, a reshape or a takeover alike.
-    /// `parity_slot_empty_ok`: a raid4 degraded only by its empty parity slot may change
-    /// (a grow, or the takeover to raid0 that needs it so); `resync_owed_ok`: and a resync
-    /// it owes does not stop it (the takeover to raid0 drops it, as md's
-    /// raid0_takeover_raid45 sets recovery_cp to MaxSector: no parity is left to sync).
-    pub(super) fn shape_change_blocked(
-        &self,
-        parity_slot_empty_ok: bool,
-        resync_owed_ok: bool,
-    ) -> Option<&'static str> {
+    /// What keeps the array's shape from changing now by `change`.
+    pub(super) fn shape_change_blocked(&self, change: ShapeChange) -> Option<&'static str> {
+        // A raid4 degraded only by its empty parity slot may change: a grow (mdadm's raid0
+        // grow), or the takeover to raid0 that needs it so, which also drops a resync it
+        // owes (md's raid0_takeover_raid45 sets recovery_cp to MaxSector: no parity is
+        // left to sync).
+        let (parity_slot_empty_ok, resync_owed_ok) = match change {
+            ShapeChange::Reshape { parity_slot_empty_ok } => (parity_slot_empty_ok, false),
+            ShapeChange::Takeover { to_raid0 } => (to_raid0, to_raid0),
+        };
         if self.read_only {
             return Some("the array is read-only");
         }
@@ -492,10 +493,10 @@ impl Array {
         if !self.engine.replacements().is_empty() {
             return Some("a replacement is running: let it finish first");
         }
-        if self.sbs.bitmap().is_some() {
+        if matches!(change, ShapeChange::Takeover { .. }) && self.sbs.bitmap().is_some() {
             return Some(
-                "the array has a write-intent bitmap, which uraid does not yet carry through a reshape or a \
-                 level change: remove it first (mdadm --grow --bitmap=none)",
+                "the array has a write-intent bitmap, which uraid does not yet carry through a level \
+                 change: remove it first (mdadm --grow --bitmap=none)",
             );
         }
         None
@@ -547,9 +548,23 @@ impl Array {
         spare_sbs: &[Superblock],
         new_members: &[GrowMember],
     ) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
-        let start =
-            if self.parity_slot_empty() { start_grow_into_empty_parity_slot } else { start_grow_with_spares };
-        start(slot_sbs, spare_sbs, new_members, self.now_seconds())
+        if self.parity_slot_empty() {
+            start_grow_into_empty_parity_slot(slot_sbs, spare_sbs, new_members, self.now_seconds())
+        } else {
+            start_grow_with_spares(
+                slot_sbs,
+                spare_sbs,
+                new_members,
+                self.now_seconds(),
+                self.bitmap_sectors(),
+            )
+        }
+    }
+
+    /// The internal bitmap's size on the members (its header and bits, in whole 4 KiB as
+    /// mdadm counts it), which a moved data offset must stay clear of.
+    fn bitmap_sectors(&self) -> Option<u64> {
+        self.sbs.bitmap().map(|b| b.superblock().bytes_on_disk(4096) / crate::api::SECTOR_BYTES)
     }
 
     /// md's raid5_start_reshape for a grow by members: spares take the new slots, every
@@ -628,7 +643,8 @@ impl Array {
             other => (other, None),
         };
         let spare_sbs: Vec<Superblock> = spares.iter().map(|(_, sb)| sb.clone()).collect();
-        let (all, spare_sbs, geo) = start_restripe(&slot_sbs, &spare_sbs, change, self.now_seconds())?;
+        let (all, spare_sbs, geo) =
+            start_restripe(&slot_sbs, &spare_sbs, change, self.now_seconds(), self.bitmap_sectors())?;
         let run = may_run(&geo, false, &states)?;
         let raid_disks = all.len();
         let mut updates: Vec<(MemberKey, Superblock, Option<usize>)> =

@@ -25,6 +25,16 @@ pub(super) const RESHAPE_IO_MAX_BYTES: u64 = 1 << 20;
 /// Largest window moved between two checkpoints.
 pub(super) const WINDOW_MAX_SECTORS: u64 = 4 << 11;
 
+/// A change of the array's shape, as `Array::shape_change_blocked` weighs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ShapeChange {
+    /// A grow or restripe; `parity_slot_empty_ok`: of a raid4 whose only missing member is
+    /// its empty parity slot (mdadm's raid0 grow passes through it).
+    Reshape { parity_slot_empty_ok: bool },
+    /// A takeover; `to_raid0`: to raid0, which needs that empty parity slot.
+    Takeover { to_raid0: bool },
+}
+
 /// Where the window being moved stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Step {

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::rounds::{RoundSeq, Rounds};
-use super::superblocks::{ArraySuperblocks, MemberKey};
+use super::superblocks::{ArraySuperblocks, MemberKey, SyncRanges};
 use super::upkeep::UpkeepClock;
 use crate::api::*;
 use crate::detmap::DetMap;
@@ -385,13 +385,13 @@ pub(super) struct Held {
     pub arrival: u64,
     /// Array sectors `[start, end)`.
     pub span: (u64, u64),
-    pub sync_range: Option<(u64, u64)>,
+    pub sync_range: Option<SyncRanges>,
 }
 
 /// A write in the engine (by the id the engine has).
 pub(super) struct WriteInFlight {
     pub span: (u64, u64),
-    pub sync_range: Option<(u64, u64)>,
+    pub sync_range: Option<SyncRanges>,
 }
 
 /// A caller's request split into several of the array's own.

@@ -182,9 +182,28 @@ pub struct RoundOutcome {
 #[derive(Debug)]
 pub struct WriteIntent {
     /// Hand back to [`ArraySuperblocks::end_write`].
-    pub sync_range: Option<(u64, u64)>,
+    pub sync_range: Option<SyncRanges>,
     pub pages: Vec<BitmapPageWrite>,
 }
+
+/// The sync-space ranges `(start, len)` a write counts in the bitmap: one, or during a
+/// reshape one per layout. md counts the layout the write lands in; the position may pass
+/// a write between its count and its issue, so both are counted (a bit set too many costs
+/// a resync of its chunk, one too few a stripe left inconsistent after a crash).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncRanges {
+    first: (u64, u64),
+    second: Option<(u64, u64)>,
+}
+
+impl SyncRanges {
+    fn iter(&self) -> impl Iterator<Item = (u64, u64)> {
+        std::iter::once(self.first).chain(self.second)
+    }
+}
+
+/// What the bitmap's sync space is counted by: md's level, raid_disks and chunk.
+type SyncShape = (i32, u32, u32);
 
 /// The superblocks and write-intent bitmap of a running array.
 #[derive(Clone, Debug)]
@@ -208,6 +227,8 @@ pub struct ArraySuperblocks {
     level: i32,
     raid_disks: u32,
     chunk_sectors: u32,
+    /// During a reshape: the previous and the next layout's shapes (see [`SyncRanges`]).
+    reshape_shapes: Option<[SyncShape; 2]>,
     /// md's per-member bad-block logs, by member key (members without a log are absent).
     bad_blocks: BTreeMap<MemberKey, BadBlocks>,
     /// Logs changed since they were last written (md's `badblocks.changed`).
@@ -230,6 +251,16 @@ pub(super) fn empty_ppl_area(sb: &Superblock) -> Option<(u64, Vec<u8>)> {
     Some((start * 512, area))
 }
 
+/// The previous and the next layout's shapes of the reshape `sb` records (md's
+/// `super_1_validate`: raid_disks is the new count, `delta_disks` the change).
+fn reshape_shapes(sb: &Superblock) -> Option<[SyncShape; 2]> {
+    if !sb.has(feature::RESHAPE_ACTIVE) {
+        return None;
+    }
+    let previous_disks = sb.raid_disks.checked_add_signed(-sb.delta_disks)?;
+    Some([(sb.level, previous_disks, sb.chunksize), (sb.new_level as i32, sb.raid_disks, sb.new_chunk)])
+}
+
 impl ArraySuperblocks {
     /// `members` as assembled (freshest superblock first), `bitmap` with its offset from
     /// the superblock in sectors.
@@ -244,6 +275,7 @@ impl ArraySuperblocks {
         let sb = &members[0].sb;
         let (level, raid_disks, chunk_sectors) = (sb.level, sb.raid_disks, sb.chunksize);
         let bitmap_offset_sectors = bitmap.as_ref().map_or(0, |(_, o)| *o);
+        let reshape_shapes = reshape_shapes(sb);
         ArraySuperblocks {
             members,
             events,
@@ -256,6 +288,7 @@ impl ArraySuperblocks {
             level,
             raid_disks,
             chunk_sectors,
+            reshape_shapes,
             bad_blocks: BTreeMap::new(),
             bad_blocks_changed: BTreeSet::new(),
             ppl_wipe: BTreeSet::new(),
@@ -697,6 +730,9 @@ impl ArraySuperblocks {
     /// superblock records a recovery (a slot below them: the reshape recovers it).
     pub fn reshape_started(&mut self, updates: Vec<(MemberKey, Superblock, Option<usize>)>, raid_disks: u32) {
         self.raid_disks = raid_disks;
+        if let Some((_, sb, _)) = updates.first() {
+            self.reshape_shapes = reshape_shapes(sb);
+        }
         for (key, sb, slot) in updates {
             if let Some(m) = self.members.iter_mut().find(|m| m.key == key) {
                 m.sb = sb;
@@ -725,6 +761,7 @@ impl ArraySuperblocks {
         if let Some(m) = self.members.first() {
             (self.level, self.raid_disks, self.chunk_sectors) = (m.sb.level, m.sb.raid_disks, m.sb.chunksize);
         }
+        self.reshape_shapes = None;
     }
 
     /// A new member joins (as a spare until [`ArraySuperblocks::spare_activated`]).
@@ -803,11 +840,19 @@ impl ArraySuperblocks {
         self.resync_checkpoint_sectors = Some(resync_offset_sectors);
     }
 
-    /// Sync-space range of an array byte range (what the bitmap counts in).
-    fn sync_range(&self, offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
+    /// Sync-space ranges of an array byte range (what the bitmap counts in).
+    fn sync_ranges(&self, offset_bytes: u64, len_bytes: u64) -> SyncRanges {
         let start = offset_bytes / 512;
         let end = (offset_bytes + len_bytes).div_ceil(512);
-        array_range_to_sync_range(self.level, self.raid_disks, self.chunk_sectors, start, end - start)
+        let range = |(level, disks, chunk): SyncShape| {
+            array_range_to_sync_range(level, disks, chunk, start, end - start)
+        };
+        match self.reshape_shapes {
+            Some([previous, next]) => SyncRanges { first: range(previous), second: Some(range(next)) },
+            None => {
+                SyncRanges { first: range((self.level, self.raid_disks, self.chunk_sectors)), second: None }
+            }
+        }
     }
 
     /// Before a data write of array bytes `[offset, offset + len)`: counts it in the
@@ -818,10 +863,17 @@ impl ArraySuperblocks {
         if self.bitmap.is_none() {
             return WriteIntent { sync_range: None, pages: Vec::new() };
         }
-        let (s, l) = self.sync_range(offset_bytes, len_bytes);
+        let ranges = self.sync_ranges(offset_bytes, len_bytes);
         let Some(bm) = &mut self.bitmap else { unreachable!() };
-        let gate = bm.start_write(s, l);
-        WriteIntent { sync_range: Some((s, l)), pages: gate.pages_to_write }
+        let mut pages: Vec<BitmapPageWrite> = Vec::new();
+        for (s, l) in ranges.iter() {
+            for p in bm.start_write(s, l).pages_to_write {
+                if !pages.contains(&p) {
+                    pages.push(p);
+                }
+            }
+        }
+        WriteIntent { sync_range: Some(ranges), pages }
     }
 
     /// The round that writes bitmap `pages` as they are now to every working member.
@@ -835,9 +887,11 @@ impl ArraySuperblocks {
 
     /// After the data write completed; `reached_all_members` false (an error, or the
     /// array is degraded) keeps its bits until a resync.
-    pub fn end_write(&mut self, sync_range: Option<(u64, u64)>, reached_all_members: bool) {
-        if let (Some(bm), Some((s, l))) = (&mut self.bitmap, sync_range) {
-            bm.end_write(s, l, reached_all_members);
+    pub fn end_write(&mut self, sync_range: Option<SyncRanges>, reached_all_members: bool) {
+        if let (Some(bm), Some(ranges)) = (&mut self.bitmap, sync_range) {
+            for (s, l) in ranges.iter() {
+                bm.end_write(s, l, reached_all_members);
+            }
         }
     }
 

@@ -13,7 +13,7 @@
 //! docs/operations.md "Grow and reshape while serving".
 
 use super::grow::ReshapeTarget;
-use super::reshaping::Takeover;
+use super::reshaping::{ShapeChange, Takeover};
 use super::state::{AfterRound, Array};
 use crate::api::*;
 use crate::config::{ArrayConfig, MemberConfig, MemberState};
@@ -200,7 +200,7 @@ impl Array {
         if from_raid10 {
             return self.may_take_over_raid10(target);
         }
-        if let Some(why) = self.shape_change_blocked(to_raid0, to_raid0) {
+        if let Some(why) = self.shape_change_blocked(ShapeChange::Takeover { to_raid0 }) {
             return refuse(why);
         }
         takeover_geometry(self.engine.geometry(), target).or_else(|e| refuse(&e))

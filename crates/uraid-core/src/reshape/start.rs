@@ -68,9 +68,13 @@ pub fn min_offset_change_sectors(chunk_sectors: u64, old_data: u64, new_data: u6
 }
 
 /// The lowest sector data may start at on a member (mdadm's getinfo_super1 `earliest`):
-/// past the superblock's 36 KiB the kernel keeps, and the bad-block log.
-fn earliest_data_sector(sb: &Superblock) -> u64 {
+/// past the superblock's 36 KiB the kernel keeps, the internal bitmap (`bitmap_sectors`
+/// long) and the bad-block log.
+fn earliest_data_sector(sb: &Superblock, bitmap_sectors: Option<u64>) -> u64 {
     let mut earliest = sb.super_offset + (32 + 4) * 2;
+    if let (Some(start), Some(len)) = (sb.bitmap_sector(), bitmap_sectors) {
+        earliest = earliest.max(start + len);
+    }
     if sb.has(feature::BAD_BLOCKS) && sb.bblog_size > 0 {
         let end =
             sb.super_offset.saturating_add_signed(i64::from(sb.bblog_offset)) + u64::from(sb.bblog_size);
@@ -79,14 +83,16 @@ fn earliest_data_sector(sb: &Superblock) -> u64 {
     earliest
 }
 
-/// The members (slot order) and spares of a whole, clean raid4/5/6 with no reshape, bitmap
-/// or log that uraid does not yet move: its freshest superblock and level, or what mdadm
-/// or uraid needs first. `parity_slot_empty`: the last slot of a raid4 (or parity-last
-/// raid5) has no member, and `superblocks` holds the others.
+/// The members (slot order) and spares of a whole, clean raid4/5/6 with no reshape or log
+/// that uraid does not yet move: its freshest superblock and level, or what mdadm or uraid
+/// needs first. `parity_slot_empty`: the last slot of a raid4 (or parity-last raid5) has
+/// no member, and `superblocks` holds the others. `bitmap_sectors`: the internal bitmap's
+/// size on the members (header and bits, as mdadm reserves it), when the caller read it.
 fn whole_clean_array<'a>(
     superblocks: &'a [Superblock],
     spares: &[Superblock],
     parity_slot_empty: bool,
+    bitmap_sectors: Option<u64>,
 ) -> Result<(&'a Superblock, Level), String> {
     let reference = superblocks.first().ok_or_else(|| refuse("no members given", "give every member"))?;
     let level = Level::from_md_level(reference.level).filter(|l| l.has_parity()).ok_or_else(|| {
@@ -98,10 +104,11 @@ fn whole_clean_array<'a>(
     if reference.has(feature::RESHAPE_ACTIVE) {
         return Err(refuse("a reshape is already in progress", "let it finish first"));
     }
-    if reference.has(feature::BITMAP_OFFSET) {
+    if reference.bitmap_sector().is_some() && bitmap_sectors.is_none() {
         return Err(refuse(
-            "the array has an internal bitmap, which uraid does not yet reshape",
-            "remove it first (mdadm --grow --bitmap=none)",
+            "the array has an internal bitmap, which an offline reshape does not carry",
+            "serve the array and grow it with `uraid grow --control`, or remove the bitmap first \
+             (mdadm --grow --bitmap=none)",
         ));
     }
     if reference.has(feature::PPL | feature::MULTIPLE_PPLS | feature::JOURNAL) {
@@ -159,19 +166,23 @@ pub fn start_grow(
     new_members: &[GrowMember],
     utime: u64,
 ) -> Result<(Vec<Superblock>, ReshapeGeometry), String> {
-    start_grow_with_spares(superblocks, &[], new_members, utime).map(|(all, _, geo)| (all, geo))
+    start_grow_with_spares(superblocks, &[], new_members, utime, None).map(|(all, _, geo)| (all, geo))
 }
 
 /// [`start_grow`] of an array that also has `spares`: they stay spares, and their
 /// superblocks (returned second, in the order given) record the reshape too, as md writes
 /// every member's superblock; else assembly would later take them for another array's.
+/// `bitmap_sectors`: the internal bitmap's size on the members (header and bits, as
+/// mdadm reserves it), which the moved data offset must stay clear of; an array with a
+/// bitmap is refused without it.
 pub fn start_grow_with_spares(
     superblocks: &[Superblock],
     spares: &[Superblock],
     new_members: &[GrowMember],
     utime: u64,
+    bitmap_sectors: Option<u64>,
 ) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
-    grow_superblocks(superblocks, spares, new_members, utime, false)
+    grow_superblocks(superblocks, spares, new_members, utime, false, bitmap_sectors)
 }
 
 /// [`start_grow_with_spares`] of a raid4 (or parity-last raid5) whose parity slot, the
@@ -190,7 +201,8 @@ pub fn start_grow_into_empty_parity_slot(
     if !parity_last {
         return Err(refuse("the array has no parity-last layout", "give a raid4 or a parity-last raid5"));
     }
-    grow_superblocks(superblocks, spares, new_members, utime, true)
+    // A raid4 taken over from a raid0 has no bitmap.
+    grow_superblocks(superblocks, spares, new_members, utime, true, None)
 }
 
 fn grow_superblocks(
@@ -199,8 +211,9 @@ fn grow_superblocks(
     new_members: &[GrowMember],
     utime: u64,
     parity_slot_empty: bool,
+    bitmap_sectors: Option<u64>,
 ) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
-    let (reference, level) = whole_clean_array(superblocks, spares, parity_slot_empty)?;
+    let (reference, level) = whole_clean_array(superblocks, spares, parity_slot_empty, bitmap_sectors)?;
     if new_members.is_empty() {
         return Err(refuse("no new member given", "give the devices to add"));
     }
@@ -210,7 +223,7 @@ fn grow_superblocks(
     let parity = level.parity_disks() as u64;
     let min = min_offset_change_sectors(chunk, raid_disks as u64 - parity, new_disks as u64 - parity);
     for sb in superblocks.iter().chain(spares) {
-        let before = sb.data_offset.saturating_sub(earliest_data_sector(sb));
+        let before = sb.data_offset.saturating_sub(earliest_data_sector(sb, bitmap_sectors));
         if before < min {
             return Err(refuse(
                 &format!(
@@ -371,15 +384,16 @@ pub fn choose_offset_sectors(lo: u64, hi: u64, min: u64, max: u64) -> u64 {
 /// file: the data offset moves down by mdadm's choice (`set_new_data_offset` with no
 /// change in data members: the side with more room, here always before the data), every
 /// member at `reshape_position` 0. Write the new member's superblock first and flush it,
-/// then the others'.
+/// then the others'. `bitmap_sectors`: as for [`start_grow_with_spares`].
 pub fn start_restripe(
     superblocks: &[Superblock],
     spares: &[Superblock],
     change: Restripe,
     utime: u64,
+    bitmap_sectors: Option<u64>,
 ) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
     use crate::geometry::algorithm;
-    let (reference, level) = whole_clean_array(superblocks, spares, false)?;
+    let (reference, level) = whole_clean_array(superblocks, spares, false, bitmap_sectors)?;
     let raid_disks = reference.raid_disks as usize;
     let chunk = u64::from(reference.chunksize);
     let (prev_level, prev_layout, next_layout, new_chunk, new_member) = match change {
@@ -443,8 +457,11 @@ pub fn start_restripe(
         sb.feature_map |= feature::RECOVERY_OFFSET;
         all.push(sb);
     }
-    let before =
-        all.iter().chain(spares).map(|sb| sb.data_offset.saturating_sub(earliest_data_sector(sb))).min();
+    let before = all
+        .iter()
+        .chain(spares)
+        .map(|sb| sb.data_offset.saturating_sub(earliest_data_sector(sb, bitmap_sectors)))
+        .min();
     let before = before.unwrap_or(0);
     if before < min {
         return Err(refuse(

@@ -902,11 +902,9 @@ fn plan_reshape(
             "a chunk change together with a change of member count",
         )));
     }
-    if fresh.bitmap_sector().is_some() {
-        // md keeps the bitmap of the previous layout's sync space during a grow; uraid
-        // has not learned how it maps yet.
-        return Err(refuse(crate::reshape::unsupported("a reshape of an array with an internal bitmap")));
-    }
+    // An internal bitmap stays as it is: the restripes uraid runs keep the member size, so
+    // its sync space (member sectors) is the same in both layouts, and a write counts in
+    // both while the reshape runs (`array::superblocks::SyncRanges`).
     reshape::from_superblock(fresh, size_sectors, data_offsets, new_data_offsets).map_err(refuse)
 }
 
