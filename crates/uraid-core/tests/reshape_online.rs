@@ -1078,3 +1078,162 @@ fn a_grow_with_a_bitmap_serves_throughout_survives_a_cut_and_keeps_its_bitmap() 
     let mut again = start_array(std::mem::replace(&mut d.members, MemMembers::new(0, 0)), &keys, seed + 2);
     assert!(read_all(&mut again, size as u64) == got, "a fresh assembly reads the same bytes");
 }
+
+#[test]
+fn a_write_error_logged_as_a_reshape_starts_fails_the_member_rather_than_lose_the_range() {
+    // A write in flight when the grow is asked for fails on member 1, whose bad-block log
+    // takes the range while the old engine still runs; the reshape's engines carry no logs,
+    // so that member must leave the array, or its stale range would be read (and copied
+    // into the new layout).
+    struct IssueOnly<'a>(&'a mut Vec<MemberIo>);
+    impl uraid_core::drive::MemberExecutor for IssueOnly<'_> {
+        fn issue(&mut self, io: MemberIo) {
+            self.0.push(io);
+        }
+        fn poll(&mut self, _: &mut Vec<MemberIoCompletion>) {}
+    }
+    let (mut d, _) = array_with_spare(5, 4, 73);
+    d.engine.set_tunable("sync_speed_max", "1000").unwrap();
+    let data = vec![0x77u8; 1 << 20];
+    // The array marked dirty first, so the write's own member I/O goes out at once.
+    d.submit(Request::write(8, 0, vec![1; 4096]));
+    while d.take_done(8).is_none() {
+        d.step();
+    }
+    d.submit(Request::write(9, 4 << 20, data.clone()));
+    let now = d.now_ns;
+    let done = &mut d.done;
+    uraid_core::drive::pump(
+        &mut d.engine,
+        &mut IssueOnly(&mut d.pending),
+        &mut || now,
+        &mut Vec::new(),
+        |c| done.push(c),
+    );
+    assert!(!d.pending.is_empty(), "the write's member I/O is out");
+    grow_to(&mut d, 5);
+    // Member 1's data writes fail, not its superblock's.
+    let data_start = d.members.superblock(1).data_offset * 512;
+    d.members.write_errors.push((1, data_start, MEMBER_BYTES));
+    let mut steps = 0;
+    while d.take_done(9).is_none() {
+        d.step();
+        steps += 1;
+        assert!(steps < 100_000, "the write never completed");
+    }
+    d.members.write_errors.clear();
+    let mut notices = Vec::new();
+    while let Some(n) = d.engine.pop_notice() {
+        notices.push(n);
+    }
+    assert!(notices.iter().any(|n| n.contains("as a reshape starts")), "the write failed: {notices:?}");
+    d.submit(Request::read(10, 4 << 20, 1 << 20));
+    let got = loop {
+        if let Some(c) = d.take_done(10) {
+            break c.result.unwrap();
+        }
+        d.step();
+    };
+    assert!(d.engine.is_reshaping(), "read while the reshape runs");
+    assert!(got == data, "the write reads back while the reshape runs");
+    assert_eq!(d.engine.engine().member_states()[1], MemberState::Faulty, "{notices:?}");
+}
+
+#[test]
+fn a_member_that_missed_the_round_starting_a_grow_ends_it_with_the_new_geometry() {
+    // A cut inside the round that starts the grow: some members record the reshape, the
+    // others are one event behind without it. Assembly takes them back at position 0; the
+    // served array must give them the reshape's fields, or its last round writes them the
+    // empty next geometry (level 0, chunk 0) of their old superblocks.
+    for seed in 80..140 {
+        let (mut d, model) = array_with_spare(5, 4, seed);
+        grow_to(&mut d, 5);
+        let mut recorded = 0;
+        for _ in 0..10_000 {
+            d.step();
+            recorded = (0..5).filter(|&m| d.members.superblock(m).has(feature::RESHAPE_ACTIVE)).count();
+            if recorded > 0 {
+                break;
+            }
+        }
+        if recorded == 0 || recorded == 5 {
+            continue;
+        }
+        let keys: Vec<usize> = (0..5).collect();
+        let what = format!("seed {seed}, {recorded} of 5 superblocks recorded the start");
+        let (d, _) = restart_after_cut(d, &Clients::new(seed), &keys, seed + 500, &model, &what);
+        for m in 0..5 {
+            let sb = d.members.superblock(m);
+            assert_eq!((sb.level, sb.raid_disks, sb.chunksize), (5, 5, 128), "{what}: member {m}");
+            assert!(!sb.has(feature::RESHAPE_ACTIVE), "{what}: member {m}");
+        }
+        let mut again = start_array(d.members, &keys, seed + 600);
+        assert_eq!(again.engine.engine().geometry().raid_disks, 5, "{what}");
+        assert!(read_all(&mut again, model.len() as u64) == model, "{what}: after a fresh assembly");
+        return;
+    }
+    panic!("no seed cut inside the round starting the grow");
+}
+
+#[test]
+fn a_member_back_during_a_grow_is_rebuilt_in_full_not_from_the_bitmap() {
+    // The bitmap counts writes, not the rows a reshape moved: a member that was away for
+    // part of a grow (here: it comes back with what it held a quarter of the way in, its
+    // superblock still naming its slot) missed windows no bit names. The data offset the
+    // grow moved tells it apart from a member that only missed writes.
+    let mm = create_level(5, 4, MEMBER_BYTES, true);
+    let mut d = start_array(mm, &[0, 1, 2, 3], 74);
+    let size = d.engine.engine().size_bytes() as usize;
+    let mut model = vec![0u8; size];
+    Rng(74).fill(&mut model);
+    assert!(d.run_one(Request::write(1, 0, model.clone())).is_ok());
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
+    d.engine.add_member(new, d.now_ns).unwrap();
+    d.run_until_idle();
+    d.engine.set_tunable("sync_speed_max", "2000").unwrap();
+    grow_to(&mut d, 5);
+    while d.engine.reshape_progress().is_none_or(|(p, e)| p * 4 < e) {
+        d.step();
+    }
+    let away = d.members.images[2].clone();
+    while d.engine.reshape_progress().is_none_or(|(p, e)| p * 2 < e) {
+        d.step();
+    }
+    d.engine.fail(2, false, d.now_ns).unwrap();
+    for _ in 0..200 {
+        d.step();
+    }
+    d.engine.remove(2, d.now_ns).unwrap();
+    for _ in 0..200 {
+        d.step();
+    }
+    d.members.images[2] = away;
+    let previous = d.members.metadata(2);
+    let old_sb = previous.offered.superblock.clone().unwrap();
+    assert_eq!(old_sb.role(), 2, "it comes back naming its slot");
+    let sb = d.engine.new_member_superblock(MEMBER_BYTES / 512, old_sb.device_uuid, "m2").unwrap();
+    let mut sb_w = sb.clone();
+    d.members.write_at(2, sb.super_offset * 512, &sb_w.update_csum());
+    let (off, area) = d.engine.bitmap_area().unwrap();
+    d.members.write_at(2, (sb.super_offset as i64 + i64::from(off)) as u64 * 512, &area);
+    let back = uraid_core::array::NewMember {
+        key: 2,
+        name: "m2".into(),
+        sb,
+        previous: Some(old_sb),
+        replaces: None,
+        bad_blocks: previous.bad_blocks.unwrap(),
+    };
+    let added = d.engine.add_member(back, d.now_ns).unwrap();
+    assert!(
+        !matches!(&added, uraid_core::array::Added::Rebuilding { readd: Ok(_), .. }),
+        "rebuilt from the bitmap: {added:?}"
+    );
+    d.run_until_idle();
+    assert!(!d.engine.is_reshaping());
+    assert!(d.engine.engine().member_states().iter().all(|s| *s == MemberState::InSync));
+    // Member 2 must now stand for the others.
+    d.engine.fail(0, false, d.now_ns).unwrap();
+    d.run_until_idle();
+    assert!(read_all(&mut d, size as u64) == model, "the member back is a full copy");
+}

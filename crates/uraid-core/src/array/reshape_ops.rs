@@ -676,6 +676,15 @@ impl Array {
         let geo = r.run.geometry().clone();
         let n = geo.next.raid_disks;
         let old = self.engine.geometry().raid_disks;
+        // A write that was in flight when the reshape was asked for may have failed since
+        // and had its range logged (the start refuses logs with entries). The reshape's
+        // engines carry no logs, so that range would be read as good and copied into the
+        // new layout: the member is failed instead (md_error).
+        for slot in 0..old {
+            if self.engine.bad_blocks(slot).is_some_and(|b| !b.is_empty()) {
+                self.engine.fail_member(slot, self.now_ns);
+            }
+        }
         let old_states = self.engine.member_states();
         // In the next layout: the old slots as they are; a slot the start gave a member
         // that the old layout had not (new, or the reshape recovers it) is written by the

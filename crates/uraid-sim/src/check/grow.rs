@@ -14,21 +14,20 @@ use crate::disks::{Fault, FaultKind, FaultTrigger};
 use crate::rebuild::add_disk;
 use crate::store::PowerLossPolicy;
 
-/// Half the raid4/5/6 seeds without a bitmap or a partial parity log (which the online
-/// reshape refuses) grow by a member, and half of the rest restripe (chunk, layout, or
-/// raid5 to raid6), early enough that much of the workload meets it.
+/// Half the raid4/5/6 seeds without a partial parity log (which the online reshape
+/// refuses) grow by a member, and half of the rest restripe (chunk, layout, or raid5 to
+/// raid6), early enough that much of the workload meets it. A bitmap is carried along.
 pub(super) fn draw(
     spec: &SimSpec,
     level: Level,
     layout: u32,
     chunk_sectors: u64,
-    bitmap: bool,
     ppl: bool,
     disk: usize,
 ) -> Option<GrowDraw> {
     use uraid_core::geometry::algorithm;
     let seed = spec.seed;
-    if !level.has_parity() || bitmap || ppl {
+    if !level.has_parity() || ppl {
         return None;
     }
     let kind = if seed_pick(seed, 0x960e, 2) == 0 {

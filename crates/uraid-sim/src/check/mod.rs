@@ -169,7 +169,6 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
         level,
         geo.layout,
         geo.chunk_sectors,
-        bitmap_chunk.is_some(),
         ppl,
         n + spares + usize::from(replace.is_some()),
     );
