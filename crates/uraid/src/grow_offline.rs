@@ -239,12 +239,14 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
             new_devs.len()
         );
     }
+    let bitmap = bitmap_area(&a, &slot_sbs)?;
+    let bitmap_sectors = bitmap.as_ref().map(|(_, sectors)| *sectors);
     let new_members: Vec<GrowMember> = new_devs
         .iter()
         .map(|d| Ok(GrowMember { dev_sectors: d.dev_sectors(), device_uuid: random_uuid()? }))
         .collect::<anyhow::Result<_>>()?;
     let (all, spares, _) = if grows {
-        start_grow_with_spares(&slot_sbs, &spare_sbs, &new_members, now_seconds(), None)
+        start_grow_with_spares(&slot_sbs, &spare_sbs, &new_members, now_seconds(), bitmap_sectors)
     } else {
         let change = match new_members.first() {
             Some(&member) => Restripe::Raid6 { member },
@@ -254,7 +256,7 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
             None if relayouts => Restripe::Layout { layout: target.layout },
             None => Restripe::Chunk { chunk_sectors: target.chunk_sectors },
         };
-        start_restripe(&slot_sbs, &spare_sbs, change, now_seconds(), None)
+        start_restripe(&slot_sbs, &spare_sbs, change, now_seconds(), bitmap_sectors)
     }
     .map_err(|e| anyhow!("{e}"))?;
 
@@ -262,6 +264,10 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
     // the array as it was, the new devices holding superblocks one event ahead.
     let old = cur.raid_disks;
     for (d, sb) in new_devs.iter().zip(&all[old..]) {
+        // The bitmap first, as `uraid add` writes it: a new member's copy is the array's.
+        if let (Some((area, _)), Some(at)) = (&bitmap, sb.bitmap_sector()) {
+            d.write_at(at * 512, area).io_context(|| format!("{}: writing its bitmap", d.name))?;
+        }
         d.write_at(sb.super_offset * 512, &sb.clone().update_csum())
             .and_then(|_| d.sync())
             .io_context(|| format!("{}: writing its superblock", d.name))?;
@@ -291,6 +297,22 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
         .map(|o| o.superblock.map_err(|e| anyhow!("{e}")))
         .collect::<anyhow::Result<_>>()?;
     finish(devs, superblocks, plan, off)
+}
+
+/// The internal bitmap as the first slot's member holds it (header and bits) and its size
+/// in sectors as mdadm reserves it (whole 4 KiB), when the array has one: the new devices
+/// get a copy, and the moved data offset stays clear of it.
+fn bitmap_area(a: &Assembled, slot_sbs: &[Superblock]) -> anyhow::Result<Option<(Vec<u8>, u64)>> {
+    if slot_sbs[0].bitmap_sector().is_none() {
+        return Ok(None);
+    }
+    let first = a.plan.slots[0].as_ref().expect("whole array").member;
+    let area = a.members[first].metadata().offered.bitmap.ok_or_else(|| {
+        anyhow!("{}: its internal bitmap could not be read (nothing was written)", a.members[first].name)
+    })?;
+    let sb = uraid_core::meta::bitmap::BitmapSuper::parse(&area)
+        .map_err(|e| anyhow!("{}: bitmap: {e} (nothing was written)", a.members[first].name))?;
+    Ok(Some((area, sb.bytes_on_disk(4096) / 512)))
 }
 
 /// "raid6 of 5 members, layout left-symmetric, 64K chunk".

@@ -290,13 +290,6 @@ fn refused_offline_grows_change_nothing() {
     // Level and chunk together: mdadm refuses it too.
     refused(&["--level", "6", "--chunk", "128", "--add", add], &members, "same operation", &files);
 
-    // An array with an internal bitmap: start_grow refuses it.
-    let dir2 = TempDir::new("grow-refused-bitmap");
-    let bm = array_with_data(&dir2, "b", "5", 4, &data, &["--bitmap", "internal"]);
-    let mut files = bm.clone();
-    files.push(new.clone());
-    refused(&["--raid-devices", "5", "--add", add], &bm, "bitmap", &files);
-
     // Nothing was harmed: the array still reads back.
     let got = served_bytes(&dir, &members, &["--read-only"]);
     assert_eq!(sha256_bytes(&got), sha256_bytes(&data));
@@ -380,4 +373,33 @@ fn a_grow_sigkilled_inside_windows_is_finished_by_continue() {
 
 fn ms(n: u64) -> std::time::Duration {
     std::time::Duration::from_millis(n)
+}
+
+/// An array with an internal bitmap grows offline as without one: the new member gets the
+/// array's bitmap beside its superblock, the data offset moves down only to the bitmap's
+/// end, and md assembles the result with its bitmap, the same bytes, `mismatch_cnt` 0.
+#[test]
+fn an_offline_grow_carries_the_internal_bitmap_and_md_agrees() {
+    let dir = TempDir::new("grow-offline-bitmap");
+    let data = pattern(11);
+    let mut members = array_with_data(&dir, "m", "5", 4, &data, &["--bitmap", "internal"]);
+    let new = blank(&dir, "new");
+    ok(grow(&["--raid-devices", "5", "--add", new.to_str().unwrap()], &members), "uraid grow");
+    members.push(new.clone());
+    let first = read_sb(&members[0]);
+    let added = read_sb(&new);
+    assert!(!first.has(feature::RESHAPE_ACTIVE) && first.raid_disks == 5, "{first:?}");
+    let bitmap_at = first.bitmap_sector().expect("the bitmap stays");
+    assert_eq!(added.bitmap_sector(), Some(bitmap_at), "the new member's bitmap sits where the others' do");
+    let image = |p: &PathBuf| {
+        let b = std::fs::read(p).unwrap();
+        b[bitmap_at as usize * 512..bitmap_at as usize * 512 + 256].to_vec()
+    };
+    assert_eq!(image(&new), image(&members[0]), "the new member holds the array's bitmap header");
+    assert!(first.data_offset > bitmap_at + 8, "data moved onto the bitmap: {}", first.data_offset);
+    let got = served_bytes(&dir, &members, &["--read-only"]);
+    assert_eq!(sha256_bytes(&got[..DATA_BYTES]), sha256_bytes(&data), "the original extent");
+    let md = md_check(&members);
+    assert_eq!(md.sha256, sha256_bytes(&got), "md reads what uraid serves");
+    assert_eq!(md.mismatch_cnt, 0);
 }

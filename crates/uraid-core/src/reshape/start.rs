@@ -106,9 +106,9 @@ fn whole_clean_array<'a>(
     }
     if reference.bitmap_sector().is_some() && bitmap_sectors.is_none() {
         return Err(refuse(
-            "the array has an internal bitmap, which an offline reshape does not carry",
-            "serve the array and grow it with `uraid grow --control`, or remove the bitmap first \
-             (mdadm --grow --bitmap=none)",
+            "the array has an internal bitmap whose size was not read (the moved data offset must \
+             stay clear of it)",
+            "read it first, or remove the bitmap (mdadm --grow --bitmap=none)",
         ));
     }
     if reference.has(feature::PPL | feature::MULTIPLE_PPLS | feature::JOURNAL) {
