@@ -1237,3 +1237,61 @@ fn a_member_back_during_a_grow_is_rebuilt_in_full_not_from_the_bitmap() {
     d.run_until_idle();
     assert!(read_all(&mut d, size as u64) == model, "the member back is a full copy");
 }
+
+#[test]
+fn takeovers_keep_an_internal_bitmap_and_count_writes_in_it() {
+    use uraid_core::geometry::Level;
+    use uraid_core::meta::bitmap::array_range_to_sync_range;
+    // md keeps the bitmap through these (raid1 of two to raid5 and back, raid6 to raid5
+    // once Q is on the last member); raid0 cannot keep one.
+    for (level, n, to, seed) in
+        [(1, 2usize, Level::Raid5, 41u64), (5, 2, Level::Raid1, 42), (6, 5, Level::Raid5, 43)]
+    {
+        let mm = create_level(level, n, MEMBER_BYTES, true);
+        let keys: Vec<usize> = (0..n).collect();
+        let mut d = start_array(mm, &keys, seed);
+        let size = d.engine.engine().size_bytes() as usize;
+        let mut model = vec![0u8; size];
+        Rng(seed).fill(&mut model);
+        assert!(d.run_one(Request::write(1, 0, model.clone())).is_ok());
+        let what = format!("raid{level} of {n} to {to:?} with a bitmap");
+        if level == 6 {
+            change_layout(&mut d, "left-symmetric-6");
+            serve_until_reshaped(&mut d, &mut model, seed * 3);
+        }
+        let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+        let plan = grow_plan(&cur, &GrowRequest { level: Some(to), ..Default::default() }).unwrap();
+        d.engine.may_grow(&plan).unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        d.engine.grow(&plan, d.now_ns).unwrap();
+        serve_until_level(&mut d, &mut model, seed * 5, to, &what);
+        // A write now counts in the bitmap by the new level's rows.
+        let at = size as u64 / 2 / 4096 * 4096;
+        d.submit(Request::write(2, at, vec![0x3c; 4096]));
+        while d.take_done(2).is_none() {
+            d.step();
+        }
+        model[at as usize..at as usize + 4096].fill(0x3c);
+        let g = d.engine.engine().geometry().clone();
+        let (s, _) = array_range_to_sync_range(
+            g.level.md_level(),
+            g.raid_disks as u32,
+            g.chunk_sectors as u32,
+            at / 512,
+            8,
+        );
+        assert!(bit_on_disk(&d, 0, s), "{what}: the write's bit");
+        d.run_until_idle();
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let sb = members.superblock(0);
+        assert!(sb.level == to.md_level() && sb.bitmap_sector().is_some(), "{what}: {sb:?}");
+        let keys: Vec<usize> = (0..members.images.len()).collect();
+        let mut again = start_array(members, &keys, seed + 100);
+        assert!(read_all(&mut again, size as u64) == model, "{what}: after assembly");
+    }
+    // raid4 without its parity member to raid0: refused while the bitmap is there.
+    let mut d = start_array(create_level(4, 4, MEMBER_BYTES, true), &[0, 1, 2], 44);
+    let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+    let plan = grow_plan(&cur, &GrowRequest { level: Some(Level::Raid0), ..Default::default() }).unwrap();
+    let e = d.engine.may_grow(&plan).unwrap_err();
+    assert!(format!("{e:?}").contains("bitmap"), "{e:?}");
+}

@@ -605,12 +605,20 @@ fn md_finishes_a_raid5_to_raid6_uraid_started_while_serving() {
 /// raid1 of two md made becomes a raid5, a raid0 of three a raid4 whose parity slot a
 /// member added afterwards is recovered into, a raid6 of five (restriped to
 /// left-symmetric-6 first) a raid5 of four and a spare, a raid4 a raid5 (parity-last), a
-/// raid5 of two a raid1; md assembles each at its new level, reads what it held before,
-/// and its check is clean.
+/// raid5 of two a raid1, and a raid6 with an internal bitmap a raid5 keeping it; md
+/// assembles each at its new level, reads what it held before, and its check is clean.
 #[test]
 fn md_assembles_the_levels_uraid_took_over_while_serving() {
-    let cases = [(1u32, 2usize, "5"), (0, 3, "4"), (6, 5, "5"), (4, 4, "5"), (5, 2, "1"), (0, 2, "10")];
-    for (level, n, to) in cases {
+    const BITMAP: &str = "--bitmap=internal --bitmap-chunk=64K";
+    let cases = [
+        (1u32, 2usize, "5", ""),
+        (0, 3, "4", ""),
+        (6, 5, "5", BITMAP),
+        (4, 4, "5", ""),
+        (5, 2, "1", ""),
+        (0, 2, "10", ""),
+    ];
+    for (level, n, to, create) in cases {
         let dir = TempDir::new(&format!("takeover-{level}"));
         // Members added after the takeover: raid4's parity, raid10's mirrors.
         let extra = match (level, to) {
@@ -619,7 +627,8 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
             _ => 0,
         };
         let images = member_files(&dir, n + extra);
-        let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(level, n)), &images[..n]);
+        let script = format!("{}mdadm --stop /dev/md0\n", md_make_with(level, n, create));
+        let (_, field) = md_run(&dir, &script, &images[..n]);
         let size_before: usize = field("size").parse().unwrap();
         let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
 
@@ -650,6 +659,9 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
         assert!(out.contains(&format!("Raid Level : raid{to}")), "{out}");
         if level == 6 {
             assert!(out.contains("spare"), "md keeps the member Q was on as a spare:\n{out}");
+        }
+        if !create.is_empty() {
+            assert!(out.contains("Intent Bitmap : Internal"), "the bitmap stays:\n{out}");
         }
     }
 }

@@ -493,10 +493,12 @@ impl Array {
         if !self.engine.replacements().is_empty() {
             return Some("a replacement is running: let it finish first");
         }
-        if matches!(change, ShapeChange::Takeover { .. }) && self.sbs.bitmap().is_some() {
+        // The other takeovers keep the bitmap as md does: each keeps the member size and
+        // the rows the bitmap counts in.
+        if change == (ShapeChange::Takeover { to_raid0: true }) && self.sbs.bitmap().is_some() {
             return Some(
-                "the array has a write-intent bitmap, which uraid does not yet carry through a level \
-                 change: remove it first (mdadm --grow --bitmap=none)",
+                "the array has a write-intent bitmap, which raid0 cannot keep: remove it first \
+                 (mdadm --grow --bitmap=none)",
             );
         }
         None
