@@ -1289,7 +1289,7 @@ fn takeovers_keep_an_internal_bitmap_and_count_writes_in_it() {
         assert!(read_all(&mut again, size as u64) == model, "{what}: after assembly");
     }
     // raid4 without its parity member to raid0: refused while the bitmap is there.
-    let mut d = start_array(create_level(4, 4, MEMBER_BYTES, true), &[0, 1, 2], 44);
+    let d = start_array(create_level(4, 4, MEMBER_BYTES, true), &[0, 1, 2], 44);
     let cur = d.engine.grow_current(MEMBER_BYTES / 512);
     let plan = grow_plan(&cur, &GrowRequest { level: Some(Level::Raid0), ..Default::default() }).unwrap();
     let e = d.engine.may_grow(&plan).unwrap_err();
