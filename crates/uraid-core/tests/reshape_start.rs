@@ -148,3 +148,15 @@ fn a_grow_with_a_bitmap_moves_the_data_offset_only_down_to_the_bitmap_end() {
     let e = start_grow_with_spares(&old, &[], &[NEW], 1, Some(room - 1)).unwrap_err();
     assert!(e.contains("backup-file") && e.contains("nothing was written"), "{e}");
 }
+
+#[test]
+fn a_member_joining_by_a_grow_gets_an_empty_bad_block_log_where_the_others_have_theirs() {
+    // A recovery onto a blank disk later copies a member's superblock; without a log it
+    // could not record the rows it cannot rebuild, and failed its target over and over.
+    let old = array(false);
+    assert!(old[0].bblog_size > 0, "the array's members have a log");
+    let (sbs, _) = start_grow(&old, &[NEW], 1).unwrap();
+    let new = &sbs[4];
+    assert_eq!((new.bblog_offset, new.bblog_size), (old[0].bblog_offset, old[0].bblog_size));
+    assert!(!new.has(feature::BAD_BLOCKS), "empty: md reads no page without the feature bit");
+}

@@ -28,8 +28,9 @@ fn refuse(what: &str, todo: &str) -> String {
 }
 
 /// A device joining the array by a grow or restripe: the array's fields (`reference`'s),
-/// its own identity, the next dev_number `used` leaves free (taken), no bad-block log (none
-/// was read from it), data at the array's data offset. `who` names it in a refusal.
+/// its own identity, the next dev_number `used` leaves free (taken), an empty bad-block log
+/// where the others have theirs, data at the array's data offset. `who` names it in a
+/// refusal.
 fn joining_superblock(
     reference: &Superblock,
     m: &GrowMember,
@@ -52,8 +53,10 @@ fn joining_superblock(
     let mut sb = reference.clone();
     sb.device_uuid = m.device_uuid;
     sb.dev_number = dev_number;
+    // The log's place as the array's members have it, empty (feature bit clear): a
+    // recovery that later copies this superblock for a blank disk records the rows it
+    // cannot rebuild there, as md does, instead of failing its target.
     sb.feature_map &= !(feature::RECOVERY_OFFSET | feature::REPLACEMENT | feature::BAD_BLOCKS);
-    (sb.bblog_offset, sb.bblog_size, sb.bblog_shift) = (0, 0, 0);
     sb.recovery_offset = 0;
     sb.cnt_corrected_read = 0;
     sb.devflags = 0;
