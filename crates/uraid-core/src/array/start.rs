@@ -99,10 +99,7 @@ impl Array {
         let mut members = Vec::new();
         let mut names = BTreeMap::new();
         let mut logs = Vec::new();
-        let fresh = offered
-            .get(plan.freshest)
-            .map(|m| m.sb.clone())
-            .ok_or("the plan's freshest member was not offered")?;
+        let fresh = offered.get(plan.freshest).map(|m| m.sb.clone());
         for (slot, s) in plan.slots.iter().enumerate() {
             let Some(s) = s else { continue };
             let m = offered.get(s.member).ok_or("the plan names a member that was not offered")?;
@@ -117,7 +114,7 @@ impl Array {
             let offsets = (s.data_offset_sectors, s.data_size_sectors, s.new_data_offset_sectors);
             members.push(ArrayMember {
                 key: m.key,
-                sb: caught_up(&m.sb, &fresh, offsets),
+                sb: caught_up(&m.sb, fresh.as_ref(), offsets),
                 role: DevRole::Active { slot, recovering },
             });
             names.insert(m.key, m.name.clone());
@@ -125,7 +122,10 @@ impl Array {
         }
         for &i in &plan.spares {
             let m = offered.get(i).ok_or("the plan names a spare that was not offered")?;
-            let sb = caught_up(&m.sb, &fresh, spare_offsets(&m.sb, &fresh));
+            let sb = match &fresh {
+                Some(f) => caught_up(&m.sb, Some(f), spare_offsets(&m.sb, f)),
+                None => m.sb.clone(),
+            };
             members.push(ArrayMember { key: m.key, sb, role: DevRole::Spare });
             names.insert(m.key, m.name.clone());
             logs.extend(m.bad_blocks.clone().map(|bb| (m.key, bb)));
@@ -255,9 +255,9 @@ impl Array {
 /// array's fields from the freshest and `offsets` (data offset, data size, new data
 /// offset: where assembly placed it). Left as it was, every later round would write its old
 /// shape again, and the round ending the reshape would make nonsense of it.
-fn caught_up(sb: &Superblock, fresh: &Superblock, offsets: (u64, u64, u64)) -> Superblock {
+fn caught_up(sb: &Superblock, fresh: Option<&Superblock>, offsets: (u64, u64, u64)) -> Superblock {
     let mut sb = sb.clone();
-    if sb.events < fresh.events {
+    if let Some(fresh) = fresh.filter(|f| sb.events < f.events) {
         sb.take_array_fields(fresh);
         let (data_offset, data_size, new_data_offset) = offsets;
         sb.set_offsets(data_offset, data_size, new_data_offset);
@@ -277,7 +277,7 @@ fn spare_offsets(sb: &Superblock, fresh: &Superblock) -> (u64, u64, u64) {
             (sb.data_offset, sb.data_size, moved.unwrap_or(sb.data_offset))
         }
         (false, true) => {
-            let size = (sb.data_size + sb.data_offset).saturating_sub(own);
+            let size = sb.data_size.saturating_add(sb.data_offset).saturating_sub(own);
             (own, size, own)
         }
         _ => (sb.data_offset, sb.data_size, own),
