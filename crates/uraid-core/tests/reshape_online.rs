@@ -691,6 +691,103 @@ fn a_spares_bad_block_entries_do_not_stop_a_reshape_resumed_after_a_cut() {
     assert!(read_all(&mut d, size) == model, "the data after the resumed reshape");
 }
 
+/// A power cut inside the round that starts a grow: members 1 and the new member (still a
+/// spare in its own superblock) keep the superblock from before, one event behind. Assembly
+/// takes the reshape from the freshest and it resumes; the superblocks written from then on
+/// must carry the array's fields on every member (md's super_1_sync writes them from the
+/// array), else the round ending the reshape makes a superblock of level 0 and chunk 0 of
+/// theirs and the next assembly loses them. The spare is recovered once the reshape ends.
+#[test]
+fn members_that_missed_the_grows_start_round_are_assembled_again_after_it_ends() {
+    let (mut d, model) = array_with_spare(5, 4, 31);
+    let size = model.len() as u64;
+    let before: Vec<_> = (0..=4).map(|m| d.members.superblock(m)).collect();
+    grow_to(&mut d, 5);
+    let mut steps = 0;
+    while (0..=4).any(|m| d.members.superblock(m).raid_disks != 5) {
+        d.step();
+        steps += 1;
+        assert!(steps < 1_000_000, "the start round never ended");
+    }
+    assert_eq!(d.members.superblock(0).reshape_position, 0, "no window checkpointed yet");
+    d.pending.clear();
+    let mut members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    for m in [1, 4] {
+        let mut sb = before[m].clone();
+        members.write_at(m, sb.super_offset * 512, &sb.update_csum());
+    }
+    let keys: Vec<usize> = (0..=4).collect();
+    let mut d = start_array(members, &keys, 32);
+    assert!(d.engine.is_reshaping(), "the reshape the freshest superblocks record goes on");
+    while d.engine.is_reshaping() || !d.engine.engine().is_idle() {
+        d.run_until_idle();
+    }
+    d.run_until_idle();
+    assert!(read_all(&mut d, size) == model, "the data after the resumed reshape");
+    let offset = d.members.superblock(0).data_offset;
+    for m in keys.iter().copied() {
+        let sb = d.members.superblock(m);
+        assert_eq!((sb.level, sb.raid_disks, sb.chunksize), (5, 5, 128), "member {m}'s superblock");
+        // mdadm's grow moves every device's data offset by the same change, spares' too.
+        assert_eq!(sb.data_offset, offset, "member {m}'s data offset");
+    }
+    // Assembled afresh: every member in its slot of the new layout, the same bytes.
+    let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    let mut again = start_array(members, &keys, 33);
+    again.run_until_idle();
+    assert!(!again.engine.is_reshaping());
+    assert_eq!(again.engine.engine().member_states(), vec![MemberState::InSync; 5]);
+    assert!(read_all(&mut again, size) == model, "the data after a fresh assembly");
+    again.engine.scrub(Some(ScrubKind::Check), again.now_ns).unwrap();
+    again.run_until_idle();
+    assert_eq!(again.engine.engine().mismatch_cnt(), 0, "md's check after the fresh assembly");
+}
+
+/// A power cut inside the round that ends a grow: member 1 keeps the superblock of the last
+/// checkpoint (reshape active, one event behind). Assembly reads it at its new offset; the
+/// rounds written from then on must say the reshape is over on it too, else at the same
+/// event count as the others it contradicts them and the next assembly is refused.
+#[test]
+fn a_member_that_missed_the_round_ending_a_grow_is_assembled_again_after_the_next_round() {
+    let (mut d, mut model) = array_with_spare(5, 4, 35);
+    let size = model.len() as u64;
+    grow_to(&mut d, 5);
+    let mut steps = 0;
+    while !d.members.superblock(1).has(feature::RESHAPE_ACTIVE) {
+        d.step();
+        steps += 1;
+        assert!(steps < 1_000_000, "the start round never ended");
+    }
+    let mut last_reshaping = None;
+    while !(0..=4).all(|m| !d.members.superblock(m).has(feature::RESHAPE_ACTIVE)) {
+        let sb = d.members.superblock(1);
+        if sb.has(feature::RESHAPE_ACTIVE) {
+            last_reshaping = Some(sb);
+        }
+        d.step();
+        steps += 1;
+        assert!(steps < 1_000_000, "the reshape never ended");
+    }
+    let mut behind = last_reshaping.expect("member 1 recorded the reshape");
+    assert_eq!(behind.events + 1, d.members.superblock(1).events, "one round behind");
+    d.run_until_idle();
+    let mut members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    members.write_at(1, behind.super_offset * 512, &behind.update_csum());
+    let keys: Vec<usize> = (0..=4).collect();
+    let mut d = start_array(members, &keys, 36);
+    assert!(!d.engine.is_reshaping());
+    // A write: the array marks itself active, a superblock round on every member.
+    let data = vec![0x5a; 4096];
+    d.run_one(Request::write(1, 8192, data.clone())).unwrap();
+    model[8192..8192 + 4096].copy_from_slice(&data);
+    d.run_until_idle();
+    let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    let mut again = start_array(members, &keys, 37);
+    again.run_until_idle();
+    assert_eq!(again.engine.engine().member_states(), vec![MemberState::InSync; 5]);
+    assert!(read_all(&mut again, size) == model, "the data after a fresh assembly");
+}
+
 /// md's takeovers while serving: a raid1 of two becomes a raid5 of two, a raid0 a raid4 or
 /// raid5 (parity last) with its parity slot missing until a spare is recovered into it, a
 /// raid6 restriped to left-symmetric-6 a raid5 of the others with a spare.

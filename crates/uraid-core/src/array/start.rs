@@ -99,6 +99,7 @@ impl Array {
         let mut members = Vec::new();
         let mut names = BTreeMap::new();
         let mut logs = Vec::new();
+        let fresh = offered.get(plan.freshest).map(|m| m.sb.clone());
         for (slot, s) in plan.slots.iter().enumerate() {
             let Some(s) = s else { continue };
             let m = offered.get(s.member).ok_or("the plan names a member that was not offered")?;
@@ -110,9 +111,10 @@ impl Array {
                 engine.set_bad_blocks(slot, m.bad_blocks.clone());
             }
             let recovering = s.recovery_offset_sectors.is_some();
+            let offsets = (s.data_offset_sectors, s.data_size_sectors, s.new_data_offset_sectors);
             members.push(ArrayMember {
                 key: m.key,
-                sb: m.sb.clone(),
+                sb: caught_up(&m.sb, fresh.as_ref(), offsets),
                 role: DevRole::Active { slot, recovering },
             });
             names.insert(m.key, m.name.clone());
@@ -120,7 +122,11 @@ impl Array {
         }
         for &i in &plan.spares {
             let m = offered.get(i).ok_or("the plan names a spare that was not offered")?;
-            members.push(ArrayMember { key: m.key, sb: m.sb.clone(), role: DevRole::Spare });
+            let sb = match &fresh {
+                Some(f) => caught_up(&m.sb, Some(f), spare_offsets(&m.sb, f)),
+                None => m.sb.clone(),
+            };
+            members.push(ArrayMember { key: m.key, sb, role: DevRole::Spare });
             names.insert(m.key, m.name.clone());
             logs.extend(m.bad_blocks.clone().map(|bb| (m.key, bb)));
         }
@@ -251,5 +257,39 @@ impl Array {
         if !ios.is_empty() {
             self.write_barrier = self.rounds.push(Work::Raw(ios));
         }
+    }
+}
+
+/// A member's superblock as the array's rounds write it from now on: one that missed the
+/// freshest's round (a power cut inside the round starting or ending a reshape) takes the
+/// array's fields from the freshest and `offsets` (data offset, data size, new data
+/// offset: where assembly placed it). Left as it was, every later round would write its old
+/// shape again, and the round ending the reshape would make nonsense of it.
+fn caught_up(sb: &Superblock, fresh: Option<&Superblock>, offsets: (u64, u64, u64)) -> Superblock {
+    let mut sb = sb.clone();
+    if let Some(fresh) = fresh.filter(|f| sb.events < f.events) {
+        sb.take_array_fields(fresh);
+        let (data_offset, data_size, new_data_offset) = offsets;
+        sb.set_offsets(data_offset, data_size, new_data_offset);
+    }
+    sb
+}
+
+/// A spare's offsets, as assembly places a member's: one that missed the start of a
+/// reshape moving the data moves as the others do (mdadm gives every device the same
+/// change), one that missed its end has its data offset moved already.
+fn spare_offsets(sb: &Superblock, fresh: &Superblock) -> (u64, u64, u64) {
+    let (reshaping, was_reshaping) = (fresh.has(feature::RESHAPE_ACTIVE), sb.has(feature::RESHAPE_ACTIVE));
+    let own = u64::try_from(sb.new_data_offset()).unwrap_or(sb.data_offset);
+    match (reshaping, was_reshaping) {
+        (true, false) if fresh.has(feature::NEW_OFFSET) => {
+            let moved = sb.data_offset.checked_add_signed(i64::from(fresh.new_offset));
+            (sb.data_offset, sb.data_size, moved.unwrap_or(sb.data_offset))
+        }
+        (false, true) => {
+            let size = sb.data_size.saturating_add(sb.data_offset).saturating_sub(own);
+            (own, size, own)
+        }
+        _ => (sb.data_offset, sb.data_size, own),
     }
 }

@@ -586,6 +586,44 @@ impl Superblock {
         (SB_FIXED_BYTES as u64 + 2 * u64::from(self.max_dev)).div_ceil(512) * 512
     }
 
+    /// The array's own fields taken from `fresh` (the freshest superblock): md's
+    /// super_1_sync writes them from the array (mddev), never from the member's old
+    /// superblock, so a member that missed a round (a reshape's start or end) records the
+    /// array as it is from its next round on. Its offsets are the caller's.
+    pub fn take_array_fields(&mut self, fresh: &Superblock) {
+        const RESHAPE: u32 = feature::RESHAPE_ACTIVE | feature::RESHAPE_BACKWARDS;
+        self.level = fresh.level;
+        self.layout = fresh.layout;
+        self.size = fresh.size;
+        self.chunksize = fresh.chunksize;
+        self.raid_disks = fresh.raid_disks;
+        self.feature_map = (self.feature_map & !RESHAPE) | (fresh.feature_map & RESHAPE);
+        self.reshape_position = fresh.reshape_position;
+        self.new_level = fresh.new_level;
+        self.delta_disks = fresh.delta_disks;
+        self.new_layout = fresh.new_layout;
+        self.new_chunk = fresh.new_chunk;
+    }
+
+    /// Where this member's data starts now and after the reshape, and its data size (md's
+    /// rdev data_offset, new_data_offset, sectors): `NEW_OFFSET` only while a reshape moves
+    /// the data.
+    pub fn set_offsets(&mut self, data_offset: u64, data_size: u64, new_data_offset: u64) {
+        self.data_offset = data_offset;
+        self.data_size = data_size;
+        let moved = i128::from(new_data_offset) - i128::from(data_offset);
+        match i32::try_from(moved) {
+            Ok(d) if d != 0 && self.has(feature::RESHAPE_ACTIVE) => {
+                self.feature_map |= feature::NEW_OFFSET;
+                self.new_offset = d;
+            }
+            _ => {
+                self.feature_map &= !feature::NEW_OFFSET;
+                self.new_offset = 0;
+            }
+        }
+    }
+
     /// data_offset after a reshape that moves the data (`NEW_OFFSET`), else data_offset.
     pub fn new_data_offset(&self) -> i128 {
         let mut off = i128::from(self.data_offset);

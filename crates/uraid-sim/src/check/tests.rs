@@ -196,12 +196,20 @@ fn seeds_found_failing_pass() {
 /// ssd-sata): a member failed mid-reshape and re-added as a spare with its bad-block log;
 /// re-assembly refused to go on with the reshape for the spare's entries. 53000408
 /// (`--level raid5`): raid5 to raid6 cut mid-way, resumed, then two members lost in turn;
-/// the checker still held the array to raid5's one.
+/// the checker still held the array to raid5's one. 91000120 (`--level raid5`): a power cut
+/// inside the grow's start round, which reached three of seven members; the others (the new
+/// one a spare in its own superblock) kept their old superblock through every later round,
+/// the round ending the reshape made one of level 0 of it, and the spare was recovered at its
+/// old data offset while the others' had moved.
 #[test]
 fn reshape_seeds_found_failing_pass() {
     let nvme = [52000060, 52000140, 52000292, 52000620, 52000624, 52001608, 52002460, 52002520]
         .map(|s| (s, None, "nvme"));
-    let more = [(52000024, None, "ssd-sata"), (53000408, Some(Level::Raid5), "nvme")];
+    let more = [
+        (52000024, None, "ssd-sata"),
+        (53000408, Some(Level::Raid5), "nvme"),
+        (91000120, Some(Level::Raid5), "nvme"),
+    ];
     for (seed, level, profile) in nvme.into_iter().chain(more) {
         let spec = SimSpec { level, ops: 2000, profile: profile.into(), ..spec(seed, Level::Raid0) };
         let r = run_sim(&spec);
