@@ -1237,42 +1237,6 @@ fn a_write_error_logged_as_a_reshape_starts_fails_the_member_rather_than_lose_th
 }
 
 #[test]
-fn a_member_that_missed_the_round_starting_a_grow_ends_it_with_the_new_geometry() {
-    // A cut inside the round that starts the grow: some members record the reshape, the
-    // others are one event behind without it. Assembly takes them back at position 0; the
-    // served array must give them the reshape's fields, or its last round writes them the
-    // empty next geometry (level 0, chunk 0) of their old superblocks.
-    for seed in 80..140 {
-        let (mut d, model) = array_with_spare(5, 4, seed);
-        grow_to(&mut d, 5);
-        let mut recorded = 0;
-        for _ in 0..10_000 {
-            d.step();
-            recorded = (0..5).filter(|&m| d.members.superblock(m).has(feature::RESHAPE_ACTIVE)).count();
-            if recorded > 0 {
-                break;
-            }
-        }
-        if recorded == 0 || recorded == 5 {
-            continue;
-        }
-        let keys: Vec<usize> = (0..5).collect();
-        let what = format!("seed {seed}, {recorded} of 5 superblocks recorded the start");
-        let (d, _) = restart_after_cut(d, &Clients::new(seed), &keys, seed + 500, &model, &what);
-        for m in 0..5 {
-            let sb = d.members.superblock(m);
-            assert_eq!((sb.level, sb.raid_disks, sb.chunksize), (5, 5, 128), "{what}: member {m}");
-            assert!(!sb.has(feature::RESHAPE_ACTIVE), "{what}: member {m}");
-        }
-        let mut again = start_array(d.members, &keys, seed + 600);
-        assert_eq!(again.engine.engine().geometry().raid_disks, 5, "{what}");
-        assert!(read_all(&mut again, model.len() as u64) == model, "{what}: after a fresh assembly");
-        return;
-    }
-    panic!("no seed cut inside the round starting the grow");
-}
-
-#[test]
 fn a_member_back_during_a_grow_is_rebuilt_in_full_not_from_the_bitmap() {
     // The bitmap counts writes, not the rows a reshape moved: a member that was away for
     // part of a grow (here: it comes back with what it held a quarter of the way in, its

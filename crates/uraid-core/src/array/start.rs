@@ -130,16 +130,6 @@ impl Array {
             names.insert(m.key, m.name.clone());
             logs.extend(m.bad_blocks.clone().map(|bb| (m.key, bb)));
         }
-        if plan.reshape.is_some() {
-            // Members that missed the round starting the reshape take its fields, as `grow
-            // --continue` gives them: the rounds to come would write their old geometry,
-            // and the end of the reshape their empty next one.
-            let mut sbs: Vec<Superblock> = members.iter().map(|m| m.sb.clone()).collect();
-            crate::reshape::run::adopt_the_reshape(&mut sbs);
-            for (m, sb) in members.iter_mut().zip(sbs) {
-                m.sb = sb;
-            }
-        }
         let ppl = !opts.read_only && members.iter().any(|m| has_ppl(&m.sb));
         if ppl {
             let mut areas = vec![None; plan.slots.len()];

@@ -298,7 +298,7 @@ pub fn continue_reshape(
 /// Members that missed the round starting the reshape (a cut inside it; assembly takes
 /// them back at position 0) get the array's reshape fields from the freshest superblock
 /// that has them, so the next round does not write their old geometry again.
-pub(crate) fn adopt_the_reshape(superblocks: &mut [Superblock]) {
+fn adopt_the_reshape(superblocks: &mut [Superblock]) {
     let Some(fresh) =
         superblocks.iter().filter(|sb| sb.has(feature::RESHAPE_ACTIVE)).max_by_key(|sb| sb.events)
     else {
