@@ -209,6 +209,11 @@ fn reshape_seeds_found_failing_pass() {
         (52000024, None, "ssd-sata"),
         (53000408, Some(Level::Raid5), "nvme"),
         (91000120, Some(Level::Raid5), "nvme"),
+        // Grows with a bitmap (ninth session): a write logged bad as the reshape starts, a
+        // cut inside the round starting a restripe, a grown-in member without a log.
+        (91000067, Some(Level::Raid5), "nvme"),
+        (91000318, Some(Level::Raid5), "nvme"),
+        (92000101, Some(Level::Raid6), "ssd-sata"),
     ];
     for (seed, level, profile) in nvme.into_iter().chain(more) {
         let spec = SimSpec { level, ops: 2000, profile: profile.into(), ..spec(seed, Level::Raid0) };
