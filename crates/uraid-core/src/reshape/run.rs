@@ -311,17 +311,10 @@ fn adopt_the_reshape(superblocks: &mut [Superblock]) {
     }
     let missed = |sb: &Superblock| !sb.has(feature::RESHAPE_ACTIVE) && sb.events < fresh.events;
     for sb in superblocks.iter_mut().filter(|sb| missed(sb)) {
+        sb.take_array_fields(&fresh);
+        // Offline every member's offset moves as the freshest's does.
         sb.feature_map = (sb.feature_map & !reshape_bits) | (fresh.feature_map & reshape_bits);
-        sb.level = fresh.level;
-        sb.layout = fresh.layout;
-        sb.chunksize = fresh.chunksize;
-        sb.raid_disks = fresh.raid_disks;
-        sb.delta_disks = fresh.delta_disks;
-        sb.new_level = fresh.new_level;
-        sb.new_layout = fresh.new_layout;
-        sb.new_chunk = fresh.new_chunk;
         sb.new_offset = fresh.new_offset;
-        sb.reshape_position = fresh.reshape_position;
         sb.max_dev = fresh.max_dev;
         sb.dev_roles = fresh.dev_roles.clone();
     }
