@@ -1223,7 +1223,7 @@ fn a_write_error_logged_as_a_reshape_starts_fails_the_member_rather_than_lose_th
     while let Some(n) = d.engine.pop_notice() {
         notices.push(n);
     }
-    assert!(notices.iter().any(|n| n.contains("as a reshape starts")), "the write failed: {notices:?}");
+    assert!(notices.iter().any(|n| n.contains("member in slot 1 failed")), "the write failed: {notices:?}");
     d.submit(Request::read(10, 4 << 20, 1 << 20));
     let got = loop {
         if let Some(c) = d.take_done(10) {

@@ -299,9 +299,9 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
     finish(devs, superblocks, plan, off)
 }
 
-/// The internal bitmap as the first slot's member holds it (header and bits) and its size
-/// in sectors as mdadm reserves it (whole 4 KiB), when the array has one: the new devices
-/// get a copy, and the moved data offset stays clear of it.
+/// The internal bitmap as the first slot's member holds it (header and bits) and its
+/// reserved size in sectors, when the array has one: the new devices get a copy, and the
+/// moved data offset stays clear of it.
 fn bitmap_area(a: &Assembled, slot_sbs: &[Superblock]) -> anyhow::Result<Option<(Vec<u8>, u64)>> {
     if slot_sbs[0].bitmap_sector().is_none() {
         return Ok(None);
@@ -312,7 +312,7 @@ fn bitmap_area(a: &Assembled, slot_sbs: &[Superblock]) -> anyhow::Result<Option<
     })?;
     let sb = uraid_core::meta::bitmap::BitmapSuper::parse(&area)
         .map_err(|e| anyhow!("{}: bitmap: {e} (nothing was written)", a.members[first].name))?;
-    Ok(Some((area, sb.bytes_on_disk(4096) / 512)))
+    Ok(Some((area, sb.reserved_sectors())))
 }
 
 /// "raid6 of 5 members, layout left-symmetric, 64K chunk".

@@ -563,10 +563,10 @@ impl Array {
         }
     }
 
-    /// The internal bitmap's size on the members (its header and bits, in whole 4 KiB as
-    /// mdadm counts it), which a moved data offset must stay clear of.
+    /// The internal bitmap's size on the members, which a moved data offset must stay
+    /// clear of.
     fn bitmap_sectors(&self) -> Option<u64> {
-        self.sbs.bitmap().map(|b| b.superblock().bytes_on_disk(4096) / crate::api::SECTOR_BYTES)
+        self.sbs.bitmap().map(|b| b.superblock().reserved_sectors())
     }
 
     /// md's raid5_start_reshape for a grow by members: spares take the new slots, every
@@ -614,6 +614,13 @@ impl Array {
         notice: String,
     ) {
         self.sbs.reshape_started(updates, raid_disks as u32);
+        // The reshape's engines carry no bad-block logs (the start refuses logs with
+        // entries): from here on a write error fails its member (md_error), also one in
+        // flight now, whose range would otherwise be logged, then read as good and copied
+        // into the new layout.
+        for slot in 0..self.engine.geometry().raid_disks {
+            self.engine.set_bad_blocks(slot, None);
+        }
         self.reshaping = Some(Box::new(Reshaping::new(None, run, Step::Starting)));
         self.write_superblocks_then(Some(AfterRound::Reshape));
         self.notice(notice);
@@ -678,15 +685,6 @@ impl Array {
         let geo = r.run.geometry().clone();
         let n = geo.next.raid_disks;
         let old = self.engine.geometry().raid_disks;
-        // A write that was in flight when the reshape was asked for may have failed since
-        // and had its range logged (the start refuses logs with entries). The reshape's
-        // engines carry no logs, so that range would be read as good and copied into the
-        // new layout: the member is failed instead (md_error).
-        for slot in 0..old {
-            if self.engine.bad_blocks(slot).is_some_and(|b| !b.is_empty()) {
-                self.engine.fail_member(slot, self.now_ns);
-            }
-        }
         let old_states = self.engine.member_states();
         // In the next layout: the old slots as they are; a slot the start gave a member
         // that the old layout had not (new, or the reshape recovers it) is written by the
@@ -711,10 +709,7 @@ impl Array {
             self.engine.tunables().clone(),
         )?;
         next.carry_stats_from(&self.engine);
-        let mut prev = std::mem::replace(&mut self.engine, next);
-        for slot in 0..old {
-            prev.set_bad_blocks(slot, None);
-        }
+        let prev = std::mem::replace(&mut self.engine, next);
         let r = self.reshaping.as_deref_mut().expect("a reshape");
         r.prev = Some(Box::new(prev));
         r.step = Step::Ready;

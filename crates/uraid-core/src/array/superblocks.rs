@@ -848,7 +848,11 @@ impl ArraySuperblocks {
             array_range_to_sync_range(level, disks, chunk, start, end - start)
         };
         match self.reshape_shapes {
-            Some([previous, next]) => SyncRanges { first: range(previous), second: Some(range(next)) },
+            Some([previous, next]) => {
+                let (first, second) = (range(previous), range(next));
+                // A layout change keeps the rows: counted once.
+                SyncRanges { first, second: (second != first).then_some(second) }
+            }
             None => {
                 SyncRanges { first: range((self.level, self.raid_disks, self.chunk_sectors)), second: None }
             }

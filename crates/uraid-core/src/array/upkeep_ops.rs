@@ -58,15 +58,6 @@ impl Array {
                     self.spare_wanted.push(slot);
                 }
             }
-            EngineEvent::BadBlocksRecorded { slot, sector, sectors } if self.reshaping.is_some() => {
-                // A write in flight as the reshape starts: the reshape's engines carry no
-                // bad-block logs, so the range would later be read as good (md_error instead).
-                self.notice(format!(
-                    "write error on the member in slot {slot} (sectors {sector}+{sectors}) as a reshape \
-                     starts; failing the member"
-                ));
-                self.engine.fail_member(slot, self.now_ns);
-            }
             EngineEvent::BadBlocksRecorded { slot, sector, sectors } => {
                 self.notice(format!(
                     "write error on the member in slot {slot}: sectors {sector}+{sectors} recorded in \

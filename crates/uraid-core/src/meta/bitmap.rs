@@ -213,6 +213,12 @@ impl BitmapSuper {
         bitmap_bytes_on_disk(self.sync_size, self.chunksize, boundary)
     }
 
+    /// Sectors the bitmap takes on a member as mdadm counts them when it moves the data
+    /// offset (getinfo_super1's `earliest`: superblock and bits in whole 4 KiB).
+    pub fn reserved_sectors(&self) -> u64 {
+        self.bytes_on_disk(4096) / 512
+    }
+
     /// Whether the bits are in host order (version 3 or HOSTENDIAN state); on a
     /// little-endian host that is the same order, so only a big-endian writer differs.
     pub fn host_endian(&self) -> bool {

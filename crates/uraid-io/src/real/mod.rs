@@ -407,11 +407,11 @@ pub struct Executor {
     deferred: Vec<MemberIo>,
     /// Guest threads' own rings (see `guest.rs`), and the one of the guest running now.
     guests: Vec<Option<Box<uring::UringBackend>>>,
-    /// When each guest ring's thread last reaped it (the executor's clock), for the log of
-    /// a timeout: an overdue I/O on a ring nobody reaps is the thread's stall, not the device's.
+    /// When each guest ring's thread last reaped it (the executor's clock; 0: never): its
+    /// I/O is late only if its thread looked after the deadline (`timeout.rs`).
     guest_reaped_ns: Vec<u64>,
     /// Per guest ring, the reap time of the stall last logged (`timeout.rs`): one line a stall.
-    guest_stall_logged: Vec<Option<Option<u64>>>,
+    guest_stall_logged: Vec<Option<u64>>,
     active_guest: Option<usize>,
     /// New I/O of the running guest goes to its ring (see [`Executor::set_guest_ring`]).
     guest_issues: bool,
@@ -913,7 +913,7 @@ impl Executor {
                     ring.reap(&mut finished, Some(Duration::ZERO));
                     let now = self.clock.elapsed().as_nanos() as u64;
                     if self.guest_reaped_ns.len() <= g {
-                        self.guest_reaped_ns.resize(g + 1, now);
+                        self.guest_reaped_ns.resize(g + 1, 0);
                     }
                     self.guest_reaped_ns[g] = now;
                 }

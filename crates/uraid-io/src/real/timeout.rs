@@ -132,9 +132,15 @@ impl Executor {
         self.next_timeout_scan_ns = now + SCAN_PERIOD.as_nanos() as u64;
         let (queues, reaped) = (&mut self.queues, &self.guest_reaped_ns);
         let mut newly_hung: Vec<usize> = Vec::new();
+        let mut unreaped_late = false;
         for_each_slot(&mut self.backend, &mut self.polled, &mut self.remote, &mut self.guests, |ring, s| {
-            if !s.abandoned && known_late(queues, reaped, now, ring, s) {
+            if s.abandoned || deadline_ns(queues, s) >= now {
+                return;
+            }
+            if known_late(queues, reaped, ring, s) {
                 newly_hung.push(s.member);
+            } else {
+                unreaped_late = true;
             }
         });
         let overdue =
@@ -143,7 +149,7 @@ impl Executor {
         newly_hung.sort_unstable();
         newly_hung.dedup();
         newly_hung.retain(|&m| !self.queues[m].hung);
-        if self.log {
+        if self.log && unreaped_late {
             self.log_stalled_guest_rings(now);
         }
         if newly_hung.is_empty() {
@@ -199,9 +205,10 @@ impl Executor {
                 continue;
             }
             self.guest_stall_logged[g] = Some(reaped_ns);
-            let seen = reaped_ns.map_or("never reaped it".to_string(), |t| {
-                format!("last reaped it {:.1} s ago", now.saturating_sub(t) as f64 / 1e9)
-            });
+            let seen = match reaped_ns {
+                0 => "never reaped it".to_string(),
+                t => format!("last reaped it {:.1} s ago", now.saturating_sub(t) as f64 / 1e9),
+            };
             eprintln!(
                 "uraid-io: connection ring {g} holds {n} I/O(s) past the member timeout, and its thread \
                  {seen}: the server's thread stalled, not the members; they are not failed for it"
@@ -210,18 +217,18 @@ impl Executor {
     }
 
     /// Per guest ring holding I/O past its deadline that its thread has not looked for
-    /// since: the ring, how many such I/Os, and when its thread last reaped it.
-    pub(super) fn guest_rings_unreaped(&mut self, now: u64) -> Vec<(usize, usize, Option<u64>)> {
-        let queues = &self.queues;
+    /// since: the ring, how many such I/Os, and when its thread last reaped it (0: never).
+    pub(super) fn guest_rings_unreaped(&mut self, now: u64) -> Vec<(usize, usize, u64)> {
+        let (queues, reaped) = (&self.queues, &self.guest_reaped_ns);
         let mut out = Vec::new();
         for (g, ring) in self.guests.iter_mut().enumerate() {
             let Some(ring) = ring else { continue };
-            let reaped_ns = self.guest_reaped_ns.get(g).copied();
-            let unseen = |s: &super::Slot| reaped_ns.is_none_or(|r| r <= deadline_ns(queues, s));
+            let late = |s: &super::Slot| deadline_ns(queues, s) < now;
             let n = ring
                 .slots_mut()
-                .filter(|s| !s.abandoned && deadline_ns(queues, s) < now && unseen(s))
+                .filter(|s| !s.abandoned && late(s) && !known_late(queues, reaped, Some(g), s))
                 .count();
+            let reaped_ns = reaped.get(g).copied().unwrap_or(0);
             if n > 0 {
                 out.push((g, n, reaped_ns));
             }
@@ -255,20 +262,14 @@ fn deadline_ns(queues: &[super::MemberQueue], s: &super::Slot) -> u64 {
     s.started_ns.saturating_add(queues[s.member].timeout_ns)
 }
 
-/// Whether I/O `s` (on guest ring `ring`, if any) is known to be past its deadline at
-/// `now`. A guest ring is reaped by its thread only: its I/O is known late only when the
-/// thread looked after the deadline and did not find it done. Before that, the kernel may
-/// have finished it long ago, and the lateness is the thread's (a thread that stalled
-/// must not fail every member it had I/O on).
-fn known_late(
-    queues: &[super::MemberQueue],
-    reaped: &[u64],
-    now: u64,
-    ring: Option<usize>,
-    s: &super::Slot,
-) -> bool {
+/// Whether I/O `s` (on guest ring `ring`, if any), past its deadline, is known to be late.
+/// A guest ring is reaped by its thread only: its I/O is known late only when the thread
+/// looked after the deadline and did not find it done. Before that, the kernel may have
+/// finished it long ago, and the lateness is the thread's (a thread that stalled must not
+/// fail every member it had I/O on).
+fn known_late(queues: &[super::MemberQueue], reaped: &[u64], ring: Option<usize>, s: &super::Slot) -> bool {
     let due = deadline_ns(queues, s);
-    due < now && ring.is_none_or(|g| reaped.get(g).is_some_and(|&r| r > due))
+    ring.is_none_or(|g| reaped.get(g).is_some_and(|&r| r > due))
 }
 
 /// Every slot the executor has handed out: its own backend's and its guests' rings'
@@ -345,7 +346,8 @@ mod tests {
         assert_eq!(stalled.len(), 1, "{stalled:?}");
         let (ring, n, reaped) = stalled[0];
         assert_eq!((ring, n), (g, 1));
-        let ago = now - reaped.expect("the thread reaped it once");
+        assert!(reaped > 0, "the thread reaped it once");
+        let ago = now - reaped;
         assert!(ago >= 20_000_000, "last reaped {ago} ns ago, before the 20 ms sleep");
         // The runtime thread's deadline scan must not take the thread's stall for the
         // member's: the write may be done, only nobody looked.
