@@ -16,7 +16,31 @@ const MEMBER_BYTES: u64 = 8 << 20;
 
 /// A raid of `level` on `n` members with random data written through it (the model).
 fn array_with_data(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>) {
-    let mm = create_level(level, n, MEMBER_BYTES, false);
+    array_on(create_level(level, n, MEMBER_BYTES, false), n, seed)
+}
+
+/// [`array_with_spare`] on members with room after the data and none before: md's 1.0
+/// superblock at the end (data at 0), the component size 1 MiB short of the member. A
+/// restripe there moves the data offset up and runs backwards (mdadm's choice).
+fn array_with_room_after(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>) {
+    let mut p = uraid_core::meta::CreateParams::new(level, vec![Some(MEMBER_BYTES / 512); n]);
+    p.version = uraid_core::meta::SuperblockVersion::V1_0;
+    p.size_kib = Some((MEMBER_BYTES >> 10) - 1024);
+    p.assume_clean = true;
+    p.set_uuid = [7; 16];
+    p.device_uuids = (0..n).map(|i| [i as u8 + 1; 16]).collect();
+    p.ctime_seconds = EPOCH_S;
+    p.name = "t".into();
+    p.chunk_kib = Some(64);
+    let (mut d, model) = array_on(create_in_ram(&p, MEMBER_BYTES), n, seed);
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
+    d.engine.add_member(new, d.now_ns).unwrap();
+    d.run_until_idle();
+    (d, model)
+}
+
+/// The array on the `n` members of `mm`, random data written through it (the model).
+fn array_on(mm: MemMembers, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>) {
     let keys: Vec<usize> = (0..n).collect();
     let mut d = start_array(mm, &keys, seed);
     let size = d.engine.engine().size_bytes() as usize;
@@ -302,22 +326,28 @@ fn a_raid5_and_a_raid6_grow_while_serving_reads_and_writes() {
 #[test]
 fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
     // A grow by a member, a chunk change (64 KiB to 32 KiB) and a layout change on the same
-    // members.
+    // members; restripes with room only after the data (backwards) last.
     let cases = [
-        (5, 4, None, None),
-        (6, 5, None, None),
-        (5, 4, Some(64u64), None),
-        (5, 4, None, Some("right-asymmetric")),
-        (6, 5, None, Some("right-symmetric")),
-        (5, 4, None, Some("raid6")),
+        (5, 4, None, None, false),
+        (6, 5, None, None, false),
+        (5, 4, Some(64u64), None, false),
+        (5, 4, None, Some("right-asymmetric"), false),
+        (6, 5, None, Some("right-symmetric"), false),
+        (5, 4, None, Some("raid6"), false),
+        (5, 4, Some(64u64), None, true),
+        (6, 5, None, Some("right-symmetric"), true),
     ];
-    for (level, n, to_chunk, to_layout) in cases {
+    for (level, n, to_chunk, to_layout, room_after) in cases {
         let raid6 = to_layout == Some("raid6");
         let restripe = (to_chunk.is_some() || to_layout.is_some()) && !raid6;
         let disks = if restripe { n } else { n + 1 };
         for cut in 0..8u64 {
             let seed = 40 + cut;
-            let (mut d, mut model) = array_with_spare(level, n, seed);
+            let (mut d, mut model) = if room_after {
+                array_with_room_after(level, n, seed)
+            } else {
+                array_with_spare(level, n, seed)
+            };
             let size = model.len() as u64;
             match (to_chunk, to_layout) {
                 (Some(c), _) => change_chunk(&mut d, c),
@@ -337,16 +367,28 @@ fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
                 clients.issue(&mut d, size);
                 d.engine.unplug(d.now_ns);
                 step_slow_metadata(&mut d, steps);
-                let pos = d.engine.reshape_progress().map_or(0, |(p, _)| p * 512);
+                let geo = d.engine.reshape_geometry().cloned();
+                let pos = geo.as_ref().map_or(0, |g| g.position_sectors * 512);
                 let near = (pos.saturating_sub(4 << 20), pos + (4 << 20));
                 let written = clients.collect(&mut d, &mut model);
-                // A write acknowledged below the checkpoint went to the new layout: the
-                // superblocks on the members must already say so (else a restart would
-                // copy the window again from the old layout, over it).
-                if let Some((p, _)) = d.engine.reshape_progress() {
-                    let durable = (0..=n).map(|m| d.members.superblock(m).reshape_position).max().unwrap();
-                    for w in written.iter().filter(|w| w.1 <= p * 512) {
-                        assert!(w.1 <= durable * 512, "raid{level}: write {w:?} acknowledged in the new layout past the durable checkpoint {durable}");
+                // A write acknowledged on the new layout's side of the checkpoint (below
+                // it forwards, at and above it backwards): the superblocks on the members
+                // must already say so (else a restart would copy the window again from
+                // the old layout, over it).
+                if let Some(g) = d.engine.reshape_geometry() {
+                    assert_eq!(g.backwards, room_after, "raid{level}: the direction mdadm would take");
+                    let positions = (0..=n).map(|m| d.members.superblock(m).reshape_position);
+                    let p = g.position_sectors * 512;
+                    if g.backwards {
+                        let durable = positions.min().unwrap() * 512;
+                        for w in written.iter().filter(|w| w.1 >= p) {
+                            assert!(w.1 >= durable, "raid{level}: write {w:?} acknowledged in the new layout below the durable checkpoint {durable}");
+                        }
+                    } else {
+                        let durable = positions.max().unwrap() * 512;
+                        for w in written.iter().filter(|w| w.1 <= p) {
+                            assert!(w.1 <= durable, "raid{level}: write {w:?} acknowledged in the new layout past the durable checkpoint {durable}");
+                        }
                     }
                 }
                 steps += 1;
@@ -600,6 +642,70 @@ fn a_layout_change_while_serving_reads_and_writes() {
         let mut again = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 100);
         assert!(!again.engine.is_reshaping());
         assert_eq!(again.engine.engine().geometry().layout, want, "{what}");
+        assert!(read_all(&mut again, size) == model, "{what}: after assembly");
+    }
+}
+
+#[test]
+fn a_restripe_with_room_only_after_the_data_runs_backwards_while_serving() {
+    use uraid_core::geometry::parse_layout;
+    let cases = [
+        (5, 4, Some(256u64), None, 21u64),
+        (6, 5, None, Some("right-asymmetric"), 22),
+        (5, 3, Some(64), None, 23),
+    ];
+    for (level, n, chunk, layout, seed) in cases {
+        let (mut d, mut model) = array_with_room_after(level, n, seed);
+        let size = model.len() as u64;
+        let what = format!("raid{level} of {n}, chunk {chunk:?} layout {layout:?}");
+        start_reshape(
+            &mut d,
+            GrowRequest { chunk_sectors: chunk, layout: layout.map(String::from), ..Default::default() },
+        );
+        while !d.members.superblock(0).has(feature::RESHAPE_ACTIVE) {
+            assert!(d.step(), "{what}: the start's superblock round");
+        }
+        let sb = d.members.superblock(0);
+        assert!(sb.has(feature::RESHAPE_BACKWARDS) && sb.has(feature::NEW_OFFSET), "{what}: {sb:?}");
+        assert!(sb.new_offset > 0 && sb.data_offset == 0, "{what}: the data moves up: {sb:?}");
+        assert_eq!(
+            sb.reshape_position * 512,
+            size,
+            "{what}: md starts a backwards reshape at the array's end"
+        );
+        // Serve, watching the checkpoint on the members fall.
+        let mut clients = Clients::new(seed * 77);
+        let mut positions = vec![sb.reshape_position];
+        while d.engine.is_reshaping() {
+            clients.issue(&mut d, size);
+            d.engine.unplug(d.now_ns);
+            assert!(d.step() || d.engine.is_reshaping(), "the driver stalled");
+            let _ = clients.collect(&mut d, &mut model);
+            let sb = d.members.superblock(0);
+            if sb.has(feature::RESHAPE_ACTIVE) && Some(&sb.reshape_position) != positions.last() {
+                positions.push(sb.reshape_position);
+            }
+        }
+        while !clients.out.is_empty() {
+            d.run_until_idle();
+            let _ = clients.collect(&mut d, &mut model);
+        }
+        assert!(positions.len() > 3 && positions.windows(2).all(|w| w[1] < w[0]), "{what}: {positions:?}");
+        let geo = d.engine.engine().geometry().clone();
+        let lvl = geo.level;
+        assert_eq!(geo.chunk_sectors, chunk.unwrap_or(128), "{what}");
+        assert_eq!(geo.layout, layout.map_or(2, |l| parse_layout(lvl, l).unwrap()), "{what}");
+        assert_eq!(d.engine.engine().size_bytes(), size, "{what}: a restripe keeps the size");
+        assert!(read_all(&mut d, size) == model, "{what}: data");
+        d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+        d.run_until_idle();
+        assert_eq!(d.engine.engine().mismatch_cnt(), 0, "{what}: md's check after the restripe");
+        let sb = d.members.superblock(0);
+        assert!(!sb.has(feature::RESHAPE_ACTIVE) && !sb.has(feature::RESHAPE_BACKWARDS), "{what}: {sb:?}");
+        assert!(sb.data_offset > 0 && sb.data_offset + sb.data_size <= sb.super_offset, "{what}: {sb:?}");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut again = start_array(members, &(0..=n).collect::<Vec<_>>(), seed + 100);
+        assert!(!again.engine.is_reshaping());
         assert!(read_all(&mut again, size) == model, "{what}: after assembly");
     }
 }

@@ -347,7 +347,7 @@ fn finish(
     let names: Vec<String> = devs.iter().map(|d| d.path.display().to_string()).collect();
     let mut devices = Devices::new(devs, off.io_delay)?;
     let (from, to) = (run.geometry().previous.raid_disks, n);
-    let end = run.end_sectors().max(1);
+    let end = run.total_sectors().max(1);
     let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut windows = 0usize;
     loop {
@@ -364,10 +364,10 @@ fn finish(
                 )
             })?;
         windows += 1;
-        let pos = run.position_sectors();
+        let done = run.done_sectors();
         if tty {
             use std::io::Write;
-            let frac = pos as f64 / end as f64;
+            let frac = done as f64 / end as f64;
             let filled = (frac * 40.0) as usize;
             print!("\rreshape [{}{}] {:5.1}%", "#".repeat(filled), "-".repeat(40 - filled), frac * 100.0);
             let _ = std::io::stdout().flush();
@@ -379,7 +379,7 @@ fn finish(
     if tty {
         println!();
     }
-    // The reshape covers every stripe of the new layout: its end is the new array size.
+    // The reshape covers every stripe of the new layout: its size is the array's now.
     let next = &run.geometry().next;
     let what = if from == to {
         format!("reshape to {}", shape(next.level, to, next.layout, next.chunk_sectors))
@@ -388,8 +388,8 @@ fn finish(
     };
     println!(
         "uraid: {what} done: the array is now {} ({} sectors)",
-        crate::array::report::binary_bytes(run.end_sectors() * 512),
-        run.end_sectors()
+        crate::array::report::binary_bytes(next.array_sectors() * 512),
+        next.array_sectors()
     );
     println!("next: uraid serve {}", names.join(" "));
     Ok(())

@@ -17,9 +17,15 @@ use uraid_core::meta::{feature, plan_assembly, AssembleOptions, OfferedMember, S
 use uraid_core::reshape::run::{continue_reshape, ReshapeMembers, ReshapeProgress, ReshapeRun};
 use uraid_core::reshape::start::{start_grow, GrowMember};
 
+/// A member's superblock wherever its version keeps it: 4 KiB in (1.2), or 8 to 12 KiB
+/// before the end, 4 KiB aligned (1.0, md's `super_1_load`).
 fn read_sb(p: &Path) -> Superblock {
     let b = std::fs::read(p).unwrap();
-    Superblock::parse(&b[4096..8192], 8).unwrap()
+    if let Ok(sb) = Superblock::parse(&b[4096..8192], 8) {
+        return sb;
+    }
+    let at = ((b.len() as u64 / 512 - 16) & !7) as usize;
+    Superblock::parse(&b[at * 512..at * 512 + 4096], at as u64).unwrap()
 }
 
 /// Member images md left mid-grow, and what md said of the array before the grow.
@@ -840,4 +846,92 @@ fn a_grow_with_an_internal_bitmap_is_carried_on_by_either_side() {
     assert_eq!(sha, sha256_bytes(&data[..size_before]), "md finished uraid's grow with the writes:\n{out}");
     assert_eq!((size as usize, mismatch), (size_before / 3 * 4, 0), "{out}");
     assert!(out.contains("Intent Bitmap : Internal"), "the bitmap stays:\n{out}");
+}
+
+/// VM script lines: md makes a clean raid5 of four with the 1.0 superblock (at the end,
+/// data at 0) and a component size 4 MiB short of the 32 MiB members, fills it and says its
+/// size and sha256: a restripe then has room only after the data and runs backwards.
+fn md_make_room_after() -> String {
+    md_make_with(5, 4, "--size=28M").replace("--metadata=1.2", "--metadata=1.0")
+}
+
+/// md restripes backwards (a 1.0 array: the data offset moves up, RESHAPE_BACKWARDS, from
+/// the array's end down) and is stopped mid-way; uraid moves a few windows on and md
+/// finishes, and `uraid grow --continue` finishes md's. Then the other way: uraid starts a
+/// backwards restripe on an array md made, stops; md finishes it, and so does uraid.
+#[test]
+fn a_backwards_restripe_is_continued_by_uraid_and_by_md() {
+    let dir = TempDir::new("mdbackwards");
+    let images = member_files(&dir, 4);
+    let script = format!(
+        "{}echo 1 > /proc/sys/dev/raid/speed_limit_min\n\
+         echo 2000 > /proc/sys/dev/raid/speed_limit_max\n\
+         mdadm --grow /dev/md0 --chunk=128\n\
+         i=0\n\
+         while [ $i -lt 240 ]; do p=$(cat /sys/block/md0/md/reshape_position); \
+         [ \"$p\" != none ] && [ \"$p\" -le 150000 ] && break; sleep 1; i=$((i+1)); done\n\
+         echo frozen > /sys/block/md0/md/sync_action\n\
+         echo \"=== position $(cat /sys/block/md0/md/reshape_position)\"\n\
+         mdadm --stop /dev/md0\n",
+        md_make_room_after()
+    );
+    let (out, field) = md_run(&dir, &script, &images);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let sb = read_sb(&images[0]);
+    let end = size_before as u64 / 512;
+    assert!(
+        sb.has(feature::RESHAPE_ACTIVE) && sb.has(feature::RESHAPE_BACKWARDS) && sb.has(feature::NEW_OFFSET),
+        "md's backwards restripe:\n{out}\n{sb:?}"
+    );
+    assert!(sb.data_offset == 0 && sb.new_offset > 0, "the data moves up: {sb:?}");
+    assert!(sb.reshape_position > 0 && sb.reshape_position < end, "md stopped mid-way: {sb:?}");
+
+    // (a) uraid moves a few windows down from md's checkpoint and stops; md finishes.
+    let partial = TempDir::new("mdbackwards-partial");
+    let part = copies(&images, &partial);
+    let got = uraid_continue(&part, Some(3));
+    let ReshapeProgress::Checkpointed { position_sectors } = got else { panic!("{got:?}") };
+    assert!(position_sectors < sb.reshape_position, "uraid moved windows down: {position_sectors}");
+    assert_eq!(read_sb(&part[3]).reshape_position, position_sectors, "the checkpoint is on disk");
+    let (sha, size, mismatch, out) = md_after(&partial, &part, size_before);
+    assert_eq!(sha, sha_before, "md finished uraid's checkpoint with the data intact:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+
+    // (b) `uraid grow --continue` finishes md's; md assembles and checks it.
+    let o = uraid(&[&["grow", "--continue"][..], &paths(&images)].concat());
+    assert!(text(&o).contains("128K chunk"), "{}", ok(o, "uraid grow --continue"));
+    let sb = read_sb(&images[0]);
+    assert!(!sb.has(feature::RESHAPE_ACTIVE) && sb.data_offset > 0, "{sb:?}");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Chunk Size : 128K"), "{out}");
+
+    // uraid starts one on an array md made (1.0, room after only): backwards as mdadm's.
+    let dir = TempDir::new("uraidbackwards");
+    let images = member_files(&dir, 4);
+    let (out, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make_room_after()), &images);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let o = uraid(
+        &[&["grow", "--layout", "right-asymmetric", "--debug-stop-after-windows", "3"][..], &paths(&images)]
+            .concat(),
+    );
+    assert!(!o.status.success(), "{out}\n{}", text(&o));
+    let sb = read_sb(&images[0]);
+    assert!(sb.has(feature::RESHAPE_ACTIVE) && sb.has(feature::RESHAPE_BACKWARDS), "{sb:?}");
+    assert!(sb.new_offset > 0 && sb.reshape_position > 0, "{sb:?}");
+    assert!(sb.reshape_position < size_before as u64 / 512, "windows were moved: {sb:?}");
+    let partial = TempDir::new("uraidbackwards-partial");
+    let part = copies(&images, &partial);
+    let (sha, size, mismatch, out) = md_after(&partial, &part, size_before);
+    assert_eq!(sha, sha_before, "md finished uraid's backwards restripe with the data intact:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Layout : right-asymmetric"), "{out}");
+    ok(uraid(&[&["grow", "--continue"][..], &paths(&images)].concat()), "uraid grow --continue");
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Layout : right-asymmetric"), "{out}");
 }

@@ -88,7 +88,7 @@ fn may_run(
     // in the old parity slot), recovered at least as far as the checkpoint.
     for (slot, s) in states.iter().enumerate() {
         let MemberState::Recovering { recovery_offset_sectors } = *s else { continue };
-        if !recovered_by_reshape(geo, slot) {
+        if !recovered_by_reshape(geo, slot) || geo.backwards {
             return Err(unsupported(&format!("a reshape while slot {slot} is being recovered")));
         }
         if recovery_offset_sectors < geo.position_sectors / n.data_disks() as u64 {
@@ -151,7 +151,7 @@ impl Array {
         let r = self.reshaping.as_deref()?;
         let (t0, p0) = r.began?;
         let secs = self.now_ns.saturating_sub(t0) as f64 / 1e9;
-        (secs >= 1.0).then(|| r.run.position_sectors().saturating_sub(p0) as f64 / secs)
+        (secs >= 1.0).then(|| r.run.done_sectors().saturating_sub(p0) as f64 / secs)
     }
 
     /// A resync is owed: the engine's, or one a reshape holds until it is done (md
@@ -170,9 +170,10 @@ impl Array {
         self.reshaping.as_deref().map(|r| r.run.geometry())
     }
 
-    /// The reshape's checkpoint and end, in array sectors of the next layout, while one runs.
+    /// The reshape's sectors moved and its whole extent, array sectors of the next layout,
+    /// while one runs (forwards the first is the checkpoint).
     pub fn reshape_progress(&self) -> Option<(u64, u64)> {
-        self.reshaping.as_ref().map(|r| (r.run.position_sectors(), r.run.end_sectors()))
+        self.reshaping.as_ref().map(|r| (r.run.done_sectors(), r.run.total_sectors()))
     }
 
     // ---- routing ------------------------------------------------------------------------
@@ -202,10 +203,15 @@ impl Array {
             return Ok(());
         }
         let pos = r.run.position_sectors();
-        if span.1 <= pos {
+        // md's ahead_of_reshape: forwards the next layout holds what lies below the
+        // checkpoint, backwards what lies at and above it.
+        let backwards = r.run.geometry().backwards;
+        let (next_only, prev_only) =
+            if backwards { (span.0 >= pos, span.1 <= pos) } else { (span.1 <= pos, span.0 >= pos) };
+        if next_only {
             return engine.submit(req, now);
         }
-        if span.0 >= pos {
+        if prev_only {
             let id = req.id;
             r.prev.as_deref_mut().expect("the previous engine").submit(req, now)?;
             r.prev_spans.insert(id, span);
@@ -238,13 +244,14 @@ impl Array {
         r.parts.insert(req.id, Parts { parent: req.id, left: 2, error: None, data });
         let above = pieces.pop().expect("two pieces");
         let below = pieces.pop().expect("two pieces");
-        if let Err(SubmitError::Busy(p)) = engine.submit(below, now) {
+        let (to_next, to_prev) = if backwards { (above, below) } else { (below, above) };
+        if let Err(SubmitError::Busy(p)) = engine.submit(to_next, now) {
             r.waiting.push_back(p);
         }
-        let (id, above_span) = (above.id, span_of(&above));
-        match r.prev.as_deref_mut().expect("the previous engine").submit(above, now) {
+        let (id, prev_span) = (to_prev.id, span_of(&to_prev));
+        match r.prev.as_deref_mut().expect("the previous engine").submit(to_prev, now) {
             Ok(()) => {
-                r.prev_spans.insert(id, above_span);
+                r.prev_spans.insert(id, prev_span);
             }
             Err(SubmitError::Busy(p)) => r.waiting.push_back(p),
         }
@@ -835,7 +842,7 @@ impl Array {
                     return true;
                 };
                 r.window_started_ns = now;
-                r.began.get_or_insert((now, w.start_sectors));
+                r.began.get_or_insert((now, r.run.done_sectors()));
                 r.step = Step::Draining(w);
                 true
             }
@@ -887,12 +894,15 @@ impl Array {
             }
             Step::Flushing(w) => {
                 r.step = Step::Checkpointing(w);
-                self.sbs.set_reshape_position(w.end_sectors);
+                let position = r.run.position_after(w);
+                self.sbs.set_reshape_position(position);
                 // md's reshape_request: a member not in sync is recovered as far as the
-                // checkpoint (raid5 to raid6's Q).
-                let rows = w.end_sectors / r.run.geometry().next.data_disks() as u64;
-                for slot in 0..r.run.geometry().next.raid_disks {
-                    self.sbs.record_recovery_offset(slot, rows);
+                // checkpoint (raid5 to raid6's Q; forwards only, see `may_run`).
+                if !r.run.geometry().backwards {
+                    let rows = position / r.run.geometry().next.data_disks() as u64;
+                    for slot in 0..r.run.geometry().next.raid_disks {
+                        self.sbs.record_recovery_offset(slot, rows);
+                    }
                 }
                 self.write_superblocks_then(Some(AfterRound::Reshape));
                 true

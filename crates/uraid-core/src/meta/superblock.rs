@@ -624,6 +624,22 @@ impl Superblock {
         }
     }
 
+    /// A reshape is recorded and has not moved a stripe yet: `reshape_position` where md
+    /// starts it, 0 forwards, the array's end backwards (`raid5_size` of the array; md
+    /// reshapes backwards only with the same members, see RESHAPE_BACKWARDS).
+    pub fn reshape_not_begun(&self) -> bool {
+        if !self.has(feature::RESHAPE_ACTIVE) {
+            return false;
+        }
+        if !self.has(feature::RESHAPE_BACKWARDS) {
+            return self.reshape_position == 0;
+        }
+        let chunk = u64::from(self.chunksize.max(self.new_chunk).max(1));
+        let parity = if self.level == 6 { 2 } else { 1 };
+        let data = u64::from(self.raid_disks).saturating_sub(parity);
+        self.reshape_position == (self.size & !(chunk - 1)) * data
+    }
+
     /// data_offset after a reshape that moves the data (`NEW_OFFSET`), else data_offset.
     pub fn new_data_offset(&self) -> i128 {
         let mut off = i128::from(self.data_offset);

@@ -196,6 +196,50 @@ impl ReshapeGeometry {
                 || self.new_data_offset_sectors[m] + write_end <= self.data_offset_sectors[m] + read_start
         })
     }
+
+    /// First member sector (relative to `new_data_offset`) of the next layout's rows for
+    /// array sectors at or above `sector` (a stripe boundary of the next layout).
+    fn next_row_start(&self, sector: u64) -> u64 {
+        let stripe_data = self.next.chunk_sectors * self.next.data_disks() as u64;
+        (sector / stripe_data) * self.next.chunk_sectors
+    }
+
+    /// Member sectors (relative to `data_offset`) the previous layout uses for array
+    /// sectors below `sector`.
+    fn previous_rows_end(&self, sector: u64) -> u64 {
+        let stripe_data = self.previous.chunk_sectors * self.previous.data_disks() as u64;
+        sector.div_ceil(stripe_data) * self.previous.chunk_sectors
+    }
+
+    /// The same rule for a backwards reshape (md's RESHAPE_BACKWARDS: the data offset moved
+    /// up, stripes moved from the end down): may the next layout hold [from, end) while the
+    /// superblocks record only `safe_sectors` (at or above `from`)? True when, on every
+    /// member both layouts use, the lowest device sector written for the next layout stays
+    /// at or above the highest one the previous layout still needs (its data below
+    /// `safe_sectors`).
+    pub fn backwards_write_is_safe(&self, safe_sectors: u64, from_sectors: u64) -> bool {
+        if !self.backwards {
+            return false;
+        }
+        let write_start = self.next_row_start(from_sectors);
+        let read_end = self.previous_rows_end(safe_sectors);
+        (0..self.new_data_offset_sectors.len()).all(|m| {
+            let both = m < self.previous.raid_disks && m < self.next.raid_disks;
+            !both || self.new_data_offset_sectors[m] + write_start >= self.data_offset_sectors[m] + read_end
+        })
+    }
+
+    /// May the next stripe from the checkpoint be written, in the reshape's direction
+    /// (md's `run`: "reshape_position too early for auto-recovery" when not)?
+    pub fn next_stripe_is_safe(&self) -> bool {
+        let stripe = self.next.chunk_sectors.max(self.previous.chunk_sectors) * self.next.data_disks() as u64;
+        let p = self.position_sectors;
+        if self.backwards {
+            p >= stripe && self.backwards_write_is_safe(p, p - stripe)
+        } else {
+            self.forwards_write_is_safe(p, p + stripe)
+        }
+    }
 }
 
 /// Why a reshape cannot be taken on: what was wrong, what to do.

@@ -1,10 +1,12 @@
-//! Continuing a forwards reshape, one window at a time, as md's `reshape_request` does:
-//! the window's data is read in the previous layout (at `data_offset`), written as whole
+//! Continuing a reshape, one window at a time, as md's `reshape_request` does: the
+//! window's data is read in the previous layout (at `data_offset`), written as whole
 //! stripes of the next layout with their parity (at `new_data_offset`), made durable,
-//! and only then is `reshape_position` advanced in every superblock. A window never
-//! reaches, on any member, old data above the last checkpoint (md's `reshape_safe`), so a
-//! crash at any point leaves superblocks md or uraid resumes from with nothing lost: the
-//! window after the checkpoint is simply copied again.
+//! and only then is `reshape_position` moved past it in every superblock. Forwards (the
+//! data offset moved down) windows go up from 0; backwards (md's RESHAPE_BACKWARDS: the
+//! data offset moved up, where no room lies before the data) they go down from the end.
+//! A window never reaches, on any member, old data the last checkpoint still needs (md's
+//! `reshape_safe`), so a crash at any point leaves superblocks md or uraid resumes from
+//! with nothing lost: the window next to the checkpoint is simply copied again.
 //!
 //! Pure: the caller performs the reads, writes, flushes and superblock writes in this
 //! order for each window: reads, writes, flush of every member, superblocks, flush.
@@ -28,7 +30,7 @@ pub struct WindowWrite {
     pub data: Vec<u8>,
 }
 
-/// A forwards reshape being continued from its checkpoint.
+/// A reshape being continued from its checkpoint.
 #[derive(Clone, Debug)]
 pub struct ReshapeRun {
     /// `position_sectors` is the checkpoint: what the superblocks record as moved.
@@ -37,14 +39,14 @@ pub struct ReshapeRun {
 
 impl ReshapeRun {
     /// Continue `geo` from its position. Refused, with nothing started, for what the
-    /// window rule does not cover: a backwards reshape, one that loses data members, a
-    /// level change other than between raid6 layouts (raid5 to raid6 goes through md's
-    /// takeover first), or a checkpoint from which the next stripe cannot be written
-    /// safely.
+    /// window rule does not cover: one that loses data members (md's shrink, backwards
+    /// with fewer members), a backwards one that adds members, a level change other than
+    /// between raid6 layouts (raid5 to raid6 goes through md's takeover first), or a
+    /// checkpoint from which the next stripe cannot be written safely.
     pub fn new(geo: ReshapeGeometry) -> Result<ReshapeRun, String> {
         use super::unsupported;
-        if geo.backwards {
-            return Err(unsupported("continuing a backwards reshape"));
+        if geo.backwards && geo.next.raid_disks != geo.previous.raid_disks {
+            return Err(unsupported("continuing a backwards reshape that changes the number of members"));
         }
         if geo.previous.level != geo.next.level {
             return Err(unsupported(&format!(
@@ -77,13 +79,32 @@ impl ReshapeRun {
         self.geo.position_sectors
     }
 
-    /// md reshapes every stripe of the next layout, those past the old end zero-filled.
-    pub fn end_sectors(&self) -> u64 {
-        self.geo.next.array_sectors()
+    /// Array sectors the whole reshape moves: forwards every stripe of the next layout,
+    /// those past the old end zero-filled; backwards from the array's end (md's
+    /// `raid5_size` with the smaller layout) down to 0.
+    pub fn total_sectors(&self) -> u64 {
+        if self.geo.backwards {
+            self.geo.array_sectors()
+        } else {
+            self.geo.next.array_sectors()
+        }
+    }
+
+    /// Array sectors moved so far (below the checkpoint forwards, above it backwards).
+    pub fn done_sectors(&self) -> u64 {
+        if self.geo.backwards {
+            self.total_sectors().saturating_sub(self.geo.position_sectors)
+        } else {
+            self.geo.position_sectors
+        }
     }
 
     pub fn is_done(&self) -> bool {
-        self.geo.position_sectors >= self.end_sectors()
+        if self.geo.backwards {
+            self.geo.position_sectors == 0
+        } else {
+            self.geo.position_sectors >= self.total_sectors()
+        }
     }
 
     /// The unit windows are made of: a stripe of the next layout in chunks of the larger
@@ -94,37 +115,28 @@ impl ReshapeRun {
         chunk * self.geo.next.data_disks() as u64
     }
 
-    /// The next window: whole stripes of the next layout from the checkpoint, as many as
-    /// md's `reshape_safe` rule allows against it, at most `max_sectors` (at least one
-    /// stripe). None when done, or when not even one stripe is safe.
+    /// The next window: whole stripes of the next layout next to the checkpoint (above it
+    /// forwards, below it backwards), as many as md's `reshape_safe` rule allows against
+    /// it, at most `max_sectors` (at least one stripe). None when done, or when not even
+    /// one stripe is safe.
     pub fn next_window(&self, max_sectors: u64) -> Option<Window> {
-        let start = self.geo.position_sectors;
+        let at = self.geo.position_sectors;
         let stripe = self.stripe_data_sectors();
-        let end_max = self.end_sectors();
-        if start >= end_max || !self.geo.forwards_write_is_safe(start, start + stripe) {
+        let limit = max_sectors.max(stripe) / stripe;
+        if self.geo.backwards {
+            let fits = |n: u64| n * stripe <= at && self.geo.backwards_write_is_safe(at, at - n * stripe);
+            let n = largest_fitting(limit, fits)?;
+            return Some(Window { start_sectors: at - n * stripe, end_sectors: at });
+        }
+        let end_max = self.total_sectors();
+        if at >= end_max {
             return None;
         }
-        // Grow by doubling, then back off to the last safe size: the rule is monotone.
-        let limit = max_sectors.max(stripe) / stripe;
-        let mut n = 1u64;
-        while n < limit
-            && start + 2 * n * stripe <= end_max
-            && self.geo.forwards_write_is_safe(start, start + 2 * n * stripe)
-        {
-            n *= 2;
-        }
-        let mut step = n / 2;
-        while step > 0 {
-            let m = n + step;
-            if m <= limit
-                && start + m * stripe <= end_max
-                && self.geo.forwards_write_is_safe(start, start + m * stripe)
-            {
-                n = m;
-            }
-            step /= 2;
-        }
-        Some(Window { start_sectors: start, end_sectors: (start + n * stripe).min(end_max) })
+        let fits = |n: u64| {
+            (n == 1 || at + n * stripe <= end_max) && self.geo.forwards_write_is_safe(at, at + n * stripe)
+        };
+        let n = largest_fitting(limit, fits)?;
+        Some(Window { start_sectors: at, end_sectors: (at + n * stripe).min(end_max) })
     }
 
     /// The previous layout's pieces holding the window's data (array sectors below the
@@ -134,8 +146,9 @@ impl ReshapeRun {
         if w.start_sectors >= end {
             return Vec::new();
         }
-        // Mapped with the position at 0: all of it on the previous side.
-        let pieces = self.geo.map_range(w.start_sectors, end - w.start_sectors, 0);
+        // Mapped with the position past the window: all of it on the previous side.
+        let outside = if self.geo.backwards { u64::MAX } else { 0 };
+        let pieces = self.geo.map_range(w.start_sectors, end - w.start_sectors, outside);
         debug_assert!(pieces.iter().all(|(_, e)| e.side == Side::Previous));
         pieces
     }
@@ -182,11 +195,21 @@ impl ReshapeRun {
             .collect()
     }
 
-    /// The window's writes are durable on every member: the checkpoint moves to its end.
+    /// The window's writes are durable on every member: the checkpoint moves past it.
     /// The caller writes `checkpoint_superblock` to every member before the next window.
     pub fn advance(&mut self, w: Window) {
-        assert_eq!(w.start_sectors, self.geo.position_sectors, "windows are moved in order");
-        self.geo.position_sectors = w.end_sectors;
+        self.geo.position_sectors = self.position_after(w);
+    }
+
+    /// The checkpoint once `w` is moved: its far side in the reshape's direction.
+    pub fn position_after(&self, w: Window) -> u64 {
+        if self.geo.backwards {
+            assert_eq!(w.end_sectors, self.geo.position_sectors, "windows are moved in order");
+            w.start_sectors
+        } else {
+            assert_eq!(w.start_sectors, self.geo.position_sectors, "windows are moved in order");
+            w.end_sectors
+        }
     }
 
     /// A member's superblock recording the checkpoint (md's super_1_sync during a
@@ -196,7 +219,8 @@ impl ReshapeRun {
     pub fn checkpoint_superblock(&self, sb: &Superblock, events: u64, utime: u64) -> Superblock {
         let mut sb = sb.clone();
         sb.reshape_position = self.geo.position_sectors;
-        if sb.has(feature::RECOVERY_OFFSET) {
+        // (Forwards only: a backwards reshape with a member to recover is refused.)
+        if sb.has(feature::RECOVERY_OFFSET) && !self.geo.backwards {
             let rows = self.geo.position_sectors / self.geo.next.data_disks() as u64;
             sb.recovery_offset = sb.recovery_offset.max(rows);
         }
@@ -232,6 +256,26 @@ impl ReshapeRun {
         sb.utime = utime;
         sb
     }
+}
+
+/// The largest n in 1..=limit for which `fits` holds, `fits` being monotone (true up to
+/// some n, false above); None when not even 1 fits. Doubles, then backs off.
+fn largest_fitting(limit: u64, fits: impl Fn(u64) -> bool) -> Option<u64> {
+    if !fits(1) {
+        return None;
+    }
+    let mut n = 1u64;
+    while n < limit && fits(2 * n) {
+        n *= 2;
+    }
+    let mut step = n / 2;
+    while step > 0 {
+        if n + step <= limit && fits(n + step) {
+            n += step;
+        }
+        step /= 2;
+    }
+    Some(n.min(limit.max(1)))
 }
 
 /// The member devices a reshape is run on: absolute device sectors of each slot.
@@ -296,7 +340,7 @@ pub fn continue_reshape(
 }
 
 /// Members that missed the round starting the reshape (a cut inside it; assembly takes
-/// them back at position 0) get the array's reshape fields from the freshest superblock
+/// them back while nothing has moved) get the array's reshape fields from the freshest superblock
 /// that has them, so the next round does not write their old geometry again.
 fn adopt_the_reshape(superblocks: &mut [Superblock]) {
     let Some(fresh) =
@@ -306,7 +350,7 @@ fn adopt_the_reshape(superblocks: &mut [Superblock]) {
     };
     let fresh = fresh.clone();
     let reshape_bits = feature::RESHAPE_ACTIVE | feature::NEW_OFFSET | feature::RESHAPE_BACKWARDS;
-    if fresh.reshape_position != 0 {
+    if !fresh.reshape_not_begun() {
         return;
     }
     let missed = |sb: &Superblock| !sb.has(feature::RESHAPE_ACTIVE) && sb.events < fresh.events;
@@ -360,7 +404,7 @@ mod tests {
     /// a restart does.
     fn reshape_in_memory(level: Level, from: usize, room: u64, crash: bool) {
         let r = run(level, from, 0, room);
-        reshape_run_in_memory(r, room, crash);
+        reshape_run_in_memory(r, crash);
     }
 
     /// A reshape between `previous` and `next` (256-sector members, data at 1024, moved
@@ -368,19 +412,33 @@ mod tests {
     fn reshape_between(previous: Geometry, next: Geometry, room: u64, crash: bool) {
         let n = next.raid_disks;
         let geo = ReshapeGeometry::new(previous, next, 0, false, vec![1024; n], vec![1024 - room; n]);
-        reshape_run_in_memory(ReshapeRun::new(geo.unwrap()).unwrap(), room, crash);
+        reshape_run_in_memory(ReshapeRun::new(geo.unwrap()).unwrap(), crash);
     }
 
-    fn reshape_run_in_memory(mut r: ReshapeRun, room: u64, crash: bool) {
+    /// [`reshape_between`] backwards: the data offset moved up by `room`, md's restripe
+    /// where the room lies after the data, from the array's end down.
+    fn reshape_backwards_between(previous: Geometry, next: Geometry, room: u64, crash: bool) {
+        let n = next.raid_disks;
+        let end = previous.array_sectors().min(next.array_sectors());
+        let geo = ReshapeGeometry::new(previous, next, end, true, vec![1024; n], vec![1024 + room; n]);
+        reshape_run_in_memory(ReshapeRun::new(geo.unwrap()).unwrap(), crash);
+    }
+
+    fn reshape_run_in_memory(mut r: ReshapeRun, crash: bool) {
+        let new_off = r.geometry().new_data_offset_sectors[0];
+        let old_off = r.geometry().data_offset_sectors[0];
         let level = r.geometry().next.level;
         let old = r.geometry().previous.clone();
         let n = r.geometry().next.raid_disks;
         // 0xEE where the previous layout has no data: a new member, a missing Q.
-        let mut devs = vec![vec![0xEEu8; 2048 * 512]; n];
+        let g = r.geometry();
+        let dev_sectors = g.data_offset_sectors.iter().chain(&g.new_data_offset_sectors).max().unwrap()
+            + old.member_sectors[0].max(g.next.member_sectors[0]);
+        let mut devs = vec![vec![0xEEu8; (dev_sectors * 512) as usize]; n];
         let data: Vec<u8> = (0..old.array_sectors() * 512).map(|i| (i * 7 % 251) as u8).collect();
         for s in 0..old.array_sectors() {
             let (e, _) = old.map_sector(s);
-            let at = ((1024 + e.member_sector) * 512) as usize;
+            let at = ((old_off + e.member_sector) * 512) as usize;
             devs[e.member][at..at + 512].copy_from_slice(&data[(s * 512) as usize..][..512]);
         }
         let mut windows = 0;
@@ -409,7 +467,7 @@ mod tests {
         let next = r.geometry().next.clone();
         for s in 0..next.array_sectors() {
             let (e, _) = next.map_sector(s);
-            let at = ((1024 - room + e.member_sector) * 512) as usize;
+            let at = ((new_off + e.member_sector) * 512) as usize;
             let want: &[u8] =
                 if s < old.array_sectors() { &data[(s * 512) as usize..][..512] } else { &[0u8; 512] };
             assert_eq!(&devs[e.member][at..at + 512], want, "{level:?} sector {s}");
@@ -422,7 +480,7 @@ mod tests {
             let rg = 0..chunk_bytes;
             let bufs: Vec<Vec<u8>> = (0..n)
                 .map(|m| {
-                    let at = ((1024 - room + stripe * chunk) * 512) as usize;
+                    let at = ((new_off + stripe * chunk) * 512) as usize;
                     devs[m][at..at + chunk_bytes].to_vec()
                 })
                 .collect();
@@ -500,6 +558,52 @@ mod tests {
         let w = r.next_window(u64::MAX).unwrap();
         assert_eq!(w.end_sectors % 48, 0, "{w:?}");
         assert_eq!(r.next_window(1).unwrap().end_sectors, 48, "at least one stripe of 16-sector chunks");
+    }
+
+    #[test]
+    fn a_backwards_restripe_reads_back_with_consistent_parity_torn_or_not() {
+        let g = |level, n, layout, chunk| Geometry::new(level, n, layout, chunk, &vec![256; n]).unwrap();
+        use algorithm::{LEFT_SYMMETRIC as LS, RIGHT_ASYMMETRIC as RA};
+        for crash in [false, true] {
+            reshape_backwards_between(g(Level::Raid5, 4, LS, 8), g(Level::Raid5, 4, LS, 16), 16, crash);
+            reshape_backwards_between(g(Level::Raid5, 4, LS, 16), g(Level::Raid5, 4, LS, 8), 16, crash);
+            reshape_backwards_between(g(Level::Raid5, 3, LS, 8), g(Level::Raid5, 3, RA, 8), 8, crash);
+            reshape_backwards_between(g(Level::Raid6, 5, LS, 16), g(Level::Raid6, 5, RA, 8), 64, crash);
+        }
+    }
+
+    #[test]
+    fn md_s_backwards_chunk_change_of_a_1_0_array_torn_in_any_window_loses_nothing() {
+        // As md left it in the VM: raid5 of 4, 28 MiB used of each member, data at 0 moved
+        // up by 4096 sectors, 64 KiB chunks to 128 KiB.
+        let g =
+            |chunk| Geometry::new(Level::Raid5, 4, algorithm::LEFT_SYMMETRIC, chunk, &[57344; 4]).unwrap();
+        let end = g(128).array_sectors();
+        let geo = ReshapeGeometry::new(g(128), g(256), end, true, vec![0; 4], vec![4096; 4]).unwrap();
+        reshape_run_in_memory(ReshapeRun::new(geo).unwrap(), true);
+    }
+
+    #[test]
+    fn backwards_windows_go_down_from_the_end_and_never_overrun_the_checkpoint() {
+        let g = |chunk| Geometry::new(Level::Raid5, 4, algorithm::LEFT_SYMMETRIC, chunk, &[256; 4]).unwrap();
+        let end = g(8).array_sectors();
+        let geo = ReshapeGeometry::new(g(8), g(16), end, true, vec![1024; 4], vec![1024 + 16; 4]).unwrap();
+        let mut r = ReshapeRun::new(geo).unwrap();
+        assert_eq!((r.done_sectors(), r.total_sectors()), (0, end));
+        let mut last = end;
+        while let Some(w) = r.next_window(u64::MAX) {
+            assert_eq!(w.end_sectors, last, "each window ends where the last began");
+            assert!(r.geometry().backwards_write_is_safe(w.end_sectors, w.start_sectors));
+            if w.start_sectors >= 48 {
+                assert!(!r.geometry().backwards_write_is_safe(w.end_sectors, w.start_sectors - 48), "{w:?}");
+            }
+            r.advance(w);
+            last = w.start_sectors;
+        }
+        assert!(r.is_done() && r.position_sectors() == 0 && r.done_sectors() == end);
+        // No room after the data: not even the last stripe can move.
+        let tight = ReshapeGeometry::new(g(8), g(16), 48, true, vec![1024; 4], vec![1024; 4]).unwrap();
+        assert!(ReshapeRun::new(tight).unwrap_err().contains("no room"));
     }
 
     #[test]

@@ -86,6 +86,25 @@ fn earliest_data_sector(sb: &Superblock, bitmap_sectors: Option<u64>) -> u64 {
     earliest
 }
 
+/// The end of the space data may use on a member: the device's end (1.1/1.2), or where the
+/// structures md keeps at the end begin (1.0: the superblock, the bitmap and bad-block log
+/// before it).
+fn latest_data_end_sector(sb: &Superblock, bitmap_sectors: Option<u64>) -> u64 {
+    let mut latest = sb.data_offset.saturating_add(sb.data_size);
+    if sb.super_offset > sb.data_offset {
+        latest = latest.min(sb.super_offset);
+        if let (Some(start), Some(_)) = (sb.bitmap_sector(), bitmap_sectors) {
+            if start > sb.data_offset {
+                latest = latest.min(start);
+            }
+        }
+        if sb.has(feature::BAD_BLOCKS) && sb.bblog_size > 0 && sb.bblog_offset < 0 {
+            latest = latest.min(sb.super_offset.saturating_add_signed(i64::from(sb.bblog_offset)));
+        }
+    }
+    latest
+}
+
 /// The members (slot order) and spares of a whole, clean raid4/5/6 with no reshape or log
 /// that uraid does not yet move: its freshest superblock and level, or what mdadm or uraid
 /// needs first. `parity_slot_empty`: the last slot of a raid4 (or parity-last raid5) has
@@ -119,9 +138,6 @@ fn whole_clean_array<'a>(
             "the array keeps a partial parity log or journal",
             "switch it to resync first (mdadm --grow --consistency-policy=resync)",
         ));
-    }
-    if reference.super_offset != 8 {
-        return Err(refuse("only a 1.2 superblock has its data offset moved by uraid", "use mdadm --grow"));
     }
     let raid_disks = reference.raid_disks as usize - usize::from(parity_slot_empty);
     if superblocks.len() != raid_disks {
@@ -217,6 +233,10 @@ fn grow_superblocks(
     bitmap_sectors: Option<u64>,
 ) -> Result<(Vec<Superblock>, Vec<Superblock>, ReshapeGeometry), String> {
     let (reference, level) = whole_clean_array(superblocks, spares, parity_slot_empty, bitmap_sectors)?;
+    // A grow moves the data offset down, into room 1.0 (data at 0) and 1.1 lack.
+    if reference.super_offset != 8 {
+        return Err(refuse("only a 1.2 superblock has its data offset moved by uraid", "use mdadm --grow"));
+    }
     if new_members.is_empty() {
         return Err(refuse("no new member given", "give the devices to add"));
     }
@@ -384,10 +404,12 @@ pub fn choose_offset_sectors(lo: u64, hi: u64, min: u64, max: u64) -> u64 {
 /// The superblocks of a restripe of the array `superblocks` (slot order, whole, clean),
 /// its `spares` (returned second) and, for raid6, the new member (last of the first list),
 /// and the reshape they describe, as md records it once mdadm started it without a backup
-/// file: the data offset moves down by mdadm's choice (`set_new_data_offset` with no
-/// change in data members: the side with more room, here always before the data), every
-/// member at `reshape_position` 0. Write the new member's superblock first and flush it,
-/// then the others'. `bitmap_sectors`: as for [`start_grow_with_spares`].
+/// file: the data offset moves by mdadm's choice (`set_new_data_offset` with no change
+/// in data members: to the side with more room). Down when the room is before the data
+/// (1.1/1.2): forwards from `reshape_position` 0. Up when it is after (1.0, whose data
+/// starts at 0, or members with unused space at their end): backwards from the array's
+/// end (RESHAPE_BACKWARDS). Write the new member's superblock first and flush it, then
+/// the others'. `bitmap_sectors`: as for [`start_grow_with_spares`].
 pub fn start_restripe(
     superblocks: &[Superblock],
     spares: &[Superblock],
@@ -466,19 +488,31 @@ pub fn start_restripe(
         .map(|sb| sb.data_offset.saturating_sub(earliest_data_sector(sb, bitmap_sectors)))
         .min();
     let before = before.unwrap_or(0);
-    if before < min {
+    let after = all
+        .iter()
+        .chain(spares)
+        .map(|sb| latest_data_end_sector(sb, bitmap_sectors).saturating_sub(sb.data_offset + reference.size))
+        .min()
+        .unwrap_or(0);
+    // A raid5 to raid6 goes forwards only: its new Q member is recovered up to the
+    // checkpoint, which md counts from 0.
+    let backwards = (before < min || after > before) && after >= min && new_member.is_none();
+    if before < min && !backwards {
         return Err(refuse(
             &format!(
-                "a member has {before} sectors before its data, the restripe needs {min} to move the data offset \
-                 down (mdadm would need a backup file)"
+                "a member has {before} sectors before its data and {after} after it; the restripe needs {min} \
+                 on one side to move the data offset (mdadm would need a backup file)"
             ),
             "use mdadm --grow with --backup-file",
         ));
     }
-    let new_data_offset =
-        choose_offset_sectors(data_offset - before, data_offset, data_offset - before, data_offset - min);
-    let new_offset = i32::try_from(data_offset - new_data_offset)
-        .map(|m| -m)
+    let new_data_offset = if backwards {
+        let (lo, hi) = (data_offset + min, data_offset + after);
+        choose_offset_sectors(lo, hi, lo, hi)
+    } else {
+        choose_offset_sectors(data_offset - before, data_offset, data_offset - before, data_offset - min)
+    };
+    let new_offset = i32::try_from(i128::from(new_data_offset) - i128::from(data_offset))
         .map_err(|_| refuse("the offset change is too large", "use mdadm"))?;
     let max_dev = all
         .iter()
@@ -504,18 +538,26 @@ pub fn start_restripe(
         sb.new_layout = next_layout;
         sb.new_chunk = new_chunk as u32;
         sb.new_offset = new_offset;
-        sb.reshape_position = 0;
         sb.feature_map |= feature::RESHAPE_ACTIVE | feature::NEW_OFFSET;
+        if backwards {
+            sb.feature_map |= feature::RESHAPE_BACKWARDS;
+        }
         sb.events = events;
         sb.utime = utime;
     }
     let g =
         |layout, chunk| Geometry::new(prev_level, new_disks, layout, chunk, &vec![reference.size; new_disks]);
+    let (previous, next) = (g(prev_layout, chunk)?, g(next_layout, new_chunk)?);
+    // md's raid5_start_reshape: backwards from raid5_size, the smaller layout's end.
+    let position = if backwards { previous.array_sectors().min(next.array_sectors()) } else { 0 };
+    for sb in all.iter_mut().chain(spares.iter_mut()) {
+        sb.reshape_position = position;
+    }
     let geo = ReshapeGeometry::new(
-        g(prev_layout, chunk)?,
-        g(next_layout, new_chunk)?,
-        0,
-        false,
+        previous,
+        next,
+        position,
+        backwards,
         vec![data_offset; new_disks],
         vec![new_data_offset; new_disks],
     )?;

@@ -345,7 +345,7 @@ pub fn plan_assembly(
             && i64::from(sb.raid_disks) == i64::from(fresh.raid_disks) - i64::from(fresh.delta_disks);
         fresh.has(feature::RESHAPE_ACTIVE)
             && !sb.has(feature::RESHAPE_ACTIVE)
-            && fresh.reshape_position == 0
+            && fresh.reshape_not_begun()
             && sb.events.saturating_add(1) == fresh.events
             && sb.chunksize == fresh.chunksize
             && (same_shape || takeover(sb))

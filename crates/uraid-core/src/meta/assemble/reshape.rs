@@ -10,7 +10,9 @@ use crate::reshape::{unsupported, ReshapeGeometry};
 /// member whose slots have `data_offsets`/`new_data_offsets` (device sectors, per slot of
 /// the new count). Only what uraid handles is accepted: a raid4/5/6 growing by members or
 /// changing its chunk or (raid5/6; raid5-to-raid6 after md's takeover is a raid6 layout
-/// change) its layout, forwards, same level, with a moved data offset (no backup file).
+/// change) its layout, same level, with a moved data offset (no backup file): forwards,
+/// or backwards (RESHAPE_BACKWARDS, which md writes only when the members stay the same:
+/// a restripe whose data offset moved up).
 pub(crate) fn from_superblock(
     sb: &Superblock,
     member_sectors: u64,
@@ -38,13 +40,18 @@ pub(crate) fn from_superblock(
     }
     let delta = sb.delta_disks;
     if delta < 0 {
-        return Err(unsupported(&format!("a reshape by {delta} members (only growing is handled)")));
+        return Err(unsupported(&format!(
+            "a reshape by {delta} members (a shrink; only growing is handled)"
+        )));
     }
     if delta == 0 && sb.new_layout == sb.layout && sb.new_chunk == sb.chunksize {
         return Err(unsupported("a reshape that changes neither members, layout nor chunk"));
     }
-    if sb.has(feature::RESHAPE_BACKWARDS) {
-        return Err(unsupported("a backwards reshape (RESHAPE_BACKWARDS)"));
+    // md's super_1_validate: backwards when delta_disks < 0 (refused above) or the bit is
+    // set, which super_1_sync writes only with delta_disks 0.
+    let backwards = sb.has(feature::RESHAPE_BACKWARDS);
+    if backwards && delta != 0 {
+        return Err(unsupported(&format!("a backwards reshape by {delta} members")));
     }
     if !sb.has(feature::NEW_OFFSET) {
         return Err(unsupported(
@@ -62,11 +69,18 @@ pub(crate) fn from_superblock(
     let member_sectors = member_sectors & !(chunk.max(new_chunk).max(1) - 1);
     let prev = Geometry::new(level, previous_disks, sb.layout, chunk, &vec![member_sectors; previous_disks])?;
     let next = Geometry::new(level, next_disks, sb.new_layout, new_chunk, &vec![member_sectors; next_disks])?;
-    let r = ReshapeGeometry::new(prev, next, sb.reshape_position, false, data_offsets, new_data_offsets)?;
+    let r = ReshapeGeometry::new(prev, next, sb.reshape_position, backwards, data_offsets, new_data_offsets)?;
+    if backwards && r.position_sectors > r.array_sectors() {
+        return Err(format!(
+            "reshape_position {} lies beyond the array ({} sectors) of a backwards reshape",
+            r.position_sectors,
+            r.array_sectors()
+        ));
+    }
     // raid5.c run(): "reshape_position too early for auto-recovery": the next stripe of
     // the new layout must be writable without touching what the previous layout holds.
-    let next_stripe = r.next.chunk_sectors.max(r.previous.chunk_sectors) * r.next.data_disks() as u64;
-    if !r.forwards_write_is_safe(r.position_sectors, r.position_sectors + next_stripe) {
+    // (Backwards at 0 the reshape is done but for its last superblock round.)
+    if (r.position_sectors != 0 || !backwards) && !r.next_stripe_is_safe() {
         return Err(unsupported(
             "the reshape's new layout overlaps data not yet copied (md would need mdadm's backup \
              file)",
