@@ -75,6 +75,15 @@ impl MemberRt {
         })
     }
 
+    /// Data-relative sectors strictly inside `(sector, sector + len)` where a listed range
+    /// begins or ends, in order.
+    pub fn bad_block_edges(&self, sector: u64, len: u64) -> Vec<u64> {
+        let first = self.data_offset_bytes / SECTOR_BYTES;
+        self.bad_blocks
+            .as_ref()
+            .map_or_else(Vec::new, |bb| bb.edges_within(first + sector, len).map(|e| e - first).collect())
+    }
+
     /// May `[sector, sector + len)` be read here: readable and none of it listed bad.
     pub fn readable_range(&self, sector: u64, len: u64) -> bool {
         self.readable(sector + len.max(1) - 1) && !self.has_bad_block(sector, len)

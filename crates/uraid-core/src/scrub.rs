@@ -126,6 +126,32 @@ impl Mddev {
         pieces
     }
 
+    /// `sync_pieces`, cut again where a copy's listed range begins or ends: a listed copy is
+    /// left out of its listed sectors only, as md ends a sync request at `first_bad`.
+    fn scrub_pieces(&self, start: u64, end: u64) -> Vec<(u64, u64, Vec<Extent>)> {
+        let mut out = Vec::new();
+        for (pos, n, copies) in self.sync_pieces(start, end) {
+            let mut cuts: Vec<u64> = copies
+                .iter()
+                .flat_map(|c| {
+                    let m = &self.members[c.member];
+                    m.bad_block_edges(c.member_sector, n).into_iter().map(move |e| e - c.member_sector)
+                })
+                .chain([n])
+                .collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut a = 0;
+            for b in cuts {
+                let part =
+                    copies.iter().map(|c| Extent { member_sector: c.member_sector + a, ..*c }).collect();
+                out.push((pos + a, b - a, part));
+                a = b;
+            }
+        }
+        out
+    }
+
     /// Can every copy of array sectors [start, end) be read and rewritten (in sync, none
     /// of it listed bad)? Then a resync unit compares the copies as a scrub does.
     pub(crate) fn direct_copies_whole(&self, start: u64, end: u64) -> bool {
@@ -145,7 +171,7 @@ impl Mddev {
         end: u64,
         kind: OnMismatch,
     ) -> UnitStart {
-        let pieces = self.sync_pieces(start, end);
+        let pieces = self.scrub_pieces(start, end);
         let unreadable = pieces.iter().any(|(_, n, copies)| {
             copies.iter().any(|c| !self.members[c.member].readable(c.member_sector + n - 1))
         });

@@ -421,3 +421,39 @@ fn a_replacement_never_copies_a_range_its_member_lists_bad() {
         );
     }
 }
+
+/// md's raid1/10 sync_request ends a check or repair request where a copy's listed range
+/// begins (`good_sectors = first_bad - sector_nr`), so that copy is still read and compared
+/// up to it. Before, a copy listed bad anywhere in a unit was left out of the whole unit:
+/// check counted nothing, and repair took the next copy as the reference there and wrote a
+/// flip on it over the first copy too (`uraid sim --seed 96000762 --profile ssd-sata`).
+#[test]
+fn a_scrub_compares_the_copies_up_to_a_range_listed_bad_in_the_same_unit() {
+    for g in arrays().into_iter().filter(|g| matches!(g.level, Level::Raid1 | Level::Raid10)) {
+        let ctx = format!("{:?}", g.level);
+        let mut d = driver(&g, 9);
+        let bytes = g.array_bytes() as usize;
+        let model = write_whole(&mut d, bytes, 11);
+        // Member 0 lists sectors 100-104 (its data there is good; only the listing counts);
+        // member 1, its mirror, gets bits flipped at 96-100, in the same chunk and unit.
+        d.engine.set_bad_blocks(0, listed(100, 4));
+        for at in (96..100).map(|s| (DATA_OFFSET + s * 512 + 7) as usize) {
+            d.members.images[1][at] ^= 0x5a;
+        }
+
+        d.engine.start_scrub(ScrubKind::Check, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        run_sync_to_end(&mut d, &ctx);
+        assert!(d.engine.mismatch_cnt() > 0, "{ctx}: check found nothing although the copies disagree");
+
+        d.engine.start_scrub(ScrubKind::Repair, d.now_ns).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        run_sync_to_end(&mut d, &ctx);
+        assert!(d.engine.mismatch_cnt() > 0, "{ctx}: repair found nothing although the copies disagree");
+        assert!(d.engine.member_states().iter().all(|s| *s == MemberState::InSync), "{ctx}");
+        let copy = |m: usize| d.members.images[m][DATA_OFFSET as usize..].to_vec();
+        assert!(copy(0) == copy(1), "{ctx}: after the repair the copies still disagree");
+        assert!(
+            read_all(&mut d, bytes).unwrap() == model,
+            "{ctx}: the repair spread the flip over the first copy"
+        );
+    }
+}

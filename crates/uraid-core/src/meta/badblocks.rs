@@ -232,6 +232,18 @@ impl BadBlocks {
         self.ranges.get(i).is_some_and(|&(a, _)| a < end)
     }
 
+    /// Where a listed range begins or ends strictly inside `(sector, sector + sectors)`,
+    /// in order: the places md's sync_request cuts a request at (`first_bad`, `min_bad`).
+    pub fn edges_within(&self, sector: u64, sectors: u64) -> impl Iterator<Item = u64> + '_ {
+        let end = sector.saturating_add(sectors);
+        let i = self.ranges.partition_point(|&(_, z)| z <= sector);
+        self.ranges[i..]
+            .iter()
+            .take_while(move |&&(a, _)| a < end)
+            .flat_map(|&(a, z)| [a, z])
+            .filter(move |&e| sector < e && e < end)
+    }
+
     /// mdadm --examine-badblocks's listing for `devname`.
     pub fn examine_text(&self, devname: &str) -> String {
         let mut s = format!("Bad-blocks on {devname}:\n");
