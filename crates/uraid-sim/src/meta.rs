@@ -47,7 +47,8 @@ pub fn create_on_disks(
         p.chunk_kib = Some((geo.chunk_sectors / 2) as u32);
     }
     if geo.level != Level::Raid0 {
-        p.size_kib = Some((member_bytes - data_offset_bytes) / 1024);
+        // The geometry's: all of the member after the data offset, or less (room after).
+        p.size_kib = Some(geo.member_sectors[0] / 2);
     }
     p.data_offset_sectors = Some(data_offset_bytes / 512);
     p.bitmap = bitmap_chunk_bytes.is_some();

@@ -498,10 +498,14 @@ pub fn start_restripe(
     // checkpoint, which md counts from 0.
     let backwards = (before < min || after > before) && after >= min && new_member.is_none();
     if before < min && !backwards {
+        let room = if new_member.is_some() {
+            format!("raid5 to raid6 moves the data offset down, and a member has {before} sectors before its data")
+        } else {
+            format!("a member has {before} sectors before its data and {after} after it")
+        };
         return Err(refuse(
             &format!(
-                "a member has {before} sectors before its data and {after} after it; the restripe needs {min} \
-                 on one side to move the data offset (mdadm would need a backup file)"
+                "{room}; the restripe needs {min} to move the data offset (mdadm would need a backup file)"
             ),
             "use mdadm --grow with --backup-file",
         ));

@@ -300,11 +300,16 @@ pub(super) fn power_cycle(
         || (0..n).any(|m| now_in[m] != started_with[m] && !lost_at_crash[m]);
     let write_hole_possible =
         level.has_parity() && (degraded_at_crash || lost_after_crash || lost_during_resync);
-    // Where each sector was at the cut: a reshape resumed from `from` moved the sectors
-    // from there on out of the previous layout, reading its stripes as the cut left them
-    // (a stale one, degraded, moves its write hole into the new layout).
-    let before_reshape =
-        |s: u64| resumed_from.is_some_and(|from| (from..geo_before.array_sectors()).contains(&s));
+    // Where each sector was at the cut: a resumed reshape moved the sectors on the previous
+    // layout's side of its checkpoint (above it forwards, below it backwards) out of that
+    // layout, reading its stripes as the cut left them (a stale one, degraded, moves its
+    // write hole into the new layout).
+    let before_reshape = |s: u64| {
+        resumed_from.as_ref().is_some_and(|r| {
+            s < geo_before.array_sectors()
+                && r.side_of(s, r.position_sectors) == uraid_core::reshape::Side::Previous
+        })
+    };
     let layout_at_cut = |s: u64| {
         if before_reshape(s) {
             (&geo_before, data_offset_before)
@@ -494,17 +499,17 @@ fn meta_trap_hit(array: &SimArray<Array>) -> Option<String> {
 }
 
 /// A reshape the re-assembly resumed runs to its end before the recovery (md recovers no
-/// member while it reshapes); the model then takes the new size. Returns the array sector
-/// it resumed from, if one ran.
+/// member while it reshapes); the model then takes the new size. Returns the reshape as it
+/// resumed (its checkpoint then), if one ran.
 fn grown_run_resumes(
     array: &mut SimArray<Array>,
     model: &mut Model,
     report: &mut SimReport,
-) -> Result<Option<u64>, String> {
-    if !array.engine().is_reshaping() {
+) -> Result<Option<uraid_core::reshape::ReshapeGeometry>, String> {
+    let Some(resumed) = array.engine().reshape_geometry().cloned() else {
         return Ok(None);
-    }
-    let from = array.engine().reshape_progress().map_or(0, |(p, _)| p);
+    };
+    let from = resumed.position_sectors;
     let mut rounds = 0;
     while array.engine().is_reshaping() {
         match array.run_until_idle() {
@@ -525,7 +530,7 @@ fn grown_run_resumes(
     if !report.draws.contains(&DRAWS[11]) {
         report.draws.push(DRAWS[11]);
     }
-    Ok(Some(from))
+    Ok(Some(resumed))
 }
 
 /// The superblocks recorded the start of the reshape to `next` (mid-way or done): one that

@@ -58,6 +58,15 @@ pub(super) fn draw(
     })
 }
 
+/// Whether the seed's members keep room after the data: half the seeds [`draw`] gives a
+/// restripe without a new member (chunk or layout), by the seed alone. A restripe there
+/// moves the data offset up and runs backwards (md's RESHAPE_BACKWARDS).
+pub(super) fn draw_room_after(spec: &SimSpec, level: Level, ppl: bool) -> bool {
+    // The draw's own shape inputs do not change which kind it is: any layout and chunk.
+    let kind = draw(spec, level, 0, 16, ppl, 0).map(|g| g.kind);
+    matches!(kind, Some(GrowKind::Chunk(_) | GrowKind::Layout(_))) && seed_pick(spec.seed, 0x9620, 2) == 0
+}
+
 /// The geometry the reshape ends in (the engine's geometry once it is done must be this),
 /// and where the data then starts: for a grow mdadm's `min_offset_change` below the old
 /// offset; for a restripe where the start put it (mdadm's `choose_offset`), as the engine
@@ -83,7 +92,11 @@ pub(super) fn grown_shape(run: &Run, g: &GrowDraw, array: &Array) -> Grown {
         _ => {
             let r = array.reshape_geometry().expect("the restripe started");
             let at = r.new_data_offset_sectors[0] * 512;
-            assert!(at < run.data_offset_bytes, "a restripe moves the data offset down");
+            // Down forwards, up backwards (room only after the data).
+            assert!(
+                (at < run.data_offset_bytes) != r.backwards && at != run.data_offset_bytes,
+                "a restripe moves the data offset down, or up when it runs backwards"
+            );
             at
         }
     };
@@ -143,7 +156,9 @@ pub(super) fn try_start(
         report.faults.push(format!("grow {n} -> {} members started (disk {})", n + 1, g.disk));
     } else {
         report.draws.push(DRAWS[14]);
-        report.faults.push(format!("grow (restripe) {:?} started", g.kind));
+        let backwards = array.engine().reshape_geometry().is_some_and(|r| r.backwards);
+        let way = if backwards { ", backwards (room after the data)" } else { "" };
+        report.faults.push(format!("grow (restripe) {:?} started{way}", g.kind));
     }
     let seed = run.spec.seed;
     if run.spec.faults && seed_pick(seed, 0x9610, 2) == 0 {

@@ -123,7 +123,12 @@ fn run_inner(spec: &SimSpec, rng: &mut Rng, report: &mut SimReport) -> Result<()
     // Half the RAID5 seeds without a bitmap keep md's partial parity log instead.
     let ppl = level == Level::Raid5 && bitmap_chunk.is_none() && seed_pick(spec.seed, 0x9971, 2) == 0;
     let data_offset_bytes = if ppl { 2 * DATA_OFFSET_BYTES } else { DATA_OFFSET_BYTES };
-    let member_sectors = (spec.member_bytes - data_offset_bytes) / SECTOR;
+    // Half the restripes (by the seed alone) run on members whose component size leaves
+    // twice the data offset unused after the data: mdadm then moves the data up and md
+    // reshapes backwards.
+    let room_after = grow::draw_room_after(spec, level, ppl);
+    let unused_after = if room_after { 2 * DATA_OFFSET_BYTES } else { 0 };
+    let member_sectors = (spec.member_bytes - data_offset_bytes - unused_after) / SECTOR;
     let geo = Geometry::new(level, n, layout, chunk_bytes / SECTOR, &vec![member_sectors; n])?;
     report.level = level.md_level();
     report.raid_devices = n;

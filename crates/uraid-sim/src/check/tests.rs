@@ -202,7 +202,8 @@ fn seeds_found_failing_pass() {
 /// inside the grow's start round, which reached three of seven members; the others (the new
 /// one a spare in its own superblock) kept their old superblock through every later round,
 /// the round ending the reshape made one of level 0 of it, and the spare was recovered at its
-/// old data offset while the others' had moved.
+/// old data offset while the others' had moved. 98000128 (`--level raid5`): a backwards
+/// restripe degraded, cut and resumed; the write hole it carried was taken for a loss.
 #[test]
 fn reshape_seeds_found_failing_pass() {
     let nvme = [52000060, 52000140, 52000292, 52000620, 52000624, 52001608, 52002460, 52002520]
@@ -216,6 +217,9 @@ fn reshape_seeds_found_failing_pass() {
         (91000067, Some(Level::Raid5), "nvme"),
         (91000318, Some(Level::Raid5), "nvme"),
         (92000101, Some(Level::Raid6), "ssd-sata"),
+        // A backwards restripe (tenth session): degraded and cut mid-way, resumed; the
+        // checker placed the old layout's sectors above the checkpoint, as forwards.
+        (98000128, Some(Level::Raid5), "nvme"),
     ];
     for (seed, level, profile) in nvme.into_iter().chain(more) {
         let spec = SimSpec { level, ops: 2000, profile: profile.into(), ..spec(seed, Level::Raid0) };
