@@ -756,6 +756,65 @@ fn raid5_to_raid6_while_serving_reads_and_writes_and_recovers_the_q_member() {
     }
 }
 
+/// A cut inside a checkpoint round of raid5 to raid6 that reached every member but the
+/// new Q (`uraid sim --seed 99000715 --level 5`): its superblock keeps the previous
+/// `recovery_offset`, behind the others' `reshape_position`. The window was flushed before
+/// that round, so Q holds its rows: md's raid5_run takes the member at any recovery_offset
+/// and its reshape goes on, raising it at the next checkpoint; so does uraid.
+#[test]
+fn a_q_member_that_missed_a_checkpoint_round_lets_raid5_to_raid6_go_on() {
+    let n = 3;
+    let (mut d, model) = array_with_spare(5, n, 61);
+    let size = model.len() as u64;
+    to_raid6(&mut d);
+    let mut steps = 0;
+    let mut before = d.members.superblock(n);
+    loop {
+        let q = d.members.superblock(n);
+        if q.has(feature::RESHAPE_ACTIVE) && q.reshape_position > 0 {
+            break;
+        }
+        before = q;
+        d.step();
+        steps += 1;
+        assert!(steps < 1_000_000, "no checkpoint reached the Q member");
+    }
+    // The round reaches the others too.
+    while !(0..n).all(|m| d.members.superblock(m).reshape_position > 0) {
+        d.step();
+        steps += 1;
+        assert!(steps < 1_000_000, "the checkpoint round never ended");
+    }
+    let mut behind = before;
+    let now = d.members.superblock(n);
+    assert!(behind.has(feature::RESHAPE_ACTIVE) && behind.has(feature::RECOVERY_OFFSET), "{behind:?}");
+    assert_eq!(behind.events + 1, now.events, "one round behind");
+    assert!(behind.recovery_offset * (n as u64 - 1) < d.members.superblock(0).reshape_position);
+    // The cut: nothing in flight lands, and Q keeps the superblock of the round before.
+    d.pending.clear();
+    let mut members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    members.write_at(n, behind.super_offset * 512, &behind.update_csum());
+    let keys: Vec<usize> = (0..=n).collect();
+    let mut d = start_array(members, &keys, 62);
+    assert!(d.engine.is_reshaping(), "the reshape resumes");
+    let mut guard = 0;
+    while d.engine.is_reshaping() {
+        d.run_until_idle();
+        guard += 1;
+        assert!(guard < 1000, "the resumed reshape never ended");
+    }
+    d.run_until_idle();
+    assert!(read_all(&mut d, size) == model, "the data after the resumed reshape");
+    assert_eq!(d.engine.engine().member_states(), vec![MemberState::InSync; n + 1]);
+    d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+    d.run_until_idle();
+    assert_eq!(d.engine.engine().mismatch_cnt(), 0, "md's check: P and Q after the resumed reshape");
+    // Q's rows below the checkpoint it missed are there: two members gone, the data reads.
+    let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+    let mut again = start_array(members, &(2..=n).collect::<Vec<_>>(), 63);
+    assert!(read_all(&mut again, size) == model, "raid6 with two members gone");
+}
+
 /// A spare whose bad-block log has entries (a member re-added as a spare with its log,
 /// `uraid sim --seed 52000024 --profile ssd-sata`) holds nothing of either layout: a restart
 /// mid-reshape serves the array writable and goes on, as md does.
@@ -1241,6 +1300,48 @@ fn a_write_during_a_grow_with_a_bitmap_sets_its_bits_in_both_layouts() {
     for m in 0..5 {
         assert!(bit_on_disk(&d, m, previous), "member {m}: the previous layout's bit");
         assert!(bit_on_disk(&d, m, next), "member {m}: the next layout's bit");
+    }
+}
+
+/// A failed member stays listed (faulty, its superblock as it was when it failed) until it
+/// is removed. The grow's end must take the array's new shape from the members it wrote,
+/// not from that one: with the old member count the bitmap counted a write after the grow
+/// in the wrong rows (or past its end), so a cut before a flush left a stripe nothing
+/// resynced (`uraid sim --seed 99001543 --level 5`: P disagreed after the power cycle).
+#[test]
+fn after_a_grow_a_write_sets_the_bit_of_the_new_layout_with_a_failed_member_still_listed() {
+    use uraid_core::meta::bitmap::array_range_to_sync_range;
+    let mm = create_level(5, 4, MEMBER_BYTES, true);
+    let mut d = start_array(mm, &[0, 1, 2, 3], 73);
+    // Member 0 fails; a hot spare takes its slot and is recovered; member 0 stays listed.
+    let spare = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
+    d.engine.add_member(spare, d.now_ns).unwrap();
+    d.run_until_idle();
+    d.engine.fail(0, false, d.now_ns).unwrap();
+    d.run_until_idle();
+    assert_eq!(d.engine.engine().member_states(), vec![MemberState::InSync; 4]);
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA1);
+    d.engine.add_member(new, d.now_ns).unwrap();
+    d.run_until_idle();
+    grow_to(&mut d, 5);
+    let mut steps = 0;
+    while d.engine.is_reshaping() {
+        d.run_until_idle();
+        steps += 1;
+        assert!(steps < 1000, "the grow never ended");
+    }
+    // Near the end of the grown array: rows of 4 data chunks put it in member sectors that
+    // rows of 3 would place past the bitmap's end.
+    let size = d.engine.engine().size_bytes();
+    let at = (size - (1 << 20)) / 4096 * 4096;
+    let sync = array_range_to_sync_range(5, 5, 128, at / 512, 8).0;
+    let write = 77;
+    d.submit(Request::write(write, at, vec![0x5a; 4096]));
+    while d.take_done(write).is_none() {
+        d.step();
+    }
+    for m in 1..=5 {
+        assert!(bit_on_disk(&d, m, sync), "member {m}: the bit of the grown layout's rows");
     }
 }
 

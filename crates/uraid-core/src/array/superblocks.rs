@@ -758,7 +758,10 @@ impl ArraySuperblocks {
         for m in &mut self.members {
             m.sb = finished(&m.sb);
         }
-        if let Some(m) = self.members.first() {
+        // The shape from a member the reshape's rounds wrote: a faulty one still listed keeps
+        // the superblock it failed with (its old member count would misplace bitmap bits).
+        let written = self.members.iter().find(|m| m.role.working()).or(self.members.first());
+        if let Some(m) = written {
             (self.level, self.raid_disks, self.chunk_sectors) = (m.sb.level, m.sb.raid_disks, m.sb.chunksize);
         }
         self.reshape_shapes = None;

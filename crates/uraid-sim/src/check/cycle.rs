@@ -275,7 +275,20 @@ pub(super) fn power_cycle(
         array2.engine().engine().member_states().iter().filter(|s| **s != MemberState::InSync).count();
     let second_failure_fatal = rebuilt.second_failure_not_in_sync.is_some()
         && !survives_second_failure(level, n, lost_now.max(rebuilt.second_failure_not_in_sync.unwrap_or(0)));
-    match (outcome, second_failure_fatal) {
+    // A planned fault firing only after the power cycle (write or flush errors, a disk the
+    // simulator fails) while a slot is still being brought back: as many losses as a second
+    // failure, and md fails the array too (a cut inside a grow's start round that missed the
+    // new member leaves its slot to recover after the resumed reshape: seed 99001578).
+    let states_now = array2.engine().engine().member_states();
+    let failed_since_start: Vec<usize> = (0..n.min(states_now.len()))
+        .filter(|&m| states_now[m] != MemberState::InSync && members2[m].state == MemberState::InSync)
+        .map(|m| array2.engine().engine().io_member(m))
+        .collect();
+    let planned_loss_fatal = rebuilt.second_failure_not_in_sync.is_none()
+        && !failed_since_start.is_empty()
+        && failed_since_start.iter().all(|&d| run.erroring[d] || array2.disks().is_failed(d))
+        && !survives_second_failure(level, n, lost_now);
+    match (outcome, second_failure_fatal || planned_loss_fatal) {
         (Rebuilt::Failed, true) => {
             report.array_failed_as_expected = true;
             return failed_array_serves_nothing_wrong(&mut array2, model, &mut next_id, &mut buf);

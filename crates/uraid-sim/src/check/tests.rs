@@ -204,6 +204,12 @@ fn seeds_found_failing_pass() {
 /// the round ending the reshape made one of level 0 of it, and the spare was recovered at its
 /// old data offset while the others' had moved. 98000128 (`--level raid5`): a backwards
 /// restripe degraded, cut and resumed; the write hole it carried was taken for a loss.
+/// 99001543 (`--level raid5`): a grow with a failed member still listed took the array's new
+/// shape from that member's old superblock, so the bitmap counted later writes by the old
+/// member count and a cut left stripes nothing resynced. 99001578: a cut inside the grow's
+/// start round left the new slot to recover, and a member's bitmap write errors then failed
+/// the array, as md's would fail (the checker's). 99000715: raid5 to raid6 cut inside a
+/// checkpoint round that missed the Q member; uraid refused to go on, md goes on.
 #[test]
 fn reshape_seeds_found_failing_pass() {
     let nvme = [52000060, 52000140, 52000292, 52000620, 52000624, 52001608, 52002460, 52002520]
@@ -220,11 +226,19 @@ fn reshape_seeds_found_failing_pass() {
         // A backwards restripe (tenth session): degraded and cut mid-way, resumed; the
         // checker placed the old layout's sectors above the checkpoint, as forwards.
         (98000128, Some(Level::Raid5), "nvme"),
+        // Eleventh session: the grown shape taken from a faulty member's superblock; a
+        // planned fault beyond the redundancy after a cut in a grow's start round; a Q
+        // member one checkpoint round behind.
+        (99001543, Some(Level::Raid5), "nvme"),
+        (99001578, Some(Level::Raid5), "nvme"),
+        (99000715, Some(Level::Raid5), "nvme"),
     ];
     for (seed, level, profile) in nvme.into_iter().chain(more) {
         let spec = SimSpec { level, ops: 2000, profile: profile.into(), ..spec(seed, Level::Raid0) };
         let r = run_sim(&spec);
         assert!(r.ok, "seed {seed}: {:?}", r.failure);
+        // Two losses on raid5, as md would have them: the failure is what is expected.
+        assert!(seed != 99001578 || r.array_failed_as_expected, "seed {seed}: {:?}", r.faults);
         // It still meets the grow: started, or refused for now as md refuses it.
         assert!(
             r.faults.iter().any(|f| f.starts_with("grow ")),
