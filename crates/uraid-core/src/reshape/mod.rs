@@ -76,7 +76,7 @@ impl ReshapeGeometry {
         }
         // raid5.c run(): the position must lie on a stripe boundary of the new layout, in
         // units of the larger chunk.
-        let stripe = previous.chunk_sectors.max(next.chunk_sectors) * next.data_disks() as u64;
+        let stripe = window_unit(&previous, &next);
         if !position_sectors.is_multiple_of(stripe) {
             return Err(format!(
                 "reshape_position {position_sectors} is not on a stripe boundary of the new layout \
@@ -95,6 +95,12 @@ impl ReshapeGeometry {
             return Err(format!("reshape_position {position_sectors} lies beyond the array"));
         }
         Ok(r)
+    }
+
+    /// The unit a reshape moves: a stripe of the next layout in chunks of the larger of the
+    /// two chunk sizes (md's reshape_sectors), whole stripes of both layouts' rows.
+    pub fn window_unit_sectors(&self) -> u64 {
+        window_unit(&self.previous, &self.next)
     }
 
     /// The array size md serves while the reshape runs: the smaller of the two layouts'
@@ -163,21 +169,6 @@ impl ReshapeGeometry {
         out
     }
 
-    /// First member sector (relative to `data_offset`) of the previous layout's stripe that
-    /// holds array `sector`: data of the previous layout at or above `sector` lies at or
-    /// above it on every member.
-    fn previous_row_start(&self, sector: u64) -> u64 {
-        let stripe_data = self.previous.chunk_sectors * self.previous.data_disks() as u64;
-        (sector / stripe_data) * self.previous.chunk_sectors
-    }
-
-    /// Member sectors (relative to `new_data_offset`) the next layout uses for array
-    /// sectors below `sector` (a stripe boundary of the next layout).
-    fn next_rows_end(&self, sector: u64) -> u64 {
-        let stripe_data = self.next.chunk_sectors * self.next.data_disks() as u64;
-        sector.div_ceil(stripe_data) * self.next.chunk_sectors
-    }
-
     /// md's `reshape_safe` rule for a forwards reshape: may the next layout hold array
     /// sectors [0, progress) while the superblocks record only `safe_sectors`? True when,
     /// on every member, the highest device sector written for the next layout stays below
@@ -187,28 +178,16 @@ impl ReshapeGeometry {
         if self.backwards {
             return false;
         }
-        let write_end = self.next_rows_end(progress_sectors);
-        let read_start = self.previous_row_start(safe_sectors);
+        // The next layout's rows below `progress`; the previous layout's rows from the
+        // stripe holding `safe` up.
+        let write_end = member_rows(&self.next, progress_sectors, true);
+        let read_start = member_rows(&self.previous, safe_sectors, false);
         (0..self.new_data_offset_sectors.len()).all(|m| {
             let in_previous = m < self.previous.raid_disks;
             // A slot the previous layout did not have holds nothing to preserve.
             !in_previous
                 || self.new_data_offset_sectors[m] + write_end <= self.data_offset_sectors[m] + read_start
         })
-    }
-
-    /// First member sector (relative to `new_data_offset`) of the next layout's rows for
-    /// array sectors at or above `sector` (a stripe boundary of the next layout).
-    fn next_row_start(&self, sector: u64) -> u64 {
-        let stripe_data = self.next.chunk_sectors * self.next.data_disks() as u64;
-        (sector / stripe_data) * self.next.chunk_sectors
-    }
-
-    /// Member sectors (relative to `data_offset`) the previous layout uses for array
-    /// sectors below `sector`.
-    fn previous_rows_end(&self, sector: u64) -> u64 {
-        let stripe_data = self.previous.chunk_sectors * self.previous.data_disks() as u64;
-        sector.div_ceil(stripe_data) * self.previous.chunk_sectors
     }
 
     /// The same rule for a backwards reshape (md's RESHAPE_BACKWARDS: the data offset moved
@@ -221,8 +200,9 @@ impl ReshapeGeometry {
         if !self.backwards {
             return false;
         }
-        let write_start = self.next_row_start(from_sectors);
-        let read_end = self.previous_rows_end(safe_sectors);
+        // The next layout's rows from `from` up; the previous layout's rows below `safe`.
+        let write_start = member_rows(&self.next, from_sectors, false);
+        let read_end = member_rows(&self.previous, safe_sectors, true);
         (0..self.new_data_offset_sectors.len()).all(|m| {
             let both = m < self.previous.raid_disks && m < self.next.raid_disks;
             !both || self.new_data_offset_sectors[m] + write_start >= self.data_offset_sectors[m] + read_end
@@ -232,7 +212,7 @@ impl ReshapeGeometry {
     /// May the next stripe from the checkpoint be written, in the reshape's direction
     /// (md's `run`: "reshape_position too early for auto-recovery" when not)?
     pub fn next_stripe_is_safe(&self) -> bool {
-        let stripe = self.next.chunk_sectors.max(self.previous.chunk_sectors) * self.next.data_disks() as u64;
+        let stripe = self.window_unit_sectors();
         let p = self.position_sectors;
         if self.backwards {
             p >= stripe && self.backwards_write_is_safe(p, p - stripe)
@@ -240,6 +220,19 @@ impl ReshapeGeometry {
             self.forwards_write_is_safe(p, p + stripe)
         }
     }
+}
+
+fn window_unit(previous: &Geometry, next: &Geometry) -> u64 {
+    previous.chunk_sectors.max(next.chunk_sectors) * next.data_disks() as u64
+}
+
+/// Member sectors (relative to the layout's data offset) of `geo`'s stripes before array
+/// `sector`: rounded up, the rows holding everything below it; down, the first row holding
+/// it (so everything at or above it lies at or above that on every member).
+fn member_rows(geo: &Geometry, sector: u64, round_up: bool) -> u64 {
+    let stripe_data = geo.stripe_data_sectors();
+    let stripes = if round_up { sector.div_ceil(stripe_data) } else { sector / stripe_data };
+    stripes * geo.chunk_sectors
 }
 
 /// Why a reshape cannot be taken on: what was wrong, what to do.

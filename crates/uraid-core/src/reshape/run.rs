@@ -107,21 +107,13 @@ impl ReshapeRun {
         }
     }
 
-    /// The unit windows are made of: a stripe of the next layout in chunks of the larger
-    /// of the two chunk sizes (md's reshape_sectors), so each window holds whole stripes of
-    /// both layouts' rows and `reshape_position` stays where md's `run` accepts it.
-    fn stripe_data_sectors(&self) -> u64 {
-        let chunk = self.geo.previous.chunk_sectors.max(self.geo.next.chunk_sectors);
-        chunk * self.geo.next.data_disks() as u64
-    }
-
     /// The next window: whole stripes of the next layout next to the checkpoint (above it
     /// forwards, below it backwards), as many as md's `reshape_safe` rule allows against
     /// it, at most `max_sectors` (at least one stripe). None when done, or when not even
     /// one stripe is safe.
     pub fn next_window(&self, max_sectors: u64) -> Option<Window> {
         let at = self.geo.position_sectors;
-        let stripe = self.stripe_data_sectors();
+        let stripe = self.geo.window_unit_sectors();
         let limit = max_sectors.max(stripe) / stripe;
         if self.geo.backwards {
             let fits = |n: u64| n * stripe <= at && self.geo.backwards_write_is_safe(at, at - n * stripe);
@@ -265,7 +257,7 @@ fn largest_fitting(limit: u64, fits: impl Fn(u64) -> bool) -> Option<u64> {
         return None;
     }
     let mut n = 1u64;
-    while n < limit && fits(2 * n) {
+    while 2 * n <= limit && fits(2 * n) {
         n *= 2;
     }
     let mut step = n / 2;
@@ -275,7 +267,7 @@ fn largest_fitting(limit: u64, fits: impl Fn(u64) -> bool) -> Option<u64> {
         }
         step /= 2;
     }
-    Some(n.min(limit.max(1)))
+    Some(n)
 }
 
 /// The member devices a reshape is run on: absolute device sectors of each slot.
