@@ -6,6 +6,8 @@
 # must read back, and `status` must answer throughout. Prints "BLOCK-FAULTS OK" at the end.
 set -u
 ip link set lo up
+# A hang prints its stack within 20 s on the console (the host prints the console on a timeout).
+echo 20 > /proc/sys/kernel/hung_task_timeout_secs 2>/dev/null
 U=/mdvm/files/uraid-vm; chmod +x $U
 # The host's shared libraries the VM's root lacks (OpenSSL, for NBD over TLS) came along.
 export LD_LIBRARY_PATH=/mdvm/files
@@ -34,22 +36,41 @@ start() {
   for i in 1 2 3 4 5 6 7 8 9 10; do [ -S /tmp/c.sock ] && break; sleep 1; done
   nbd-client 127.0.0.1 10809 /dev/nbd0 -N $1 >/dev/null 2>&1 || fail "nbd-client"
 }
+stacks() { # where each of the server's threads is, for a failure that is a hang
+  for t in /proc/$SERVER/task/*; do
+    echo "== thread $(cat $t/comm) state $(cut -d')' -f2 $t/stat | cut -d' ' -f2)"; cat $t/stack
+  done
+}
+gone() { # every thread of the server has exited (a zombie leader waits for the shell's wait)
+  for t in /proc/$SERVER/task/*; do
+    [ -e $t/stat ] || continue
+    [ "$(cut -d')' -f2 $t/stat | cut -d' ' -f2)" = Z ] || return 1
+  done
+}
 stop() {
   nbd-client -d /dev/nbd0 >/dev/null 2>&1
-  kill -TERM $SERVER; wait $SERVER; rc=$?
+  kill -TERM $SERVER
+  # SIGTERM is answered promptly whatever a member does (issue 23); 10 s for TCG. A server
+  # stuck on a member shows where: every thread's state and kernel stack.
+  n=0; until gone; do
+    n=$((n+1)); sleep 0.1
+    [ $n -lt 100 ] && continue
+    stacks; fail "serve did not exit within 10 s of SIGTERM"
+  done
+  wait $SERVER; rc=$?
   [ $rc = 0 ] || fail "serve exited $rc after SIGTERM"
   rm -f /tmp/c.sock
 }
 status_ok() { # status answers within 2 s (TCG is slow); prints it
-  timeout 2 $U status --control /tmp/c.sock > /tmp/st.txt 2>&1 || fail "status did not answer in 2 s"
+  timeout 2 $U status --control /tmp/c.sock > /tmp/st.txt 2>&1 || { stacks; fail "status did not answer in 2 s"; }
 }
 # The pattern pass, O_DIRECT through /dev/nbd0; its exit status is the client's view.
 write_pass() { timeout 300 mdvm-pattern -o /dev/nbd0 -d $1 0 $((MB << 20)); }
 check_back() {
   echo 3 > /proc/sys/vm/drop_caches
   want=$(mdvm-pattern $1 0 $((MB << 20)) | sha256sum | cut -d' ' -f1)
-  got=$(head -c $((MB << 20)) /dev/nbd0 | sha256sum | cut -d' ' -f1)
-  [ "$got" = "$want" ] || fail "$2: data read back differs"
+  got=$(timeout 120 head -c $((MB << 20)) /dev/nbd0 | sha256sum | cut -d' ' -f1)
+  [ "$got" = "$want" ] || { stacks; fail "$2: data read back differs (or the read hung)"; }
 }
 member_failed() { # slot $1 shows (F) and detail --json counts errors or timeouts for it
   status_ok; grep -q "\[$2\]" /tmp/st.txt || { cat /tmp/st.txt; fail "$3: status is not $2 right after the pass"; }
