@@ -2,7 +2,10 @@
 //! each followed by a flush of that member (md writes its metadata with FUA), the members
 //! side by side; a member whose I/O fails skips the rest of its part (its superblock is not
 //! written over a bitmap page that failed). Rounds run one at a time, in the order they were
-//! asked for, and each is built only when it starts, from the state as it is then.
+//! asked for, and each is built only when it starts, from the state as it is then; the one
+//! overlap: a bitmap page round may start while the page round before it only flushes (its
+//! pages written), so the next batch's pages go out during that flush. Rounds still finish
+//! in order. See docs/performance.md, "Bitmap updates batched".
 
 use std::collections::VecDeque;
 
@@ -33,7 +36,7 @@ type Step = (MemberIoOp, u64, IoBytes, &'static str);
 struct Chain {
     key: MemberKey,
     steps: VecDeque<Step>,
-    in_flight: Option<(MemberIoId, &'static str)>,
+    in_flight: Option<(MemberIoId, &'static str, MemberIoOp)>,
 }
 
 /// The round in flight.
@@ -50,6 +53,16 @@ impl Running {
     pub(super) fn finished(&self) -> bool {
         self.chains.iter().all(|c| c.in_flight.is_none())
     }
+
+    /// A bitmap page round whose page writes have all completed: only flushes are left. A
+    /// later page round may write now; its writes cannot overtake these on the device.
+    fn only_flushing_pages(&self) -> bool {
+        self.round.as_ref().is_some_and(MetaRound::writes_bitmap_pages_only)
+            && self.chains.iter().all(|c| {
+                c.in_flight.is_none_or(|(_, _, op)| op == MemberIoOp::Flush)
+                    && c.steps.iter().all(|s| s.0 == MemberIoOp::Flush)
+            })
+    }
 }
 
 fn purpose(io: &MetaIo) -> &'static str {
@@ -65,7 +78,8 @@ fn purpose(io: &MetaIo) -> &'static str {
 #[derive(Default)]
 pub(super) struct Rounds {
     queue: VecDeque<(RoundSeq, Work)>,
-    running: Option<Running>,
+    /// In sequence order: one round, or a page round and the page round after it.
+    running: VecDeque<Running>,
     last_seq: RoundSeq,
     done_seq: RoundSeq,
     next_io: u64,
@@ -117,11 +131,15 @@ impl Rounds {
 
     /// (queued, running with members still writing, I/Os not yet taken).
     pub(super) fn describe(&self) -> String {
-        let running = self.running.as_ref().map(|r| {
-            let busy: Vec<(MemberKey, Option<MemberIoId>, usize)> =
-                r.chains.iter().map(|c| (c.key, c.in_flight.map(|(i, _)| i), c.steps.len())).collect();
-            format!("seq {} {busy:?}", r.seq)
-        });
+        let running: Vec<String> = self
+            .running
+            .iter()
+            .map(|r| {
+                let busy: Vec<(MemberKey, Option<MemberIoId>, usize)> =
+                    r.chains.iter().map(|c| (c.key, c.in_flight.map(|(i, ..)| i), c.steps.len())).collect();
+                format!("seq {} {busy:?}", r.seq)
+            })
+            .collect();
         format!(
             "queued {:?}, running {running:?}, out {}",
             self.queue.iter().map(|q| q.0).collect::<Vec<_>>(),
@@ -130,22 +148,40 @@ impl Rounds {
     }
 
     pub(super) fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.running.is_none() && self.out.is_empty()
+        self.queue.is_empty() && self.running.is_empty() && self.out.is_empty()
     }
 
-    /// Nothing is being written; the next round may start.
+    /// The next queued round may start: nothing runs, or it is a page round and the one
+    /// running is a page round that only flushes.
     pub(super) fn ready_for_next(&self) -> bool {
-        self.running.is_none()
+        match (self.running.len(), self.queue.front()) {
+            (0, _) => true,
+            (1, Some((_, Work::BitmapPages(_)))) => self.running[0].only_flushing_pages(),
+            _ => false,
+        }
     }
 
     pub(super) fn pop_queued(&mut self) -> Option<(RoundSeq, Work)> {
         self.queue.pop_front()
     }
 
-    /// Starts `round` (or raw `ios`) as round `seq`: the first I/O of every member's part
-    /// is issued. A round with no I/O is finished at once (see [`Rounds::take_finished`]).
+    /// Starts `round` (or raw `ios`) as round `seq`, after those running (see
+    /// [`Rounds::ready_for_next`]): the first I/O of every member's part is issued. A round
+    /// with no I/O is finished at once (see [`Rounds::take_finished`]).
     pub(super) fn start(&mut self, seq: RoundSeq, round: Option<MetaRound>, raw: Vec<MetaIo>) {
-        assert!(self.running.is_none(), "one metadata round at a time");
+        assert!(self.running.len() < 2, "at most two metadata rounds at a time");
+        let running = self.build(seq, round, raw);
+        self.running.push_back(running);
+    }
+
+    /// Starts the round that records a failure of round `seq`, just finished, under the
+    /// same number: ahead of a page round still running, which finishes after it.
+    pub(super) fn start_follow_up(&mut self, seq: RoundSeq, round: MetaRound) {
+        let running = self.build(seq, Some(round), Vec::new());
+        self.running.push_front(running);
+    }
+
+    fn build(&mut self, seq: RoundSeq, round: Option<MetaRound>, raw: Vec<MetaIo>) -> Running {
         let ios = round.as_ref().map_or(&raw[..], |r| &r.ios[..]);
         let flush_once = round.as_ref().is_some_and(MetaRound::writes_bitmap_pages_only);
         let mut chains: Vec<Chain> = Vec::new();
@@ -177,7 +213,7 @@ impl Rounds {
         for c in &mut running.chains {
             Self::issue_next(c, &mut self.next_io, &mut self.out);
         }
-        self.running = Some(running);
+        running
     }
 
     fn issue_next(c: &mut Chain, next_io: &mut u64, out: &mut VecDeque<MemberIo>) {
@@ -190,7 +226,7 @@ impl Rounds {
         *next_io += 1;
         let len_bytes = if op == MemberIoOp::Write { data.len() as u64 } else { 0 };
         out.push_back(MemberIo { id, member: c.key as usize, op, offset_bytes, len_bytes, data });
-        c.in_flight = Some((id, why));
+        c.in_flight = Some((id, why, op));
     }
 
     pub(super) fn pop_io(&mut self) -> Option<MemberIo> {
@@ -203,14 +239,16 @@ impl Rounds {
             self.late.swap_remove(at);
             return false;
         }
-        let Some(r) = self.running.as_mut() else { return false };
-        let Some(c) = r.chains.iter_mut().find(|c| c.in_flight.is_some_and(|(i, _)| i == id)) else {
-            return false;
-        };
+        let found = self.running.iter_mut().find_map(|r| {
+            let at = r.chains.iter().position(|c| c.in_flight.is_some_and(|(i, ..)| i == id))?;
+            Some((r, at))
+        });
+        let Some((r, at)) = found else { return false };
+        let c = &mut r.chains[at];
         if ok {
             Self::issue_next(c, &mut self.next_io, &mut self.out);
         } else {
-            let why = c.in_flight.map_or("a metadata write", |(_, w)| w);
+            let why = c.in_flight.map_or("a metadata write", |(_, w, _)| w);
             r.failed.push((c.key, why));
             c.steps.clear();
             c.in_flight = None;
@@ -230,22 +268,24 @@ impl Rounds {
             }
             keep
         });
-        let Some(r) = self.running.as_mut() else { return };
-        for c in r.chains.iter_mut().filter(|c| c.key == key) {
-            c.steps.clear();
-            if let Some((id, why)) = c.in_flight.take() {
-                r.failed.push((key, why));
-                if !untaken.contains(&id) {
-                    self.late.push((id, key));
+        for r in &mut self.running {
+            for c in r.chains.iter_mut().filter(|c| c.key == key) {
+                c.steps.clear();
+                if let Some((id, why, _)) = c.in_flight.take() {
+                    r.failed.push((key, why));
+                    if !untaken.contains(&id) {
+                        self.late.push((id, key));
+                    }
                 }
             }
         }
     }
 
-    /// The running round once every member's part ended.
+    /// The oldest running round once every member's part of it ended (a later one that
+    /// ended first waits: rounds finish in order).
     pub(super) fn take_finished(&mut self) -> Option<Running> {
-        if self.running.as_ref().is_some_and(Running::finished) {
-            return self.running.take();
+        if self.running.front().is_some_and(Running::finished) {
+            return self.running.pop_front();
         }
         None
     }
@@ -258,7 +298,7 @@ impl Rounds {
 
     /// Members whose metadata I/O is in flight (not to be dropped from the executor yet).
     pub(super) fn busy_with(&self, key: MemberKey) -> bool {
-        self.running.as_ref().is_some_and(|r| r.chains.iter().any(|c| c.key == key && c.in_flight.is_some()))
+        self.running.iter().any(|r| r.chains.iter().any(|c| c.key == key && c.in_flight.is_some()))
             || self.late.iter().any(|&(_, k)| k == key)
     }
 }

@@ -264,7 +264,7 @@ impl Array {
             match out.next {
                 Ok(Some(next)) => {
                     // The failure is recorded by the next round, under the same number.
-                    self.rounds.start(seq, Some(next), Vec::new());
+                    self.rounds.start_follow_up(seq, next);
                     return;
                 }
                 Ok(None) => {}
