@@ -105,7 +105,7 @@ fn grown(level: i32, n: usize, start: Start) -> (Starting, Vec<u8>) {
     p.assume_clean = true;
     let old: Vec<Superblock> =
         create_array(&p).unwrap().superblocks.into_iter().map(Option::unwrap).collect();
-    let new = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16] };
+    let new = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16], dev_number: None };
     let (sbs, geo) = match start {
         Start::Grow => start_grow(&old, &[new], 1).unwrap(),
         Start::Restripe(change) => {
@@ -216,7 +216,7 @@ fn a_power_cut_at_any_io_of_a_raid6_grow_loses_nothing() {
 
 #[test]
 fn a_power_cut_at_any_io_of_a_raid5_to_raid6_loses_nothing() {
-    let member = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16] };
+    let member = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16], dev_number: None };
     cut_everywhere(5, 4, Start::Restripe(Restripe::Raid6 { member }));
 }
 

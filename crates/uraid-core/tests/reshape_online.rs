@@ -1345,6 +1345,39 @@ fn after_a_grow_a_write_sets_the_bit_of_the_new_layout_with_a_failed_member_stil
     }
 }
 
+/// A spare taken by a grow keeps its own dev_number, as md keeps an rdev's desc_nr (read
+/// from its superblock) through raid5_start_reshape, and never takes the number of a failed
+/// member still listed in dev_roles. uraid gave it the lowest number no slot held: the
+/// failed member's, so the round starting the grow wrote the new slot over that member's
+/// faulty entry, and the spare's own entry stayed a spare nobody was.
+#[test]
+fn a_spare_joining_a_grow_keeps_its_dev_number_beside_a_failed_member_still_listed() {
+    use uraid_core::meta::superblock::role;
+    let mm = create_level(5, 4, MEMBER_BYTES, true);
+    let mut d = start_array(mm, &[0, 1, 2, 3], 74);
+    // Member 0 fails; a hot spare takes its slot; member 0 stays listed (faulty).
+    let spare = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
+    d.engine.add_member(spare, d.now_ns).unwrap();
+    d.run_until_idle();
+    d.engine.fail(0, false, d.now_ns).unwrap();
+    d.run_until_idle();
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA1);
+    let (key, own) = (new.key as usize, new.sb.dev_number);
+    assert_ne!(own, 0, "the failed member's number is still listed");
+    d.engine.add_member(new, d.now_ns).unwrap();
+    d.run_until_idle();
+    // The grow runs to its end; every round from its start on wrote these entries.
+    grow_to(&mut d, 5);
+    d.run_until_idle();
+    assert!(!d.engine.is_reshaping());
+    assert_eq!(d.members.superblock(key).dev_number, own, "the joining spare's own dev_number");
+    for k in 1..=key {
+        let sb = d.members.superblock(k);
+        assert_eq!(sb.dev_roles[0], role::FAULTY, "member {k}: the failed member's entry");
+        assert_eq!(sb.dev_roles[own as usize], 4, "member {k}: the joining spare's entry");
+    }
+}
+
 #[test]
 fn a_grow_with_a_bitmap_serves_throughout_survives_a_cut_and_keeps_its_bitmap() {
     let seed = 72;

@@ -18,7 +18,7 @@ fn array(bitmap: bool) -> Vec<Superblock> {
     create_array(&p).unwrap().superblocks.into_iter().map(Option::unwrap).collect()
 }
 
-const NEW: GrowMember = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16] };
+const NEW: GrowMember = GrowMember { dev_sectors: DEV_SECTORS, device_uuid: [9; 16], dev_number: None };
 
 #[test]
 fn a_grow_by_one_member_writes_superblocks_that_assemble_mid_reshape() {
@@ -58,7 +58,7 @@ fn grows_uraid_cannot_do_safely_are_refused_saying_what_to_do() {
         sb.data_offset = 128;
         sb.data_size = DEV_SECTORS - 128;
     });
-    let small = GrowMember { dev_sectors: DEV_SECTORS / 2, device_uuid: [9; 16] };
+    let small = GrowMember { dev_sectors: DEV_SECTORS / 2, device_uuid: [9; 16], dev_number: None };
     let cases: Vec<(&str, Vec<Superblock>, Vec<GrowMember>, &str)> = vec![
         ("bitmap", array(true), vec![NEW], "bitmap=none"),
         ("degraded", ok[..3].to_vec(), vec![NEW], "rebuild it first"),

@@ -243,7 +243,9 @@ pub fn run(req: &GrowRequest, adds: &[PathBuf], off: &Offline) -> anyhow::Result
     let bitmap_sectors = bitmap.as_ref().map(|(_, sectors)| *sectors);
     let new_members: Vec<GrowMember> = new_devs
         .iter()
-        .map(|d| Ok(GrowMember { dev_sectors: d.dev_sectors(), device_uuid: random_uuid()? }))
+        .map(|d| {
+            Ok(GrowMember { dev_sectors: d.dev_sectors(), device_uuid: random_uuid()?, dev_number: None })
+        })
         .collect::<anyhow::Result<_>>()?;
     let (all, spares, _) = if grows {
         start_grow_with_spares(&slot_sbs, &spare_sbs, &new_members, now_seconds(), bitmap_sectors)

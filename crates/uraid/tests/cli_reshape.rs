@@ -322,7 +322,7 @@ fn uraid_starts_a_grow_as_mdadm_does_and_md_finishes_it() {
     let (size_before, sha_before) = md_made(&dir, &images[..4]);
 
     let old: Vec<Superblock> = images[..4].iter().map(|p| read_sb(p)).collect();
-    let new = GrowMember { dev_sectors: (32 << 20) / 512, device_uuid: [0x5a; 16] };
+    let new = GrowMember { dev_sectors: (32 << 20) / 512, device_uuid: [0x5a; 16], dev_number: None };
     let (superblocks, geo) = start_grow(&old, &[new], 1_800_000_000).unwrap();
     assert_eq!(superblocks[0].new_offset, -512, "mdadm's offset change for 4 to 5 members");
     assert_eq!((geo.previous.raid_disks, geo.next.raid_disks), (4, 5));

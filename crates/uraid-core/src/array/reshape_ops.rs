@@ -586,6 +586,7 @@ impl Array {
             .map(|(_, sb)| GrowMember {
                 dev_sectors: sb.data_offset + sb.data_size,
                 device_uuid: sb.device_uuid,
+                dev_number: Some(sb.dev_number),
             })
             .collect();
         let staying_sbs: Vec<Superblock> = staying.iter().map(|(_, sb)| sb.clone()).collect();
@@ -647,8 +648,11 @@ impl Array {
                     );
                 }
                 let (key, sb) = spares.remove(0);
-                let member =
-                    GrowMember { dev_sectors: sb.data_offset + sb.data_size, device_uuid: sb.device_uuid };
+                let member = GrowMember {
+                    dev_sectors: sb.data_offset + sb.data_size,
+                    device_uuid: sb.device_uuid,
+                    dev_number: Some(sb.dev_number),
+                };
                 states.push(MemberState::Recovering { recovery_offset_sectors: 0 });
                 (Restripe::Raid6 { member }, Some(key))
             }

@@ -14,12 +14,17 @@ use crate::reshape::ReshapeGeometry;
 pub struct GrowMember {
     pub dev_sectors: u64,
     pub device_uuid: [u8; 16],
+    /// Its dev_number when it is already the array's spare: md keeps a spare's desc_nr
+    /// (from its superblock) when raid5_start_reshape gives it a slot. None for a device
+    /// new to the array, which gets a number nobody holds.
+    pub dev_number: Option<u32>,
 }
 
 impl GrowMember {
     /// A member asked about before its device is known (a check ahead of `--add`): room
     /// for any data offset; the device's own size is checked as it joins.
-    pub const STANDIN: GrowMember = GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16] };
+    pub const STANDIN: GrowMember =
+        GrowMember { dev_sectors: u64::MAX / 4, device_uuid: [0; 16], dev_number: None };
 }
 
 /// What a refused grow says: what was wrong and what to do; nothing is written.
@@ -28,9 +33,10 @@ fn refuse(what: &str, todo: &str) -> String {
 }
 
 /// A device joining the array by a grow or restripe: the array's fields (`reference`'s),
-/// its own identity, the next dev_number `used` leaves free (taken), an empty bad-block log
-/// where the others have theirs, data at the array's data offset. `who` names it in a
-/// refusal.
+/// its own identity, its own dev_number if it has one, else the lowest that neither `used`
+/// (taken then) nor `reference`'s dev_roles lists (a failed member not yet removed keeps
+/// its entry), an empty bad-block log where the others have theirs, data at the array's
+/// data offset. `who` names it in a refusal.
 fn joining_superblock(
     reference: &Superblock,
     m: &GrowMember,
@@ -38,7 +44,9 @@ fn joining_superblock(
     who: &str,
 ) -> Result<Superblock, String> {
     let data_offset = reference.data_offset;
-    let dev_number = (0u32..).find(|n| !used.contains(n)).unwrap_or(0);
+    let listed = |n: u32| reference.dev_roles.get(n as usize).is_some_and(|&r| r != role::SPARE);
+    let dev_number =
+        m.dev_number.unwrap_or_else(|| (0u32..).find(|&n| !used.contains(&n) && !listed(n)).unwrap_or(0));
     used.push(dev_number);
     let data_size =
         m.dev_sectors.checked_sub(data_offset).filter(|&s| s >= reference.size).ok_or_else(|| {
@@ -261,9 +269,15 @@ fn grow_superblocks(
     let new_offset =
         i32::try_from(min).map(|m| -m).map_err(|_| refuse("the offset change is too large", "use mdadm"))?;
 
-    // New members: the array's fields, their own identity, the next free dev_numbers, no
-    // bad-block log (none was read from them), data at the array's data offset.
-    let mut used: Vec<u32> = superblocks.iter().chain(spares).map(|sb| sb.dev_number).collect();
+    // New members: the array's fields, their own identity, their own dev_numbers (spares)
+    // or free ones, no bad-block log (none was read from them), data at the array's data
+    // offset.
+    let mut used: Vec<u32> = superblocks
+        .iter()
+        .chain(spares)
+        .map(|sb| sb.dev_number)
+        .chain(new_members.iter().filter_map(|m| m.dev_number))
+        .collect();
     let mut all: Vec<Superblock> = superblocks.to_vec();
     for (i, m) in new_members.iter().enumerate() {
         let mut sb = joining_superblock(reference, m, &mut used, &format!("new member {i}"))?;
@@ -281,12 +295,11 @@ fn grow_superblocks(
         .max()
         .unwrap_or(0)
         .max(used.iter().max().map_or(0, |m| m + 1));
-    // The new members' dev_numbers come after the old members' and the spares'; their
-    // slots after the old members' (the first in the empty parity slot, if any).
+    // The new members' slots come after the old members' (the first in the empty parity
+    // slot, if any).
     let first_new = superblocks.len();
-    let roles: Vec<(u32, u16)> = (0..new_members.len())
-        .map(|i| (used[first_new + spares.len() + i], (first_new + i) as u16))
-        .collect();
+    let roles: Vec<(u32, u16)> =
+        (first_new..all.len()).map(|slot| (all[slot].dev_number, slot as u16)).collect();
     let events = reference.events + 1;
     let mut spares = spares.to_vec();
     for sb in all.iter_mut().chain(spares.iter_mut()) {
@@ -474,7 +487,12 @@ pub fn start_restripe(
     let min = lcm(chunk * data, new_chunk * data) / data;
     let data_offset = reference.data_offset;
     let mut all: Vec<Superblock> = superblocks.to_vec();
-    let mut used: Vec<u32> = superblocks.iter().chain(spares).map(|sb| sb.dev_number).collect();
+    let mut used: Vec<u32> = superblocks
+        .iter()
+        .chain(spares)
+        .map(|sb| sb.dev_number)
+        .chain(new_member.and_then(|m| m.dev_number))
+        .collect();
     if let Some(m) = new_member {
         let mut sb = joining_superblock(reference, &m, &mut used, "the new member")?;
         // md's raid5_start_reshape: a device below previous_raid_disks is recovered by the

@@ -190,7 +190,26 @@ pub(super) fn power_cycle(
     // Taken before a resumed reshape runs: a member it loses (and a hot spare that takes
     // the slot once it ends) is a loss after the start, as one during the resync is.
     let started_with = slot_disks(array2.engine());
-    let resumed_from = grown_run_resumes(&mut array2, model, report)?;
+    let resumed_from = match grown_run_resumes(&mut array2, model, report)? {
+        Resumed::None => None,
+        Resumed::Finished(from) => Some(*from),
+        Resumed::ArrayFailed { from, at } => {
+            // As during the recovery below: planned faults firing during the resumed
+            // reshape while a slot is still out (a cut inside a grow's start round that
+            // missed the new member: seed 99000197) fail md's array too.
+            if !planned_losses_beyond_redundancy(run, &array2, &members2) {
+                return Err(format!(
+                    "the array failed during the reshape resumed at sector {from} (at {at:?}), with losses \
+                     no planned fault explains or within the redundancy"
+                ));
+            }
+            report
+                .faults
+                .push(format!("the array failed during the reshape resumed at sector {from}, as md's would"));
+            report.array_failed_as_expected = true;
+            return failed_array_serves_nothing_wrong(&mut array2, model, &mut next_id, &mut buf);
+        }
+    };
     if array2.engine().engine().geometry() != geo {
         return Err(format!(
             "the array has {:?} after the power cycle, not {geo:?}",
@@ -279,15 +298,8 @@ pub(super) fn power_cycle(
     // simulator fails) while a slot is still being brought back: as many losses as a second
     // failure, and md fails the array too (a cut inside a grow's start round that missed the
     // new member leaves its slot to recover after the resumed reshape: seed 99001578).
-    let states_now = array2.engine().engine().member_states();
-    let failed_since_start: Vec<usize> = (0..n.min(states_now.len()))
-        .filter(|&m| states_now[m] != MemberState::InSync && members2[m].state == MemberState::InSync)
-        .map(|m| array2.engine().engine().io_member(m))
-        .collect();
     let planned_loss_fatal = rebuilt.second_failure_not_in_sync.is_none()
-        && !failed_since_start.is_empty()
-        && failed_since_start.iter().all(|&d| run.erroring[d] || array2.disks().is_failed(d))
-        && !survives_second_failure(level, n, lost_now);
+        && planned_losses_beyond_redundancy(run, &array2, &members2);
     match (outcome, second_failure_fatal || planned_loss_fatal) {
         (Rebuilt::Failed, true) => {
             report.array_failed_as_expected = true;
@@ -511,16 +523,49 @@ fn meta_trap_hit(array: &SimArray<Array>) -> Option<String> {
     Some(format!("member {} failed on {what} of a metadata round at {} ns", hit.member, hit.at_ns))
 }
 
+/// Members lost since the re-assembly's start (in sync then, not now) that are all disks a
+/// planned fault fails (write or flush errors, or failed by the simulator), and beyond the
+/// level's redundancy with the slots still out: md fails the array too. A loss no planned
+/// fault explains, or one the level survives, is not.
+fn planned_losses_beyond_redundancy(
+    run: &Run,
+    array: &SimArray<Array>,
+    members: &[uraid_core::config::MemberConfig],
+) -> bool {
+    let engine = array.engine().engine();
+    let states_now = engine.member_states();
+    let lost_now = states_now.iter().filter(|s| **s != MemberState::InSync).count();
+    let failed_since_start: Vec<usize> = (0..run.n.min(states_now.len()).min(members.len()))
+        .filter(|&m| states_now[m] != MemberState::InSync && members[m].state == MemberState::InSync)
+        .map(|m| engine.io_member(m))
+        .collect();
+    !failed_since_start.is_empty()
+        && failed_since_start.iter().all(|&d| run.erroring[d] || array.disks().is_failed(d))
+        && !survives_second_failure(run.level, run.n, lost_now)
+}
+
+/// How a reshape the re-assembly resumed ended.
+enum Resumed {
+    None,
+    /// It ran to its end: the reshape as it resumed (its checkpoint then).
+    Finished(Box<uraid_core::reshape::ReshapeGeometry>),
+    /// The array failed on the way (the reshape stops there, as md's does), having resumed
+    /// at sector `from` and reached `at`.
+    ArrayFailed {
+        from: u64,
+        at: Option<(u64, u64)>,
+    },
+}
+
 /// A reshape the re-assembly resumed runs to its end before the recovery (md recovers no
-/// member while it reshapes); the model then takes the new size. Returns the reshape as it
-/// resumed (its checkpoint then), if one ran.
+/// member while it reshapes); the model then takes the new size.
 fn grown_run_resumes(
     array: &mut SimArray<Array>,
     model: &mut Model,
     report: &mut SimReport,
-) -> Result<Option<uraid_core::reshape::ReshapeGeometry>, String> {
+) -> Result<Resumed, String> {
     let Some(resumed) = array.engine().reshape_geometry().cloned() else {
-        return Ok(None);
+        return Ok(Resumed::None);
     };
     let from = resumed.position_sectors;
     let mut rounds = 0;
@@ -530,6 +575,9 @@ fn grown_run_resumes(
             other => return Err(format!("the resumed reshape ended {other:?}")),
         }
         rounds += 1;
+        if array.engine().is_reshaping() && array.engine().engine().is_failed() {
+            return Ok(Resumed::ArrayFailed { from, at: array.engine().reshape_progress() });
+        }
         if array.engine().is_reshaping() && (rounds > 1000 || !array.engine().reshape_running()) {
             return Err(format!(
                 "the reshape resumed at sector {from} did not finish (at {:?})",
@@ -543,7 +591,7 @@ fn grown_run_resumes(
     if !report.draws.contains(&DRAWS[11]) {
         report.draws.push(DRAWS[11]);
     }
-    Ok(Some(resumed))
+    Ok(Resumed::Finished(Box::new(resumed)))
 }
 
 /// The superblocks recorded the start of the reshape to `next` (mid-way or done): one that
