@@ -302,6 +302,13 @@ pub(super) fn power_cycle(
         && planned_losses_beyond_redundancy(run, &array2, &members2);
     match (outcome, second_failure_fatal || planned_loss_fatal) {
         (Rebuilt::Failed, true) => {
+            if !second_failure_fatal {
+                report.faults.push(
+                    "the array failed during the rebuild after the power cycle, by planned faults \
+                     beyond the redundancy, as md's would"
+                        .into(),
+                );
+            }
             report.array_failed_as_expected = true;
             return failed_array_serves_nothing_wrong(&mut array2, model, &mut next_id, &mut buf);
         }
