@@ -2,10 +2,7 @@
 //! each followed by a flush of that member (md writes its metadata with FUA), the members
 //! side by side; a member whose I/O fails skips the rest of its part (its superblock is not
 //! written over a bitmap page that failed). Rounds run one at a time, in the order they were
-//! asked for, and each is built only when it starts, from the state as it is then; the one
-//! overlap: a bitmap page round may start while the page round before it only flushes (its
-//! pages written), so the next batch's pages go out during that flush. Rounds still finish
-//! in order. See docs/performance.md, "Bitmap updates batched".
+//! asked for, and each is built only when it starts, from the state as it is then.
 
 use std::collections::VecDeque;
 
@@ -36,7 +33,7 @@ type Step = (MemberIoOp, u64, IoBytes, &'static str);
 struct Chain {
     key: MemberKey,
     steps: VecDeque<Step>,
-    in_flight: Option<(MemberIoId, &'static str, MemberIoOp)>,
+    in_flight: Option<(MemberIoId, &'static str)>,
 }
 
 /// The round in flight.
@@ -53,16 +50,6 @@ impl Running {
     pub(super) fn finished(&self) -> bool {
         self.chains.iter().all(|c| c.in_flight.is_none())
     }
-
-    /// A bitmap page round whose page writes have all completed: only flushes are left. A
-    /// later page round may write now; its writes cannot overtake these on the device.
-    fn only_flushing_pages(&self) -> bool {
-        self.round.as_ref().is_some_and(MetaRound::writes_bitmap_pages_only)
-            && self.chains.iter().all(|c| {
-                c.in_flight.is_none_or(|(_, _, op)| op == MemberIoOp::Flush)
-                    && c.steps.iter().all(|s| s.0 == MemberIoOp::Flush)
-            })
-    }
 }
 
 fn purpose(io: &MetaIo) -> &'static str {
@@ -78,8 +65,7 @@ fn purpose(io: &MetaIo) -> &'static str {
 #[derive(Default)]
 pub(super) struct Rounds {
     queue: VecDeque<(RoundSeq, Work)>,
-    /// In sequence order: one round, or a page round and the page round after it.
-    running: VecDeque<Running>,
+    running: Option<Running>,
     last_seq: RoundSeq,
     done_seq: RoundSeq,
     next_io: u64,
@@ -131,15 +117,11 @@ impl Rounds {
 
     /// (queued, running with members still writing, I/Os not yet taken).
     pub(super) fn describe(&self) -> String {
-        let running: Vec<String> = self
-            .running
-            .iter()
-            .map(|r| {
-                let busy: Vec<(MemberKey, Option<MemberIoId>, usize)> =
-                    r.chains.iter().map(|c| (c.key, c.in_flight.map(|(i, ..)| i), c.steps.len())).collect();
-                format!("seq {} {busy:?}", r.seq)
-            })
-            .collect();
+        let running = self.running.as_ref().map(|r| {
+            let busy: Vec<(MemberKey, Option<MemberIoId>, usize)> =
+                r.chains.iter().map(|c| (c.key, c.in_flight.map(|(i, _)| i), c.steps.len())).collect();
+            format!("seq {} {busy:?}", r.seq)
+        });
         format!(
             "queued {:?}, running {running:?}, out {}",
             self.queue.iter().map(|q| q.0).collect::<Vec<_>>(),
@@ -148,40 +130,22 @@ impl Rounds {
     }
 
     pub(super) fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.running.is_empty() && self.out.is_empty()
+        self.queue.is_empty() && self.running.is_none() && self.out.is_empty()
     }
 
-    /// The next queued round may start: nothing runs, or it is a page round and the one
-    /// running is a page round that only flushes.
+    /// Nothing is being written; the next round may start.
     pub(super) fn ready_for_next(&self) -> bool {
-        match (self.running.len(), self.queue.front()) {
-            (0, _) => true,
-            (1, Some((_, Work::BitmapPages(_)))) => self.running[0].only_flushing_pages(),
-            _ => false,
-        }
+        self.running.is_none()
     }
 
     pub(super) fn pop_queued(&mut self) -> Option<(RoundSeq, Work)> {
         self.queue.pop_front()
     }
 
-    /// Starts `round` (or raw `ios`) as round `seq`, after those running (see
-    /// [`Rounds::ready_for_next`]): the first I/O of every member's part is issued. A round
-    /// with no I/O is finished at once (see [`Rounds::take_finished`]).
+    /// Starts `round` (or raw `ios`) as round `seq`: the first I/O of every member's part
+    /// is issued. A round with no I/O is finished at once (see [`Rounds::take_finished`]).
     pub(super) fn start(&mut self, seq: RoundSeq, round: Option<MetaRound>, raw: Vec<MetaIo>) {
-        assert!(self.running.len() < 2, "at most two metadata rounds at a time");
-        let running = self.build(seq, round, raw);
-        self.running.push_back(running);
-    }
-
-    /// Starts the round that records a failure of round `seq`, just finished, under the
-    /// same number: ahead of a page round still running, which finishes after it.
-    pub(super) fn start_follow_up(&mut self, seq: RoundSeq, round: MetaRound) {
-        let running = self.build(seq, Some(round), Vec::new());
-        self.running.push_front(running);
-    }
-
-    fn build(&mut self, seq: RoundSeq, round: Option<MetaRound>, raw: Vec<MetaIo>) -> Running {
+        assert!(self.running.is_none(), "one metadata round at a time");
         let ios = round.as_ref().map_or(&raw[..], |r| &r.ios[..]);
         let flush_once = round.as_ref().is_some_and(MetaRound::writes_bitmap_pages_only);
         let mut chains: Vec<Chain> = Vec::new();
@@ -213,7 +177,7 @@ impl Rounds {
         for c in &mut running.chains {
             Self::issue_next(c, &mut self.next_io, &mut self.out);
         }
-        running
+        self.running = Some(running);
     }
 
     fn issue_next(c: &mut Chain, next_io: &mut u64, out: &mut VecDeque<MemberIo>) {
@@ -226,7 +190,7 @@ impl Rounds {
         *next_io += 1;
         let len_bytes = if op == MemberIoOp::Write { data.len() as u64 } else { 0 };
         out.push_back(MemberIo { id, member: c.key as usize, op, offset_bytes, len_bytes, data });
-        c.in_flight = Some((id, why, op));
+        c.in_flight = Some((id, why));
     }
 
     pub(super) fn pop_io(&mut self) -> Option<MemberIo> {
@@ -239,16 +203,14 @@ impl Rounds {
             self.late.swap_remove(at);
             return false;
         }
-        let found = self.running.iter_mut().find_map(|r| {
-            let at = r.chains.iter().position(|c| c.in_flight.is_some_and(|(i, ..)| i == id))?;
-            Some((r, at))
-        });
-        let Some((r, at)) = found else { return false };
-        let c = &mut r.chains[at];
+        let Some(r) = self.running.as_mut() else { return false };
+        let Some(c) = r.chains.iter_mut().find(|c| c.in_flight.is_some_and(|(i, _)| i == id)) else {
+            return false;
+        };
         if ok {
             Self::issue_next(c, &mut self.next_io, &mut self.out);
         } else {
-            let why = c.in_flight.map_or("a metadata write", |(_, w, _)| w);
+            let why = c.in_flight.map_or("a metadata write", |(_, w)| w);
             r.failed.push((c.key, why));
             c.steps.clear();
             c.in_flight = None;
@@ -268,24 +230,22 @@ impl Rounds {
             }
             keep
         });
-        for r in &mut self.running {
-            for c in r.chains.iter_mut().filter(|c| c.key == key) {
-                c.steps.clear();
-                if let Some((id, why, _)) = c.in_flight.take() {
-                    r.failed.push((key, why));
-                    if !untaken.contains(&id) {
-                        self.late.push((id, key));
-                    }
+        let Some(r) = self.running.as_mut() else { return };
+        for c in r.chains.iter_mut().filter(|c| c.key == key) {
+            c.steps.clear();
+            if let Some((id, why)) = c.in_flight.take() {
+                r.failed.push((key, why));
+                if !untaken.contains(&id) {
+                    self.late.push((id, key));
                 }
             }
         }
     }
 
-    /// The oldest running round once every member's part of it ended (a later one that
-    /// ended first waits: rounds finish in order).
+    /// The running round once every member's part ended.
     pub(super) fn take_finished(&mut self) -> Option<Running> {
-        if self.running.front().is_some_and(Running::finished) {
-            return self.running.pop_front();
+        if self.running.as_ref().is_some_and(Running::finished) {
+            return self.running.take();
         }
         None
     }
@@ -298,7 +258,7 @@ impl Rounds {
 
     /// Members whose metadata I/O is in flight (not to be dropped from the executor yet).
     pub(super) fn busy_with(&self, key: MemberKey) -> bool {
-        self.running.iter().any(|r| r.chains.iter().any(|c| c.key == key && c.in_flight.is_some()))
+        self.running.as_ref().is_some_and(|r| r.chains.iter().any(|c| c.key == key && c.in_flight.is_some()))
             || self.late.iter().any(|&(_, k)| k == key)
     }
 }

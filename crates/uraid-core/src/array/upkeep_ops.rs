@@ -264,7 +264,7 @@ impl Array {
             match out.next {
                 Ok(Some(next)) => {
                     // The failure is recorded by the next round, under the same number.
-                    self.rounds.start_follow_up(seq, next);
+                    self.rounds.start(seq, Some(next), Vec::new());
                     return;
                 }
                 Ok(None) => {}
