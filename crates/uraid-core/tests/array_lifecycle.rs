@@ -310,6 +310,16 @@ fn failing_the_last_redundant_member_is_refused_unless_forced() {
 /// page round (one write of each page and one flush per member), not one round per write.
 /// Before: each write into a clean chunk queued a round of its own, run one after another,
 /// so random writes into clean chunks went one bitmap write + flush at a time.
+/// A device added to a running array takes the first free dev_number from raid_disks up, as
+/// md's bind_rdev_to_array (seen in the md VM: raid5 of 4, member 1 failed and removed, the
+/// device added got number 4, the next 5), not the number the missing member left.
+#[test]
+fn an_added_device_numbers_from_raid_disks_up_as_md_does() {
+    let d = start(create(5, 4, true), &[0, 2, 3]);
+    let sb = d.engine.new_member_superblock(MEMBER_BYTES / 512, [0x55; 16], "new").unwrap();
+    assert_eq!(sb.dev_number, 4, "member 1's number is not reused");
+}
+
 #[test]
 fn writes_waiting_for_bitmap_bits_share_one_page_round() {
     let mut d = start(create(1, 2, true), &[0, 1]);

@@ -80,7 +80,7 @@ impl Array {
     }
 
     /// The superblock of a device joining the array: the array's fields, its own identity
-    /// (`device_uuid`), the lowest free dev_number, its size. Refused when too small.
+    /// (`device_uuid`), a free dev_number, its size. Refused when too small.
     pub fn new_member_superblock(
         &self,
         dev_sectors: u64,
@@ -89,7 +89,9 @@ impl Array {
     ) -> Result<Superblock, String> {
         let reference = &self.sbs.members()[0].sb;
         let used: Vec<u32> = self.sbs.members().iter().map(|m| m.sb.dev_number).collect();
-        let dev_number = (0u32..).find(|n| !used.contains(n)).unwrap_or(0);
+        // As md's bind_rdev_to_array on a running array: the first free number from
+        // raid_disks up, never a removed member's number below it.
+        let dev_number = (reference.raid_disks..).find(|n| !used.contains(n)).unwrap_or(reference.raid_disks);
         let version = match reference.super_offset {
             0 => SuperblockVersion::V1_1,
             8 => SuperblockVersion::V1_2,
