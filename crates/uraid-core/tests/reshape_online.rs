@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use uraid_core::api::*;
-use uraid_core::array::{grow_plan, Array, GrowRequest};
+use uraid_core::array::{grow_plan, Array, GrowRequest, NewMember};
 use uraid_core::meta::superblock::feature;
 use uraid_core::{MemberState, ScrubKind};
 
@@ -76,6 +76,17 @@ fn grow_to(d: &mut Driver<Array>, raid_disks: usize) {
 }
 
 /// Client requests (`Clients`, seeded by `seed`) until the reshape is done and every one of
+/// Runs `d` with no clients until its reshape ends (`what` names it if it never does).
+fn run_until_reshaped(d: &mut Driver<Array>, what: &str) {
+    let mut guard = 0;
+    while d.engine.is_reshaping() {
+        d.run_until_idle();
+        guard += 1;
+        assert!(guard < 1000, "{what}: the reshape never ended");
+    }
+    d.run_until_idle();
+}
+
 /// them has ended, `model` kept as they are acknowledged.
 fn serve_until_reshaped(d: &mut Driver<Array>, model: &mut [u8], seed: u64) {
     let size = model.len() as u64;
@@ -284,13 +295,7 @@ fn restart_after_cut(
         clients.out.iter().filter_map(|(_, at, _, data)| data.clone().map(|b| (*at, b))).collect();
     let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
     let mut d = start_array(members, keys, seed);
-    let mut guard = 0;
-    while d.engine.is_reshaping() {
-        d.run_until_idle();
-        guard += 1;
-        assert!(guard < 1000, "{what}: the resumed reshape never ended");
-    }
-    d.run_until_idle();
+    run_until_reshaped(&mut d, what);
     let size = model.len() as u64;
     let got = read_all(&mut d, size);
     for s in 0..size / 512 {
@@ -797,13 +802,7 @@ fn a_q_member_that_missed_a_checkpoint_round_lets_raid5_to_raid6_go_on() {
     let keys: Vec<usize> = (0..=n).collect();
     let mut d = start_array(members, &keys, 62);
     assert!(d.engine.is_reshaping(), "the reshape resumes");
-    let mut guard = 0;
-    while d.engine.is_reshaping() {
-        d.run_until_idle();
-        guard += 1;
-        assert!(guard < 1000, "the resumed reshape never ended");
-    }
-    d.run_until_idle();
+    run_until_reshaped(&mut d, "raid5 to raid6 resumed");
     assert!(read_all(&mut d, size) == model, "the data after the resumed reshape");
     assert_eq!(d.engine.engine().member_states(), vec![MemberState::InSync; n + 1]);
     d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
@@ -1303,6 +1302,21 @@ fn a_write_during_a_grow_with_a_bitmap_sets_its_bits_in_both_layouts() {
     }
 }
 
+/// A raid5 of 4 whose member 0 failed and stays listed (faulty) with a hot spare recovered
+/// into its slot, and a device prepared to join it (not yet added).
+fn raid5_with_a_failed_member_still_listed(seed: u64) -> (Driver<Array>, NewMember) {
+    let mm = create_level(5, 4, MEMBER_BYTES, true);
+    let mut d = start_array(mm, &[0, 1, 2, 3], seed);
+    let spare = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
+    d.engine.add_member(spare, d.now_ns).unwrap();
+    d.run_until_idle();
+    d.engine.fail(0, false, d.now_ns).unwrap();
+    d.run_until_idle();
+    assert_eq!(d.engine.engine().member_states(), vec![MemberState::InSync; 4]);
+    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA1);
+    (d, new)
+}
+
 /// A failed member stays listed (faulty, its superblock as it was when it failed) until it
 /// is removed. The grow's end must take the array's new shape from the members it wrote,
 /// not from that one: with the old member count the bitmap counted a write after the grow
@@ -1311,25 +1325,11 @@ fn a_write_during_a_grow_with_a_bitmap_sets_its_bits_in_both_layouts() {
 #[test]
 fn after_a_grow_a_write_sets_the_bit_of_the_new_layout_with_a_failed_member_still_listed() {
     use uraid_core::meta::bitmap::array_range_to_sync_range;
-    let mm = create_level(5, 4, MEMBER_BYTES, true);
-    let mut d = start_array(mm, &[0, 1, 2, 3], 73);
-    // Member 0 fails; a hot spare takes its slot and is recovered; member 0 stays listed.
-    let spare = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
-    d.engine.add_member(spare, d.now_ns).unwrap();
-    d.run_until_idle();
-    d.engine.fail(0, false, d.now_ns).unwrap();
-    d.run_until_idle();
-    assert_eq!(d.engine.engine().member_states(), vec![MemberState::InSync; 4]);
-    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA1);
+    let (mut d, new) = raid5_with_a_failed_member_still_listed(73);
     d.engine.add_member(new, d.now_ns).unwrap();
     d.run_until_idle();
     grow_to(&mut d, 5);
-    let mut steps = 0;
-    while d.engine.is_reshaping() {
-        d.run_until_idle();
-        steps += 1;
-        assert!(steps < 1000, "the grow never ended");
-    }
+    run_until_reshaped(&mut d, "the grow");
     // Near the end of the grown array: rows of 4 data chunks put it in member sectors that
     // rows of 3 would place past the bitmap's end.
     let size = d.engine.engine().size_bytes();
@@ -1353,15 +1353,7 @@ fn after_a_grow_a_write_sets_the_bit_of_the_new_layout_with_a_failed_member_stil
 #[test]
 fn a_spare_joining_a_grow_keeps_its_dev_number_beside_a_failed_member_still_listed() {
     use uraid_core::meta::superblock::role;
-    let mm = create_level(5, 4, MEMBER_BYTES, true);
-    let mut d = start_array(mm, &[0, 1, 2, 3], 74);
-    // Member 0 fails; a hot spare takes its slot; member 0 stays listed (faulty).
-    let spare = prepare_new_member(&mut d, MEMBER_BYTES, 0xA0);
-    d.engine.add_member(spare, d.now_ns).unwrap();
-    d.run_until_idle();
-    d.engine.fail(0, false, d.now_ns).unwrap();
-    d.run_until_idle();
-    let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xA1);
+    let (mut d, new) = raid5_with_a_failed_member_still_listed(74);
     let (key, own) = (new.key as usize, new.sb.dev_number);
     assert_ne!(own, 0, "the failed member's number is still listed");
     d.engine.add_member(new, d.now_ns).unwrap();
