@@ -160,3 +160,34 @@ fn a_member_joining_by_a_grow_gets_an_empty_bad_block_log_where_the_others_have_
     assert_eq!((new.bblog_offset, new.bblog_size), (old[0].bblog_offset, old[0].bblog_size));
     assert!(!new.has(feature::BAD_BLOCKS), "empty: md reads no page without the feature bit");
 }
+
+/// A device new to the array (an offline grow's) numbers as `uraid add` and md's
+/// bind_rdev_to_array number it: from raid_disks up, past the numbers devices hold, never a
+/// removed member's number below raid_disks. Here slot 1's first device (number 1) was
+/// replaced by a spare that was number 4; the grow gave the new device 1 before.
+#[test]
+fn a_device_new_to_the_array_numbers_from_raid_disks_up_past_a_removed_members_number() {
+    let old: Vec<Superblock> = array(false)
+        .into_iter()
+        .map(|mut sb| {
+            sb.max_dev = sb.max_dev.max(5);
+            sb.dev_roles.resize(sb.max_dev as usize, role::SPARE);
+            sb.dev_roles[1] = role::SPARE;
+            sb.dev_roles[4] = 1;
+            if sb.dev_number == 1 {
+                sb.dev_number = 4;
+            }
+            sb
+        })
+        .collect();
+    let (sbs, _) = start_grow(&old, &[NEW], 1).unwrap();
+    assert_eq!(sbs[4].dev_number, 5, "the first free number from raid_disks (4) up");
+    for sb in &sbs {
+        assert_eq!(
+            (sb.dev_roles[1], sb.dev_roles[4], sb.dev_roles[5]),
+            (role::SPARE, 1, 4),
+            "dev {}",
+            sb.dev_number
+        );
+    }
+}

@@ -89,9 +89,7 @@ impl Array {
     ) -> Result<Superblock, String> {
         let reference = &self.sbs.members()[0].sb;
         let used: Vec<u32> = self.sbs.members().iter().map(|m| m.sb.dev_number).collect();
-        // As md's bind_rdev_to_array on a running array: the first free number from
-        // raid_disks up, never a removed member's number below it.
-        let dev_number = (reference.raid_disks..).find(|n| !used.contains(n)).unwrap_or(reference.raid_disks);
+        let dev_number = reference.free_dev_number(&used);
         let version = match reference.super_offset {
             0 => SuperblockVersion::V1_1,
             8 => SuperblockVersion::V1_2,

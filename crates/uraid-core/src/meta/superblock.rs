@@ -651,6 +651,16 @@ impl Superblock {
 
     /// The role of this member: `dev_roles[dev_number]`, or spare when out of range
     /// (as `super_1_validate`).
+    /// The dev_number a device joining this array takes (by `add`, or new to it in a
+    /// grow): md's bind_rdev_to_array on a running array, the first from raid_disks up that
+    /// no device holds (`used`). Also skipped: a number dev_roles lists as a member or
+    /// faulty (a failed member not yet removed keeps its entry; md skips it while the
+    /// device is still bound, and its entry must not be overwritten when it is not).
+    pub fn free_dev_number(&self, used: &[u32]) -> u32 {
+        let listed = |n: u32| self.dev_roles.get(n as usize).is_some_and(|&r| r != role::SPARE);
+        (self.raid_disks..).find(|&n| !used.contains(&n) && !listed(n)).unwrap_or(self.raid_disks)
+    }
+
     pub fn role(&self) -> u16 {
         self.dev_roles.get(self.dev_number as usize).copied().unwrap_or(role::SPARE)
     }

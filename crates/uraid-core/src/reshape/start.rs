@@ -33,10 +33,10 @@ fn refuse(what: &str, todo: &str) -> String {
 }
 
 /// A device joining the array by a grow or restripe: the array's fields (`reference`'s),
-/// its own identity, its own dev_number if it has one, else the lowest that neither `used`
-/// (taken then) nor `reference`'s dev_roles lists (a failed member not yet removed keeps
-/// its entry), an empty bad-block log where the others have theirs, data at the array's
-/// data offset. `who` names it in a refusal.
+/// its own identity, its own dev_number if it has one, else a free one as `uraid add`
+/// gives ([`Superblock::free_dev_number`]; `used`: numbers taken, this one added), an
+/// empty bad-block log where the others have theirs, data at the array's data offset.
+/// `who` names it in a refusal.
 fn joining_superblock(
     reference: &Superblock,
     m: &GrowMember,
@@ -44,9 +44,7 @@ fn joining_superblock(
     who: &str,
 ) -> Result<Superblock, String> {
     let data_offset = reference.data_offset;
-    let listed = |n: u32| reference.dev_roles.get(n as usize).is_some_and(|&r| r != role::SPARE);
-    let dev_number =
-        m.dev_number.unwrap_or_else(|| (0u32..).find(|&n| !used.contains(&n) && !listed(n)).unwrap_or(0));
+    let dev_number = m.dev_number.unwrap_or_else(|| reference.free_dev_number(used));
     used.push(dev_number);
     let data_size =
         m.dev_sectors.checked_sub(data_offset).filter(|&s| s >= reference.size).ok_or_else(|| {
