@@ -11,6 +11,12 @@
 //! cache is dropped before each read job, and btrfs and the device alone run O_DIRECT, so
 //! the figures are the disks' and not memory's. Signatures are wiped before each system,
 //! so that neither btrfs nor md finds the other's superblocks.
+//!
+//! `--runs N` repeats the whole comparison, uraid and btrfs taking turns at going first;
+//! a row's ratio is the median of the runs' own ratios (each uraid figure divided by the
+//! btrfs figure of its run), printed with the range. Loop devices over a shared disk drift
+//! by up to 2x within minutes (docs/performance.md), which one run cannot tell from either
+//! system's speed.
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
@@ -53,6 +59,9 @@ pub struct DiskArgs {
     /// Seconds each fio job runs.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     runtime: u64,
+    /// Times the whole comparison runs, uraid and btrfs taking turns at going first.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    runs: u64,
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
@@ -76,10 +85,13 @@ fn target(level: u32, job: &str) -> Option<f64> {
 struct Row {
     level: u32,
     job: &'static str,
+    /// Medians over the runs (each system's own median).
     uraid_iops: f64,
     btrfs_iops: f64,
-    /// uraid_iops / btrfs_iops.
+    /// The median of `ratios`.
     ratio: f64,
+    /// Each run's uraid IOPS / btrfs IOPS of the same run, in run order.
+    ratios: Vec<f64>,
     target: Option<f64>,
     one_device_iops: f64,
     /// uraid_iops / (devices x one_device_iops): above 1 the figure is not the disks'.
@@ -103,6 +115,7 @@ struct Report {
     /// The region of the one device measured alone: the share of each device the arrays use.
     one_device_bytes: u64,
     runtime_secs: u64,
+    runs: u64,
     rows: Vec<Row>,
 }
 
@@ -133,6 +146,10 @@ impl Drop for Btrfs {
         // Else the kernel keeps the devices in its btrfs registry after they are wiped.
         let _ = sh(Command::new("btrfs").args(["device", "scan", "--forget"]).args(&self.devices));
     }
+}
+
+fn median(values: Vec<f64>) -> f64 {
+    uraid_io::bench::median_by(values, |v| *v).unwrap_or(0.0)
 }
 
 fn device_bytes(dev: &Path) -> anyhow::Result<u64> {
@@ -268,25 +285,47 @@ pub fn run(args: DiskArgs) -> anyhow::Result<()> {
     let data_set_bytes = half_bytes * (count as u64 - 2);
 
     let bench = Bench { runtime_secs: args.runtime, scratch: scratch.0.clone(), stop };
-    let one = bench.one_device(&devices.paths[0], half_bytes)?;
-    let all = bench.all_devices(&devices.paths, half_bytes)?;
+    // Per run: one device, all devices, and per level uraid and btrfs, each a figure per job.
+    let mut one = Vec::new();
+    let mut all = Vec::new();
+    let mut uraid: Vec<Vec<Vec<Measured>>> = levels.iter().map(|_| Vec::new()).collect();
+    let mut btrfs: Vec<Vec<Vec<Measured>>> = levels.iter().map(|_| Vec::new()).collect();
+    for run in 0..args.runs {
+        eprintln!("run {} of {}", run + 1, args.runs);
+        one.push(bench.one_device(&devices.paths[0], half_bytes)?);
+        all.push(bench.all_devices(&devices.paths, half_bytes)?);
+        for (l, &level) in levels.iter().enumerate() {
+            let uraid_first = run % 2 == 0;
+            if uraid_first {
+                uraid[l].push(bench.uraid(level, &devices.paths, data_set_bytes)?);
+            }
+            btrfs[l].push(bench.btrfs(level, &devices.paths, data_set_bytes)?);
+            if !uraid_first {
+                uraid[l].push(bench.uraid(level, &devices.paths, data_set_bytes)?);
+            }
+        }
+    }
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let mut rows = Vec::new();
-    for &level in &levels {
-        let uraid = bench.uraid(level, &devices.paths, data_set_bytes)?;
-        let btrfs = bench.btrfs(level, &devices.paths, data_set_bytes)?;
+    for (l, &level) in levels.iter().enumerate() {
         for (i, job) in ORDER.iter().enumerate() {
+            let iops = |runs: &[Vec<Measured>]| median(runs.iter().map(|r| r[i].iops).collect());
+            let (uraid_iops, btrfs_iops) = (iops(&uraid[l]), iops(&btrfs[l]));
+            let ratios: Vec<f64> =
+                uraid[l].iter().zip(&btrfs[l]).map(|(u, b)| ratio(u[i].iops, b[i].iops)).collect();
+            let (one_device_iops, all_devices_iops) = (iops(&one), iops(&all));
             rows.push(Row {
                 level,
                 job,
-                uraid_iops: uraid[i].iops,
-                btrfs_iops: btrfs[i].iops,
-                ratio: ratio(uraid[i].iops, btrfs[i].iops),
+                uraid_iops,
+                btrfs_iops,
+                ratio: median(ratios.clone()),
+                ratios,
                 target: target(level, job),
-                one_device_iops: one[i].iops,
-                devices_ratio: ratio(uraid[i].iops, count as f64 * one[i].iops),
-                all_devices_iops: all[i].iops,
-                all_devices_ratio: ratio(uraid[i].iops, all[i].iops),
+                one_device_iops,
+                devices_ratio: ratio(uraid_iops, count as f64 * one_device_iops),
+                all_devices_iops,
+                all_devices_ratio: ratio(uraid_iops, all_devices_iops),
             });
         }
     }
@@ -298,6 +337,7 @@ pub fn run(args: DiskArgs) -> anyhow::Result<()> {
         data_set_bytes,
         one_device_bytes: half_bytes,
         runtime_secs: args.runtime,
+        runs: args.runs,
         rows,
     };
     drop(devices);
@@ -320,6 +360,11 @@ fn print_report(r: &Report, count: usize) {
         r.one_device_bytes >> 20,
         r.runtime_secs
     );
+    println!(
+        "{} runs, uraid and btrfs taking turns at going first; IOPS are each system's median, \
+         uraid/btrfs the median of the runs' own ratios (lowest-highest)",
+        r.runs
+    );
     let mut level = 0;
     for row in &r.rows {
         if row.level != level {
@@ -333,8 +378,11 @@ fn print_report(r: &Report, count: usize) {
         }
         let t = target_cell(row.ratio, row.target);
         let bound = if row.devices_ratio > 1.0 { " ABOVE THE DEVICES" } else { "" };
+        let lowest = row.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let highest = row.ratios.iter().copied().fold(0.0, f64::max);
+        let range = if row.ratios.len() > 1 { format!(" ({lowest:.2}-{highest:.2})") } else { String::new() };
         println!(
-            "| {} | {:.0} | {:.0} | {:.2} | {t} | {:.0} | {:.2}{bound} | {:.0} | {:.2} |",
+            "| {} | {:.0} | {:.0} | {:.2}{range} | {t} | {:.0} | {:.2}{bound} | {:.0} | {:.2} |",
             row.job,
             row.uraid_iops,
             row.btrfs_iops,
