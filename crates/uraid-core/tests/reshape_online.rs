@@ -1034,6 +1034,47 @@ fn a_raid0_becomes_raid10_and_back_while_serving() {
     assert!(read_all(&mut again, size) == model, "raid0 after assembly");
 }
 
+/// md's raid0_takeover_raid1 while serving: a raid1 down to one mirror in sync (the others
+/// missing) becomes a raid0 of that member, in slot 0 whichever slot it had, with md's
+/// chunk; refused while another mirror is there. Superblocks as md wrote them in the VM
+/// (raid1 of two, slot 0 failed and removed, `mdadm --grow --level=0`): level 0, raid_disks
+/// 1, 64K chunk, the member "Active device 0" keeping its dev_number.
+#[test]
+fn a_raid1_down_to_one_mirror_becomes_raid0_while_serving() {
+    use uraid_core::geometry::Level;
+    for (n, keep, seed) in [(2usize, 1usize, 51u64), (3, 0, 52)] {
+        let (mut d, mut model) = array_with_data(1, n, seed);
+        let size = model.len() as u64;
+        let take_over = |d: &mut Driver<Array>| {
+            let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+            let plan =
+                grow_plan(&cur, &GrowRequest { level: Some(Level::Raid0), ..Default::default() }).unwrap();
+            d.engine.may_grow(&plan).map_err(|e| e.0)?;
+            d.engine.grow(&plan, d.now_ns)
+        };
+        let e = take_over(&mut d).unwrap_err();
+        assert!(e.contains("one mirror is left"), "{e}");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let mut d = start_array(members, &[keep], seed + 100);
+        assert!(read_all(&mut d, size) == model, "raid1 of {n} with only slot {keep}");
+        let said = take_over(&mut d).unwrap();
+        assert!(said.contains("takeover"), "{said}");
+        serve_until_level(&mut d, &mut model, seed + 200, Level::Raid0, "raid1 to raid0");
+        let geo = d.engine.engine().geometry().clone();
+        assert_eq!((geo.raid_disks, geo.chunk_sectors), (1, 128), "{geo:?}");
+        assert_eq!(d.engine.engine().size_bytes(), size, "the size stays");
+        assert!(read_all(&mut d, size) == model, "raid0 of the mirror left: data");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let sb = members.superblock(keep);
+        assert_eq!((sb.level, sb.raid_disks, sb.chunksize, sb.slot()), (0, 1, 128, Some(0)), "{sb:?}");
+        assert_eq!(sb.dev_number, keep as u32, "the member keeps its dev_number");
+        assert_eq!(sb.data_size, sb.size, "{sb:?}");
+        let mut again = start_array(members, &[keep], seed + 300);
+        assert_eq!(again.engine.engine().geometry().level, Level::Raid0);
+        assert!(read_all(&mut again, size) == model, "raid0 after assembly");
+    }
+}
+
 #[test]
 fn takeovers_while_serving_keep_the_data() {
     use uraid_core::geometry::Level;

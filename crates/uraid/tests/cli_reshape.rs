@@ -672,6 +672,36 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
     }
 }
 
+/// md's raid0_takeover_raid1 made by uraid while serving, as mdadm's users run it: md's
+/// raid1 of two served, slot 0's member failed and removed, `uraid grow --level 0`
+/// (refused before the removal); md assembles the raid0 of one from the member left, with
+/// the size and contents the raid1 had.
+#[test]
+fn md_assembles_the_raid0_uraid_took_over_from_a_raid1_down_to_one_mirror() {
+    let dir = TempDir::new("takeover-raid1-raid0");
+    let images = member_files(&dir, 2);
+    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(1, 2)), &images);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+
+    let served = Served::start(&dir, &images, &[]);
+    let c = served.control.display().to_string();
+    let o = uraid(&["grow", "--control", &c, "--level", "0"]);
+    assert!(!o.status.success() && text(&o).contains("one mirror is left"), "{}", text(&o));
+    served.ctl("fail", Some(&images[0]));
+    served.ctl("remove", Some(&images[0]));
+    let said = ok(uraid(&["grow", "--control", &c, "--level", "0"]), "uraid grow --level 0");
+    assert!(said.contains("takeover"), "{said}");
+    let detail = ok(uraid(&["detail", "--control", &c]), "uraid detail");
+    assert!(detail.contains("raid0"), "{detail}");
+    served.stop();
+    let sb = read_sb(&images[1]);
+    assert_eq!((sb.level, sb.raid_disks, sb.chunksize, sb.slot()), (0, 1, 128, Some(0)), "as md's: {sb:?}");
+    assert_eq!(sb.dev_number, 1, "the member keeps its number, as md's: {sb:?}");
+
+    md_assembles_a_raid0(&dir, &images[1..], (size_before, &sha_before), size_before);
+}
+
 /// A raid0 grow by a member made by uraid while serving (mdadm's way: raid4 with its parity
 /// slot empty, grown with the new member in the old parity slot, back to raid0), md's
 /// raid0 of three to start: (a) stopped inside the raid4 reshape, the superblocks are what
@@ -786,16 +816,24 @@ fn md_raid0_grow_stopped_mid_way_is_finished_by_uraid() {
 /// md in the VM assembles `images` as the raid0 of four a raid0 of three grew into: a
 /// member's worth larger, its first `size_before` bytes what the three held.
 fn md_assembles_a_raid0_of_four(dir: &TempDir, images: &[PathBuf], size_before: usize, sha_before: &str) {
+    md_assembles_a_raid0(dir, images, (size_before, sha_before), size_before / 3 * 4);
+}
+
+/// md assembles the raid0 on `images` (all of them its members), `size_bytes` large, whose
+/// first `before.0` bytes hash to `before.1`. (No check: md's raid0 has no sync_action.)
+fn md_assembles_a_raid0(dir: &TempDir, images: &[PathBuf], before: (usize, &str), size_bytes: usize) {
+    let (len, sha_before) = before;
     let script = format!(
         "mdadm --assemble /dev/md0 /dev/vd? || exit 3\ncat /proc/mdstat\n\
          echo \"=== size $(blockdev --getsize64 /dev/md0)\"\n\
-         echo \"=== sha $(head -c {size_before} /dev/md0 | sha256sum)\"\n\
+         echo \"=== sha $(head -c {len} /dev/md0 | sha256sum)\"\n\
          mdadm --detail /dev/md0\nmdadm --stop /dev/md0\n"
     );
     let (out, field) = md_run(dir, &script, images);
     assert_eq!(field("sha").split_whitespace().next().unwrap(), sha_before, "{out}");
-    assert_eq!(field("size").parse::<usize>().unwrap(), size_before / 3 * 4, "{out}");
-    assert!(out.contains("Raid Level : raid0") && out.contains("Raid Devices : 4"), "{out}");
+    assert_eq!(field("size").parse::<usize>().unwrap(), size_bytes, "{out}");
+    let members = format!("Raid Devices : {}", images.len());
+    assert!(out.contains("Raid Level : raid0") && out.contains(&members), "{out}");
 }
 
 /// An internal bitmap through a grow, both ways. (a) md's grow of an array with a bitmap,

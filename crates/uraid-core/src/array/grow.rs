@@ -207,6 +207,8 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
         // raid10_takeover_raid0 and raid0_takeover_raid10: a mirror slot per member, or not.
         (Level::Raid0, Level::Raid10) => cur.raid_disks * 2,
         (Level::Raid10, Level::Raid0) => cur.raid_disks / 2,
+        // raid0_takeover_raid1: the one mirror left is a raid0 of one.
+        (Level::Raid1, Level::Raid0) => 1,
         _ => cur.raid_disks,
     });
     let layout = match (&req.layout, cur.level, level) {
@@ -595,7 +597,8 @@ impl Array {
 }
 
 /// md's takeovers that move no data: raid1 of two to raid5, raid0 to raid4 or raid5, raid6
-/// to raid5, raid4 or raid5 without its parity member to raid0 (see `takeover`), as mdadm
+/// to raid5, raid4 or raid5 without its parity member to raid0, a raid1 down to one mirror
+/// to raid0 (see `takeover`), as mdadm
 /// asks them (no other change in the same grow).
 fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
     match (geo.level, target.level) {
@@ -609,6 +612,7 @@ fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
         (Level::Raid0, Level::Raid10) => target.raid_disks == geo.raid_disks * 2,
         (Level::Raid10, Level::Raid0) => target.raid_disks * 2 == geo.raid_disks,
         (Level::Raid1, Level::Raid5) => target.raid_disks == geo.raid_disks,
+        (Level::Raid1, Level::Raid0) => target.raid_disks == 1,
         (Level::Raid6, Level::Raid5) => target.raid_disks + 1 == geo.raid_disks,
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {
             target.raid_disks == geo.raid_disks + 1 && target.chunk_sectors == geo.chunk_sectors
@@ -806,6 +810,12 @@ mod tests {
         assert!(matches!(plan(&cur, &ask(|r| r.level = Some(Level::Raid5))), Ok(GrowPlan::Reshape(_))));
         refused(&raid(Level::Raid1, 3), &ask(|r| r.level = Some(Level::Raid5)), "only from two mirrors");
         refused(&cur, &ask(|r| r.level = Some(Level::Raid6)), "md cannot turn a raid1 into raid6");
+        // raid0_takeover_raid1: a raid0 of the one mirror left (the states are checked as it starts).
+        let to_raid0 = plan(&raid(Level::Raid1, 3), &ask(|r| r.level = Some(Level::Raid0)));
+        assert!(
+            matches!(to_raid0, Ok(GrowPlan::Reshape(ReshapeTarget { raid_disks: 1, .. }))),
+            "{to_raid0:?}"
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! md's level takeovers that move no data (raid5.c `takeover_raid1`, `takeover_raid0`,
 //! `takeover_raid4`, `raid4_takeover`, raid1.c `raid1_takeover`, raid0.c
-//! `raid0_takeover_raid45`; raid4 and parity-last raid5 are one layout, as is a raid5 of
+//! `raid0_takeover_raid45`, `raid0_takeover_raid1` (a raid1 down to one mirror); raid4 and parity-last raid5 are one layout, as is a raid5 of
 //! two and a raid1 of two):
 //! a raid1 of two is a raid5 of two (left-symmetric: each stripe's parity is its one data
 //! chunk, so both members already hold it), a raid0 of one zone is a raid4, or a raid5
@@ -30,6 +30,9 @@ fn slot_after(from: Level, to: Level, slot: usize) -> usize {
     match (from, to) {
         (Level::Raid0, Level::Raid10) => slot * 2,
         (Level::Raid10, Level::Raid0) => slot / 2,
+        // raid0_takeover_raid1: the one mirror left, whichever slot it had, is slot 0 (seen
+        // in the md VM: the member of slot 1 became "Active device 0").
+        (Level::Raid1, Level::Raid0) => 0,
         _ => slot,
     }
 }
@@ -41,16 +44,14 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
             if geo.raid_disks != 2 {
                 return Err("md turns a raid1 into raid5 only from two mirrors".into());
             }
-            // takeover_raid1: 64K, halved until it divides the array's size (4K at least).
-            let size = geo.array_sectors();
-            let mut chunk = 128u64;
-            while chunk >= 8 && !size.is_multiple_of(chunk) {
-                chunk /= 2;
-            }
-            if chunk < 8 {
-                return Err(format!("the array's size ({size} sectors) is not a whole number of 4K chunks"));
-            }
+            let chunk = raid1_chunk_sectors(geo)?;
             Geometry::new(Level::Raid5, 2, algorithm::LEFT_SYMMETRIC, chunk, &geo.member_sectors[..2])
+        }
+        // raid0_takeover_raid1 (one mirror left, checked with the members' states in
+        // `may_take_over`): a raid0 of that member, the array's size a whole number of chunks.
+        (Level::Raid1, Level::Raid0) => {
+            let chunk = raid1_chunk_sectors(geo)?;
+            Geometry::new(Level::Raid0, 1, 0, chunk, &[geo.array_sectors()])
         }
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {
             // takeover_raid0: one zone only, every member's share the same.
@@ -154,6 +155,20 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
     }
 }
 
+/// The chunk md gives a raid1 taken over (takeover_raid1, raid0_takeover_raid1): 64K,
+/// halved until it divides the array's size, 4K at least.
+fn raid1_chunk_sectors(geo: &Geometry) -> Result<u64, String> {
+    let size = geo.array_sectors();
+    let mut chunk = 128u64;
+    while chunk >= 8 && !size.is_multiple_of(chunk) {
+        chunk /= 2;
+    }
+    if chunk < 8 {
+        return Err(format!("the array's size ({size} sectors) is not a whole number of 4K chunks"));
+    }
+    Ok(chunk)
+}
+
 /// A member's superblock after the takeover to `next`.
 fn taken_over(sb: &Superblock, next: &Geometry, events: u64, utime: u64) -> Superblock {
     let mut sb = sb.clone();
@@ -196,9 +211,9 @@ impl Array {
                  and every other member is in sync: fail and remove the last member first",
             );
         }
-        let from_raid10 = to_raid0 && self.engine.geometry().level == Level::Raid10;
-        if from_raid10 {
-            return self.may_take_over_raid10(target);
+        let from = self.engine.geometry().level;
+        if to_raid0 && matches!(from, Level::Raid1 | Level::Raid10) {
+            return self.may_take_over_degraded_mirrors(target);
         }
         if let Some(why) = self.shape_change_blocked(ShapeChange::Takeover { to_raid0 }) {
             return refuse(why);
@@ -206,17 +221,27 @@ impl Array {
         takeover_geometry(self.engine.geometry(), target).or_else(|e| refuse(&e))
     }
 
-    /// raid10 to raid0 (md's raid0_takeover_raid10): exactly one member of each mirror pair
-    /// in sync, the other slot empty ("All mirrors must be already degraded!").
-    fn may_take_over_raid10(&self, target: &ReshapeTarget) -> Result<Geometry, String> {
+    /// raid10 or raid1 to raid0 (md's raid0_takeover_raid10, raid0_takeover_raid1): exactly
+    /// one member of each mirror pair (of the raid1's mirrors) in sync, the others' slots
+    /// empty ("All mirrors must be already degraded!", "(N - 1) mirrors drives must be
+    /// already faulty!").
+    fn may_take_over_degraded_mirrors(&self, target: &ReshapeTarget) -> Result<Geometry, String> {
         let refuse = |why: &str| Err(format!("cannot take the array over: {why}"));
         let states = self.engine.member_states();
+        let raid1 = self.engine.geometry().level == Level::Raid1;
+        let copies = if raid1 { states.len().max(1) } else { 2 };
         let held = |slot: usize| self.sbs.members().iter().any(|m| m.role.active_slot() == Some(slot));
-        let one_each = states.chunks(2).enumerate().all(|(pair, s)| {
+        let one_each = states.chunks(copies).enumerate().all(|(group, s)| {
             let in_sync = s.iter().filter(|s| matches!(s, MemberState::InSync)).count();
-            let empty = (0..s.len()).filter(|&i| !held(pair * 2 + i)).count();
-            s.len() == 2 && in_sync == 1 && empty == 1
+            let empty = (0..s.len()).filter(|&i| !held(group * copies + i)).count();
+            s.len() == copies && in_sync == 1 && empty == copies - 1
         });
+        if !one_each && raid1 {
+            return refuse(
+                "md turns a raid1 into raid0 only when one mirror is left in sync and the others are missing: \
+                 fail and remove the others first",
+            );
+        }
         if !one_each {
             return refuse(
                 "md turns a raid10 into raid0 only when one member of each mirror pair is missing and the \
