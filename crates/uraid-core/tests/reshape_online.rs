@@ -1075,6 +1075,50 @@ fn a_raid1_down_to_one_mirror_becomes_raid0_while_serving() {
     }
 }
 
+/// md's raid6_takeover while serving (mdadm's `--level 6 --layout preserve`): a raid5 is
+/// the raid6 of one more member with Q on it (the `-6` layout of its own), so nothing is
+/// restriped; the Q slot is missing until the spare is recovered into it. Refused without a
+/// spare, as mdadm's "need 1 spare".
+#[test]
+fn raid5_to_raid6_by_takeover_recovers_q_onto_a_spare_while_serving() {
+    use uraid_core::geometry::Level;
+    for (n, seed) in [(4usize, 61u64), (3, 62)] {
+        let (mut d, mut model) = array_with_data(5, n, seed);
+        let size = model.len() as u64;
+        let raid5_layout = d.engine.engine().geometry().layout;
+        let ask =
+            GrowRequest { level: Some(Level::Raid6), layout: Some("preserve".into()), ..Default::default() };
+        let e = grow_plan(&d.engine.grow_current(MEMBER_BYTES / 512), &ask).unwrap_err().0;
+        assert!(e.contains("spare"), "{e}");
+        let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xE0 + n as u8);
+        let new_key = new.key as usize;
+        d.engine.add_member(new, d.now_ns).unwrap();
+        d.run_until_idle();
+        let plan = grow_plan(&d.engine.grow_current(MEMBER_BYTES / 512), &ask).unwrap();
+        d.engine.may_grow(&plan).map_err(|e| e.0).unwrap();
+        let said = d.engine.grow(&plan, d.now_ns).unwrap();
+        assert!(said.contains("takeover"), "{said}");
+        serve_until_level(&mut d, &mut model, seed + 200, Level::Raid6, "raid5 to raid6 by takeover");
+        d.run_until_idle();
+        let geo = d.engine.engine().geometry().clone();
+        assert_eq!((geo.raid_disks, geo.layout), (n + 1, raid5_layout + 16), "the -6 layout: {geo:?}");
+        assert_eq!(d.engine.engine().size_bytes(), size, "the size stays");
+        assert!(!d.engine.engine().is_degraded(), "the spare recovered into the Q slot");
+        assert!(read_all(&mut d, size) == model, "raid6: data");
+        d.engine.scrub(Some(ScrubKind::Check), d.now_ns).unwrap();
+        d.run_until_idle();
+        assert_eq!(d.engine.engine().mismatch_cnt(), 0, "md's check of the raid6");
+        let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
+        let sb = members.superblock(new_key);
+        assert_eq!((sb.level, sb.raid_disks as usize, sb.slot()), (6, n + 1, Some(n as u32)), "{sb:?}");
+        // Two members lost: the recovered Q and P/data carry the data.
+        let keep: Vec<usize> = (2..n).chain([new_key]).collect();
+        let mut again = start_array(members, &keep, seed + 300);
+        assert_eq!(again.engine.engine().geometry().level, Level::Raid6);
+        assert!(read_all(&mut again, size) == model, "raid6 without two members");
+    }
+}
+
 #[test]
 fn takeovers_while_serving_keep_the_data() {
     use uraid_core::geometry::Level;

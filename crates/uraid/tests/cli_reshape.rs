@@ -677,6 +677,37 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
     }
 }
 
+/// md's raid6_takeover made by uraid while serving (`mdadm --grow --level=6 --layout=preserve
+/// --add NEW`): md's raid5 of four becomes a left-symmetric-6 raid6 of five with no
+/// restripe, the new member recovered into the Q slot; md assembles it (as md's own:
+/// level 6, layout 18, raid_disks 5), reads what the raid5 held, and its check is clean.
+#[test]
+fn md_assembles_the_raid6_uraid_took_over_from_a_raid5_with_q_added() {
+    let dir = TempDir::new("takeover-raid5-raid6");
+    let images = member_files(&dir, 5);
+    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
+    let size_before: usize = field("size").parse().unwrap();
+    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+
+    let served = Served::start(&dir, &images[..4], &[]);
+    let c = served.control.display().to_string();
+    let new = images[4].to_str().unwrap();
+    let said = ok(
+        uraid(&["grow", "--control", &c, "--level", "6", "--layout", "preserve", "--add", new]),
+        "uraid grow --level 6 --layout preserve",
+    );
+    assert!(said.contains("takeover"), "{said}");
+    wait_whole(&served, 5);
+    served.stop();
+    let sb = read_sb(&images[4]);
+    assert_eq!((sb.level, sb.layout, sb.raid_disks, sb.slot()), (6, 18, 5, Some(4)), "as md's: {sb:?}");
+
+    let (sha, size, mismatch, out) = md_after(&dir, &images, size_before);
+    assert_eq!(sha, sha_before, "md reads what the raid5 held:\n{out}");
+    assert_eq!((size as usize, mismatch), (size_before, 0), "{out}");
+    assert!(out.contains("Raid Level : raid6") && out.contains("left-symmetric-6"), "{out}");
+}
+
 /// md's raid0_takeover_raid1 made by uraid while serving, as mdadm's users run it: md's
 /// raid1 of two served, slot 0's member failed and removed, `uraid grow --level 0`
 /// (refused before the removal); md assembles the raid0 of one from the member left, with

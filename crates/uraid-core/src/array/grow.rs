@@ -212,6 +212,16 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
         _ => cur.raid_disks,
     });
     let layout = match (&req.layout, cur.level, level) {
+        // mdadm's `--layout=preserve`: raid5 to raid6 by md's takeover, Q on a new last
+        // member (no restripe).
+        (Some(text), Level::Raid5, Level::Raid6) if text == "preserve" => {
+            super::takeover::raid6_layout_with_q_last(cur.layout).ok_or_else(|| {
+                GrowRefusal(format!(
+                    "--layout preserve: md has no raid6 layout keeping the data of a raid5 of layout {}",
+                    crate::geometry::layout_name(Level::Raid5, cur.layout)
+                ))
+            })?
+        }
         (Some(text), _, _) => parse_layout(level, text).map_err(|e| GrowRefusal(format!("--layout: {e}")))?,
         // md's takeovers between raid4 and raid5 set the layout (parity last either way).
         (None, Level::Raid4, Level::Raid5) => crate::geometry::algorithm::PARITY_N,
@@ -598,7 +608,7 @@ impl Array {
 
 /// md's takeovers that move no data: raid1 of two to raid5, raid0 to raid4 or raid5, raid6
 /// to raid5, raid4 or raid5 without its parity member to raid0, a raid1 down to one mirror
-/// to raid0 (see `takeover`), as mdadm
+/// to raid0, raid5 to raid6 with Q on a new last member (see `takeover`), as mdadm
 /// asks them (no other change in the same grow).
 fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
     match (geo.level, target.level) {
@@ -614,6 +624,11 @@ fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
         (Level::Raid1, Level::Raid5) => target.raid_disks == geo.raid_disks,
         (Level::Raid1, Level::Raid0) => target.raid_disks == 1,
         (Level::Raid6, Level::Raid5) => target.raid_disks + 1 == geo.raid_disks,
+        (Level::Raid5, Level::Raid6) => {
+            target.raid_disks == geo.raid_disks + 1
+                && target.chunk_sectors == geo.chunk_sectors
+                && Some(target.layout) == super::takeover::raid6_layout_with_q_last(geo.layout)
+        }
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {
             target.raid_disks == geo.raid_disks + 1 && target.chunk_sectors == geo.chunk_sectors
         }
@@ -816,6 +831,28 @@ mod tests {
             matches!(to_raid0, Ok(GrowPlan::Reshape(ReshapeTarget { raid_disks: 1, .. }))),
             "{to_raid0:?}"
         );
+    }
+
+    #[test]
+    fn raid5_to_raid6_with_layout_preserve_is_mds_takeover_to_the_minus_6_layout() {
+        let mut cur = raid(Level::Raid5, 4);
+        let preserve = ask(|r| {
+            r.level = Some(Level::Raid6);
+            r.layout = Some("preserve".into())
+        });
+        refused(&cur, &preserve, "need 1 spare");
+        cur.spares = 1;
+        let Ok(GrowPlan::Reshape(target)) = plan(&cur, &preserve) else {
+            panic!("{:?}", plan(&cur, &preserve))
+        };
+        assert_eq!((target.raid_disks, target.layout), (5, crate::geometry::algorithm::LEFT_SYMMETRIC_6));
+        let geo = Geometry::new(Level::Raid5, 4, 2, 1024, &[100_000; 4]).unwrap();
+        assert!(is_takeover(&geo, &target), "no restripe");
+        // Without --layout the data is restriped onto the raid5's own layout.
+        let Ok(GrowPlan::Reshape(restripe)) = plan(&cur, &ask(|r| r.level = Some(Level::Raid6))) else {
+            panic!()
+        };
+        assert!(!is_takeover(&geo, &restripe));
     }
 
     #[test]

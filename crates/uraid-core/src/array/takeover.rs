@@ -1,6 +1,7 @@
 //! md's level takeovers that move no data (raid5.c `takeover_raid1`, `takeover_raid0`,
 //! `takeover_raid4`, `raid4_takeover`, raid1.c `raid1_takeover`, raid0.c
-//! `raid0_takeover_raid45`, `raid0_takeover_raid1` (a raid1 down to one mirror); raid4 and parity-last raid5 are one layout, as is a raid5 of
+//! `raid0_takeover_raid45`, `raid0_takeover_raid1` (a raid1 down to one mirror), raid5.c
+//! `raid6_takeover` (a raid5 as a raid6 with its Q member missing); raid4 and parity-last raid5 are one layout, as is a raid5 of
 //! two and a raid1 of two):
 //! a raid1 of two is a raid5 of two (left-symmetric: each stripe's parity is its one data
 //! chunk, so both members already hold it), a raid0 of one zone is a raid4, or a raid5
@@ -64,6 +65,19 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
             }
             let n = geo.raid_disks + 1;
             Geometry::new(target.level, n, algorithm::PARITY_N, geo.chunk_sectors, &vec![per[0]; n])
+        }
+        // raid6_takeover: a raid5 is the raid6 of one more member with Q on that member
+        // (a `-6` layout), missing until a spare is recovered into it (mdadm's
+        // `--level 6 --layout preserve`: no restripe).
+        (Level::Raid5, Level::Raid6) => {
+            let layout = raid6_layout_with_q_last(geo.layout).ok_or_else(|| {
+                format!(
+                    "md turns a raid5 of layout {} into raid6 only by a restripe",
+                    crate::geometry::layout_name(Level::Raid5, geo.layout)
+                )
+            })?;
+            let n = geo.raid_disks + 1;
+            Geometry::new(Level::Raid6, n, layout, geo.chunk_sectors, &vec![geo.member_sectors[0]; n])
         }
         (Level::Raid6, Level::Raid5) => {
             // takeover_raid6: Q on the last member, which leaves (a spare from then on).
@@ -152,6 +166,19 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
             Geometry::new(Level::Raid0, n, 0, geo.chunk_sectors, &geo.member_sectors[..n])
         }
         (from, to) => Err(format!("the takeover of a raid{} into raid{}", from.md_level(), to.md_level())),
+    }
+}
+
+/// The raid6 layout whose data and P are a raid5's of `raid5_layout`, Q on a last member
+/// more (md's raid6_takeover), if md has one.
+pub(super) fn raid6_layout_with_q_last(raid5_layout: u32) -> Option<u32> {
+    match raid5_layout {
+        algorithm::LEFT_ASYMMETRIC..=algorithm::RIGHT_SYMMETRIC => {
+            Some(raid5_layout + algorithm::LEFT_ASYMMETRIC_6)
+        }
+        algorithm::PARITY_0 => Some(algorithm::PARITY_0_6),
+        algorithm::PARITY_N => Some(algorithm::PARITY_N),
+        _ => None,
     }
 }
 
