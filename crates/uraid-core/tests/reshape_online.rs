@@ -1082,8 +1082,10 @@ fn a_raid1_down_to_one_mirror_becomes_raid0_while_serving() {
 #[test]
 fn raid5_to_raid6_by_takeover_recovers_q_onto_a_spare_while_serving() {
     use uraid_core::geometry::Level;
-    for (n, seed) in [(4usize, 61u64), (3, 62)] {
-        let (mut d, mut model) = array_with_data(5, n, seed);
+    // The second with an internal bitmap: kept, and no help to the Q member's recovery
+    // (a device new to the slot is recovered whole).
+    for (n, seed, bitmap) in [(4usize, 61u64, false), (3, 62, true)] {
+        let (mut d, mut model) = array_on(create_level(5, n, MEMBER_BYTES, bitmap), n, seed);
         let size = model.len() as u64;
         let raid5_layout = d.engine.engine().geometry().layout;
         let ask =
@@ -1111,6 +1113,7 @@ fn raid5_to_raid6_by_takeover_recovers_q_onto_a_spare_while_serving() {
         let members = std::mem::replace(&mut d.members, MemMembers::new(0, 0));
         let sb = members.superblock(new_key);
         assert_eq!((sb.level, sb.raid_disks as usize, sb.slot()), (6, n + 1, Some(n as u32)), "{sb:?}");
+        assert_eq!(sb.bitmap_sector().is_some(), bitmap, "the bitmap stays: {sb:?}");
         // Two members lost: the recovered Q and P/data carry the data.
         let keep: Vec<usize> = (2..n).chain([new_key]).collect();
         let mut again = start_array(members, &keep, seed + 300);

@@ -39,7 +39,8 @@ pub struct GrowArgs {
     /// The new chunk (a bare number is KiB, as mdadm).
     #[arg(long)]
     pub chunk: Option<String>,
-    /// The new layout (left-symmetric, n2 ...).
+    /// The new layout (left-symmetric, n2 ...); with --level 6 on a raid5, `preserve` is
+    /// md's takeover (Q on the new member, no restripe).
     #[arg(long)]
     pub layout: Option<String>,
     /// The component size: `max` (all the room the members have) or a size (bare number:
