@@ -68,6 +68,17 @@ pub mod algorithm {
     pub const RIGHT_SYMMETRIC_6: u32 = 19;
     pub const PARITY_0_6: u32 = 20;
 
+    /// The raid6 layout whose data and P are a raid5's of `raid5_layout`, Q on a last member
+    /// more (md's raid6_takeover), if md has one.
+    pub fn raid6_with_q_last(raid5_layout: u32) -> Option<u32> {
+        match raid5_layout {
+            LEFT_ASYMMETRIC..=RIGHT_SYMMETRIC => Some(raid5_layout + LEFT_ASYMMETRIC_6),
+            PARITY_0 => Some(PARITY_0_6),
+            PARITY_N => Some(PARITY_N),
+            _ => None,
+        }
+    }
+
     /// (name as mdadm spells it, number)
     pub const NAMES: &[(&str, u32)] = &[
         ("left-asymmetric", LEFT_ASYMMETRIC),

@@ -215,7 +215,7 @@ pub fn plan(cur: &GrowCurrent, req: &GrowRequest) -> Result<GrowPlan, GrowRefusa
         // mdadm's `--layout=preserve`: raid5 to raid6 by md's takeover, Q on a new last
         // member (no restripe).
         (Some(text), Level::Raid5, Level::Raid6) if text == "preserve" => {
-            super::takeover::raid6_layout_with_q_last(cur.layout).ok_or_else(|| {
+            crate::geometry::algorithm::raid6_with_q_last(cur.layout).ok_or_else(|| {
                 GrowRefusal(format!(
                     "--layout preserve: md has no raid6 layout keeping the data of a raid5 of layout {}",
                     crate::geometry::layout_name(Level::Raid5, cur.layout)
@@ -627,7 +627,7 @@ fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
         (Level::Raid5, Level::Raid6) => {
             target.raid_disks == geo.raid_disks + 1
                 && target.chunk_sectors == geo.chunk_sectors
-                && Some(target.layout) == super::takeover::raid6_layout_with_q_last(geo.layout)
+                && Some(target.layout) == crate::geometry::algorithm::raid6_with_q_last(geo.layout)
         }
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {
             target.raid_disks == geo.raid_disks + 1 && target.chunk_sectors == geo.chunk_sectors

@@ -70,7 +70,7 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
         // (a `-6` layout), missing until a spare is recovered into it (mdadm's
         // `--level 6 --layout preserve`: no restripe).
         (Level::Raid5, Level::Raid6) => {
-            let layout = raid6_layout_with_q_last(geo.layout).ok_or_else(|| {
+            let layout = algorithm::raid6_with_q_last(geo.layout).ok_or_else(|| {
                 format!(
                     "md turns a raid5 of layout {} into raid6 only by a restripe",
                     crate::geometry::layout_name(Level::Raid5, geo.layout)
@@ -166,19 +166,6 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
             Geometry::new(Level::Raid0, n, 0, geo.chunk_sectors, &geo.member_sectors[..n])
         }
         (from, to) => Err(format!("the takeover of a raid{} into raid{}", from.md_level(), to.md_level())),
-    }
-}
-
-/// The raid6 layout whose data and P are a raid5's of `raid5_layout`, Q on a last member
-/// more (md's raid6_takeover), if md has one.
-pub(super) fn raid6_layout_with_q_last(raid5_layout: u32) -> Option<u32> {
-    match raid5_layout {
-        algorithm::LEFT_ASYMMETRIC..=algorithm::RIGHT_SYMMETRIC => {
-            Some(raid5_layout + algorithm::LEFT_ASYMMETRIC_6)
-        }
-        algorithm::PARITY_0 => Some(algorithm::PARITY_0_6),
-        algorithm::PARITY_N => Some(algorithm::PARITY_N),
-        _ => None,
     }
 }
 
