@@ -1083,25 +1083,49 @@ fn a_raid1_down_to_one_mirror_becomes_raid0_while_serving() {
 fn raid5_to_raid6_by_takeover_recovers_q_onto_a_spare_while_serving() {
     use uraid_core::geometry::Level;
     // The second with an internal bitmap: kept, and no help to the Q member's recovery
-    // (a device new to the slot is recovered whole).
+    // (a device new to the slot is recovered whole); and with --force and no spare, as
+    // mdadm's "Use --force to over-ride": the Q slot stays missing until a device is added.
     for (n, seed, bitmap) in [(4usize, 61u64, false), (3, 62, true)] {
+        let forced = bitmap;
         let (mut d, mut model) = array_on(create_level(5, n, MEMBER_BYTES, bitmap), n, seed);
         let size = model.len() as u64;
         let raid5_layout = d.engine.engine().geometry().layout;
-        let ask =
-            GrowRequest { level: Some(Level::Raid6), layout: Some("preserve".into()), ..Default::default() };
-        let e = grow_plan(&d.engine.grow_current(MEMBER_BYTES / 512), &ask).unwrap_err().0;
-        assert!(e.contains("spare"), "{e}");
+        let ask = GrowRequest {
+            level: Some(Level::Raid6),
+            layout: Some("preserve".into()),
+            force: forced,
+            ..Default::default()
+        };
+        if !forced {
+            let unforced = GrowRequest { force: false, ..ask.clone() };
+            let e = grow_plan(&d.engine.grow_current(MEMBER_BYTES / 512), &unforced).unwrap_err().0;
+            assert!(e.contains("need 1 spare"), "{e}");
+        }
         let new = prepare_new_member(&mut d, MEMBER_BYTES, 0xE0 + n as u8);
-        let new_key = new.key as usize;
-        d.engine.add_member(new, d.now_ns).unwrap();
-        d.run_until_idle();
+        let mut new_key = new.key as usize;
+        let mut new = Some(new);
+        if !forced {
+            d.engine.add_member(new.take().unwrap(), d.now_ns).unwrap();
+            d.run_until_idle();
+        }
         let plan = grow_plan(&d.engine.grow_current(MEMBER_BYTES / 512), &ask).unwrap();
         d.engine.may_grow(&plan).map_err(|e| e.0).unwrap();
         let said = d.engine.grow(&plan, d.now_ns).unwrap();
         assert!(said.contains("takeover"), "{said}");
         serve_until_level(&mut d, &mut model, seed + 200, Level::Raid6, "raid5 to raid6 by takeover");
         d.run_until_idle();
+        if let Some(stale) = new {
+            assert!(d.engine.engine().is_degraded(), "forced: the Q slot is missing");
+            assert!(read_all(&mut d, size) == model, "raid6 without its Q: data");
+            // Its superblock was made for the raid5: refused, else the rounds would keep
+            // writing the raid5's shape on it.
+            let e = d.engine.add_member(stale, d.now_ns).unwrap_err();
+            assert!(e.contains("changed shape"), "{e}");
+            let fresh = prepare_new_member(&mut d, MEMBER_BYTES, 0xF0 + n as u8);
+            new_key = fresh.key as usize;
+            d.engine.add_member(fresh, d.now_ns).unwrap();
+            d.run_until_idle();
+        }
         let geo = d.engine.engine().geometry().clone();
         assert_eq!((geo.raid_disks, geo.layout), (n + 1, raid5_layout + 16), "the -6 layout: {geo:?}");
         assert_eq!(d.engine.engine().size_bytes(), size, "the size stays");

@@ -147,6 +147,29 @@ impl Array {
         if self.sbs.member(m.key).is_some() {
             return Err(format!("{} is already in the array", m.name));
         }
+        // Its superblock was made in an earlier call (`new_member_superblock`): a takeover,
+        // reshape or resize since then gave the array another shape, which the rounds
+        // would then keep writing on this member.
+        let shape = |sb: &Superblock| {
+            let reshaping = sb.has(feature::RESHAPE_ACTIVE);
+            (
+                sb.level,
+                sb.layout,
+                sb.raid_disks,
+                sb.chunksize,
+                sb.size,
+                reshaping,
+                sb.new_level,
+                sb.delta_disks,
+            )
+        };
+        if shape(&m.sb) != shape(&self.sbs.members()[0].sb) {
+            return Err(format!(
+                "the array changed shape (level, layout, members, chunk or size) while {} was being \
+                 prepared; add it again",
+                m.name
+            ));
+        }
         if let Some(old) = m.replaces {
             self.sbs.member_removed(old);
             self.released.push(old);
@@ -230,6 +253,29 @@ impl Array {
         self.may_replace(slot)?;
         if self.sbs.member(m.key).is_some() {
             return Err(format!("{} is already in the array", m.name));
+        }
+        // Its superblock was made in an earlier call (`new_member_superblock`): a takeover,
+        // reshape or resize since then gave the array another shape, which the rounds
+        // would then keep writing on this member.
+        let shape = |sb: &Superblock| {
+            let reshaping = sb.has(feature::RESHAPE_ACTIVE);
+            (
+                sb.level,
+                sb.layout,
+                sb.raid_disks,
+                sb.chunksize,
+                sb.size,
+                reshaping,
+                sb.new_level,
+                sb.delta_disks,
+            )
+        };
+        if shape(&m.sb) != shape(&self.sbs.members()[0].sb) {
+            return Err(format!(
+                "the array changed shape (level, layout, members, chunk or size) while {} was being \
+                 prepared; add it again",
+                m.name
+            ));
         }
         let data_offset_bytes = m.sb.data_offset * SECTOR_BYTES;
         self.engine.start_replacement(slot, m.key as usize, data_offset_bytes, 0, self.now_ns)?;

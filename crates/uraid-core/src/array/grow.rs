@@ -624,9 +624,12 @@ fn is_takeover(geo: &Geometry, target: &ReshapeTarget) -> bool {
         (Level::Raid1, Level::Raid5) => target.raid_disks == geo.raid_disks,
         (Level::Raid1, Level::Raid0) => target.raid_disks == 1,
         (Level::Raid6, Level::Raid5) => target.raid_disks + 1 == geo.raid_disks,
+        // A parity-last raid5 keeps its layout number either way (raid6's parity-last has
+        // the same data and P): that stays the restripe it always was (see `restripe_of`).
         (Level::Raid5, Level::Raid6) => {
             target.raid_disks == geo.raid_disks + 1
                 && target.chunk_sectors == geo.chunk_sectors
+                && target.layout != geo.layout
                 && Some(target.layout) == crate::geometry::algorithm::raid6_with_q_last(geo.layout)
         }
         (Level::Raid0, Level::Raid4 | Level::Raid5) => {
