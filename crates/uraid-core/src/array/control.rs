@@ -139,17 +139,10 @@ impl Array {
         self.sbs.bitmap_area()
     }
 
-    /// mdadm --add: the device rebuilds a missing or failed slot (only what the bitmap
-    /// says it missed, when it is a member returning in time), or becomes a hot spare.
-    pub fn add_member(&mut self, m: NewMember, now_ns: TimeNs) -> Result<Added, String> {
-        self.now_ns = self.now_ns.max(now_ns);
-        self.may_add("added")?;
-        if self.sbs.member(m.key).is_some() {
-            return Err(format!("{} is already in the array", m.name));
-        }
-        // Its superblock was made in an earlier call (`new_member_superblock`): a takeover,
-        // reshape or resize since then gave the array another shape, which the rounds
-        // would then keep writing on this member.
+    /// A joining device's superblock is made in an earlier call (`new_member_superblock`):
+    /// a takeover, reshape or resize since then gave the array another shape, which the
+    /// rounds would then keep writing on that member.
+    fn joining_shape_is_current(&self, m: &NewMember) -> Result<(), String> {
         let shape = |sb: &Superblock| {
             let reshaping = sb.has(feature::RESHAPE_ACTIVE);
             (
@@ -170,6 +163,18 @@ impl Array {
                 m.name
             ));
         }
+        Ok(())
+    }
+
+    /// mdadm --add: the device rebuilds a missing or failed slot (only what the bitmap
+    /// says it missed, when it is a member returning in time), or becomes a hot spare.
+    pub fn add_member(&mut self, m: NewMember, now_ns: TimeNs) -> Result<Added, String> {
+        self.now_ns = self.now_ns.max(now_ns);
+        self.may_add("added")?;
+        if self.sbs.member(m.key).is_some() {
+            return Err(format!("{} is already in the array", m.name));
+        }
+        self.joining_shape_is_current(&m)?;
         if let Some(old) = m.replaces {
             self.sbs.member_removed(old);
             self.released.push(old);
@@ -254,29 +259,7 @@ impl Array {
         if self.sbs.member(m.key).is_some() {
             return Err(format!("{} is already in the array", m.name));
         }
-        // Its superblock was made in an earlier call (`new_member_superblock`): a takeover,
-        // reshape or resize since then gave the array another shape, which the rounds
-        // would then keep writing on this member.
-        let shape = |sb: &Superblock| {
-            let reshaping = sb.has(feature::RESHAPE_ACTIVE);
-            (
-                sb.level,
-                sb.layout,
-                sb.raid_disks,
-                sb.chunksize,
-                sb.size,
-                reshaping,
-                sb.new_level,
-                sb.delta_disks,
-            )
-        };
-        if shape(&m.sb) != shape(&self.sbs.members()[0].sb) {
-            return Err(format!(
-                "the array changed shape (level, layout, members, chunk or size) while {} was being \
-                 prepared; add it again",
-                m.name
-            ));
-        }
+        self.joining_shape_is_current(&m)?;
         let data_offset_bytes = m.sb.data_offset * SECTOR_BYTES;
         self.engine.start_replacement(slot, m.key as usize, data_offset_bytes, 0, self.now_ns)?;
         self.names.insert(m.key, m.name);
