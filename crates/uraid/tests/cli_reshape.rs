@@ -689,9 +689,7 @@ fn md_assembles_the_levels_uraid_took_over_while_serving() {
 fn md_assembles_the_raid6_uraid_took_over_from_a_raid5_with_q_added() {
     let dir = TempDir::new("takeover-raid5-raid6");
     let images = member_files(&dir, 5);
-    let (_, field) = md_run(&dir, &format!("{}mdadm --stop /dev/md0\n", md_make(5, 4)), &images[..4]);
-    let size_before: usize = field("size").parse().unwrap();
-    let sha_before = field("sha").split_whitespace().next().unwrap().to_string();
+    let (size_before, sha_before) = md_made(&dir, &images[..4]);
 
     let served = Served::start(&dir, &images[..4], &[]);
     let c = served.control.display().to_string();

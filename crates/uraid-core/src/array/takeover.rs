@@ -81,13 +81,12 @@ pub(super) fn takeover_geometry(geo: &Geometry, target: &ReshapeTarget) -> Resul
         }
         (Level::Raid6, Level::Raid5) => {
             // takeover_raid6: Q on the last member, which leaves (a spare from then on).
-            let layout = match geo.layout {
-                algorithm::LEFT_ASYMMETRIC_6..=algorithm::RIGHT_SYMMETRIC_6 => {
-                    geo.layout - algorithm::LEFT_ASYMMETRIC_6
-                }
-                algorithm::PARITY_0_6 => algorithm::PARITY_0,
-                algorithm::PARITY_N => algorithm::PARITY_N,
-                _ => {
+            // The raid5 layout whose takeover gives this one (raid6_takeover run backwards).
+            let back = (algorithm::LEFT_ASYMMETRIC..=algorithm::PARITY_N)
+                .find(|&l| algorithm::raid6_with_q_last(l) == Some(geo.layout));
+            let layout = match back {
+                Some(l) => l,
+                None => {
                     return Err(format!(
                         "md turns a raid6 into raid5 only from a layout with Q on the last member (a -6 \
                          layout or parity-last), not {}: first `uraid grow --layout {}-6` (a restripe while \
