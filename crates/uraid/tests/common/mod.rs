@@ -265,23 +265,8 @@ pub fn md_vm(script: &Path, images: &[PathBuf], read_only: bool) -> Output {
 
 /// [`md_vm`] with `files` copied into the VM as /mdvm/files/NAME (a uraid binary, say).
 pub fn md_vm_with(script: &Path, images: &[PathBuf], read_only: bool, files: &[PathBuf]) -> Output {
-    md_vm_limited(script, images, read_only, files, None)
-}
-
-/// [`md_vm_with`] with the VM's time limit in seconds (`None`: the tool's default, 600).
-pub fn md_vm_limited(
-    script: &Path,
-    images: &[PathBuf],
-    read_only: bool,
-    files: &[PathBuf],
-    limit_secs: Option<u32>,
-) -> Output {
     let run = mdvm_tools().join("run-in-md-vm");
     let mut args: Vec<String> = vec!["-c".into(), "1".into()];
-    if let Some(secs) = limit_secs {
-        args.push("-t".into());
-        args.push(secs.to_string());
-    }
     if read_only {
         args.push("--ro".into());
     }
