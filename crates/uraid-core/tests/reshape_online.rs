@@ -62,8 +62,18 @@ fn array_with_spare(level: i32, n: usize, seed: u64) -> (Driver<Array>, Vec<u8>)
     (d, model)
 }
 
-/// The reshape `req` asks for, started while the array serves.
+/// `sync_speed_min` raised to `sync_speed_max`: the reshape at its ceiling whatever the
+/// clients do. These tests are about the data; a paced reshape is
+/// `a_reshape_is_paced_as_md_paces_a_resync`'s. (At the floor, 1 MB/s, a reshape of these
+/// members takes tens of seconds of the driver's clock, 10 us a step.)
+fn at_the_ceiling(d: &mut Driver<Array>) {
+    let max = d.engine.engine().tunables().sync_speed_max_kib;
+    d.engine.set_tunable("sync_speed_min", &max.to_string()).unwrap();
+}
+
+/// The reshape `req` asks for, started while the array serves (at its ceiling).
 fn start_reshape(d: &mut Driver<Array>, req: GrowRequest) {
+    at_the_ceiling(d);
     let cur = d.engine.grow_current(MEMBER_BYTES / 512);
     let plan = grow_plan(&cur, &req).unwrap();
     d.engine.may_grow(&plan).unwrap();
@@ -328,6 +338,62 @@ fn a_raid5_and_a_raid6_grow_while_serving_reads_and_writes() {
     }
 }
 
+/// Sectors a raid5 grow from 4 to 5 members moves in `secs` of the driver's clock under
+/// `policy` (md's defaults otherwise: sync_speed_min 1000, max 200 000 KiB/s), with
+/// clients reading and writing throughout (all of it if it ends sooner); and the
+/// reshape's share of the I/O as `status` last showed it.
+fn reshape_sectors_under_clients(policy: &str, secs: u64) -> (u64, Option<u8>) {
+    let (mut d, mut model) = array_with_spare(5, 4, 90);
+    d.engine.set_tunable("sync_policy", policy).unwrap();
+    let cur = d.engine.grow_current(MEMBER_BYTES / 512);
+    let plan = grow_plan(&cur, &GrowRequest { raid_disks: Some(5), ..Default::default() }).unwrap();
+    d.engine.grow(&plan, d.now_ns).unwrap();
+    let mut clients = Clients::new(91);
+    let size = model.len() as u64;
+    let (start_ns, mut moved, mut share) = (d.now_ns, 0, None);
+    while d.now_ns < start_ns + secs * 1_000_000_000 && d.engine.is_reshaping() {
+        clients.issue(&mut d, size);
+        d.engine.unplug(d.now_ns);
+        d.step();
+        let _ = clients.collect(&mut d, &mut model);
+        if let Some((done, _)) = d.engine.reshape_progress() {
+            moved = done;
+            share = d.engine.view().reshape_share_pct.or(share);
+        }
+    }
+    while !clients.out.is_empty() {
+        d.run_until_idle();
+        let _ = clients.collect(&mut d, &mut model);
+    }
+    // Idle: at sync_speed_max, done within a second of the clock.
+    let idle_from = d.now_ns;
+    run_until_reshaped(&mut d, policy);
+    assert!(
+        d.now_ns - idle_from < 1_000_000_000,
+        "{policy}: idle, the reshape took {} ns",
+        d.now_ns - idle_from
+    );
+    check_finished(&mut d, &model, 5);
+    (moved, share)
+}
+
+#[test]
+fn a_reshape_is_paced_as_md_paces_a_resync() {
+    // md's md_do_sync paces a reshape as a resync: with client I/O, sync_speed_min (1000
+    // KiB/s, 2000 sectors a second); idle, sync_speed_max. Before, a reshape ran at
+    // sync_speed_max whatever the clients did (all 28 MiB of this grow in well under a
+    // second).
+    let (md, _) = reshape_sectors_under_clients("md", 1);
+    assert!((1000..=2000 + 1024).contains(&md), "md's policy moved {md} sectors in 1 s under load");
+    // The adaptive policy (the default) raises the pace while the clients keep theirs: on
+    // memory they do, so it leaves the floor (after its probe at the floor and a doubling a
+    // period); its share is shown as a resync's.
+    let (adaptive, share) = reshape_sectors_under_clients("adaptive", 2);
+    assert!(adaptive > 4 * md, "adaptive {adaptive} sectors against md's {md}");
+    // (A small share here: the driver's clients move hundreds of MB in a second of its clock.)
+    assert!(share.is_some(), "the reshape's share of the I/O");
+}
+
 #[test]
 fn a_power_cut_anywhere_in_an_online_grow_loses_no_acknowledged_write() {
     // A grow by a member, a chunk change (64 KiB to 32 KiB) and a layout change on the same
@@ -476,6 +542,7 @@ fn a_member_gone_mid_reshape_leaves_it_to_end_degraded_with_the_data_intact() {
 #[test]
 fn a_write_error_in_the_old_layout_fails_the_member_in_the_new_one_too() {
     let (mut d, _) = array_with_spare(5, 4, 70);
+    d.engine.set_tunable("sync_speed_max", "1000").unwrap();
     grow_to(&mut d, 5);
     while d.engine.reshape_progress().is_some_and(|(p, _)| p == 0) {
         d.step();
@@ -484,7 +551,6 @@ fn a_write_error_in_the_old_layout_fails_the_member_in_the_new_one_too() {
     d.members.write_errors.push((1, MEMBER_BYTES * 3 / 4, MEMBER_BYTES));
     let size = d.engine.size_bytes();
     let at = size - (1 << 20);
-    d.engine.set_tunable("sync_speed_max", "1000").unwrap();
     d.submit(Request::write(5, at, vec![0x77; 1 << 20]));
     let mut steps = 0;
     let r = loop {
@@ -512,8 +578,8 @@ fn a_member_lost_between_windows_leaves_no_window_stalled() {
     // never counted and requests to the window wait for ever).
     let (mut d, model) = array_with_spare(5, 4, 80);
     let size = model.len() as u64;
-    grow_to(&mut d, 5);
     d.engine.set_tunable("sync_speed_max", "2000").unwrap();
+    grow_to(&mut d, 5);
     while d.engine.reshape_progress().is_some_and(|(p, _)| p == 0) {
         d.step();
     }
@@ -534,8 +600,8 @@ fn a_small_write_to_the_old_layout_goes_at_the_unplug_not_at_a_deadline() {
     // the unplug as the array's does, and must get it (else they wait for the delay timer).
     let (mut d, model) = array_with_spare(5, 4, 81);
     let size = model.len() as u64;
-    grow_to(&mut d, 5);
     d.engine.set_tunable("sync_speed_max", "2000").unwrap();
+    grow_to(&mut d, 5);
     while d.engine.reshape_progress().is_some_and(|(p, _)| p == 0) || !d.engine.is_idle() {
         d.step();
     }
@@ -1228,6 +1294,7 @@ fn grow_raid0(d: &mut Driver<Array>, new: usize) {
     let cur = d.engine.grow_current(MEMBER_BYTES / 512);
     let req = GrowRequest { raid_disks: Some(n + new), adding: new, ..Default::default() };
     let plan = grow_plan(&cur, &req).unwrap();
+    at_the_ceiling(d);
     d.engine.may_grow(&plan).unwrap();
     d.engine.may_add_for_grow(&plan).unwrap();
     for i in 0..new {
@@ -1581,11 +1648,18 @@ fn a_write_error_logged_as_a_reshape_starts_fails_the_member_rather_than_lose_th
 }
 
 #[test]
-fn a_member_back_during_a_grow_is_rebuilt_in_full_not_from_the_bitmap() {
-    // The bitmap counts writes, not the rows a reshape moved: a member that was away for
+fn a_member_back_during_or_after_a_grow_is_rebuilt_in_full_not_from_the_bitmap() {
+    // The bitmap counts writes, not the rows a reshape moves: a member that was away for
     // part of a grow (here: it comes back with what it held a quarter of the way in, its
-    // superblock still naming its slot) missed windows no bit names. The data offset the
-    // grow moved tells it apart from a member that only missed writes.
+    // superblock still naming its slot) missed windows no bit names, whether it comes back
+    // while the grow still runs or after it ended. (Seen: back while it ran, it was re-added
+    // from the bitmap with nothing to copy.)
+    for back_after_the_end in [false, true] {
+        member_back_from_part_way_through_a_grow(back_after_the_end);
+    }
+}
+
+fn member_back_from_part_way_through_a_grow(back_after_the_end: bool) {
     let mm = create_level(5, 4, MEMBER_BYTES, true);
     let mut d = start_array(mm, &[0, 1, 2, 3], 74);
     let size = d.engine.engine().size_bytes() as usize;
@@ -1609,9 +1683,14 @@ fn a_member_back_during_a_grow_is_rebuilt_in_full_not_from_the_bitmap() {
         d.step();
     }
     d.engine.remove(2, d.now_ns).unwrap();
-    for _ in 0..200 {
-        d.step();
+    if back_after_the_end {
+        d.run_until_idle();
+    } else {
+        for _ in 0..200 {
+            d.step();
+        }
     }
+    assert_eq!(d.engine.is_reshaping(), !back_after_the_end);
     d.members.images[2] = away;
     let previous = d.members.metadata(2);
     let old_sb = previous.offered.superblock.clone().unwrap();
@@ -1632,7 +1711,7 @@ fn a_member_back_during_a_grow_is_rebuilt_in_full_not_from_the_bitmap() {
     let added = d.engine.add_member(back, d.now_ns).unwrap();
     assert!(
         !matches!(&added, uraid_core::array::Added::Rebuilding { readd: Ok(_), .. }),
-        "rebuilt from the bitmap: {added:?}"
+        "rebuilt from the bitmap (back after the end: {back_after_the_end}): {added:?}"
     );
     d.run_until_idle();
     assert!(!d.engine.is_reshaping());
@@ -1640,7 +1719,7 @@ fn a_member_back_during_a_grow_is_rebuilt_in_full_not_from_the_bitmap() {
     // Member 2 must now stand for the others.
     d.engine.fail(0, false, d.now_ns).unwrap();
     d.run_until_idle();
-    assert!(read_all(&mut d, size as u64) == model, "the member back is a full copy");
+    assert!(read_all(&mut d, size as u64) == model, "the member back is a full copy ({back_after_the_end})");
 }
 
 #[test]

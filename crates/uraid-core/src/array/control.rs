@@ -42,6 +42,13 @@ pub enum Added {
     },
 }
 
+/// What a superblock says of the array's shape: level, layout, members, chunk, component
+/// size, and the reshape under way (not its checkpoint).
+fn shape_of(sb: &Superblock) -> (i32, u32, u32, u32, u64, bool, u32, i32) {
+    let reshaping = sb.has(feature::RESHAPE_ACTIVE);
+    (sb.level, sb.layout, sb.raid_disks, sb.chunksize, sb.size, reshaping, sb.new_level, sb.delta_disks)
+}
+
 impl Array {
     fn level_name(&self) -> String {
         format!("raid{}", self.engine.geometry().level.md_level())
@@ -143,20 +150,7 @@ impl Array {
     /// a takeover, reshape or resize since then gave the array another shape, which the
     /// rounds would then keep writing on that member.
     fn joining_shape_is_current(&self, m: &NewMember) -> Result<(), String> {
-        let shape = |sb: &Superblock| {
-            let reshaping = sb.has(feature::RESHAPE_ACTIVE);
-            (
-                sb.level,
-                sb.layout,
-                sb.raid_disks,
-                sb.chunksize,
-                sb.size,
-                reshaping,
-                sb.new_level,
-                sb.delta_disks,
-            )
-        };
-        if shape(&m.sb) != shape(&self.sbs.members()[0].sb) {
+        if shape_of(&m.sb) != shape_of(&self.sbs.members()[0].sb) {
             return Err(format!(
                 "the array changed shape (level, layout, members, chunk or size) while {} was being \
                  prepared; add it again",
@@ -235,6 +229,18 @@ impl Array {
         }
         if old.has(feature::RECOVERY_OFFSET) {
             return Err("it left while it was being rebuilt".into());
+        }
+        // The bitmap counts writes, not the stripes a reshape moves: a member back while
+        // one runs, or whose superblock names another shape or a reshape under way, missed
+        // windows no bit names.
+        if self.reshaping.is_some() {
+            return Err(
+                "a reshape is running: the stripes it moved since the member left are in no bitmap bit"
+                    .into(),
+            );
+        }
+        if shape_of(old) != shape_of(array) {
+            return Err("the array was reshaped or resized since it left".into());
         }
         if self.engine.geometry().level == Level::Raid10 {
             return Err("raid10 re-adds are rebuilt in full".into());

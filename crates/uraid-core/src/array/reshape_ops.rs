@@ -27,6 +27,7 @@ use crate::reshape::start::{
     start_grow_into_empty_parity_slot, start_grow_with_spares, start_restripe, GrowMember, Restripe,
 };
 use crate::reshape::ReshapeGeometry;
+use crate::sync::pacing::PERIOD_NS;
 
 fn span_of(req: &Request) -> (u64, u64) {
     sector_span(req.offset_bytes, req.len_bytes)
@@ -126,6 +127,13 @@ fn side_states(states: &[MemberState]) -> (Vec<MemberState>, Vec<MemberState>) {
             .collect()
     };
     (side(MemberState::Missing), side(MemberState::InSync))
+}
+
+/// A window's size at a pace: what it moves in one of the pacer's periods (so a slow pace
+/// is measured and changed as often as a fast one), whole stripes, at most
+/// `WINDOW_MAX_SECTORS`.
+fn window_sectors_at(rate_kib: u64) -> u64 {
+    (rate_kib * 2 * PERIOD_NS / 1_000_000_000).min(WINDOW_MAX_SECTORS)
 }
 
 impl Array {
@@ -837,11 +845,17 @@ impl Array {
                     r.step = Step::Finishing;
                     return true;
                 }
-                let Some(w) = r.run.next_window(WINDOW_MAX_SECTORS) else {
+                // md's md_do_sync paces a reshape as a resync: sync_speed_min while clients
+                // do I/O, sync_speed_max when idle; or the adaptive policy between them.
+                let busy = r.pacer.clients_in_flight();
+                let rate_kib = r.pacer.rate_kib(self.engine.tunables(), busy, now).max(1);
+                let Some(w) = r.run.next_window(window_sectors_at(rate_kib)) else {
                     self.stop_reshape("no room to write the next stripe");
                     return true;
                 };
+                r.window_rate_kib = rate_kib;
                 r.window_started_ns = now;
+                r.pacer.sync_started((w.end_sectors - w.start_sectors) * SECTOR_BYTES);
                 r.began.get_or_insert((now, r.run.done_sectors()));
                 r.step = Step::Draining(w);
                 true
@@ -932,10 +946,8 @@ impl Array {
             Step::Starting => r.start_recorded = true,
             Step::Checkpointing(w) => {
                 r.run.advance(w);
-                // md's sync_speed_max bounds the reshape as it bounds a resync.
                 let kib = (w.end_sectors - w.start_sectors) / 2;
-                let max_kib = self.engine.tunables().sync_speed_max_kib.max(1);
-                r.not_before_ns = r.window_started_ns + kib * 1_000_000_000 / max_kib;
+                r.not_before_ns = r.window_started_ns + kib * 1_000_000_000 / r.window_rate_kib;
                 r.step = if r.stopping { Step::Stopped } else { Step::Ready };
             }
             Step::Completing => self.reshape_done(),

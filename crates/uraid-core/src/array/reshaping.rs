@@ -11,6 +11,7 @@ use crate::detmap::DetMap;
 use crate::engine::Engine;
 use crate::geometry::Geometry;
 use crate::reshape::run::{ReshapeRun, Window};
+use crate::sync::pacing::Pacer;
 
 /// Set on the ids of the pieces a request across the reshape position is split into.
 pub(super) const PART_TAG: RequestId = 1 << 59;
@@ -41,7 +42,7 @@ pub(super) enum Step {
     /// The reshape's superblocks are being written (a start from a running array: the
     /// engines are swapped once they are durable). Every request waits.
     Starting,
-    /// Between windows: the next one starts at `not_before_ns` (sync_speed_max).
+    /// Between windows: the next one starts at `not_before_ns` (paced as a resync is).
     Ready,
     /// Requests in the previous engine overlapping the window are finishing.
     Draining(Window),
@@ -92,6 +93,12 @@ pub(super) struct Reshaping {
     pub data: Vec<u8>,
     pub not_before_ns: TimeNs,
     pub window_started_ns: TimeNs,
+    /// The pace the window being moved was started at, KiB/s.
+    pub window_rate_kib: u64,
+    /// The windows' pace: md's `sync_speed_min` under client I/O and `sync_speed_max`
+    /// idle, or the adaptive policy's rate between them (`sync_policy`), timed on the
+    /// callers' requests while the reshape runs.
+    pub pacer: Pacer,
     /// When the first window of this run started, and the checkpoint then (its speed).
     pub began: Option<(TimeNs, u64)>,
     /// The start's superblock round is done (`Starting`).
@@ -132,6 +139,8 @@ impl Reshaping {
             data: Vec::new(),
             not_before_ns: 0,
             window_started_ns: 0,
+            window_rate_kib: 1,
+            pacer: Pacer::default(),
             began: None,
             start_recorded: false,
             resync_after: false,

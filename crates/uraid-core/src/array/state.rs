@@ -257,7 +257,11 @@ impl Array {
 impl ArrayEngine for Array {
     fn submit(&mut self, req: Request, now_ns: TimeNs) -> Result<(), SubmitError> {
         self.now_ns = self.now_ns.max(now_ns);
+        let timed = (req.op != RequestOp::Flush).then_some((req.id, req.len_bytes));
         let r = self.admit(req);
+        if let (Ok(()), Some((id, len)), Some(reshaping)) = (&r, timed, self.reshaping.as_deref_mut()) {
+            reshaping.pacer.admitted(id, len, self.now_ns);
+        }
         self.settle();
         r
     }
@@ -293,7 +297,11 @@ impl ArrayEngine for Array {
     }
 
     fn pop_completion(&mut self) -> Option<RequestCompletion> {
-        self.out_done.pop_front()
+        let c = self.out_done.pop_front()?;
+        if let Some(r) = self.reshaping.as_deref_mut() {
+            r.pacer.completed(c.id, self.now_ns);
+        }
+        Some(c)
     }
 
     fn next_deadline_ns(&self) -> Option<TimeNs> {

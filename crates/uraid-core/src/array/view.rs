@@ -47,6 +47,8 @@ pub struct ArrayView {
     pub reshape: Option<(u64, u64)>,
     /// Its speed since this server started it or took it on, sectors per second.
     pub reshape_speed_sectors: Option<f64>,
+    /// The reshape's share of the bytes moved while clients did I/O, percent (as a sync's).
+    pub reshape_share_pct: Option<u8>,
 }
 
 impl ArrayView {
@@ -102,6 +104,7 @@ impl Array {
             write_behind_requests: self.engine.stats().write_behind_requests,
             reshape: self.reshape_progress(),
             reshape_speed_sectors: self.reshape_speed_sectors(),
+            reshape_share_pct: self.reshaping.as_deref().and_then(|r| r.pacer.share_pct),
         }
     }
 

@@ -14,7 +14,7 @@ use crate::config::{SyncPolicy, Tunables};
 use crate::detmap::DetMap;
 
 /// One measuring period.
-const PERIOD_NS: TimeNs = 100_000_000;
+pub(crate) const PERIOD_NS: TimeNs = 100_000_000;
 /// How often the baseline is measured again (clients change what they do).
 const PROBE_EVERY_NS: TimeNs = 5_000_000_000;
 /// A probe holds the floor this many periods and measures the last (the first lets the
@@ -116,6 +116,11 @@ impl Pacer {
             self.lat.add(now_ns.saturating_sub(t0));
             self.client_bytes += bytes;
         }
+    }
+
+    /// Client requests admitted and not yet completed.
+    pub(crate) fn clients_in_flight(&self) -> bool {
+        !self.admitted.is_empty()
     }
 
     pub(crate) fn sync_started(&mut self, bytes: u64) {

@@ -506,14 +506,19 @@ impl RunningArray {
             view.states.len()
         ));
         if let Some(sync) = &view.sync {
-            // The adaptive policy's share of the I/O, after md's fields so their parsers hold.
-            let share = sync.share_pct.map(|p| format!(" share={p}%")).unwrap_or_default();
             let word = super::detail::sync_word(sync.kind);
             let (done, total) = (sync.done_sectors, sync.total_sectors);
-            s.push_str(&progress_line(word, done, total, view.sync_speed_sectors, &share));
+            s.push_str(&progress_line(
+                word,
+                done,
+                total,
+                view.sync_speed_sectors,
+                &share_words(sync.share_pct),
+            ));
         }
         if let Some((done, total)) = view.reshape {
-            s.push_str(&progress_line("reshape", done, total, view.reshape_speed_sectors, ""));
+            let share = share_words(view.reshape_share_pct);
+            s.push_str(&progress_line("reshape", done, total, view.reshape_speed_sectors, &share));
         }
         if view.has_bitmap {
             s.push_str("      bitmap: internal\n");
@@ -593,6 +598,12 @@ fn failed_out_of_slot(view: &ArrayView) -> impl Iterator<Item = &MemberView> {
         DevRole::Faulty { slot } => slot_holder(view, slot).map(|h| h.key) != Some(m.key),
         _ => false,
     })
+}
+
+/// The background work's share of the I/O while clients ran, after md's fields so their
+/// parsers hold.
+fn share_words(share_pct: Option<u8>) -> String {
+    share_pct.map(|p| format!(" share={p}%")).unwrap_or_default()
 }
 
 /// One of mdstat's progress lines: the bar, `WORD = N% (done/total)` in KiB, then md's
