@@ -847,7 +847,7 @@ impl Array {
                 }
                 // md's md_do_sync paces a reshape as a resync: sync_speed_min while clients
                 // do I/O, sync_speed_max when idle; or the adaptive policy between them.
-                let busy = r.pacer.clients_in_flight();
+                let busy = r.pacer.clients_since(r.window_started_ns);
                 let rate_kib = r.pacer.rate_kib(self.engine.tunables(), busy, now).max(1);
                 let Some(w) = r.run.next_window(window_sectors_at(rate_kib)) else {
                     self.stop_reshape("no room to write the next stripe");

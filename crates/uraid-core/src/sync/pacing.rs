@@ -98,11 +98,13 @@ pub(crate) struct Pacer {
     next_probe_ns: TimeNs,
     /// The job's share of the bytes moved in the last period with client I/O, percent.
     pub(crate) share_pct: Option<u8>,
+    last_admitted_ns: Option<TimeNs>,
 }
 
 impl Pacer {
     /// A client read or write admitted (timed only while a job runs).
     pub(crate) fn admitted(&mut self, id: RequestId, bytes: u64, now_ns: TimeNs) {
+        self.last_admitted_ns = Some(now_ns);
         self.admitted.insert(id, (now_ns, bytes));
     }
 
@@ -118,9 +120,11 @@ impl Pacer {
         }
     }
 
-    /// Client requests admitted and not yet completed.
-    pub(crate) fn clients_in_flight(&self) -> bool {
-        !self.admitted.is_empty()
+    /// Client requests in flight, or admitted since `since_ns` (md's is_mddev_idle looks at
+    /// the I/O since its last look, not at one instant: a client between two requests is
+    /// not idle).
+    pub(crate) fn clients_since(&self, since_ns: TimeNs) -> bool {
+        !self.admitted.is_empty() || self.last_admitted_ns.is_some_and(|t| t >= since_ns)
     }
 
     pub(crate) fn sync_started(&mut self, bytes: u64) {
