@@ -7,20 +7,11 @@
 #
 #   scripts/bench-bitmap.sh [URAID_BINARY] [DIR]    (needs fio with its nbd engine; ~40 GB in DIR)
 set -euo pipefail
-U=${1:-target/release/uraid}
-D=${2:-./bench-bitmap}
-U=$(realpath "$U")
+U=$(realpath "${1:-target/release/uraid}")
 MEMBER_MB=${MEMBER_MB:-6144}
 WRITES=${WRITES:-10000}
-case "$(stat -f -c %T "$(dirname "$D")")" in tmpfs) echo "$D is on tmpfs: a memory figure; use a disk" >&2; exit 2;; esac
-mkdir -p "$D"
-D=$(realpath "$D")
-cleanup() {
-    pkill -INT -f "serve --unix $D/s.sock" 2>/dev/null || true
-    while pgrep -f "serve --unix $D/s.sock" >/dev/null; do sleep 0.2; done
-    rm -rf "$D"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/bench-lib.sh"
+bench_dir "${2:-./bench-bitmap}"
 for i in 0 1 2 3 4 5; do
     dd if=/dev/zero of="$D/m$i" bs=16M count=$((MEMBER_MB / 16)) oflag=direct status=none
 done
@@ -40,7 +31,7 @@ pass() {
 }
 clear=$(pass)
 set_=$(pass)
-echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+bench_cpu
 echo "RAID6 6 x ${MEMBER_MB} MiB files on $(stat -f -c %T "$D"), $WRITES writes of 4 KiB, iodepth 32"
 echo "| bits | IOPS |"
 echo "|---|---|"

@@ -10,18 +10,11 @@
 #       needs fio with its nbd engine; 5 GiB in DIR
 set -euo pipefail
 U=$(realpath "${1:-target/release/uraid}")
-D=${2:-./bench-reshape}
 POLICY=${3:-adaptive}
 MEMBER=${MEMBER:-1G}
-case "$(stat -f -c %T "$(dirname "$D")")" in tmpfs) echo "$D is on tmpfs: a memory figure; use a disk" >&2; exit 2;; esac
-mkdir -p "$D"
-D=$(realpath "$D")
-cleanup() {
-    pkill -INT -f "serve --unix $D/s.sock" 2>/dev/null || true
-    while pgrep -f "serve --unix $D/s.sock" >/dev/null; do sleep 0.2; done
-    rm -rf "$D"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/bench-lib.sh"
+bench_dir "${2:-./bench-reshape}"
+bench_cpu
 cd "$D"
 for i in 0 1 2 3 4; do fallocate -l "$MEMBER" "m$i"; done
 "$U" create --level 5 --raid-devices 4 --chunk 64K --assume-clean --force --bitmap none m0 m1 m2 m3 \
@@ -42,12 +35,13 @@ read -r alone_iops alone_p99 < <(fio_job 10)
 "$U" add --control "$D/c.ctl" m4 >/dev/null
 "$U" grow --control "$D/c.ctl" --raid-devices 5 >/dev/null
 fio_job 25 >with.txt &
+FIO=$!
 sleep 4
 k0=$(done_kib); t0=$(date +%s.%N)
 sleep 20
 k1=$(done_kib); t1=$(date +%s.%N)
 share=$("$U" status --control "$D/c.ctl" | grep -o 'share=[0-9]*%' || echo "share=-")
-wait %2
+wait "$FIO"
 read -r with_iops with_p99 <with.txt
 [ -n "$k0" ] && [ -n "$k1" ] || { echo "the reshape ended inside the measured window: use larger members (MEMBER=)" >&2; exit 1; }
 python3 - "$POLICY" "$alone_iops" "$alone_p99" "$with_iops" "$with_p99" "$k0" "$k1" "$t0" "$t1" "$share" <<'EOF'

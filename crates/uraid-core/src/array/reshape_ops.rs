@@ -853,9 +853,11 @@ impl Array {
                     self.stop_reshape("no room to write the next stripe");
                     return true;
                 };
-                r.window_rate_kib = rate_kib;
                 r.window_started_ns = now;
-                r.pacer.sync_started((w.end_sectors - w.start_sectors) * SECTOR_BYTES);
+                // The next window waits until this one's bytes took their time at the pace.
+                let kib = (w.end_sectors - w.start_sectors) / 2;
+                r.not_before_ns = now + kib * 1_000_000_000 / rate_kib;
+                r.pacer.sync_started(kib * 1024);
                 r.began.get_or_insert((now, r.run.done_sectors()));
                 r.step = Step::Draining(w);
                 true
@@ -946,8 +948,6 @@ impl Array {
             Step::Starting => r.start_recorded = true,
             Step::Checkpointing(w) => {
                 r.run.advance(w);
-                let kib = (w.end_sectors - w.start_sectors) / 2;
-                r.not_before_ns = r.window_started_ns + kib * 1_000_000_000 / r.window_rate_kib;
                 r.step = if r.stopping { Step::Stopped } else { Step::Ready };
             }
             Step::Completing => self.reshape_done(),

@@ -93,8 +93,6 @@ pub(super) struct Reshaping {
     pub data: Vec<u8>,
     pub not_before_ns: TimeNs,
     pub window_started_ns: TimeNs,
-    /// The pace the window being moved was started at, KiB/s.
-    pub window_rate_kib: u64,
     /// The windows' pace: md's `sync_speed_min` under client I/O and `sync_speed_max`
     /// idle, or the adaptive policy's rate between them (`sync_policy`), timed on the
     /// callers' requests while the reshape runs.
@@ -139,7 +137,6 @@ impl Reshaping {
             data: Vec::new(),
             not_before_ns: 0,
             window_started_ns: 0,
-            window_rate_kib: 1,
             pacer: Pacer::default(),
             began: None,
             start_recorded: false,

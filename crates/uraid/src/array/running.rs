@@ -508,17 +508,16 @@ impl RunningArray {
         if let Some(sync) = &view.sync {
             let word = super::detail::sync_word(sync.kind);
             let (done, total) = (sync.done_sectors, sync.total_sectors);
-            s.push_str(&progress_line(
-                word,
-                done,
-                total,
-                view.sync_speed_sectors,
-                &share_words(sync.share_pct),
-            ));
+            s.push_str(&progress_line(word, done, total, view.sync_speed_sectors, sync.share_pct));
         }
         if let Some((done, total)) = view.reshape {
-            let share = share_words(view.reshape_share_pct);
-            s.push_str(&progress_line("reshape", done, total, view.reshape_speed_sectors, &share));
+            s.push_str(&progress_line(
+                "reshape",
+                done,
+                total,
+                view.reshape_speed_sectors,
+                view.reshape_share_pct,
+            ));
         }
         if view.has_bitmap {
             s.push_str("      bitmap: internal\n");
@@ -600,16 +599,18 @@ fn failed_out_of_slot(view: &ArrayView) -> impl Iterator<Item = &MemberView> {
     })
 }
 
-/// The background work's share of the I/O while clients ran, after md's fields so their
-/// parsers hold.
-fn share_words(share_pct: Option<u8>) -> String {
-    share_pct.map(|p| format!(" share={p}%")).unwrap_or_default()
-}
-
 /// One of mdstat's progress lines: the bar, `WORD = N% (done/total)` in KiB, then md's
-/// finish (minutes, however many) and speed, `extra`, and the time left in words when
-/// minutes say little.
-fn progress_line(word: &str, done: u64, total: u64, speed_sectors: Option<f64>, extra: &str) -> String {
+/// finish (minutes, however many) and speed, the background work's share of the I/O
+/// while clients ran (after md's fields so their parsers hold), and the time left in words
+/// when minutes say little.
+fn progress_line(
+    word: &str,
+    done: u64,
+    total: u64,
+    speed_sectors: Option<f64>,
+    share_pct: Option<u8>,
+) -> String {
+    let share = share_pct.map(|p| format!(" share={p}%")).unwrap_or_default();
     let frac = if total == 0 { 1.0 } else { done as f64 / total as f64 };
     let filled = ((frac * 20.0) as usize).min(20);
     let bar = format!("[{}>{}]", "=".repeat(filled), ".".repeat(20 - filled));
@@ -622,7 +623,7 @@ fn progress_line(word: &str, done: u64, total: u64, speed_sectors: Option<f64>, 
         _ => ("-".to_string(), "-".to_string(), String::new()),
     };
     format!(
-        "      {bar}  {word} = {} ({}/{}) finish={finish} speed={speed}{extra}{words}\n",
+        "      {bar}  {word} = {} ({}/{}) finish={finish} speed={speed}{share}{words}\n",
         percent(done, total),
         done / 2,
         total / 2
